@@ -1,0 +1,1 @@
+"""Site entry points (Flower ClientApp) and example tasks."""

@@ -1,0 +1,1 @@
+"""Example tasks: each module exposes an object implementing fedshard's Task protocol."""

@@ -1,0 +1,131 @@
+"""Wisconsin breast-cancer diagnosis (ships with scikit-learn: no download).
+
+Hospitals hold non-IID slices: the data is sorted by one feature (mean radius by
+default, which correlates with the diagnosis) and cut into contiguous partitions, so
+each site sees a different mix of benign and malignant cases. A fixed, stratified
+20 % of the data is the test set, partitioned the same way.
+
+Features are scaled with the per-feature minimum and maximum that the data set's
+published description lists (``load_breast_cancer().DESCR``): public constants, so
+no site's data leaks into another's preprocessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedshard.runtime.task import Metrics, Partition, TaskData, TrainSettings
+
+__all__ = ["BreastCancerTask", "task"]
+
+# (min, max) per feature, from the data set's published summary statistics.
+FEATURE_RANGES: tuple[tuple[float, float], ...] = (
+    (6.981, 28.11), (9.71, 39.28), (43.79, 188.5), (143.5, 2501.0), (0.053, 0.163),
+    (0.019, 0.345), (0.0, 0.427), (0.0, 0.201), (0.106, 0.304), (0.05, 0.097),
+    (0.112, 2.873), (0.36, 4.885), (0.757, 21.98), (6.802, 542.2), (0.002, 0.031),
+    (0.002, 0.135), (0.0, 0.396), (0.0, 0.053), (0.008, 0.079), (0.001, 0.03),
+    (7.93, 36.04), (12.02, 49.54), (50.41, 251.2), (185.2, 4254.0), (0.071, 0.223),
+    (0.027, 1.058), (0.0, 1.252), (0.0, 0.291), (0.156, 0.664), (0.055, 0.208),
+)
+
+
+@dataclass(frozen=True)
+class _Split:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class BreastCancerTask:
+    """A small MLP classifier on the breast-cancer data.
+
+    Parameters
+    ----------
+    hidden:
+        Widths of the hidden layers.
+    sort_feature:
+        Index of the feature the data is sorted by before partitioning (non-IID).
+    test_fraction:
+        Share of the data held out for testing.
+    """
+
+    def __init__(self, hidden: tuple[int, ...] | list[int] = (64, 32), sort_feature: int = 0, test_fraction: float = 0.2) -> None:
+        self.hidden = tuple(int(h) for h in hidden)
+        self.sort_feature = sort_feature
+        self.test_fraction = test_fraction
+
+    def build_model(self) -> nn.Module:
+        """MLP 30 → hidden… → 2, with layers named ``fc1``, ``fc2``, …"""
+        widths = (30, *self.hidden, 2)
+        layers: dict[str, nn.Module] = {}
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True), start=1):
+            layers[f"fc{i}"] = nn.Linear(a, b)
+            if i < len(widths) - 1:
+                layers[f"act{i}"] = nn.ReLU()
+        return nn.Sequential(_ordered(layers))
+
+    def load_data(self, partition: Partition) -> TaskData:
+        """This partition's train and test slices (all of them for ``index=None``)."""
+        from sklearn.datasets import load_breast_cancer
+        from sklearn.model_selection import train_test_split
+
+        x, y = load_breast_cancer(return_X_y=True)
+        lo = np.array([r[0] for r in FEATURE_RANGES])
+        hi = np.array([r[1] for r in FEATURE_RANGES])
+        x = np.clip((x - lo) / (hi - lo), 0.0, 1.0) * 2.0 - 1.0
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            x, y, test_size=self.test_fraction, stratify=y, random_state=partition.seed
+        )
+        train = self._slice(x_tr, y_tr, partition)
+        test = self._slice(x_te, y_te, partition)
+        return TaskData(train=train, test=test, num_train=len(train.y), num_test=len(test.y))
+
+    def _slice(self, x: np.ndarray, y: np.ndarray, partition: Partition) -> _Split:
+        order = np.argsort(x[:, self.sort_feature], kind="stable")
+        if partition.index is not None:
+            order = np.array_split(order, partition.count)[partition.index]
+        return _Split(torch.tensor(x[order], dtype=torch.float32), torch.tensor(y[order], dtype=torch.long))
+
+    def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
+        """Mini-batch SGD with momentum on the local training slice."""
+        split: _Split = data.train
+        generator = torch.Generator().manual_seed(settings.seed)
+        optimiser = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
+        loss_fn = nn.CrossEntropyLoss()
+        model.train()
+        total, count = 0.0, 0
+        for _ in range(settings.epochs):
+            perm = torch.randperm(len(split.y), generator=generator)
+            for start in range(0, len(perm), settings.batch_size):
+                idx = perm[start : start + settings.batch_size]
+                optimiser.zero_grad()
+                loss = loss_fn(model(split.x[idx]), split.y[idx])
+                loss.backward()
+                optimiser.step()
+                total += loss.item() * len(idx)
+                count += len(idx)
+        return Metrics(num_examples=len(split.y), loss=total / max(count, 1))
+
+    def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:
+        """Loss and accuracy on the local test slice."""
+        split: _Split = data.test
+        model.eval()
+        with torch.no_grad():
+            logits = model(split.x)
+            loss = float(nn.functional.cross_entropy(logits, split.y)) if len(split.y) else 0.0
+            correct = int((logits.argmax(dim=1) == split.y).sum())
+        return Metrics(num_examples=len(split.y), loss=loss, accuracy=correct / max(len(split.y), 1))
+
+
+def _ordered(layers: dict[str, Any]) -> Any:
+    from collections import OrderedDict
+
+    return OrderedDict(layers)
+
+
+task = BreastCancerTask
+"""Default factory: ``task.target: clients.tasks.breast_cancer:task``."""

@@ -1,0 +1,1 @@
+"""The ``fedshard`` command line."""

@@ -1,0 +1,141 @@
+"""``fedshard``: simulate a federation, run a zone.
+
+Errors a user can cause are printed as one line (``error: …``) with exit code 2;
+nothing else of the traceback is shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from fedshard.errors import FedshardError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="fedshard: federated learning over gradient shards.")
+zone_app = typer.Typer(no_args_is_help=True, help="Run zone aggregators (the data plane).")
+app.add_typer(zone_app, name="zone")
+
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+
+def _fresh_run_dir() -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path("runs") / stamp
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stamp}-{n}"
+    return path
+
+
+@app.command()
+def simulate(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Federation YAML, e.g. configs/demo.yaml")],
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Override federation.rounds")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="inprocess or flower")] = "inprocess",
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a fresh folder under runs/)")] = None,
+) -> None:
+    """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
+    from fedshard.cli.progress import RoundProgress, results_table
+    from fedshard.config import load_federation
+    from fedshard.runtime.simulate import Engine, simulate as run, with_rounds
+
+    try:
+        chosen = Engine(engine)
+    except ValueError:
+        raise FedshardError(f"--engine must be 'inprocess' or 'flower', got {engine!r}") from None
+    cfg = with_rounds(load_federation(config), rounds)
+    out_dir = out or _fresh_run_dir()
+    console.print(
+        f"[bold]fedshard[/] federation [cyan]{cfg.federation.name}[/]: {len(cfg.sites)} sites, "
+        f"{len(cfg.zones)} zone(s), {cfg.federation.rounds} rounds, engine {chosen.value}"
+    )
+    with RoundProgress(console) as progress:
+        summary = run(cfg, out_dir, chosen, progress)
+    console.print(results_table(summary))
+    console.print(f"model version {summary['model_version']}")
+    console.print(f"summary: {out_dir / 'summary.json'}")
+
+
+@zone_app.command("up")
+def zone_up(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Federation YAML listing the zones")],
+    zone: Annotated[str, typer.Option("--zone", help="Name of the zone to run")],
+    store: Annotated[Path | None, typer.Option("--store", help="Where aggregates are kept (overrides the config)")] = None,
+) -> None:
+    """Run one zone aggregator as a gRPC server until interrupted."""
+    from fedshard.config import load_federation
+    from fedshard.runtime.assembly import make_zone
+    from fedshard.runtime.zone_rpc.service import serve
+
+    cfg = load_federation(config)
+    matches = [z for z in cfg.zones if z.name == zone]
+    if not matches:
+        names = ", ".join(z.name for z in cfg.zones)
+        raise FedshardError(f"{config}: no zone named {zone!r} (zones: {names})")
+    zc = matches[0]
+    aggregator = make_zone(zc, store.parent if store else Path("runs") / "zones")
+    if store is not None:
+        aggregator = make_zone(zc.model_copy(update={"store": store}))
+    server, port = serve(aggregator, zc.endpoint)
+    host = zc.endpoint.rsplit(":", 1)[0]
+    err_console.print("[yellow]warning:[/] the zone data plane runs without TLS (loopback / trusted network only)")
+    console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
+    sys.stdout.flush()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=2.0).wait()
+    console.print(f"zone {zc.name} stopped")
+
+
+def main() -> None:
+    """Console-script entry point: one clear line on user errors."""
+    level = os.environ.get("FEDSHARD_LOG", "WARNING").upper()
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before gRPC's core starts: no fork/INFO chatter
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("flwr").setLevel(level)
+    # Task plug-ins are named "module:object" relative to where the user runs fedshard,
+    # as with `python -m`; PYTHONPATH carries that to Flower's simulation workers.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p)
+    try:
+        app(standalone_mode=False)
+    except FedshardError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise SystemExit(130) from None
+    except Exception as exc:  # click's usage errors and other CLI exceptions
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        if isinstance(exc, click.exceptions.Exit):
+            raise SystemExit(exc.exit_code) from None
+        if isinstance(exc, click.exceptions.Abort):
+            raise SystemExit(1) from None
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Rich progress display for a running federation."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedshard.runtime.coordinator import RoundResult
+from fedshard.runtime.messages import SiteInfo
+
+__all__ = ["RoundProgress", "format_bytes", "results_table"]
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable byte count."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+class RoundProgress:
+    """A :class:`~fedshard.runtime.coordinator.RoundObserver` that shows a progress bar
+    and one line per finished round (accuracy, loss, bytes sent)."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self._progress = Progress(
+            TextColumn("[bold]rounds"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self._task: int | None = None
+
+    def __enter__(self) -> RoundProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._progress.stop()
+
+    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
+        """Show the assembled federation and start the bar."""
+        names = ", ".join(f"{s.site_id} ({s.jurisdiction}, {s.num_examples} ex.)" for s in sites)
+        self._progress.console.print(f"[bold]{len(sites)} sites[/]: {names}")
+        self._task = self._progress.add_task("rounds", total=rounds, status="training…")
+
+    def on_round(self, result: RoundResult) -> None:
+        """Print the round's line and advance the bar."""
+        refused = f"  [yellow]{len(result.refused)} refused[/]" if result.refused else ""
+        self._progress.console.print(
+            f"round {result.round:>3}  accuracy [bold]{result.accuracy:.4f}[/]  loss {result.loss:.4f}  "
+            f"train loss {result.train_loss:.4f}  sent {format_bytes(result.bytes_up)}  "
+            f"sites {len(result.sites)}{refused}  version {result.version[:12]}"
+        )
+        if self._task is not None:
+            self._progress.update(self._task, advance=1, status=f"acc {result.accuracy:.3f}")
+
+
+def results_table(summary: dict[str, object]) -> Table:
+    """Final comparison: federated vs centrally trained."""
+    table = Table(title="Result", show_header=True)
+    table.add_column("model")
+    table.add_column("test accuracy", justify="right")
+    table.add_row("federated (fedshard)", f"{summary['final_accuracy']:.4f}")
+    table.add_row("central baseline (all data pooled)", f"{summary['centralized_accuracy']:.4f}")
+    return table

@@ -1,0 +1,63 @@
+"""Loading YAML config files into validated models, with one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fedshard.config.models import FederationConfig
+from fedshard.errors import ConfigError
+
+__all__ = ["load_federation", "load_model", "parse_model"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (check the spelling; see configs/demo.yaml for the accepted keys)"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    else:
+        value = first.get("input")
+        if value is not None and not isinstance(value, dict | list):
+            msg = f"{msg} (got {value!r})"
+    more = len(error.errors()) - 1
+    return f"{loc}: {msg}" + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+
+
+def parse_model(model: type[M], data: object, source: str) -> M:
+    """Validate plain data against ``model``; raise :class:`ConfigError` naming ``source``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def load_model(model: type[M], path: str | Path) -> M:
+    """Read a YAML file and validate it against ``model``."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse_model(model, data, str(p))
+
+
+def load_federation(path: str | Path) -> FederationConfig:
+    """Load and validate a federation config file."""
+    return load_model(FederationConfig, path)

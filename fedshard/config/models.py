@@ -1,0 +1,143 @@
+"""Configuration models. Every default lives here, once.
+
+All models forbid unknown keys, so a typo in a YAML file is an error that names the
+key instead of a setting silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "FederationConfig",
+    "FederationSettings",
+    "ShardingConfig",
+    "SiteConfig",
+    "TaskConfig",
+    "TrainingConfig",
+    "ZoneConfig",
+]
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+Name = Annotated[str, Field(pattern=_NAME)]
+Jurisdiction = Annotated[str, Field(pattern=r"^[A-Z]{2,8}$")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FederationSettings(_Model):
+    """How rounds run."""
+
+    name: Name = "federation"
+    seed: int = 0
+    rounds: int = Field(10, ge=1, le=100_000)
+    min_sites: int = Field(2, ge=1)
+    sample_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    round_timeout_s: float = Field(300.0, gt=0)
+
+
+class TaskConfig(_Model):
+    """The task plug-in: ``module:object`` and options passed to it."""
+
+    target: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    options: dict[str, object] = Field(default_factory=dict)
+
+
+class TrainingConfig(_Model):
+    """Local training settings sent to every site each round."""
+
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    learning_rate: float = Field(0.05, gt=0)
+
+
+class ShardingConfig(_Model):
+    """How tensors are cut into shards."""
+
+    tile: tuple[int, int] = (256, 256)
+
+    @field_validator("tile")
+    @classmethod
+    def _positive(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] < 1 or v[1] < 1:
+            raise ValueError("tile sizes must be positive, e.g. [256, 256]")
+        return v
+
+
+class ZoneConfig(_Model):
+    """One cloud aggregation zone."""
+
+    name: Name
+    region: Jurisdiction
+    endpoint: str = Field("127.0.0.1:0", description="host:port; port 0 picks a free port (embedded runs)")
+    store: Path | None = None
+    staging_mb: int = Field(256, ge=1)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        if not re.match(r"^[\w.\-\[\]:]+:\d{1,5}$", v):
+            raise ValueError(f"endpoint must be host:port, got {v!r}")
+        return v
+
+
+class SiteConfig(_Model):
+    """One site of the federation, as the aggregator knows it."""
+
+    id: Name
+    jurisdiction: Jurisdiction
+    partition: int | None = Field(None, ge=0, description="data partition index; default: position in the list")
+
+
+class FederationConfig(_Model):
+    """A whole federation: the file ``fedshard simulate --config`` reads."""
+
+    federation: FederationSettings = Field(default_factory=FederationSettings)
+    task: TaskConfig
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig)
+    zones: list[ZoneConfig] = Field(min_length=1)
+    sites: list[SiteConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FederationConfig:
+        ids = [s.id for s in self.sites]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"site ids must be unique; repeated: {', '.join(dupes)}")
+        names = [z.name for z in self.zones]
+        if len(set(names)) != len(names):
+            raise ValueError("zone names must be unique")
+        if self.federation.min_sites > len(self.sites):
+            raise ValueError(
+                f"federation.min_sites is {self.federation.min_sites} but only {len(self.sites)} sites are listed"
+            )
+        parts = [self.partition_of(s.id) for s in self.sites]
+        if len(set(parts)) != len(parts):
+            raise ValueError("two sites share a data partition index")
+        return self
+
+    def site(self, site_id: str) -> SiteConfig:
+        """The site with ``site_id``."""
+        for s in self.sites:
+            if s.id == site_id:
+                return s
+        raise KeyError(site_id)
+
+    def partition_of(self, site_id: str) -> int:
+        """Data partition index of a site (explicit, or its position in the list)."""
+        for i, s in enumerate(self.sites):
+            if s.id == site_id:
+                return s.partition if s.partition is not None else i
+        raise KeyError(site_id)
+
+    @property
+    def num_partitions(self) -> int:
+        """How many partitions the data is cut into."""
+        return max(self.partition_of(s.id) for s in self.sites) + 1

@@ -1,0 +1,22 @@
+"""Integrity: shard digests, Merkle trees and proofs, manifests, the model-version chain."""
+
+from fedshard.integrity.digest import ShardHasher, shard_digest
+from fedshard.integrity.manifest import MANIFEST_FORMAT, Manifest, ShardEntry, build_manifest
+from fedshard.integrity.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, merkle_root, verify_proof
+from fedshard.integrity.version import genesis_version, next_version
+
+__all__ = [
+    "EMPTY_ROOT",
+    "MANIFEST_FORMAT",
+    "InclusionProof",
+    "Manifest",
+    "MerkleTree",
+    "ShardEntry",
+    "ShardHasher",
+    "build_manifest",
+    "genesis_version",
+    "merkle_root",
+    "next_version",
+    "shard_digest",
+    "verify_proof",
+]

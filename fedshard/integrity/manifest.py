@@ -1,0 +1,149 @@
+"""Per-site, per-round manifests of released gradient shards.
+
+A manifest lists what one site released in one round: the shard ids with their
+digests and byte counts, the Merkle root over them, the shard plan it follows and the
+model version the update was computed from. Zones check every pushed frame against
+it. It is canonical JSON; :meth:`Manifest.signing_payload` is what a signature will
+cover (signing arrives with the PKI; ``signature`` is the slot kept for it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from fedshard.errors import IntegrityError
+from fedshard.integrity.digest import shard_digest
+from fedshard.integrity.merkle import merkle_root
+
+__all__ = ["MANIFEST_FORMAT", "Manifest", "ShardEntry", "build_manifest"]
+
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One released shard: id, digest (hex) and size in bytes."""
+
+    shard_id: str
+    digest: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What one site released in one round.
+
+    ``weight`` is the site's aggregation weight (its number of training examples).
+    """
+
+    site_id: str
+    round: int
+    plan_digest: str
+    base_version: str
+    zone: str
+    weight: float
+    shards: tuple[ShardEntry, ...]
+    merkle_root: str
+    format: int = MANIFEST_FORMAT
+    signature: str | None = field(default=None, compare=False)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all shard values listed."""
+        return sum(s.nbytes for s in self.shards)
+
+    def entry(self, shard_id: str) -> ShardEntry | None:
+        """The entry for ``shard_id``, or None if the manifest does not list it."""
+        for s in self.shards:
+            if s.shard_id == shard_id:
+                return s
+        return None
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "site_id": self.site_id,
+            "round": self.round,
+            "plan_digest": self.plan_digest,
+            "base_version": self.base_version,
+            "zone": self.zone,
+            "weight": self.weight,
+            "shards": [[s.shard_id, s.digest, s.nbytes] for s in self.shards],
+            "merkle_root": self.merkle_root,
+        }
+
+    def signing_payload(self) -> bytes:
+        """Canonical bytes that a signature covers (everything but the signature)."""
+        return json.dumps(self._body(), sort_keys=True, separators=(",", ":")).encode()
+
+    def to_bytes(self) -> bytes:
+        """Serialise (canonical JSON, signature included)."""
+        body = self._body()
+        body["signature"] = self.signature
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Parse and check a manifest; raise :class:`IntegrityError` if malformed or inconsistent."""
+        try:
+            body = json.loads(data)
+            if not isinstance(body, dict):
+                raise IntegrityError(f"malformed manifest: expected a JSON object, got {type(body).__name__}")
+            if body.get("format") != MANIFEST_FORMAT:
+                raise IntegrityError(f"unsupported manifest format {body.get('format')!r}")
+            manifest = cls(
+                site_id=str(body["site_id"]),
+                round=int(body["round"]),
+                plan_digest=str(body["plan_digest"]),
+                base_version=str(body["base_version"]),
+                zone=str(body["zone"]),
+                weight=float(body["weight"]),
+                shards=tuple(ShardEntry(str(s), str(d), int(n)) for s, d, n in body["shards"]),
+                merkle_root=str(body["merkle_root"]),
+                signature=body.get("signature"),
+            )
+        except IntegrityError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"malformed manifest: {exc}") from None
+        manifest.check()
+        return manifest
+
+    def check(self) -> None:
+        """Raise :class:`IntegrityError` unless the manifest is self-consistent."""
+        ids = [s.shard_id for s in self.shards]
+        if len(set(ids)) != len(ids):
+            raise IntegrityError(f"manifest of site {self.site_id!r} lists a shard twice")
+        if not (self.weight > 0 and np.isfinite(self.weight)):
+            raise IntegrityError(f"manifest weight must be positive and finite, got {self.weight!r}")
+        root = merkle_root({s.shard_id: s.digest for s in self.shards})
+        if root != self.merkle_root:
+            raise IntegrityError(
+                f"manifest of site {self.site_id!r} round {self.round}: Merkle root {self.merkle_root[:12]}… "
+                f"does not match its shard list ({root[:12]}…)"
+            )
+
+    def with_signature(self, signature: str) -> Manifest:
+        """Copy of this manifest carrying ``signature``."""
+        return replace(self, signature=signature)
+
+
+def build_manifest(
+    *,
+    site_id: str,
+    round: int,
+    plan_digest: str,
+    base_version: str,
+    zone: str,
+    weight: float,
+    shards: Mapping[str, np.ndarray],
+) -> Manifest:
+    """Digest ``shards`` and build the manifest that describes them."""
+    entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
+    root = merkle_root({e.shard_id: e.digest for e in entries})
+    return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), entries, root)

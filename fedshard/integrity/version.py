@@ -1,0 +1,22 @@
+"""The model-version hash chain.
+
+``v_0 = H("fedshard/genesis" ‖ plan digest ‖ root of the initial parameters)`` and
+``v_r = H(v_{r-1} ‖ merkle_root(aggregate_r))``. Every site can recompute the chain
+from the aggregates it applied, so sites that disagree on the model notice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["genesis_version", "next_version"]
+
+
+def genesis_version(plan_digest: str, initial_root: str) -> str:
+    """Version 0: binds the shard plan and the initial parameters."""
+    return hashlib.sha256(b"fedshard/genesis\x00" + bytes.fromhex(plan_digest) + bytes.fromhex(initial_root)).hexdigest()
+
+
+def next_version(previous: str, aggregate_root: str) -> str:
+    """``v_r = H(v_{r-1} ‖ root_r)`` (hex in, hex out)."""
+    return hashlib.sha256(bytes.fromhex(previous) + bytes.fromhex(aggregate_root)).hexdigest()

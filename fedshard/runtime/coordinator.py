@@ -1,0 +1,257 @@
+"""The Coordinator: drives rounds over metadata only.
+
+It selects sites, opens the round at the zone, tells the selected sites to train,
+waits (with a timeout and a minimum-sites rule), closes the round, extends the
+model-version chain with the aggregate's Merkle root, and has sites evaluate. It
+never sees parameters or updates: those go from sites straight to zones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fedshard.config import FederationConfig
+from fedshard.errors import RoundError
+from fedshard.integrity import next_version
+from fedshard.runtime.channels import SiteGateway, ZoneClient
+from fedshard.runtime.messages import (
+    AppliedRound,
+    EvaluateInstruction,
+    EvaluateReport,
+    MessageKind,
+    QueryRequest,
+    SiteFailure,
+    SiteInfo,
+    TrainInstruction,
+    TrainReport,
+)
+from fedshard.runtime.rounds import RoundSpec, derive_seed
+from fedshard.sharding import ShardPlan
+
+__all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """What one round produced (metadata only)."""
+
+    round: int
+    version: str
+    merkle_root: str
+    sites: tuple[str, ...]
+    refused: dict[str, str]
+    train_loss: float
+    accuracy: float
+    loss: float
+    bytes_up: int
+
+
+@dataclass
+class RunResult:
+    """A whole run."""
+
+    sites: list[SiteInfo]
+    genesis_version: str
+    version: str
+    rounds: list[RoundResult] = field(default_factory=list)
+    stopped_reason: str = ""
+
+
+class RoundObserver(Protocol):
+    """Receives progress events (progress display, event log)."""
+
+    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
+        """The federation is assembled."""
+        ...
+
+    def on_round(self, result: RoundResult) -> None:
+        """A round finished."""
+        ...
+
+
+class Coordinator:
+    """Runs a federation's rounds.
+
+    Parameters
+    ----------
+    config:
+        The federation config.
+    sites:
+        Control-plane gateway to the sites.
+    zones:
+        Zone clients by zone name (the coordinator only opens and closes rounds).
+    endpoints:
+        Zone endpoints by zone name, as sites should reach them.
+    observer:
+        Optional progress observer.
+    """
+
+    def __init__(
+        self,
+        config: FederationConfig,
+        sites: SiteGateway,
+        zones: Mapping[str, ZoneClient],
+        endpoints: Mapping[str, str],
+        observer: RoundObserver | None = None,
+    ) -> None:
+        self.config = config
+        self.sites = sites
+        self.zones = dict(zones)
+        self.endpoints = dict(endpoints)
+        self.observer = observer
+        self._rng = random.Random(config.federation.seed)
+        self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
+        self._history: list[AppliedRound] = []
+        self._plan_json = ""
+
+    @property
+    def _timeout(self) -> float:
+        return self.config.federation.round_timeout_s
+
+    # assembly --------------------------------------------------------------------------------
+    def discover(self) -> RunResult:
+        """Ask every connected site who it is; keep those that share the plan and genesis."""
+        nodes = self.sites.nodes()
+        replies = self.sites.send(MessageKind.QUERY, {n: QueryRequest() for n in nodes}, self._timeout)
+        infos: dict[str, SiteInfo] = {}
+        for node, reply in replies.items():
+            if isinstance(reply, SiteInfo):
+                infos[node] = reply
+            else:
+                log.warning("node %s did not answer the query: %s", node, getattr(reply, "reason", reply))
+        known = {s.id for s in self.config.sites}
+        for node, info in list(infos.items()):
+            if info.site_id not in known:
+                log.warning("site %r is not in the federation config; ignored", info.site_id)
+                del infos[node]
+        if not infos:
+            raise RoundError("no site answered; check that the sites are running and reachable")
+        votes: dict[tuple[str, str], int] = {}
+        for info in infos.values():
+            key = (info.plan_digest, info.genesis_version)
+            votes[key] = votes.get(key, 0) + 1
+        plan_digest, genesis = max(votes, key=lambda k: votes[k])
+        for node, info in list(infos.items()):
+            if (info.plan_digest, info.genesis_version) != (plan_digest, genesis):
+                log.warning("site %s starts from a different model (plan or seed differs); excluded", info.site_id)
+                del infos[node]
+        self._nodes = infos
+        # The plan (names, shapes, dtypes; no values) is what zones check frames against.
+        plan_json = next(i.plan_json for i in infos.values())
+        if ShardPlan.from_json(plan_json).digest != plan_digest:
+            raise RoundError("the sites' shard plan does not match its digest")
+        self._plan_json = plan_json
+        return RunResult(sites=sorted(infos.values(), key=lambda s: s.site_id), genesis_version=genesis, version=genesis)
+
+    # rounds ------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Discover the sites, run every configured round, return the result."""
+        result = self.discover()
+        if self.observer is not None:
+            self.observer.on_start(result.sites, self.config.federation.rounds, result.genesis_version)
+        for rnd in range(1, self.config.federation.rounds + 1):
+            round_result = self.run_round(rnd, result.version)
+            result.version = round_result.version
+            result.rounds.append(round_result)
+            if self.observer is not None:
+                self.observer.on_round(round_result)
+        return result
+
+    def _select(self, rnd: int) -> list[str]:
+        nodes = sorted(self._nodes, key=lambda n: self._nodes[n].site_id)
+        fed = self.config.federation
+        k = max(fed.min_sites, math.ceil(fed.sample_fraction * len(nodes)))
+        if len(nodes) < fed.min_sites:
+            raise RoundError(
+                f"round {rnd}: only {len(nodes)} eligible site(s), federation.min_sites is {fed.min_sites}"
+            )
+        return sorted(self._rng.sample(nodes, min(k, len(nodes))))
+
+    def run_round(self, rnd: int, version: str) -> RoundResult:
+        """Run round ``rnd`` starting from model ``version``."""
+        fed = self.config.federation
+        selected = self._select(rnd)
+        zone_name = self.config.zones[0].name
+        zone = self.zones[zone_name]
+        token = secrets.token_hex(16)
+        plan_json = self._plan_json
+        zone.open_round(RoundSpec(rnd, token, plan_json, version, tuple(self._nodes[n].site_id for n in selected)))
+        t = self.config.training
+        instructions = {
+            node: TrainInstruction(
+                round=rnd,
+                token=token,
+                base_version=version,
+                history=list(self._history),
+                zones=self.endpoints,
+                epochs=t.local_epochs,
+                batch_size=t.batch_size,
+                learning_rate=t.learning_rate,
+                seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
+            )
+            for node in selected
+        }
+        replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
+        reports: list[TrainReport] = []
+        refused: dict[str, str] = {}
+        for node, reply in replies.items():
+            site_id = self._nodes[node].site_id
+            if isinstance(reply, TrainReport) and reply.ok:
+                reports.append(reply)
+            else:
+                refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
+                log.warning("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
+        if len(reports) < fed.min_sites:
+            zone.abort_round(rnd)
+            details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))
+            raise RoundError(
+                f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
+                f"(federation.min_sites is {fed.min_sites}). {details}"
+            )
+        summary = zone.close_round(rnd)
+        counted = set(summary.sites)
+        if not counted:
+            raise RoundError(f"round {rnd}: zone {zone_name} counted no update")
+        version = next_version(version, summary.merkle_root)
+        self._history.append(AppliedRound(round=rnd, zone=zone_name, merkle_root=summary.merkle_root))
+        accuracy, loss = self._evaluate(rnd, version)
+        ok = [r for r in reports if r.site_id in counted]
+        weight = sum(r.num_examples for r in ok) or 1
+        return RoundResult(
+            round=rnd,
+            version=version,
+            merkle_root=summary.merkle_root,
+            sites=tuple(sorted(counted)),
+            refused=refused,
+            train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
+            accuracy=accuracy,
+            loss=loss,
+            bytes_up=sum(r.bytes_up for r in ok),
+        )
+
+    def _evaluate(self, rnd: int, version: str) -> tuple[float, float]:
+        """Every site applies the aggregate and evaluates; weighted accuracy and loss."""
+        message = EvaluateInstruction(round=rnd, version=version, history=list(self._history), zones=self.endpoints)
+        replies = self.sites.send(MessageKind.EVALUATE, {n: message for n in self._nodes}, self._timeout)
+        reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
+        for node, reply in replies.items():
+            if not isinstance(reply, EvaluateReport):
+                log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)
+        disagree = [r.site_id for r in reports if r.version != version]
+        if disagree:
+            raise RoundError(f"round {rnd}: sites {', '.join(disagree)} report a different model version")
+        n = sum(r.num_examples for r in reports)
+        if n == 0:
+            return float("nan"), float("nan")
+        return (
+            sum(r.accuracy * r.num_examples for r in reports) / n,
+            sum(r.loss * r.num_examples for r in reports) / n,
+        )

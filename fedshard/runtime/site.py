@@ -1,0 +1,277 @@
+"""The Site: one organisation's side of a round.
+
+It keeps the model's parameter shards on-premise (a local store in the site's state
+directory), trains through the task plug-in, and releases only the update, cut into
+gradient shards that it pushes straight to a zone; the coordinator only ever sees the
+metadata in the reports. Every message may arrive in a fresh process (Flower starts
+one ClientApp process per message), so all state lives in the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel
+
+from fedshard.errors import FedshardError, IntegrityError, RoundError
+from fedshard.integrity import build_manifest, genesis_version, merkle_root, next_version, shard_digest
+from fedshard.runtime.channels import ZoneConnector
+from fedshard.runtime.messages import (
+    AppliedRound,
+    EvaluateInstruction,
+    EvaluateReport,
+    MessageKind,
+    QueryRequest,
+    SiteInfo,
+    TrainInstruction,
+    TrainReport,
+)
+from fedshard.runtime.task import Partition, Task, TaskData, TrainSettings
+from fedshard.sharding import ShardPlan
+from fedshard.store import LocalShardStore
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Site"]
+
+log = logging.getLogger(__name__)
+
+_CURRENT = "current"
+
+
+@dataclass
+class _ModelState:
+    version: str
+    genesis: str
+    applied_round: int
+    shards: dict[str, np.ndarray]
+
+
+class Site:
+    """A site's round logic.
+
+    Parameters
+    ----------
+    site_id, jurisdiction:
+        Who the site is.
+    task:
+        The task plug-in (model, data, training).
+    partition:
+        Which slice of the task's data is local to this site.
+    tile:
+        Shard tile size; every party must use the same.
+    seed:
+        Federation seed: all sites build the same initial model from it.
+    state_dir:
+        On-prem directory for the site's parameter shards.
+    connect:
+        Makes a zone client from ``(zone name, endpoint)``.
+    """
+
+    def __init__(
+        self,
+        site_id: str,
+        jurisdiction: str,
+        task: Task,
+        partition: Partition,
+        *,
+        tile: tuple[int, int],
+        seed: int,
+        state_dir: str | Path,
+        connect: ZoneConnector,
+    ) -> None:
+        self.site_id = site_id
+        self.jurisdiction = jurisdiction
+        self.task = task
+        self.partition = partition
+        self.tile = tile
+        self.seed = seed
+        self.store = LocalShardStore(state_dir)
+        self._connect = connect
+        self._data: TaskData | None = None
+        self._plan: ShardPlan | None = None
+
+    # dispatch ---------------------------------------------------------------------------
+    def handle(self, kind: MessageKind, message: BaseModel) -> BaseModel:
+        """Answer one control-plane message."""
+        if kind is MessageKind.QUERY and isinstance(message, QueryRequest):
+            return self.query(message)
+        if kind is MessageKind.TRAIN and isinstance(message, TrainInstruction):
+            return self.train(message)
+        if kind is MessageKind.EVALUATE and isinstance(message, EvaluateInstruction):
+            return self.evaluate(message)
+        raise RoundError(f"site {self.site_id}: cannot handle {kind.value} message {type(message).__name__}")
+
+    # local resources ------------------------------------------------------------------------
+    @property
+    def data(self) -> TaskData:
+        """Local data, loaded on first use."""
+        if self._data is None:
+            self._data = self.task.load_data(self.partition)
+        return self._data
+
+    def _fresh_model(self) -> torch.nn.Module:
+        import torch
+
+        torch.manual_seed(self.seed)
+        return self.task.build_model()
+
+    def _load_state(self) -> tuple[ShardPlan, _ModelState]:
+        if self.store.exists(_CURRENT):
+            meta, shards = self.store.load(_CURRENT)
+            plan = self._plan or ShardPlan.from_json(meta["plan"])
+            self._plan = plan
+            return plan, _ModelState(meta["version"], meta["genesis"], int(meta["applied_round"]), shards)
+        model = self._fresh_model()
+        plan = ShardPlan.from_state_dict(model.state_dict(), self.tile)
+        shards = plan.split(model.state_dict())
+        root = merkle_root({sid: shard_digest(a) for sid, a in shards.items()})
+        genesis = genesis_version(plan.digest, root)
+        state = _ModelState(genesis, genesis, 0, shards)
+        self._plan = plan
+        self._save_state(plan, state)
+        return plan, state
+
+    def _save_state(self, plan: ShardPlan, state: _ModelState) -> None:
+        meta = {
+            "version": state.version,
+            "genesis": state.genesis,
+            "applied_round": state.applied_round,
+            "plan": plan.to_json(),
+            "site_id": self.site_id,
+        }
+        self.store.save(_CURRENT, state.shards, meta)
+
+    def _catch_up(self, history: list[AppliedRound], zones: dict[str, str]) -> tuple[ShardPlan, _ModelState]:
+        """Apply every published aggregate this site has not applied yet, in order."""
+        plan, state = self._load_state()
+        version = state.genesis
+        for applied in history:
+            version = next_version(version, applied.merkle_root)
+            if applied.round <= state.applied_round:
+                continue
+            endpoint = zones.get(applied.zone)
+            if endpoint is None:
+                raise RoundError(f"site {self.site_id}: no endpoint for zone {applied.zone!r} of round {applied.round}")
+            client = self._connect(applied.zone, endpoint)
+            try:
+                summary, aggregate = client.fetch_aggregate(applied.round)
+            finally:
+                client.close()
+            if summary.merkle_root != applied.merkle_root:
+                raise IntegrityError(
+                    f"site {self.site_id}: aggregate of round {applied.round} from zone {applied.zone} has root "
+                    f"{summary.merkle_root[:12]}…, the coordinator announced {applied.merkle_root[:12]}…"
+                )
+            for shard_id, mean_update in aggregate.items():
+                plan.shard(shard_id)  # refuses shards outside the plan
+                state.shards[shard_id] = state.shards[shard_id] + mean_update.astype(state.shards[shard_id].dtype)
+            state.version = version
+            state.applied_round = applied.round
+            self._save_state(plan, state)
+        if state.version != version:
+            raise IntegrityError(
+                f"site {self.site_id}: local model version {state.version[:12]}… does not follow the announced history"
+            )
+        return plan, state
+
+    def _model_from(self, plan: ShardPlan, shards: dict[str, np.ndarray]) -> torch.nn.Module:
+        import torch
+
+        model = self._fresh_model()
+        tensors = {name: torch.from_numpy(np.array(arr)) for name, arr in plan.join(shards).items()}
+        model.load_state_dict(tensors, strict=False)
+        return model
+
+    # messages ------------------------------------------------------------------------------
+    def query(self, message: QueryRequest) -> SiteInfo:
+        """Who this site is and which model it starts from."""
+        plan, state = self._load_state()
+        return SiteInfo(
+            site_id=self.site_id,
+            jurisdiction=self.jurisdiction,
+            num_examples=self.data.num_train,
+            plan_digest=plan.digest,
+            plan_json=plan.to_json(),
+            genesis_version=state.genesis,
+        )
+
+    def train(self, message: TrainInstruction) -> TrainReport:
+        """Catch up, train locally, push the update's shards to a zone, report metadata."""
+
+        def refuse(reason: str) -> TrainReport:
+            log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
+            return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
+
+        try:
+            plan, state = self._catch_up(message.history, message.zones)
+        except FedshardError as exc:
+            return refuse(str(exc))
+        if state.version != message.base_version:
+            return refuse(
+                f"model version {state.version[:12]}… differs from the round's {message.base_version[:12]}…"
+            )
+        model = self._model_from(plan, state.shards)
+        settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed)
+        metrics = self.task.train(model, self.data, settings)
+        trained = plan.split(model.state_dict())
+        update = {sid: trained[sid] - state.shards[sid] for sid in plan.shard_ids}
+        zone = self._choose_zone(message.zones)
+        manifest = build_manifest(
+            site_id=self.site_id,
+            round=message.round,
+            plan_digest=plan.digest,
+            base_version=state.version,
+            zone=zone,
+            weight=metrics.num_examples,
+            shards=update,
+        )
+        client = self._connect(zone, message.zones[zone])
+        try:
+            receipt = client.push(manifest, message.token, update)
+        except FedshardError as exc:
+            return refuse(f"push to zone {zone} failed: {exc}")
+        finally:
+            client.close()
+        return TrainReport(
+            site_id=self.site_id,
+            round=message.round,
+            ok=True,
+            num_examples=metrics.num_examples,
+            loss=metrics.loss,
+            bytes_up=receipt.bytes,
+            shards=receipt.shards,
+            zone=zone,
+            merkle_root=manifest.merkle_root,
+        )
+
+    def _choose_zone(self, zones: dict[str, str]) -> str:
+        """The zone this site's shards go to. With one zone per federation every
+        shard goes there; residency routing replaces this rule."""
+        if not zones:
+            raise RoundError(f"site {self.site_id}: the round names no zone to push to")
+        return sorted(zones)[0]
+
+    def evaluate(self, message: EvaluateInstruction) -> EvaluateReport:
+        """Apply the announced aggregates, then evaluate on local test data."""
+        plan, state = self._catch_up(message.history, message.zones)
+        if state.version != message.version:
+            raise IntegrityError(
+                f"site {self.site_id}: model version {state.version[:12]}… differs from the announced "
+                f"{message.version[:12]}…"
+            )
+        model = self._model_from(plan, state.shards)
+        metrics = self.task.evaluate(model, self.data)
+        return EvaluateReport(
+            site_id=self.site_id,
+            round=message.round,
+            version=state.version,
+            num_examples=metrics.num_examples,
+            loss=metrics.loss,
+            accuracy=metrics.accuracy if metrics.accuracy is not None else float("nan"),
+        )

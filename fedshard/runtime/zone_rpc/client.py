@@ -1,0 +1,141 @@
+"""Client of a zone's gRPC service, used by sites (push, fetch) and the coordinator
+(open, close). Implements :class:`fedshard.runtime.channels.ZoneClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import grpc
+import numpy as np
+
+from fedshard.errors import IntegrityError, PushRejectedError, ZoneError
+from fedshard.integrity import Manifest, ShardHasher, merkle_root
+from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
+from fedshard.runtime.zone_rpc import zone_pb2 as pb
+from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
+from fedshard.runtime.zone_rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunks, header_to_summary
+
+__all__ = ["GrpcZoneClient"]
+
+
+class GrpcZoneClient:
+    """Talks to one zone over gRPC.
+
+    Parameters
+    ----------
+    endpoint:
+        ``host:port`` of the zone.
+    timeout:
+        Seconds allowed for each call.
+    """
+
+    def __init__(self, endpoint: str, timeout: float = 300.0, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.chunk_bytes = chunk_bytes
+        self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
+        self._stub = pb_grpc.ZoneStub(self._channel)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> GrpcZoneClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _error(self, exc: grpc.RpcError) -> ZoneError:
+        code = exc.code()
+        details = exc.details() or str(code)
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED):
+            return PushRejectedError(details, code.name.lower())
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return ZoneError(f"zone at {self.endpoint} is unreachable ({details}); is `fedshard zone up` running?")
+        return ZoneError(f"zone at {self.endpoint}: {code.name}: {details}")
+
+    def info(self) -> tuple[str, str]:
+        """``(name, region)`` of the zone."""
+        try:
+            reply = self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return reply.name, reply.region
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the zone's channel is connected."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise ZoneError(f"zone at {self.endpoint} did not come up within {timeout:.0f}s") from None
+
+    def open_round(self, spec: RoundSpec) -> None:
+        """Ask the zone to accept pushes for ``spec.round``."""
+        request = pb.OpenRoundRequest(
+            round=spec.round, token=spec.token, plan_json=spec.plan_json,
+            base_version=spec.base_version, sites=list(spec.sites),
+        )
+        try:
+            self._stub.OpenRound(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
+        """Stream the manifest then the shards; raises :class:`PushRejectedError` if refused."""
+
+        def frames() -> Iterator[pb.PushFrame]:
+            yield pb.PushFrame(header=pb.PushHeader(manifest=manifest.to_bytes(), round_token=token))
+            for chunk in chunks(shards, self.chunk_bytes):
+                yield pb.PushFrame(chunk=chunk)
+
+        try:
+            reply = self._stub.Push(frames(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes)
+
+    def close_round(self, round: int) -> AggregateSummary:
+        """Close ``round`` and return the published aggregate's summary."""
+        try:
+            header = self._stub.CloseRound(pb.CloseRoundRequest(round=round), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return header_to_summary(header)
+
+    def abort_round(self, round: int) -> None:
+        """Discard ``round`` at the zone."""
+        try:
+            self._stub.CloseRound(pb.CloseRoundRequest(round=round, abort=True), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def fetch_aggregate(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """Download the aggregate of ``round``; every shard digest and the root are verified."""
+        summary: AggregateSummary | None = None
+        shards: dict[str, np.ndarray] = {}
+        buffers: dict[str, tuple[bytearray, str, tuple[int, ...]]] = {}
+        try:
+            for frame in self._stub.FetchAggregate(pb.FetchAggregateRequest(round=round), timeout=self.timeout):
+                if frame.WhichOneof("frame") == "header":
+                    summary = header_to_summary(frame.header)
+                    continue
+                c = frame.chunk
+                if c.offset == 0:
+                    buffers[c.shard_id] = (bytearray(), c.dtype, tuple(c.shape))
+                buffers[c.shard_id][0].extend(c.data)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        if summary is None:
+            raise ZoneError(f"zone at {self.endpoint} sent no aggregate header for round {round}")
+        expected = {e.shard_id: e.digest for e in summary.shards}
+        for shard_id, (raw, dtype, shape) in buffers.items():
+            hasher = ShardHasher(dtype, shape)
+            hasher.update(raw)
+            if expected.get(shard_id) != hasher.hexdigest():
+                raise IntegrityError(f"aggregate shard {shard_id} of round {round} from zone {summary.zone} fails its digest")
+            shards[shard_id] = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
+        if set(shards) != set(expected) or merkle_root(expected) != summary.merkle_root:
+            raise IntegrityError(f"aggregate of round {round} from zone {summary.zone} is incomplete or fails its Merkle root")
+        return summary, shards

@@ -1,0 +1,60 @@
+"""Conversions between zone messages and fedshard's dataclasses, and chunking."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from fedshard.integrity import ShardEntry
+from fedshard.runtime.rounds import AggregateSummary
+from fedshard.runtime.zone_rpc import zone_pb2 as pb
+
+__all__ = ["CHUNK_BYTES", "GRPC_OPTIONS", "chunks", "header_to_summary", "summary_to_header"]
+
+CHUNK_BYTES = 1 << 20
+_MAX_MESSAGE = CHUNK_BYTES + (1 << 20)  # a chunk plus room for its header fields
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+
+
+def chunks(shards: Mapping[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.ShardChunk]:
+    """Cut shards into chunks; the first chunk of each shard names its dtype and shape."""
+    for shard_id, values in shards.items():
+        arr = np.ascontiguousarray(values)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        raw = memoryview(arr).cast("B")
+        total = len(raw)
+        shape = [int(d) for d in arr.shape]
+        yield pb.ShardChunk(
+            shard_id=shard_id, offset=0, data=bytes(raw[:chunk_bytes]), dtype=arr.dtype.str, shape=shape
+        )
+        for offset in range(chunk_bytes, total, chunk_bytes):
+            yield pb.ShardChunk(shard_id=shard_id, offset=offset, data=bytes(raw[offset : offset + chunk_bytes]))
+
+
+def summary_to_header(summary: AggregateSummary) -> pb.AggregateHeader:
+    """AggregateSummary → protobuf."""
+    return pb.AggregateHeader(
+        zone=summary.zone,
+        round=summary.round,
+        merkle_root=summary.merkle_root,
+        total_weight=summary.total_weight,
+        sites=list(summary.sites),
+        shards=[pb.ShardDigest(shard_id=e.shard_id, digest=e.digest, nbytes=e.nbytes) for e in summary.shards],
+    )
+
+
+def header_to_summary(header: pb.AggregateHeader) -> AggregateSummary:
+    """Protobuf → AggregateSummary."""
+    return AggregateSummary(
+        zone=header.zone,
+        round=header.round,
+        merkle_root=header.merkle_root,
+        total_weight=header.total_weight,
+        sites=tuple(header.sites),
+        shards=tuple(ShardEntry(s.shard_id, s.digest, s.nbytes) for s in header.shards),
+    )

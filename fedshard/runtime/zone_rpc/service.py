@@ -1,0 +1,119 @@
+"""The zone's gRPC service: maps the wire protocol onto :class:`ZoneAggregator`.
+
+Errors become gRPC status codes with the one-line reason as details; nothing else
+(no traceback, no internal state) leaves the zone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+
+from fedshard.errors import FedshardError, IntegrityError, PushRejectedError, ZoneError
+from fedshard.integrity import Manifest
+from fedshard.runtime.rounds import RoundSpec
+from fedshard.runtime.zone import ZoneAggregator
+from fedshard.runtime.zone_rpc import zone_pb2 as pb
+from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
+from fedshard.runtime.zone_rpc.convert import GRPC_OPTIONS, chunks, summary_to_header
+
+__all__ = ["ZoneService", "serve"]
+
+log = logging.getLogger(__name__)
+
+_PRECONDITION_CODES = {"round", "token", "site", "version", "plan", "zone", "state"}
+
+
+def _status(error: FedshardError) -> grpc.StatusCode:
+    if isinstance(error, PushRejectedError):
+        if error.code == "duplicate":
+            return grpc.StatusCode.ALREADY_EXISTS
+        if error.code in _PRECONDITION_CODES:
+            return grpc.StatusCode.FAILED_PRECONDITION
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, IntegrityError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, ZoneError) and "busy" in str(error):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ZoneService(pb_grpc.ZoneServicer):
+    """gRPC front of one zone aggregator."""
+
+    def __init__(self, zone: ZoneAggregator, push_timeout: float = 600.0) -> None:
+        self.zone = zone
+        self.push_timeout = push_timeout
+
+    def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> None:
+        log.info("zone %s refused: %s", self.zone.name, error)
+        context.abort(_status(error), str(error))
+
+    def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
+        spec = RoundSpec(request.round, request.token, request.plan_json, request.base_version, tuple(request.sites))
+        try:
+            self.zone.open_round(spec)
+        except FedshardError as exc:
+            self._fail(context, exc)
+        return pb.OpenRoundReply()
+
+    def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
+        try:
+            first = next(request_iterator, None)
+            if first is None or first.WhichOneof("frame") != "header":
+                raise PushRejectedError(f"zone {self.zone.name}: a push must start with its manifest", "protocol")
+            manifest = Manifest.from_bytes(first.header.manifest)
+            with self.zone.begin_push(manifest, first.header.round_token, self.push_timeout) as session:
+                for frame in request_iterator:
+                    if frame.WhichOneof("frame") != "chunk":
+                        raise PushRejectedError(f"zone {self.zone.name}: manifest sent twice in one push", "protocol")
+                    c = frame.chunk
+                    session.receive(c.shard_id, c.data, offset=c.offset, dtype=c.dtype, shape=tuple(c.shape))
+                receipt = session.commit()
+        except FedshardError as exc:
+            self._fail(context, exc)
+        return pb.PushReply(
+            zone=receipt.zone, round=receipt.round, site_id=receipt.site_id, shards=receipt.shards, bytes=receipt.bytes
+        )
+
+    def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.AggregateHeader:  # noqa: N802
+        try:
+            if request.abort:
+                self.zone.abort_round(request.round)
+                return pb.AggregateHeader(zone=self.zone.name, round=request.round)
+            return summary_to_header(self.zone.close_round(request.round))
+        except FedshardError as exc:
+            self._fail(context, exc)
+            raise  # unreachable: abort raises
+
+    def FetchAggregate(  # noqa: N802
+        self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.AggregateFrame]:
+        try:
+            summary, shards = self.zone.aggregate(request.round)
+        except FedshardError as exc:
+            self._fail(context, exc)
+            return
+        yield pb.AggregateFrame(header=summary_to_header(summary))
+        for chunk in chunks(shards):
+            yield pb.AggregateFrame(chunk=chunk)
+
+    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
+        return pb.InfoReply(name=self.zone.name, region=self.zone.region)
+
+
+def serve(zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int = 16) -> tuple[grpc.Server, int]:
+    """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
+
+    The data plane runs without TLS until the federation PKI is provisioned.
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")
+    server.start()
+    return server, port

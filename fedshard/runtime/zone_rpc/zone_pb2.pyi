@@ -1,0 +1,129 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenRoundRequest(_message.Message):
+    __slots__ = ("round", "token", "plan_json", "base_version", "sites")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    token: str
+    plan_json: str
+    base_version: str
+    sites: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., token: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_version: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class OpenRoundReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("manifest", "round_token")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    manifest: bytes
+    round_token: str
+    def __init__(self, manifest: _Optional[bytes] = ..., round_token: _Optional[str] = ...) -> None: ...
+
+class ShardChunk(_message.Message):
+    __slots__ = ("shard_id", "offset", "data", "dtype", "shape")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    offset: int
+    data: bytes
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shard_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PushFrame(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: PushHeader
+    chunk: ShardChunk
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[ShardChunk, _Mapping]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("zone", "round", "site_id", "shards", "bytes")
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    zone: str
+    round: int
+    site_id: str
+    shards: int
+    bytes: int
+    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., site_id: _Optional[str] = ..., shards: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class CloseRoundRequest(_message.Message):
+    __slots__ = ("round", "abort")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    abort: bool
+    def __init__(self, round: _Optional[int] = ..., abort: _Optional[bool] = ...) -> None: ...
+
+class ShardDigest(_message.Message):
+    __slots__ = ("shard_id", "digest", "nbytes")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    digest: str
+    nbytes: int
+    def __init__(self, shard_id: _Optional[str] = ..., digest: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class AggregateHeader(_message.Message):
+    __slots__ = ("zone", "round", "merkle_root", "total_weight", "sites", "shards")
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MERKLE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    zone: str
+    round: int
+    merkle_root: str
+    total_weight: float
+    sites: _containers.RepeatedScalarFieldContainer[str]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardDigest]
+    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., merkle_root: _Optional[str] = ..., total_weight: _Optional[float] = ..., sites: _Optional[_Iterable[str]] = ..., shards: _Optional[_Iterable[_Union[ShardDigest, _Mapping]]] = ...) -> None: ...
+
+class FetchAggregateRequest(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class AggregateFrame(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: AggregateHeader
+    chunk: ShardChunk
+    def __init__(self, header: _Optional[_Union[AggregateHeader, _Mapping]] = ..., chunk: _Optional[_Union[ShardChunk, _Mapping]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoReply(_message.Message):
+    __slots__ = ("name", "region")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    region: str
+    def __init__(self, name: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Aggregator entry points: the Flower ServerApp (coordinator)."""

@@ -1,0 +1,89 @@
+"""The fedshard command as a user runs it: real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+
+ROOT = Path(__file__).resolve().parents[2]
+FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS="200")
+    return env
+
+
+def _fedshard(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FEDSHARD, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_reaches_the_target_accuracy_and_writes_the_summary(tmp_path: Path) -> None:
+    """The demo as `make demo` runs it: accuracy >= 0.93, summary.json per the contract."""
+    out = tmp_path / "run"
+    proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "central baseline" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 10
+    assert isinstance(summary["final_accuracy"], float) and summary["final_accuracy"] >= 0.93
+    assert isinstance(summary["centralized_accuracy"], float) and summary["centralized_accuracy"] >= 0.9
+    assert len(summary["model_version"]) == 64 and int(summary["model_version"], 16) >= 0
+    assert [h["round"] for h in summary["history"]] == list(range(1, 11))
+    assert all(set(h) >= {"round", "accuracy", "loss", "bytes_up"} and h["bytes_up"] > 0 for h in summary["history"])
+    assert sorted(s["jurisdiction"] for s in summary["sites"]) == ["EU", "EU", "SG", "US"]
+    assert all(s["examples"] > 0 for s in summary["sites"])
+    assert summary["history"][-1]["model_version"] == summary["model_version"]
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    cfg["federation"]["rounds"] = -1
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = _fedshard("simulate", "--config", str(path), "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:") and "federation.rounds" in lines[0] and str(path) in lines[0]
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_zone_up_serves_until_sigterm(tmp_path: Path) -> None:
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    path = tmp_path / "fed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [*FEDSHARD, "zone", "up", "--config", str(path), "--zone", "eu-central", "--store", str(tmp_path / "store")],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        endpoint = line.strip().rsplit(" ", 1)[-1]
+        with GrpcZoneClient(endpoint, timeout=10) as client:
+            assert client.info() == ("eu-central", "EU")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_zone_up_unknown_zone(tmp_path: Path) -> None:
+    proc = _fedshard("zone", "up", "--config", "configs/demo.yaml", "--zone", "mars-1")
+    assert proc.returncode == 2
+    assert "no zone named 'mars-1'" in proc.stderr and "eu-central" in proc.stderr

@@ -1,0 +1,164 @@
+"""Coordinator + Sites + a real gRPC zone on loopback, sites in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from fedshard.config import FederationConfig
+from fedshard.errors import RoundError, ZoneError
+from fedshard.integrity import genesis_version, merkle_root, next_version, shard_digest
+from fedshard.runtime.assembly import grpc_connector, make_site, running_zones
+from fedshard.runtime.coordinator import Coordinator
+from fedshard.runtime.inprocess import InProcessSiteGateway
+from fedshard.runtime.messages import (
+    AppliedRound,
+    MessageKind,
+    QueryRequest,
+    SiteFailure,
+    TrainInstruction,
+    TrainReport,
+)
+from fedshard.runtime.site import Site
+from fedshard.store import LocalShardStore
+
+
+def _config(n_sites: int = 3, rounds: int = 3, min_sites: int = 2) -> FederationConfig:
+    return FederationConfig.model_validate(
+        {
+            "federation": {"name": "toy", "seed": 3, "rounds": rounds, "min_sites": min_sites, "round_timeout_s": 60},
+            "task": {"target": "tests.toy_task:task", "options": {"examples": 40}},
+            "training": {"local_epochs": 5, "batch_size": 8, "learning_rate": 0.05},
+            "sharding": {"tile": [4, 4]},
+            "zones": [{"name": "z1", "region": "EU"}],
+            "sites": [{"id": f"s{i}", "jurisdiction": "EU"} for i in range(n_sites)],
+        }
+    )
+
+
+@pytest.fixture()
+def federation(tmp_path: Path) -> Iterator[tuple[FederationConfig, dict[str, str], dict[str, Site], Path]]:
+    config = _config()
+    with running_zones(config, tmp_path / "zones") as endpoints:
+        sites = {s.id: make_site(config, s.id, tmp_path / "sites") for s in config.sites}
+        yield config, endpoints, sites, tmp_path
+
+
+def _run(config: FederationConfig, endpoints: dict[str, str], sites: Mapping[str, object]) -> object:
+    gateway = InProcessSiteGateway(sites)  # type: ignore[arg-type]
+    zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+    try:
+        return Coordinator(config, gateway, zones, endpoints).run()
+    finally:
+        gateway.close()
+
+
+def test_rounds_extend_the_version_chain_from_zone_aggregates(federation) -> None:
+    config, endpoints, sites, tmp_path = federation
+    result = _run(config, endpoints, sites)
+    assert [r.round for r in result.rounds] == [1, 2, 3]
+    assert all(r.sites == ("s0", "s1", "s2") for r in result.rounds)
+    # the chain recomputed from what the zone stored equals the coordinator's
+    zone_store = LocalShardStore(tmp_path / "zones" / "z1")
+    version = result.genesis_version
+    for r in result.rounds:
+        _, shards = zone_store.load(f"aggregate-{r.round:06d}")
+        root = merkle_root({sid: shard_digest(a) for sid, a in shards.items()})
+        assert root == r.merkle_root
+        version = next_version(version, root)
+        assert version == r.version
+    assert result.version == version
+    # every site holds the same parameters, at that version
+    stores = [LocalShardStore(tmp_path / "sites" / s) for s in sites]
+    metas_shards = [st.load("current") for st in stores]
+    assert {m["version"] for m, _ in metas_shards} == {version}
+    first = metas_shards[0][1]
+    for _, shards in metas_shards[1:]:
+        assert all(np.array_equal(first[k], shards[k]) for k in first)
+    # and the federated model learned something
+    assert result.rounds[-1].loss < result.rounds[0].loss
+    assert result.rounds[-1].bytes_up > 0
+
+
+def test_genesis_is_shared_and_recomputable(federation) -> None:
+    config, endpoints, sites, _ = federation
+    site = sites["s0"]
+    info = site.query(QueryRequest())
+    _, shards = site.store.load("current")
+    root = merkle_root({sid: shard_digest(a) for sid, a in shards.items()})
+    assert info.genesis_version == genesis_version(info.plan_digest, root)
+    assert {s.query(QueryRequest()).genesis_version for s in sites.values()} == {info.genesis_version}
+
+
+class _DropSites:
+    """Gateway wrapper: the named sites never answer train messages."""
+
+    def __init__(self, inner: InProcessSiteGateway, silent: set[str]) -> None:
+        self.inner = inner
+        self.silent = silent
+
+    def nodes(self) -> list[str]:
+        return self.inner.nodes()
+
+    def send(self, kind: MessageKind, messages: Mapping[str, BaseModel], timeout: float) -> dict:
+        if kind is not MessageKind.TRAIN:
+            return self.inner.send(kind, messages, timeout)
+        live = {n: m for n, m in messages.items() if n not in self.silent}
+        out = self.inner.send(kind, live, timeout)
+        out.update({n: SiteFailure(reason="no reply within 1s") for n in messages if n in self.silent})
+        return out
+
+
+def test_round_continues_without_a_silent_site_when_enough_remain(federation) -> None:
+    config, endpoints, sites, _ = federation
+    gateway = _DropSites(InProcessSiteGateway(sites), {"s2"})
+    zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+    result = Coordinator(config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 1})}), gateway, zones, endpoints).run()
+    assert result.rounds[0].sites == ("s0", "s1")
+    assert "s2" in result.rounds[0].refused
+
+
+def test_too_few_sites_aborts_the_round_and_stops(federation) -> None:
+    config, endpoints, sites, _ = federation
+    gateway = _DropSites(InProcessSiteGateway(sites), {"s1", "s2"})
+    zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+    with pytest.raises(RoundError, match=r"round 1: only 1 of 3 sites pushed an update \(federation.min_sites is 2\)"):
+        Coordinator(config, gateway, zones, endpoints).run()
+    # the zone discarded the round: no aggregate was published
+    with pytest.raises(ZoneError):
+        zones["z1"].fetch_aggregate(1)
+
+
+def test_site_refuses_a_round_from_another_model_version(federation) -> None:
+    config, endpoints, sites, _ = federation
+    site = sites["s0"]
+    report = site.train(
+        TrainInstruction(
+            round=1, token="t", base_version="00" * 32, history=[], zones=endpoints,
+            epochs=1, batch_size=8, learning_rate=0.1, seed=1,
+        )
+    )
+    assert isinstance(report, TrainReport)
+    assert not report.ok
+    assert "model version" in report.reason
+
+
+def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(federation) -> None:
+    config, endpoints, sites, _ = federation
+    result = _run(config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 1})}), endpoints, {"s0": sites["s0"], "s1": sites["s1"]})
+    bogus = [AppliedRound(round=1, zone="z1", merkle_root="ab" * 32)]
+    report = sites["s2"].train(
+        TrainInstruction(
+            round=2, token="t", base_version=next_version(result.genesis_version, "ab" * 32), history=bogus,
+            zones=endpoints, epochs=1, batch_size=8, learning_rate=0.1, seed=1,
+        )
+    )
+    assert not report.ok
+    assert "coordinator announced" in report.reason
+    # nothing was applied: the site is still at genesis
+    meta, _ = sites["s2"].store.load("current")
+    assert meta["applied_round"] == 0 and meta["version"] == result.genesis_version
