@@ -32,10 +32,8 @@ def _handle(kind_value: str, msg: Message, context: Context, defaults: Mapping[s
     settings = {**defaults, **dict(context.run_config)}
     node = dict(context.node_config)
     config = load_federation(str(settings["config"]))
-    if "site-id" in node:
-        site_id = str(node["site-id"])
-    else:
-        site_id = config.sites[int(node["partition-id"])].id
+    # deployment names the site; simulation numbers the nodes, the n-th being the config's n-th site
+    site_id = str(node["site-id"]) if "site-id" in node else config.sites[int(node["partition-id"])].id
     state_root = Path(str(node["state-dir"])).parent if "state-dir" in node else Path(str(settings["state-root"]))
     site = make_site(config, site_id, state_root)
     kind = MessageKind(kind_value)

@@ -34,15 +34,15 @@ def create_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
         settings = {**(defaults or {}), **dict(context.run_config)}
         config = load_federation(str(settings["config"]))
-        endpoints = json.loads(str(settings["zones"])) if settings.get("zones") else {
-            z.name: z.endpoint for z in config.zones
-        }
+        endpoints = (
+            json.loads(str(settings["zones"])) if settings.get("zones") else {z.name: z.endpoint for z in config.zones}
+        )
         events = EventLog(str(settings.get("events", "events.jsonl")))
         gateway = FlowerSiteGateway(grid, min_nodes=len(config.sites), wait_s=config.federation.round_timeout_s)
         zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
         try:
-            Coordinator(config, gateway, zones, endpoints, events).run()
-            events.on_stop("")
+            result = Coordinator(config, gateway, zones, endpoints, events).run()
+            events.on_stop(result.stopped_reason)
         except Exception as exc:
             events.on_stop(str(exc))
             raise

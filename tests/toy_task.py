@@ -12,14 +12,17 @@ from fedshard.runtime.task import Metrics, Partition, TaskData, TrainSettings
 class ToyTask:
     """Linear regression with a hidden layer; fast enough for many rounds in tests."""
 
-    def __init__(self, examples: int = 40, hidden: int = 8) -> None:
+    def __init__(self, examples: int = 40, hidden: int = 8, fail_partitions: tuple[int, ...] = ()) -> None:
         self.examples = examples
         self.hidden = hidden
+        self.fail_partitions = tuple(fail_partitions)
+        self._partition: int | None = None
 
     def build_model(self) -> nn.Module:
         return nn.Sequential(nn.Linear(4, self.hidden), nn.Tanh(), nn.Linear(self.hidden, 1))
 
     def load_data(self, partition: Partition) -> TaskData:
+        self._partition = partition.index
         rng = np.random.default_rng(partition.seed)
         w = np.array([1.0, -2.0, 0.5, 3.0])
         n = self.examples * partition.count
@@ -34,6 +37,8 @@ class ToyTask:
         return TaskData(train=train, test=test, num_train=split, num_test=len(y) - split)
 
     def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
+        if self._partition in self.fail_partitions:
+            raise RuntimeError(f"partition {self._partition} is configured to fail")
         x, y = data.train
         opt = torch.optim.SGD(model.parameters(), lr=settings.learning_rate)
         torch.manual_seed(settings.seed)

@@ -12,6 +12,7 @@ no site's data leaks into another's preprocessing.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +26,36 @@ __all__ = ["BreastCancerTask", "task"]
 
 # (min, max) per feature, from the data set's published summary statistics.
 FEATURE_RANGES: tuple[tuple[float, float], ...] = (
-    (6.981, 28.11), (9.71, 39.28), (43.79, 188.5), (143.5, 2501.0), (0.053, 0.163),
-    (0.019, 0.345), (0.0, 0.427), (0.0, 0.201), (0.106, 0.304), (0.05, 0.097),
-    (0.112, 2.873), (0.36, 4.885), (0.757, 21.98), (6.802, 542.2), (0.002, 0.031),
-    (0.002, 0.135), (0.0, 0.396), (0.0, 0.053), (0.008, 0.079), (0.001, 0.03),
-    (7.93, 36.04), (12.02, 49.54), (50.41, 251.2), (185.2, 4254.0), (0.071, 0.223),
-    (0.027, 1.058), (0.0, 1.252), (0.0, 0.291), (0.156, 0.664), (0.055, 0.208),
+    (6.981, 28.11),
+    (9.71, 39.28),
+    (43.79, 188.5),
+    (143.5, 2501.0),
+    (0.053, 0.163),
+    (0.019, 0.345),
+    (0.0, 0.427),
+    (0.0, 0.201),
+    (0.106, 0.304),
+    (0.05, 0.097),
+    (0.112, 2.873),
+    (0.36, 4.885),
+    (0.757, 21.98),
+    (6.802, 542.2),
+    (0.002, 0.031),
+    (0.002, 0.135),
+    (0.0, 0.396),
+    (0.0, 0.053),
+    (0.008, 0.079),
+    (0.001, 0.03),
+    (7.93, 36.04),
+    (12.02, 49.54),
+    (50.41, 251.2),
+    (185.2, 4254.0),
+    (0.071, 0.223),
+    (0.027, 1.058),
+    (0.0, 1.252),
+    (0.0, 0.291),
+    (0.156, 0.664),
+    (0.055, 0.208),
 )
 
 
@@ -53,7 +78,9 @@ class BreastCancerTask:
         Share of the data held out for testing.
     """
 
-    def __init__(self, hidden: tuple[int, ...] | list[int] = (64, 32), sort_feature: int = 0, test_fraction: float = 0.2) -> None:
+    def __init__(
+        self, hidden: tuple[int, ...] | list[int] = (64, 32), sort_feature: int = 0, test_fraction: float = 0.2
+    ) -> None:
         self.hidden = tuple(int(h) for h in hidden)
         self.sort_feature = sort_feature
         self.test_fraction = test_fraction
@@ -62,7 +89,7 @@ class BreastCancerTask:
         """MLP 30 → hidden… → 2, with layers named ``fc1``, ``fc2``, …"""
         widths = (30, *self.hidden, 2)
         layers: dict[str, nn.Module] = {}
-        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True), start=1):
+        for i, (a, b) in enumerate(itertools.pairwise(widths), start=1):
             layers[f"fc{i}"] = nn.Linear(a, b)
             if i < len(widths) - 1:
                 layers[f"act{i}"] = nn.ReLU()

@@ -50,7 +50,8 @@ def simulate(
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
     from fedshard.cli.progress import RoundProgress, results_table
     from fedshard.config import load_federation
-    from fedshard.runtime.simulate import Engine, simulate as run, with_rounds
+    from fedshard.runtime.simulate import Engine, with_rounds
+    from fedshard.runtime.simulate import simulate as run
 
     try:
         chosen = Engine(engine)
@@ -64,16 +65,21 @@ def simulate(
     )
     with RoundProgress(console) as progress:
         summary = run(cfg, out_dir, chosen, progress)
-    console.print(results_table(summary))
-    console.print(f"model version {summary['model_version']}")
+    if summary["rounds"]:
+        console.print(results_table(summary))
+        console.print(f"model version {summary['model_version']}")
     console.print(f"summary: {out_dir / 'summary.json'}")
+    if summary["stopped_reason"]:
+        raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")
 
 
 @zone_app.command("up")
 def zone_up(
     config: Annotated[Path, typer.Option("--config", "-c", help="Federation YAML listing the zones")],
     zone: Annotated[str, typer.Option("--zone", help="Name of the zone to run")],
-    store: Annotated[Path | None, typer.Option("--store", help="Where aggregates are kept (overrides the config)")] = None,
+    store: Annotated[
+        Path | None, typer.Option("--store", help="Where aggregates are kept (overrides the config)")
+    ] = None,
 ) -> None:
     """Run one zone aggregator as a gRPC server until interrupted."""
     from fedshard.config import load_federation

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedshard.runtime.coordinator import RoundResult
@@ -38,7 +38,7 @@ class RoundProgress:
             console=self.console,
             transient=False,
         )
-        self._task: int | None = None
+        self._task: TaskID | None = None
 
     def __enter__(self) -> RoundProgress:
         self._progress.start()
@@ -72,6 +72,6 @@ def results_table(summary: dict[str, object]) -> Table:
     table = Table(title="Result", show_header=True)
     table.add_column("model")
     table.add_column("test accuracy", justify="right")
-    table.add_row("federated (fedshard)", f"{summary['final_accuracy']:.4f}")
+    table.add_row("federated (fedshard)", f"{summary['final_accuracy'] or float('nan'):.4f}")
     table.add_row("central baseline (all data pooled)", f"{summary['centralized_accuracy']:.4f}")
     return table

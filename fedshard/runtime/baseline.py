@@ -10,7 +10,7 @@ __all__ = ["centralized_baseline"]
 
 
 def centralized_baseline(config: FederationConfig, rounds: int | None = None) -> Metrics:
-    """Train once on all the data for ``rounds × local_epochs`` epochs and evaluate on all test data."""
+    """Train once on all the data for ``rounds * local_epochs`` epochs and evaluate on all test data."""
     import torch
 
     task = load_task(config.task.target, dict(config.task.options))

@@ -149,16 +149,27 @@ class Coordinator:
         if ShardPlan.from_json(plan_json).digest != plan_digest:
             raise RoundError("the sites' shard plan does not match its digest")
         self._plan_json = plan_json
-        return RunResult(sites=sorted(infos.values(), key=lambda s: s.site_id), genesis_version=genesis, version=genesis)
+        return RunResult(
+            sites=sorted(infos.values(), key=lambda s: s.site_id), genesis_version=genesis, version=genesis
+        )
 
     # rounds ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        """Discover the sites, run every configured round, return the result."""
+        """Discover the sites, run every configured round, return the result.
+
+        A round that cannot proceed (too few sites, version disagreement) stops the
+        federation: the result then holds the rounds completed and ``stopped_reason``.
+        """
         result = self.discover()
         if self.observer is not None:
             self.observer.on_start(result.sites, self.config.federation.rounds, result.genesis_version)
         for rnd in range(1, self.config.federation.rounds + 1):
-            round_result = self.run_round(rnd, result.version)
+            try:
+                round_result = self.run_round(rnd, result.version)
+            except RoundError as exc:
+                log.info("federation stopped: %s", exc)
+                result.stopped_reason = str(exc)
+                return result
             result.version = round_result.version
             result.rounds.append(round_result)
             if self.observer is not None:
@@ -208,7 +219,7 @@ class Coordinator:
                 reports.append(reply)
             else:
                 refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
-                log.warning("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
+                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
         if len(reports) < fed.min_sites:
             zone.abort_round(rnd)
             details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))

@@ -29,12 +29,14 @@ class EventLog:
 
     def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
         """Record the assembled federation."""
-        self._write({
-            "event": "start",
-            "rounds": rounds,
-            "genesis_version": genesis_version,
-            "sites": [s.model_dump() for s in sites],
-        })
+        self._write(
+            {
+                "event": "start",
+                "rounds": rounds,
+                "genesis_version": genesis_version,
+                "sites": [s.model_dump() for s in sites],
+            }
+        )
 
     def on_round(self, result: RoundResult) -> None:
         """Record one finished round."""

@@ -6,7 +6,7 @@ same way: ``encode(msg)`` → JSON bytes, ``decode(Model, data)``.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -30,7 +30,7 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class MessageKind(str, Enum):
+class MessageKind(StrEnum):
     """The three kinds of control-plane message (Flower message types)."""
 
     QUERY = "query"

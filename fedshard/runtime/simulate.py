@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from fedshard.runtime.inprocess import InProcessSiteGateway
 __all__ = ["Engine", "build_summary", "simulate", "with_rounds"]
 
 
-class Engine(str, Enum):
+class Engine(StrEnum):
     """Where the sites run."""
 
     INPROCESS = "inprocess"
@@ -70,6 +70,7 @@ def simulate(
     with running_zones(config, out / "zones") as endpoints:
         if engine is Engine.INPROCESS:
             result = _run_inprocess(config, out, endpoints, _Fanout(events, observer))
+            events.on_stop(result.stopped_reason)
         else:
             from fedshard.runtime.flower.simulation import run_flower_simulation
 

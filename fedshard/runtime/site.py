@@ -213,9 +213,7 @@ class Site:
         except FedshardError as exc:
             return refuse(str(exc))
         if state.version != message.base_version:
-            return refuse(
-                f"model version {state.version[:12]}… differs from the round's {message.base_version[:12]}…"
-            )
+            return refuse(f"model version {state.version[:12]}… differs from the round's {message.base_version[:12]}…")
         model = self._model_from(plan, state.shards)
         settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed)
         metrics = self.task.train(model, self.data, settings)

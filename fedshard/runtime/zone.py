@@ -95,6 +95,8 @@ class PushSession:
         return self.manifest.site_id
 
     def _reject(self, code: str, reason: str) -> PushRejectedError:
+        # A refusal ends the push: what was staged before it can no longer be committed.
+        self.abort()
         return PushRejectedError(f"zone {self._zone.name}: site {self.site_id} round {self.manifest.round}: {reason}", code)
 
     def receive(
@@ -148,8 +150,6 @@ class PushSession:
         buffer = None if spec.nbytes <= self._zone.chunk_hint else bytearray(spec.nbytes)
         self._current = (spec, hasher, buffer, [])
         self._received = 0
-        if spec.nbytes == 0:
-            self._finish_shard()
 
     def _finish_shard(self) -> None:
         assert self._current is not None

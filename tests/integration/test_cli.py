@@ -67,7 +67,11 @@ def test_zone_up_serves_until_sigterm(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
         [*FEDSHARD, "zone", "up", "--config", str(path), "--zone", "eu-central", "--store", str(tmp_path / "store")],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -87,3 +91,21 @@ def test_zone_up_unknown_zone(tmp_path: Path) -> None:
     proc = _fedshard("zone", "up", "--config", "configs/demo.yaml", "--zone", "mars-1")
     assert proc.returncode == 2
     assert "no zone named 'mars-1'" in proc.stderr and "eu-central" in proc.stderr
+
+
+def test_federation_that_loses_its_sites_stops_with_a_summary(tmp_path: Path) -> None:
+    cfg = {
+        "federation": {"rounds": 3, "min_sites": 2},
+        "task": {"target": "tests.toy_task:task", "options": {"fail_partitions": [1, 2]}},
+        "zones": [{"name": "z1", "region": "EU"}],
+        "sites": [{"id": f"s{i}", "jurisdiction": "EU"} for i in range(3)],
+    }
+    path = tmp_path / "fed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = _fedshard("simulate", "--config", str(path), "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "round 1: only 1 of 3 sites pushed an update" in errors[0], proc.stderr
+    assert "configured to fail" in errors[0]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds"] == 0 and "min_sites is 2" in summary["stopped_reason"]

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from fedshard.config import FederationConfig
-from fedshard.errors import RoundError, ZoneError
+from fedshard.errors import ZoneError
 from fedshard.integrity import genesis_version, merkle_root, next_version, shard_digest
 from fedshard.runtime.assembly import grpc_connector, make_site, running_zones
 from fedshard.runtime.coordinator import Coordinator
@@ -85,7 +85,7 @@ def test_rounds_extend_the_version_chain_from_zone_aggregates(federation) -> Non
 
 
 def test_genesis_is_shared_and_recomputable(federation) -> None:
-    config, endpoints, sites, _ = federation
+    _, _, sites, _ = federation
     site = sites["s0"]
     info = site.query(QueryRequest())
     _, shards = site.store.load("current")
@@ -117,7 +117,12 @@ def test_round_continues_without_a_silent_site_when_enough_remain(federation) ->
     config, endpoints, sites, _ = federation
     gateway = _DropSites(InProcessSiteGateway(sites), {"s2"})
     zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
-    result = Coordinator(config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 1})}), gateway, zones, endpoints).run()
+    result = Coordinator(
+        config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 1})}),
+        gateway,
+        zones,
+        endpoints,
+    ).run()
     assert result.rounds[0].sites == ("s0", "s1")
     assert "s2" in result.rounds[0].refused
 
@@ -126,20 +131,28 @@ def test_too_few_sites_aborts_the_round_and_stops(federation) -> None:
     config, endpoints, sites, _ = federation
     gateway = _DropSites(InProcessSiteGateway(sites), {"s1", "s2"})
     zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
-    with pytest.raises(RoundError, match=r"round 1: only 1 of 3 sites pushed an update \(federation.min_sites is 2\)"):
-        Coordinator(config, gateway, zones, endpoints).run()
+    result = Coordinator(config, gateway, zones, endpoints).run()
+    assert result.rounds == []
+    assert "round 1: only 1 of 3 sites pushed an update (federation.min_sites is 2)" in result.stopped_reason
     # the zone discarded the round: no aggregate was published
     with pytest.raises(ZoneError):
         zones["z1"].fetch_aggregate(1)
 
 
 def test_site_refuses_a_round_from_another_model_version(federation) -> None:
-    config, endpoints, sites, _ = federation
+    _, endpoints, sites, _ = federation
     site = sites["s0"]
     report = site.train(
         TrainInstruction(
-            round=1, token="t", base_version="00" * 32, history=[], zones=endpoints,
-            epochs=1, batch_size=8, learning_rate=0.1, seed=1,
+            round=1,
+            token="t",
+            base_version="00" * 32,
+            history=[],
+            zones=endpoints,
+            epochs=1,
+            batch_size=8,
+            learning_rate=0.1,
+            seed=1,
         )
     )
     assert isinstance(report, TrainReport)
@@ -149,12 +162,23 @@ def test_site_refuses_a_round_from_another_model_version(federation) -> None:
 
 def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(federation) -> None:
     config, endpoints, sites, _ = federation
-    result = _run(config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 1})}), endpoints, {"s0": sites["s0"], "s1": sites["s1"]})
+    result = _run(
+        config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 1})}),
+        endpoints,
+        {"s0": sites["s0"], "s1": sites["s1"]},
+    )
     bogus = [AppliedRound(round=1, zone="z1", merkle_root="ab" * 32)]
     report = sites["s2"].train(
         TrainInstruction(
-            round=2, token="t", base_version=next_version(result.genesis_version, "ab" * 32), history=bogus,
-            zones=endpoints, epochs=1, batch_size=8, learning_rate=0.1, seed=1,
+            round=2,
+            token="t",
+            base_version=next_version(result.genesis_version, "ab" * 32),
+            history=bogus,
+            zones=endpoints,
+            epochs=1,
+            batch_size=8,
+            learning_rate=0.1,
+            seed=1,
         )
     )
     assert not report.ok

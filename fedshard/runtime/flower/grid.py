@@ -65,7 +65,7 @@ class FlowerSiteGateway:
         for reply in self.grid.send_and_receive(out_messages, timeout=timeout):
             node = str(reply.metadata.src_node_id)
             if reply.has_error():
-                results[node] = SiteFailure(reason=clean_reason(reply.error.reason))
+                results[node] = SiteFailure(reason=clean_reason(reply.error.reason or "unknown error"))
                 continue
             try:
                 results[node] = unpack(reply, REPLIES[kind])

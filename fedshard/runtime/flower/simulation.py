@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -45,6 +46,14 @@ def run_flower_simulation(
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     from flwr.simulation import run_simulation
 
+    # Flower logs to its own handler; its records reaching the root logger too would
+    # print every line twice in our progress display.
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.propagate = logging.getLogger().isEnabledFor(logging.DEBUG)
+    # We use the Python simulation API on purpose: `flwr run`'s local simulation installs
+    # the app's dependencies per run, which machines without a package index cannot do.
+    flwr_logger.addFilter(lambda record: "`run_simulation` function is deprecated" not in record.getMessage())
+
     from clients.client_app import create_client_app
     from server.server_app import create_server_app
 
@@ -68,7 +77,8 @@ def run_flower_simulation(
             num_supernodes=len(config.sites),
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False},
+                # site errors come back as error replies; actors' own chatter stays in Ray's logs
+                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
             },
         )
     finally:
