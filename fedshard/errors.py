@@ -9,7 +9,8 @@ builtin exception that matches it, so callers can catch either::
     ├── ShardError(ValueError)               a shard does not fit the shard plan
     ├── IntegrityError(ValueError)           digest, Merkle root or model version mismatch
     ├── ZoneError(RuntimeError)              a zone refused or failed a request
-    │   └── PushRejectedError                a pushed update was refused (nothing counted)
+    │   ├── PushRejectedError                a pushed update was refused (nothing counted)
+    │   └── AggregateNotFoundError(LookupError)  no published aggregate for that round
     ├── RoundError(RuntimeError)             a round cannot proceed (too few sites, timeouts)
     └── StoreError(OSError)                  the on-prem store is missing or corrupt
 
@@ -20,6 +21,7 @@ CLI prints ``str(error)`` and nothing else.
 from __future__ import annotations
 
 __all__ = [
+    "AggregateNotFoundError",
     "ConfigError",
     "FedshardError",
     "IntegrityError",
@@ -71,6 +73,10 @@ class PushRejectedError(ZoneError):
         super().__init__(reason)
         self.reason = reason
         self.code = code
+
+
+class AggregateNotFoundError(ZoneError, LookupError):
+    """A zone has no published aggregate for the requested round."""
 
 
 class RoundError(FedshardError, RuntimeError):

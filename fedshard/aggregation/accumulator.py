@@ -33,7 +33,8 @@ def all_finite(values: np.ndarray) -> bool:
     """
     if values.dtype.itemsize >= 8:
         return bool(np.isfinite(values).all())
-    return bool(np.isfinite(np.add.reduce(values, axis=None, dtype=np.float64)))
+    with np.errstate(invalid="ignore"):  # inf + -inf is what we are looking for, not a warning
+        return bool(np.isfinite(np.add.reduce(values, axis=None, dtype=np.float64)))
 
 
 @dataclass(slots=True)

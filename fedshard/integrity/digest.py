@@ -46,5 +46,6 @@ def shard_digest(array: np.ndarray) -> str:
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     hasher = ShardHasher(array.dtype.str, array.shape)
-    hasher.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+    # A flat uint8 view, not memoryview.cast: cast refuses arrays with a zero in their shape.
+    hasher.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
     return hasher.hexdigest()

@@ -49,8 +49,8 @@ def _path(leaves: list[bytes], index: int) -> list[bytes]:
         return []
     k = _split_point(len(leaves))
     if index < k:
-        return _path(leaves[:k], index) + [_root(leaves[k:])]
-    return _path(leaves[k:], index - k) + [_root(leaves[:k])]
+        return [*_path(leaves[:k], index), _root(leaves[k:])]
+    return [*_path(leaves[k:], index - k), _root(leaves[:k])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +97,15 @@ def merkle_root(digests: Mapping[str, str]) -> str:
     return MerkleTree(digests).root
 
 
-def verify_proof(proof: InclusionProof, root: str) -> bool:
+def verify_proof(proof: InclusionProof, root: str, size: int | None = None) -> bool:
     """Return True if ``proof`` shows its leaf is in the tree with ``root``.
 
-    Implements RFC 9162 section 2.1.3.2 (verifying an inclusion proof).
+    Implements RFC 9162 section 2.1.3.2 (verifying an inclusion proof). The root does
+    not commit to the number of leaves, so pass ``size`` from a trusted source (the
+    manifest's shard count) to bind the proof's claimed position as well.
     """
+    if size is not None and proof.size != size:
+        return False
     if not 0 <= proof.index < proof.size:
         return False
     try:

@@ -14,7 +14,9 @@ __all__ = ["genesis_version", "next_version"]
 
 def genesis_version(plan_digest: str, initial_root: str) -> str:
     """Version 0: binds the shard plan and the initial parameters."""
-    return hashlib.sha256(b"fedshard/genesis\x00" + bytes.fromhex(plan_digest) + bytes.fromhex(initial_root)).hexdigest()
+    return hashlib.sha256(
+        b"fedshard/genesis\x00" + bytes.fromhex(plan_digest) + bytes.fromhex(initial_root)
+    ).hexdigest()
 
 
 def next_version(previous: str, aggregate_root: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fedshard.aggregation import ShardAccumulator, all_finite
-from fedshard.errors import IntegrityError, PushRejectedError, ZoneError
+from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest, ShardEntry, ShardHasher, merkle_root, shard_digest
 from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
 from fedshard.sharding import ShardPlan, ShardSpec
@@ -97,19 +97,17 @@ class PushSession:
     def _reject(self, code: str, reason: str) -> PushRejectedError:
         # A refusal ends the push: what was staged before it can no longer be committed.
         self.abort()
-        return PushRejectedError(f"zone {self._zone.name}: site {self.site_id} round {self.manifest.round}: {reason}", code)
+        return PushRejectedError(
+            f"zone {self._zone.name}: site {self.site_id} round {self.manifest.round}: {reason}", code
+        )
 
-    def receive(
-        self, shard_id: str, data: bytes, *, offset: int, dtype: str = "", shape: tuple[int, ...] = ()
-    ) -> None:
+    def receive(self, shard_id: str, data: bytes, *, offset: int, dtype: str = "", shape: tuple[int, ...] = ()) -> None:
         """Take one chunk of shard ``shard_id``. The first chunk (offset 0) carries dtype and shape."""
         if self._done:
             raise self._reject("state", "push already finished")
         if self._current is None or self._current[0].shard_id != shard_id:
             if self._current is not None:
-                raise self._reject(
-                    "truncated", f"shard {self._current[0].shard_id} ended after {self._received} bytes"
-                )
+                raise self._reject("truncated", f"shard {self._current[0].shard_id} ended after {self._received} bytes")
             self._start(shard_id, dtype, shape, offset)
         assert self._current is not None
         spec, hasher, buffer, parts = self._current
@@ -237,8 +235,11 @@ class ZoneAggregator:
 
     def begin_push(self, manifest: Manifest, token: str, timeout: float | None = None) -> PushSession:
         """Check a push's manifest and start receiving its shards."""
+
         def reject(code: str, reason: str) -> PushRejectedError:
-            return PushRejectedError(f"zone {self.name}: site {manifest.site_id} round {manifest.round}: {reason}", code)
+            return PushRejectedError(
+                f"zone {self.name}: site {manifest.site_id} round {manifest.round}: {reason}", code
+            )
 
         with self._lock:
             state = self._rounds.get(manifest.round)
@@ -254,14 +255,21 @@ class ZoneAggregator:
             if manifest.plan_digest != state.plan.digest:
                 raise reject("plan", "manifest's shard plan differs from the round's")
             if manifest.base_version != state.spec.base_version:
-                raise reject("version", f"update computed from model version {manifest.base_version[:12]}…, round expects {state.spec.base_version[:12]}…")
+                raise reject(
+                    "version",
+                    f"update computed from model version {manifest.base_version[:12]}…, "
+                    f"round expects {state.spec.base_version[:12]}…",
+                )
             if manifest.zone != self.name:
                 raise reject("zone", f"manifest is addressed to zone {manifest.zone!r}")
             for entry in manifest.shards:
                 if entry.shard_id not in state.plan:
                     raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
-                if entry.nbytes != state.plan.shard(entry.shard_id).nbytes:
-                    raise reject("shape", f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {state.plan.shard(entry.shard_id).nbytes}")
+                planned = state.plan.shard(entry.shard_id).nbytes
+                if entry.nbytes != planned:
+                    raise reject(
+                        "shape", f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}"
+                    )
             state.pushing.add(manifest.site_id)
         need = manifest.total_bytes
         if not self._budget.acquire(need, timeout):
@@ -278,7 +286,9 @@ class ZoneAggregator:
                 state.accumulator.add(shard_id, values, manifest.weight)
             state.pushing.discard(manifest.site_id)
             state.counted.append(manifest.site_id)
-        return PushReceipt(self.name, manifest.round, manifest.site_id, len(staged), sum(v.nbytes for v in staged.values()))
+        return PushReceipt(
+            self.name, manifest.round, manifest.site_id, len(staged), sum(v.nbytes for v in staged.values())
+        )
 
     def push(self, manifest: Manifest, token: str, shards: dict[str, np.ndarray]) -> PushReceipt:
         """Push a whole update at once (in-process use; the gRPC service streams instead)."""
@@ -338,12 +348,16 @@ class ZoneAggregator:
         if summary is None and self._store is not None and self._store.exists(f"aggregate-{round:06d}"):
             return self._reload(round)
         if summary is None:
-            raise ZoneError(f"zone {self.name}: no aggregate for round {round} (not closed yet, or unknown)")
+            raise AggregateNotFoundError(
+                f"zone {self.name}: no aggregate for round {round} (not closed yet, or unknown)"
+            )
         if self._store is not None:
             _, shards = self._store.load(f"aggregate-{round:06d}")
         else:
             if round not in self._memory:
-                raise ZoneError(f"zone {self.name}: aggregate of round {round} is no longer kept in memory")
+                raise AggregateNotFoundError(
+                    f"zone {self.name}: aggregate of round {round} is no longer kept in memory"
+                )
             shards = self._memory[round][1]
         digests = {sid: shard_digest(arr) for sid, arr in shards.items()}
         if merkle_root(digests) != summary.merkle_root:

@@ -37,7 +37,8 @@ def as_numpy(value: Any) -> np.ndarray:
         return value
     detach = getattr(value, "detach", None)
     if detach is not None:  # a torch.Tensor; torch is not imported here on purpose
-        return detach().cpu().numpy()
+        array: np.ndarray = detach().cpu().numpy()
+        return array
     return np.asarray(value)
 
 
@@ -121,9 +122,7 @@ class ShardPlan:
 
     # construction -------------------------------------------------------------------
     @classmethod
-    def from_state_dict(
-        cls, state_dict: Mapping[str, Any], tile: tuple[int, int] = DEFAULT_TILE
-    ) -> ShardPlan:
+    def from_state_dict(cls, state_dict: Mapping[str, Any], tile: tuple[int, int] = DEFAULT_TILE) -> ShardPlan:
         """Build the plan for the floating-point tensors of ``state_dict``.
 
         Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) are not shards:
@@ -200,9 +199,7 @@ class ShardPlan:
                 raise ShardError(f"tensor {spec.name!r} of the shard plan is missing from the update")
             array = as_numpy(tensors[spec.name])
             if tuple(array.shape) != spec.shape:
-                raise ShardError(
-                    f"tensor {spec.name!r} has shape {tuple(array.shape)}, the plan says {spec.shape}"
-                )
+                raise ShardError(f"tensor {spec.name!r} has shape {tuple(array.shape)}, the plan says {spec.shape}")
             if array.dtype.newbyteorder("<") != np.dtype(spec.dtype):
                 raise ShardError(f"tensor {spec.name!r} has dtype {array.dtype}, the plan says {spec.dtype}")
             view = array.reshape(spec.view2d)
@@ -222,9 +219,7 @@ class ShardPlan:
                     raise ShardError(f"shard {shard.shard_id!r} is missing; cannot rebuild {spec.name!r}")
                 piece = np.asarray(shards[shard.shard_id])
                 if piece.shape != shard.shape:
-                    raise ShardError(
-                        f"shard {shard.shard_id!r} has shape {piece.shape}, the plan says {shard.shape}"
-                    )
+                    raise ShardError(f"shard {shard.shard_id!r} has shape {piece.shape}, the plan says {shard.shape}")
                 full[shard.rows, shard.cols] = piece
             out[spec.name] = full.reshape(spec.shape)
         return out

@@ -76,7 +76,13 @@ class LocalShardStore:
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(bytes(data[_META_KEY]).decode())
-                shards = {name[2:]: data[name] for name in data.files if name.startswith("s:")}
+                shards = {}
+                for name in data.files:
+                    if name == _META_KEY:
+                        continue
+                    if not name.startswith("s:"):  # a damaged name must not drop a shard silently
+                        raise ValueError(f"unexpected entry {name!r}")
+                    shards[name[2:]] = data[name]
         # RuntimeError: zipfile raises it (and NotImplementedError) for damaged header flags.
         except (OSError, ValueError, KeyError, RuntimeError, zipfile.BadZipFile, EOFError) as exc:
             raise StoreError(f"store file {path} is corrupt ({exc}); restore it from a backup or delete it") from None

@@ -35,8 +35,23 @@ def _config(tmp_path: Path) -> Path:
 def _simulate(config: Path, engine: str, out: Path) -> dict:
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS="200")
     proc = subprocess.run(
-        [sys.executable, "-m", "fedshard.cli.main", "simulate", "--config", str(config), "--engine", engine, "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "fedshard.cli.main",
+            "simulate",
+            "--config",
+            str(config),
+            "--engine",
+            engine,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())

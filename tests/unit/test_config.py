@@ -32,7 +32,11 @@ def test_demo_config_loads() -> None:
 
 
 def test_defaults_live_in_the_model(tmp_path: Path) -> None:
-    data = {"task": {"target": "a.b:c"}, "zones": [{"name": "z", "region": "EU"}], "sites": [{"id": "s", "jurisdiction": "EU"}, {"id": "t", "jurisdiction": "US"}]}
+    data = {
+        "task": {"target": "a.b:c"},
+        "zones": [{"name": "z", "region": "EU"}],
+        "sites": [{"id": "s", "jurisdiction": "EU"}, {"id": "t", "jurisdiction": "US"}],
+    }
     cfg = load_federation(_write(tmp_path, data))
     assert cfg.federation.rounds == 10
     assert cfg.sharding.tile == (256, 256)

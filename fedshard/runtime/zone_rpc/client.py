@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 import grpc
 import numpy as np
 
-from fedshard.errors import IntegrityError, PushRejectedError, ZoneError
+from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest, ShardHasher, merkle_root
 from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
@@ -34,7 +34,7 @@ class GrpcZoneClient:
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
         self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
-        self._stub = pb_grpc.ZoneStub(self._channel)
+        self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         """Close the channel."""
@@ -49,9 +49,15 @@ class GrpcZoneClient:
     def _error(self, exc: grpc.RpcError) -> ZoneError:
         code = exc.code()
         details = exc.details() or str(code)
-        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                    grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED):
+        if code in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.ALREADY_EXISTS,
+            grpc.StatusCode.PERMISSION_DENIED,
+        ):
             return PushRejectedError(details, code.name.lower())
+        if code == grpc.StatusCode.NOT_FOUND:
+            return AggregateNotFoundError(details)
         if code == grpc.StatusCode.UNAVAILABLE:
             return ZoneError(f"zone at {self.endpoint} is unreachable ({details}); is `fedshard zone up` running?")
         return ZoneError(f"zone at {self.endpoint}: {code.name}: {details}")
@@ -74,8 +80,11 @@ class GrpcZoneClient:
     def open_round(self, spec: RoundSpec) -> None:
         """Ask the zone to accept pushes for ``spec.round``."""
         request = pb.OpenRoundRequest(
-            round=spec.round, token=spec.token, plan_json=spec.plan_json,
-            base_version=spec.base_version, sites=list(spec.sites),
+            round=spec.round,
+            token=spec.token,
+            plan_json=spec.plan_json,
+            base_version=spec.base_version,
+            sites=list(spec.sites),
         )
         try:
             self._stub.OpenRound(request, timeout=self.timeout)
@@ -134,8 +143,12 @@ class GrpcZoneClient:
             hasher = ShardHasher(dtype, shape)
             hasher.update(raw)
             if expected.get(shard_id) != hasher.hexdigest():
-                raise IntegrityError(f"aggregate shard {shard_id} of round {round} from zone {summary.zone} fails its digest")
+                raise IntegrityError(
+                    f"aggregate shard {shard_id} of round {round} from zone {summary.zone} fails its digest"
+                )
             shards[shard_id] = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
         if set(shards) != set(expected) or merkle_root(expected) != summary.merkle_root:
-            raise IntegrityError(f"aggregate of round {round} from zone {summary.zone} is incomplete or fails its Merkle root")
+            raise IntegrityError(
+                f"aggregate of round {round} from zone {summary.zone} is incomplete or fails its Merkle root"
+            )
         return summary, shards

@@ -26,7 +26,7 @@ def chunks(shards: Mapping[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> 
         arr = np.ascontiguousarray(values)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        raw = memoryview(arr.reshape(-1).view(np.uint8))  # not .cast("B"): it refuses zero-size arrays
+        raw = arr.reshape(-1).view(np.uint8).data  # not memoryview.cast("B"): it refuses zero-size arrays
         total = len(raw)
         shape = [int(d) for d in arr.shape]
         yield pb.ShardChunk(

@@ -12,7 +12,7 @@ from concurrent import futures
 
 import grpc
 
-from fedshard.errors import FedshardError, IntegrityError, PushRejectedError, ZoneError
+from fedshard.errors import AggregateNotFoundError, FedshardError, IntegrityError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.runtime.rounds import RoundSpec
 from fedshard.runtime.zone import ZoneAggregator
@@ -34,6 +34,8 @@ def _status(error: FedshardError) -> grpc.StatusCode:
         if error.code in _PRECONDITION_CODES:
             return grpc.StatusCode.FAILED_PRECONDITION
         return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, AggregateNotFoundError):
+        return grpc.StatusCode.NOT_FOUND
     if isinstance(error, IntegrityError):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(error, ZoneError) and "busy" in str(error):
@@ -111,7 +113,7 @@ def serve(zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int =
     The data plane runs without TLS until the federation PKI is provisioned.
     """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
-    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone), server)
+    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port(address)
     if port == 0:
         raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")

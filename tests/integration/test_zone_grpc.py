@@ -1,0 +1,502 @@
+"""A zone over real gRPC on loopback: rounds end to end, refused pushes, error mapping.
+
+Every refused push must come back as one line naming the shard or the reason, with a
+status code that says what kind of refusal it was, and leave nothing counted: each
+refusal test ends with :func:`assert_only_good_counted`.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+
+from fedshard.errors import AggregateNotFoundError, PushRejectedError, ZoneError
+from fedshard.integrity import Manifest, build_manifest, merkle_root, shard_digest
+from fedshard.runtime.rounds import RoundSpec
+from fedshard.runtime.zone import ZoneAggregator
+from fedshard.runtime.zone_rpc import zone_pb2 as pb
+from fedshard.runtime.zone_rpc import zone_pb2_grpc
+from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+from fedshard.runtime.zone_rpc.convert import chunks
+from fedshard.sharding import ShardPlan
+
+TOKEN = "token-round-1"
+BASE = "ab" * 32
+SITES = ("site-a", "site-b", "site-c", "site-d")
+GOOD_SITE = "site-d"
+CHUNK = 1000
+
+# w (40, 30) -> w#r0c0 (32, 30) = 3840 bytes, 4 chunks of at most 1000; w#r1c0 (8, 30) = 960
+# bytes; b (30,) -> b#r0c0 (30, 1) = 120 bytes.
+PLAN = ShardPlan.from_state_dict({"w": np.zeros((40, 30), np.float32), "b": np.zeros(30, np.float32)}, tile=(32, 32))
+
+Shards = dict[str, np.ndarray]
+
+
+def make_update(seed: int, plan: ShardPlan = PLAN) -> Shards:
+    rng = np.random.default_rng(seed)
+    return plan.split({t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in plan.tensors})
+
+
+def manifest_for(
+    site: str,
+    shards: Shards,
+    *,
+    weight: float = 1.0,
+    round: int = 1,
+    zone: str = "eu-1",
+    base: str = BASE,
+    plan: ShardPlan = PLAN,
+) -> Manifest:
+    return build_manifest(
+        site_id=site,
+        round=round,
+        plan_digest=plan.digest,
+        base_version=base,
+        zone=zone,
+        weight=weight,
+        shards=shards,
+    )
+
+
+def round_spec(plan: ShardPlan = PLAN) -> RoundSpec:
+    return RoundSpec(1, TOKEN, plan.to_json(), BASE, SITES)
+
+
+@pytest.fixture
+def client(zone_client: GrpcZoneClient) -> GrpcZoneClient:
+    """Client of a zone with round 1 open."""
+    zone_client.open_round(round_spec())
+    return zone_client
+
+
+def assert_only_good_counted(client: GrpcZoneClient) -> None:
+    """Have GOOD_SITE push, close round 1, and check the aggregate is exactly its update."""
+    good = make_update(seed=99)
+    client.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
+    summary = client.close_round(1)
+    fetched, aggregate = client.fetch_aggregate(1)
+
+    assert summary.sites == (GOOD_SITE,)
+    assert summary.total_weight == 2.0
+    assert fetched == summary
+    assert set(aggregate) == set(PLAN.shard_ids)
+    for shard_id, values in good.items():
+        np.testing.assert_array_equal(aggregate[shard_id], values)
+
+
+def header(manifest: Manifest, token: str = TOKEN) -> pb.PushFrame:
+    return pb.PushFrame(header=pb.PushHeader(manifest=manifest.to_bytes(), round_token=token))
+
+
+def chunk_frames(shards: Shards) -> list[pb.PushFrame]:
+    return [pb.PushFrame(chunk=c) for c in chunks(shards, CHUNK)]
+
+
+def raw_push(stub: zone_pb2_grpc.ZoneStub, frames: list[pb.PushFrame]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Push(iter(frames), timeout=20)
+    error = info.value
+    assert isinstance(error, grpc.Call)
+    assert "\n" not in (error.details() or "")
+    return error  # type: ignore[return-value]
+
+
+# end to end ---------------------------------------------------------------------------------
+
+
+def test_info_names_the_zone(zone_client: GrpcZoneClient) -> None:
+    zone_client.wait_ready(timeout=20)
+
+    assert zone_client.info() == ("eu-1", "EU")
+
+
+def test_round_end_to_end_with_chunked_shards(grpc_zone: tuple[ZoneAggregator, str], client: GrpcZoneClient) -> None:
+    a, b = make_update(1), make_update(2)
+
+    receipt = client.push(manifest_for("site-a", a, weight=1.0), TOKEN, a)
+    client.push(manifest_for("site-b", b, weight=3.0), TOKEN, b)
+    summary = client.close_round(1)
+    fetched, aggregate = client.fetch_aggregate(1)
+
+    assert (receipt.zone, receipt.round, receipt.site_id) == ("eu-1", 1, "site-a")
+    assert (receipt.shards, receipt.bytes) == (3, PLAN.nbytes)
+    assert summary.sites == ("site-a", "site-b")
+    assert summary.total_weight == 4.0
+    assert fetched == summary
+    assert summary == grpc_zone[0].aggregate(1)[0]
+    assert summary.merkle_root == merkle_root({sid: shard_digest(v) for sid, v in aggregate.items()})
+    for sid in PLAN.shard_ids:
+        expected = (a[sid].astype(np.float64) + 3.0 * b[sid].astype(np.float64)) / 4.0
+        assert aggregate[sid].dtype == np.float32
+        assert aggregate[sid].shape == PLAN.shard(sid).shape
+        np.testing.assert_array_equal(aggregate[sid], expected.astype(np.float32))
+
+
+def test_concurrent_pushes_are_all_counted(client: GrpcZoneClient) -> None:
+    updates = {site: make_update(i) for i, site in enumerate(SITES)}
+    weights = {site: float(i + 1) for i, site in enumerate(SITES)}
+
+    with ThreadPoolExecutor(max_workers=len(SITES)) as pool:
+        receipts = list(
+            pool.map(
+                lambda site: client.push(manifest_for(site, updates[site], weight=weights[site]), TOKEN, updates[site]),
+                SITES,
+            )
+        )
+    summary = client.close_round(1)
+    _, aggregate = client.fetch_aggregate(1)
+
+    assert sorted(r.site_id for r in receipts) == sorted(SITES)
+    assert sorted(summary.sites) == sorted(SITES)
+    assert summary.total_weight == sum(weights.values())
+    for sid in PLAN.shard_ids:
+        expected = sum(weights[s] * updates[s][sid].astype(np.float64) for s in SITES) / sum(weights.values())
+        np.testing.assert_allclose(aggregate[sid], expected.astype(np.float32), rtol=1e-6)
+
+
+def test_shard_larger_than_a_grpc_chunk_round_trips(grpc_zone: tuple[ZoneAggregator, str]) -> None:
+    # 300 x 1000 float32 = 1.2 MB: over the zone's 1 MiB one-chunk limit and the server's
+    # 1 MiB chunks for aggregates, so both reassembly paths run.
+    plan = ShardPlan.from_state_dict({"big": np.zeros((300, 1000), np.float32)}, tile=(512, 1024))
+    update = make_update(3, plan)
+    with GrpcZoneClient(grpc_zone[1], timeout=20, chunk_bytes=256 << 10) as client:
+        client.open_round(round_spec(plan))
+        client.push(manifest_for("site-a", update, weight=2.0, plan=plan), TOKEN, update)
+        client.close_round(1)
+        _, aggregate = client.fetch_aggregate(1)
+
+    np.testing.assert_array_equal(aggregate["big#r0c0"], update["big#r0c0"])
+
+
+def test_zero_size_shard_round_trips(client: GrpcZoneClient) -> None:
+    plan = ShardPlan.from_state_dict({"empty": np.zeros((0, 3), np.float32), "w": np.zeros((2, 2), np.float32)})
+    update = plan.split({"empty": np.zeros((0, 3), np.float32), "w": np.full((2, 2), 0.5, np.float32)})
+    client.open_round(RoundSpec(2, TOKEN, plan.to_json(), BASE, SITES))
+
+    client.push(manifest_for("site-a", update, round=2, plan=plan), TOKEN, update)
+    client.close_round(2)
+    _, aggregate = client.fetch_aggregate(2)
+
+    assert aggregate["empty#r0c0"].shape == (0, 3)
+    np.testing.assert_array_equal(aggregate["w#r0c0"], update["w#r0c0"])
+
+
+# refused pushes through the client ------------------------------------------------------------
+
+Case = Callable[[], tuple[Manifest, str, Shards]]
+
+
+def _digest_tampered() -> tuple[Manifest, str, Shards]:
+    a = make_update(1)
+    manifest = manifest_for("site-a", a)
+    a["w#r0c0"] = a["w#r0c0"].copy()
+    a["w#r0c0"][31, 29] += 1.0  # in the last 1000-byte chunk
+    return manifest, TOKEN, a
+
+
+def _relabelled(shard_id: str, change: Callable[[np.ndarray], np.ndarray]) -> Case:
+    """The manifest lists the real shard; the push sends ``change(shard)`` instead."""
+
+    def case() -> tuple[Manifest, str, Shards]:
+        a = make_update(1)
+        manifest = manifest_for("site-a", a)
+        a[shard_id] = change(a[shard_id])
+        return manifest, TOKEN, a
+
+    return case
+
+
+def _with_bad_value(bad: float) -> Case:
+    def case() -> tuple[Manifest, str, Shards]:
+        a = make_update(1)
+        a["w#r0c0"][20, 3] = bad
+        return manifest_for("site-a", a), TOKEN, a
+
+    return case
+
+
+def _manifest_case(site: str = "site-a", **kwargs: object) -> Case:
+    def case() -> tuple[Manifest, str, Shards]:
+        a = make_update(1)
+        return manifest_for(site, a, **kwargs), TOKEN, a  # type: ignore[arg-type]
+
+    return case
+
+
+def _wrong_token() -> tuple[Manifest, str, Shards]:
+    a = make_update(1)
+    return manifest_for("site-a", a), "stale-token", a
+
+
+def _unknown_shard() -> tuple[Manifest, str, Shards]:
+    a = make_update(1)
+    a["w#r9c9"] = np.zeros((2, 2), np.float32)
+    return manifest_for("site-a", a), TOKEN, a
+
+
+def _unlisted_shard() -> tuple[Manifest, str, Shards]:
+    a = make_update(1)
+    return manifest_for("site-a", {k: v for k, v in a.items() if k != "b#r0c0"}), TOKEN, a
+
+
+OTHER_PLAN = ShardPlan.from_state_dict({"w": np.zeros((40, 30), np.float32), "b": np.zeros(30, np.float32)})
+
+CLIENT_CASES = [
+    pytest.param(_wrong_token, "failed_precondition", "round token does not match", id="token"),
+    pytest.param(_manifest_case(site="site-z"), "failed_precondition", "site-z .* not selected", id="site"),
+    pytest.param(_manifest_case(round=9), "failed_precondition", "round 9: round is not open", id="round"),
+    pytest.param(_manifest_case(plan=OTHER_PLAN), "failed_precondition", "shard plan differs", id="plan"),
+    pytest.param(_manifest_case(base="cd" * 32), "failed_precondition", "version cdcdcdcdcdcd…", id="version"),
+    pytest.param(_manifest_case(zone="us-1"), "failed_precondition", "addressed to zone 'us-1'", id="zone"),
+    pytest.param(_unknown_shard, "invalid_argument", "w#r9c9 is not in the round's shard plan", id="unknown-shard"),
+    pytest.param(_unlisted_shard, "invalid_argument", "b#r0c0 is not listed in the manifest", id="unlisted-shard"),
+    pytest.param(_digest_tampered, "invalid_argument", "w#r0c0: digest does not match", id="digest"),
+    pytest.param(
+        _relabelled("w#r1c0", lambda v: v.astype(np.float64)), "invalid_argument", "w#r1c0 has dtype <f8", id="dtype"
+    ),
+    pytest.param(
+        _relabelled("w#r1c0", lambda v: v.reshape(30, 8)), "invalid_argument", r"w#r1c0 has shape \(30, 8\)", id="shape"
+    ),
+    pytest.param(_with_bad_value(np.nan), "invalid_argument", "w#r0c0 contains NaN or infinite", id="nan"),
+    pytest.param(_with_bad_value(np.inf), "invalid_argument", "w#r0c0 contains NaN or infinite", id="inf"),
+]
+
+
+@pytest.mark.parametrize(("case", "code", "match"), CLIENT_CASES)
+def test_refused_push_is_one_line_with_its_status_and_counts_nothing(
+    client: GrpcZoneClient, case: Case, code: str, match: str
+) -> None:
+    manifest, token, shards = case()
+
+    with pytest.raises(PushRejectedError, match=match) as info:
+        client.push(manifest, token, shards)
+
+    assert info.value.code == code
+    assert "\n" not in str(info.value)
+    assert_only_good_counted(client)
+
+
+def test_second_push_of_a_site_is_already_exists(client: GrpcZoneClient) -> None:
+    first, second = make_update(1), make_update(2)
+    client.push(manifest_for("site-a", first, weight=1.0), TOKEN, first)
+
+    with pytest.raises(PushRejectedError, match="site-a round 1: site already pushed") as info:
+        client.push(manifest_for("site-a", second, weight=9.0), TOKEN, second)
+
+    assert info.value.code == "already_exists"
+    summary = client.close_round(1)
+    _, aggregate = client.fetch_aggregate(1)
+    assert summary.sites == ("site-a",)
+    assert summary.total_weight == 1.0
+    for sid, values in first.items():
+        np.testing.assert_array_equal(aggregate[sid], values)
+
+
+def test_push_to_an_aborted_round_is_refused(client: GrpcZoneClient) -> None:
+    client.abort_round(1)
+    a = make_update(1)
+
+    with pytest.raises(PushRejectedError, match="round is not open") as info:
+        client.push(manifest_for("site-a", a), TOKEN, a)
+
+    assert info.value.code == "failed_precondition"
+
+
+# refused pushes, frame by frame ---------------------------------------------------------------
+
+
+def _frames(site: str = "site-a", token: str = TOKEN) -> tuple[Manifest, list[pb.PushFrame]]:
+    a = make_update(1)
+    manifest = manifest_for(site, a)
+    return manifest, [header(manifest, token), *chunk_frames(a)]
+
+
+def _shard_frames(frames: list[pb.PushFrame], shard_id: str) -> list[int]:
+    return [i for i, f in enumerate(frames) if f.WhichOneof("frame") == "chunk" and f.chunk.shard_id == shard_id]
+
+
+def test_hand_made_frames_are_accepted(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    assert len(_shard_frames(frames, "w#r0c0")) == 4
+
+    reply = zone_stub.Push(iter(frames), timeout=20)
+
+    assert (reply.site_id, reply.shards, reply.bytes) == ("site-a", 3, PLAN.nbytes)
+    assert client.close_round(1).sites == ("site-a",)
+
+
+def test_push_starting_with_a_chunk_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+
+    error = raw_push(zone_stub, frames[1:])
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must start with its manifest" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_empty_push_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    error = raw_push(zone_stub, [])
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must start with its manifest" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_garbage_manifest_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    frames[0] = pb.PushFrame(header=pb.PushHeader(manifest=b"\x00not json", round_token=TOKEN))
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed manifest" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_manifest_sent_twice_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    frames.insert(2, frames[0])
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "manifest sent twice" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_wrong_token_frame_is_failed_precondition(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames(token="replayed")
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "round token does not match" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_chunk_at_wrong_offset_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    second = _shard_frames(frames, "w#r0c0")[1]
+    frames[second].chunk.offset = 1500
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shard w#r0c0: chunk at offset 1500, expected 1000" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_duplicated_chunk_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    second = _shard_frames(frames, "w#r0c0")[1]
+    frames.insert(second + 1, frames[second])
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shard w#r0c0: chunk at offset 1000, expected 2000" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_duplicated_shard_is_already_exists(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    (only,) = _shard_frames(frames, "b#r0c0")
+    frames.append(frames[only])
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "shard b#r0c0 sent twice" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_stream_ending_inside_a_shard_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    last = _shard_frames(frames, "w#r0c0")[-1]
+    frames = [*frames[:last], *frames[last + 1 :]]
+    frames = [f for f in frames if not (f.WhichOneof("frame") == "chunk" and f.chunk.shard_id != "w#r0c0")]
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shard w#r0c0 is incomplete" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_next_shard_before_the_last_one_ended_is_refused(
+    client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub
+) -> None:
+    _, frames = _frames()
+    last = _shard_frames(frames, "w#r0c0")[-1]
+    del frames[last]
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shard w#r0c0 ended after 3000 bytes" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_stream_missing_a_shard_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    (only,) = _shard_frames(frames, "w#r1c0")
+    del frames[only]
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "never arrived, e.g. w#r1c0" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_first_chunk_without_dtype_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
+    _, frames = _frames()
+    first = _shard_frames(frames, "w#r0c0")[0]
+    frames[first].chunk.dtype = ""
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shard w#r0c0 has dtype ?, the plan says <f4" in error.details()
+    assert_only_good_counted(client)
+
+
+# other errors ----------------------------------------------------------------------------------
+
+
+def test_fetch_of_an_unknown_round_is_a_clear_zone_error(client: GrpcZoneClient) -> None:
+    with pytest.raises(AggregateNotFoundError, match="zone eu-1: no aggregate for round 42") as info:
+        client.fetch_aggregate(42)
+
+    assert "\n" not in str(info.value)
+
+
+def test_close_of_an_unknown_round_is_a_zone_error(client: GrpcZoneClient) -> None:
+    with pytest.raises(ZoneError, match="round 8 is not open"):
+        client.close_round(8)
+
+
+def test_opening_a_round_twice_is_refused(client: GrpcZoneClient) -> None:
+    with pytest.raises(ZoneError, match="round 1 was already opened"):
+        client.open_round(round_spec())
+
+
+def test_closed_port_is_unreachable() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    a = make_update(1)
+
+    with GrpcZoneClient(f"127.0.0.1:{port}", timeout=2) as client:
+        with pytest.raises(ZoneError, match=f"zone at 127.0.0.1:{port} is unreachable") as info:
+            client.info()
+        assert not isinstance(info.value, PushRejectedError)
+        with pytest.raises(ZoneError, match="unreachable"):
+            client.push(manifest_for("site-a", a), TOKEN, a)

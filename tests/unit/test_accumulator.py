@@ -1,0 +1,191 @@
+"""Unit tests of streaming weighted means (:mod:`fedshard.aggregation`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedshard.aggregation import BLOCK_VALUES, ShardAccumulator, WeightedMean, all_finite
+from fedshard.errors import ShardError
+
+WEIGHTS = (3.0, 0.5, 11.25)
+
+
+def _updates(shape: tuple[int, ...], dtype: str, seed: int = 0) -> list[np.ndarray]:
+    # Positive values: the relative error of a weighted mean of them is not inflated
+    # by cancellation, so 1e-12 is a fair bound for a float64 sum.
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(0.5, 2.0, size=shape).astype(dtype) for _ in WEIGHTS]
+
+
+def _reference(updates: list[np.ndarray], weights: tuple[float, ...]) -> np.ndarray:
+    total = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True))
+    return total / sum(weights)
+
+
+SIZES = [BLOCK_VALUES * 2 + 123, BLOCK_VALUES - 1, 1]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_weighted_mean_sum_is_float64_exact_with_default_blocks(size: int, dtype: str) -> None:
+    updates = _updates((size,), dtype)
+    mean = WeightedMean.zeros((size,), dtype)
+    scratch = np.empty(BLOCK_VALUES, dtype=np.float64)
+
+    for w, u in zip(WEIGHTS, updates, strict=True):
+        mean.add(u, w, scratch)
+
+    assert mean.weight == sum(WEIGHTS)
+    np.testing.assert_allclose(mean.total / mean.weight, _reference(updates, WEIGHTS), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("block_values", [1, 7, 64, 1000])
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_accumulator_mean_with_small_blocks(block_values: int, dtype: str) -> None:
+    shape = (37, 29)  # 1073 values: not a multiple of any block size above
+    updates = _updates(shape, dtype, seed=block_values)
+    acc = ShardAccumulator(block_values=block_values)
+
+    for w, u in zip(WEIGHTS, updates, strict=True):
+        acc.add("w#r0c0", u, w)
+    result = acc.finalize()["w#r0c0"]
+
+    reference = _reference(updates, WEIGHTS)
+    assert result.dtype == np.dtype(dtype)
+    assert result.shape == shape
+    np.testing.assert_array_equal(result, reference.astype(dtype))
+
+
+def test_accumulator_large_shard_crosses_block_boundaries() -> None:
+    size = BLOCK_VALUES * 3 + 5
+    updates = _updates((size,), "<f8", seed=9)
+    acc = ShardAccumulator()
+
+    for w, u in zip(WEIGHTS, updates, strict=True):
+        acc.add("big", u, w)
+    result = acc.finalize()["big"]
+
+    np.testing.assert_allclose(result, _reference(updates, WEIGHTS), rtol=1e-12, atol=0)
+    # Values beyond the first block were folded with the same weights as the first block.
+    np.testing.assert_allclose(result[-5:], _reference([u[-5:] for u in updates], WEIGHTS), rtol=1e-12, atol=0)
+
+
+def test_float16_values_times_large_weights_do_not_overflow() -> None:
+    values = np.full((4, 4), 60000.0, dtype=np.float16)  # near float16's max of 65504
+    acc = ShardAccumulator(block_values=5)
+
+    acc.add("s", values, 1000.0)
+    acc.add("s", values, 3000.0)
+    result = acc.finalize()["s"]
+
+    assert result.dtype == np.float16
+    np.testing.assert_array_equal(result, values)
+
+
+def test_float32_weighted_sum_is_not_rounded_to_float32() -> None:
+    values = np.full(10, 0.1, dtype=np.float32)
+    mean = WeightedMean.zeros((10,), np.float32)
+
+    mean.add(values, 1.0 / 3.0, np.empty(4, dtype=np.float64))
+
+    expected = np.float64(np.float32(0.1)) * (1.0 / 3.0)
+    np.testing.assert_array_equal(mean.total, np.full(10, expected))
+
+
+def test_several_shards_are_kept_apart() -> None:
+    acc = ShardAccumulator(block_values=3)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.full((1, 1), 4.0, dtype=np.float64)
+
+    acc.add("a", a, 2.0)
+    acc.add("b", b, 1.0)
+    acc.add("a", a + 3, 1.0)
+
+    assert len(acc) == 2
+    assert "a" in acc
+    assert "c" not in acc
+    assert acc.weight("a") == 3.0
+    assert acc.weight("b") == 1.0
+    result = acc.finalize()
+    np.testing.assert_array_equal(result["a"], (2 * a + (a + 3)) / 3)
+    np.testing.assert_array_equal(result["b"], b)
+    assert result["b"].dtype == np.float64
+    assert acc.nbytes == (6 + 1) * 8 + 3 * 8
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_output_dtype_equals_input_dtype(dtype: str) -> None:
+    acc = ShardAccumulator()
+    acc.add("s", np.ones((2, 2), dtype=dtype), 1.5)
+
+    assert acc.finalize()["s"].dtype == np.dtype(dtype)
+
+
+def test_mean_of_nothing_is_a_shard_error() -> None:
+    with pytest.raises(ShardError, match="received nothing"):
+        WeightedMean.zeros((2, 2), np.float32).mean()
+
+
+def test_mean_after_only_zero_weight_is_a_shard_error() -> None:
+    mean = WeightedMean.zeros((2,), np.float32)
+    mean.add(np.ones(2, np.float32), 0.0, np.empty(2))
+
+    with pytest.raises(ShardError):
+        mean.mean()
+
+
+def test_empty_accumulator_finalizes_to_nothing() -> None:
+    assert ShardAccumulator().finalize() == {}
+
+
+def test_shape_mismatch_is_a_shard_error_and_adds_nothing() -> None:
+    acc = ShardAccumulator()
+    acc.add("s", np.ones((4, 4), np.float32), 2.0)
+
+    with pytest.raises(ShardError, match=r"shape \(2, 8\)"):
+        acc.add("s", np.full((2, 8), 9.0, np.float32), 5.0)
+
+    assert acc.weight("s") == 2.0
+    np.testing.assert_array_equal(acc.finalize()["s"], np.ones((4, 4), np.float32))
+
+
+# all_finite -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 500, 999])
+def test_all_finite_detects_nan_and_inf(dtype: str, bad: float, where: int) -> None:
+    values = np.linspace(-1, 1, 1000).astype(dtype)
+    values[where] = bad
+
+    assert not all_finite(values)
+    assert not all_finite(values.reshape(10, 100))
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_all_finite_detects_opposite_infinities(dtype: str) -> None:
+    values = np.zeros(8, dtype=dtype)
+    values[1], values[6] = np.inf, -np.inf
+
+    assert not all_finite(values)
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_all_finite_accepts_finite_values(dtype: str) -> None:
+    assert all_finite(np.linspace(-1, 1, 1000).astype(dtype))
+    assert all_finite(np.zeros((0, 3), dtype=dtype))
+
+
+def test_all_finite_accepts_huge_finite_float32() -> None:
+    values = np.full(200_000, 3e38, dtype=np.float32)
+    values[::2] = np.finfo(np.float32).max
+
+    assert all_finite(values)
+    assert all_finite(-values)
+
+
+def test_all_finite_accepts_largest_float16_and_float64() -> None:
+    assert all_finite(np.full(100_000, np.finfo(np.float16).max, dtype=np.float16))
+    assert all_finite(np.full(1000, np.finfo(np.float64).max, dtype=np.float64))

@@ -1,0 +1,324 @@
+"""Unit tests of shard digests, manifests and the model-version chain."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from fedshard.errors import IntegrityError
+from fedshard.integrity import (
+    MANIFEST_FORMAT,
+    Manifest,
+    ShardEntry,
+    ShardHasher,
+    build_manifest,
+    genesis_version,
+    merkle_root,
+    next_version,
+    shard_digest,
+)
+
+PLAN_DIGEST = hashlib.sha256(b"plan").hexdigest()
+BASE_VERSION = hashlib.sha256(b"v0").hexdigest()
+
+
+def _shards() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {
+        "fc.weight#r0c0": rng.standard_normal((4, 4)).astype(np.float32),
+        "fc.weight#r0c1": rng.standard_normal((4, 2)).astype(np.float32),
+        "fc.bias#r0c0": rng.standard_normal((4, 1)).astype(np.float32),
+    }
+
+
+def _manifest(**overrides: object) -> Manifest:
+    fields: dict[str, object] = {
+        "site_id": "site-a",
+        "round": 3,
+        "plan_digest": PLAN_DIGEST,
+        "base_version": BASE_VERSION,
+        "zone": "eu-1",
+        "weight": 120.0,
+        "shards": _shards(),
+    }
+    fields.update(overrides)
+    return build_manifest(**fields)  # type: ignore[arg-type]
+
+
+def _edited(manifest: Manifest, **changes: object) -> bytes:
+    body = json.loads(manifest.to_bytes())
+    body.update(changes)
+    return json.dumps(body).encode()
+
+
+# shard digests ----------------------------------------------------------------------------
+
+
+def test_digest_is_sha256_of_domain_dtype_shape_and_bytes() -> None:
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    expected = hashlib.sha256(b"fedshard/shard/v1\x00" + b"<f4|2,3\x00" + array.tobytes()).hexdigest()
+
+    assert shard_digest(array) == expected
+
+
+def test_digest_covers_dtype() -> None:
+    array = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+
+    reinterpreted = array.view(np.int32)
+
+    assert reinterpreted.tobytes() == array.tobytes()
+    assert shard_digest(reinterpreted) != shard_digest(array)
+    assert shard_digest(array.view(np.float16)) != shard_digest(array)
+
+
+@pytest.mark.parametrize("shape", [(16,), (2, 8), (8, 2), (16, 1), (1, 16), (2, 2, 4)])
+def test_digest_covers_shape(shape: tuple[int, ...]) -> None:
+    array = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+
+    assert shard_digest(array.reshape(shape)) != shard_digest(array)
+
+
+def test_digest_changes_with_one_value() -> None:
+    array = np.zeros((4, 4), dtype=np.float64)
+    changed = array.copy()
+    changed[3, 3] = np.nextafter(0.0, 1.0)
+
+    assert shard_digest(changed) != shard_digest(array)
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4", "f8"])
+def test_big_endian_digest_equals_little_endian(dtype: str) -> None:
+    little = np.linspace(-3, 3, 12).astype(f"<{dtype}").reshape(3, 4)
+    big = little.astype(f">{dtype}")
+
+    assert big.tobytes() != little.tobytes()
+    assert shard_digest(big) == shard_digest(little)
+
+
+def test_non_contiguous_digest_equals_contiguous_copy() -> None:
+    base = np.arange(64, dtype=np.float32).reshape(8, 8)
+    view = base[::2, 1::3]
+
+    assert not view.flags.c_contiguous
+    assert shard_digest(view) == shard_digest(np.ascontiguousarray(view))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64, 10_000])
+def test_incremental_hasher_equals_one_shot(chunk: int) -> None:
+    array = np.random.default_rng(0).standard_normal((17, 9)).astype(np.float32)
+    raw = array.tobytes()
+
+    hasher = ShardHasher("<f4", array.shape)
+    for start in range(0, len(raw), chunk):
+        hasher.update(raw[start : start + chunk])
+
+    assert hasher.hexdigest() == shard_digest(array)
+
+
+def test_hasher_normalises_the_dtype_spelling() -> None:
+    array = np.ones((2, 2), dtype=np.float32)
+
+    for spelling in ("<f4", "float32", "f4"):
+        hasher = ShardHasher(spelling, (2, 2))
+        hasher.update(array.tobytes())
+        assert hasher.hexdigest() == shard_digest(array)
+
+
+# manifests --------------------------------------------------------------------------------
+
+
+def test_build_manifest_lists_digests_sizes_and_root() -> None:
+    shards = _shards()
+
+    manifest = _manifest(shards=shards)
+
+    assert [e.shard_id for e in manifest.shards] == list(shards)
+    for sid, array in shards.items():
+        assert manifest.entry(sid) == ShardEntry(sid, shard_digest(array), array.nbytes)
+    assert manifest.entry("nope") is None
+    assert manifest.total_bytes == sum(a.nbytes for a in shards.values())
+    assert manifest.merkle_root == merkle_root({sid: shard_digest(a) for sid, a in shards.items()})
+    assert manifest.format == MANIFEST_FORMAT
+    assert manifest.signature is None
+    manifest.check()
+
+
+def test_manifest_bytes_round_trip() -> None:
+    manifest = _manifest()
+
+    again = Manifest.from_bytes(manifest.to_bytes())
+
+    assert again == manifest
+    assert again.to_bytes() == manifest.to_bytes()
+    assert again.signature is None
+
+
+def test_manifest_round_trip_keeps_signature() -> None:
+    signed = _manifest().with_signature("c2lnbmF0dXJl")
+
+    again = Manifest.from_bytes(signed.to_bytes())
+
+    assert again.signature == "c2lnbmF0dXJl"
+    assert again.to_bytes() == signed.to_bytes()
+
+
+def test_signing_payload_excludes_the_signature() -> None:
+    manifest = _manifest()
+    signed = manifest.with_signature("sig-1")
+
+    assert signed.signing_payload() == manifest.signing_payload()
+    assert b"signature" not in manifest.signing_payload()
+    assert b"sig-1" in signed.to_bytes()
+    assert json.loads(signed.signing_payload())["merkle_root"] == manifest.merkle_root
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"site_id": "site-b"},
+        {"round": 4},
+        {"weight": 121.0},
+        {"zone": "us-1"},
+        {"base_version": hashlib.sha256(b"v1").hexdigest()},
+        {"plan_digest": hashlib.sha256(b"other").hexdigest()},
+    ],
+)
+def test_signing_payload_covers_every_field(change: dict[str, object]) -> None:
+    assert _manifest(**change).signing_payload() != _manifest().signing_payload()
+
+
+def test_from_bytes_rejects_tampered_root() -> None:
+    manifest = _manifest()
+    data = _edited(manifest, merkle_root=hashlib.sha256(b"forged").hexdigest())
+
+    with pytest.raises(IntegrityError, match=r"Merkle root .* does not match its shard list"):
+        Manifest.from_bytes(data)
+
+
+def test_from_bytes_rejects_tampered_shard_digest() -> None:
+    manifest = _manifest()
+    body = json.loads(manifest.to_bytes())
+    body["shards"][1][1] = hashlib.sha256(b"other values").hexdigest()
+
+    with pytest.raises(IntegrityError, match="Merkle root"):
+        Manifest.from_bytes(json.dumps(body).encode())
+
+
+def test_from_bytes_rejects_duplicated_shard() -> None:
+    manifest = _manifest()
+    body = json.loads(manifest.to_bytes())
+    body["shards"].append(body["shards"][0])
+
+    with pytest.raises(IntegrityError, match="lists a shard twice"):
+        Manifest.from_bytes(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, float("nan"), float("inf")])
+def test_from_bytes_rejects_weight_that_is_not_positive_and_finite(weight: float) -> None:
+    data = _edited(_manifest(), weight=weight)
+
+    with pytest.raises(IntegrityError, match="weight must be positive and finite"):
+        Manifest.from_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00\xff garbage",
+        b"{not json",
+        b"[]",
+        b"null",
+        b"7",
+        b'"manifest"',
+        b"{}",
+    ],
+)
+def test_from_bytes_rejects_garbage(data: bytes) -> None:
+    with pytest.raises(IntegrityError):
+        Manifest.from_bytes(data)
+
+
+def test_from_bytes_rejects_unknown_format() -> None:
+    with pytest.raises(IntegrityError, match="unsupported manifest format 2"):
+        Manifest.from_bytes(_edited(_manifest(), format=2))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"shards": [["a", "b"]]},
+        {"shards": None},
+        {"shards": [["a", "b", "many"]]},
+        {"weight": "heavy"},
+        {"round": "third"},
+    ],
+)
+def test_from_bytes_rejects_malformed_fields(change: dict[str, object]) -> None:
+    with pytest.raises(IntegrityError, match="malformed manifest"):
+        Manifest.from_bytes(_edited(_manifest(), **change))
+
+
+def test_from_bytes_rejects_missing_field() -> None:
+    body = json.loads(_manifest().to_bytes())
+    del body["zone"]
+
+    with pytest.raises(IntegrityError, match="malformed manifest"):
+        Manifest.from_bytes(json.dumps(body).encode())
+
+
+def test_manifest_errors_are_one_line() -> None:
+    with pytest.raises(IntegrityError) as info:
+        Manifest.from_bytes(_edited(_manifest(), merkle_root="00" * 32))
+
+    assert "\n" not in str(info.value)
+
+
+# version chain ----------------------------------------------------------------------------
+
+
+def _h(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_genesis_version_is_deterministic_hex() -> None:
+    v0 = genesis_version(_h("plan"), _h("init"))
+
+    assert v0 == genesis_version(_h("plan"), _h("init"))
+    assert len(v0) == 64
+    assert int(v0, 16) >= 0
+    expected = hashlib.sha256(b"fedshard/genesis\x00" + bytes.fromhex(_h("plan")) + bytes.fromhex(_h("init")))
+    assert v0 == expected.hexdigest()
+
+
+def test_genesis_version_depends_on_plan_and_initial_parameters() -> None:
+    v0 = genesis_version(_h("plan"), _h("init"))
+
+    assert genesis_version(_h("plan2"), _h("init")) != v0
+    assert genesis_version(_h("plan"), _h("init2")) != v0
+    assert genesis_version(_h("init"), _h("plan")) != v0
+
+
+def test_next_version_is_deterministic_and_depends_on_both_inputs() -> None:
+    v0 = genesis_version(_h("plan"), _h("init"))
+
+    v1 = next_version(v0, _h("agg1"))
+
+    assert v1 == next_version(v0, _h("agg1"))
+    assert v1 != v0
+    assert next_version(v0, _h("agg1'")) != v1
+    assert next_version(_h("other v0"), _h("agg1")) != v1
+    assert v1 == hashlib.sha256(bytes.fromhex(v0) + bytes.fromhex(_h("agg1"))).hexdigest()
+
+
+def test_version_chain_depends_on_order_of_aggregates() -> None:
+    v0 = genesis_version(_h("plan"), _h("init"))
+
+    ab = next_version(next_version(v0, _h("a")), _h("b"))
+    ba = next_version(next_version(v0, _h("b")), _h("a"))
+
+    assert ab != ba
