@@ -7,6 +7,7 @@ refusal test ends with :func:`assert_only_good_counted`.
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from fedshard.errors import AggregateNotFoundError, PushRejectedError, ZoneError
-from fedshard.integrity import Manifest, build_manifest, merkle_root, shard_digest
+from fedshard.integrity import Manifest, merkle_root, shard_digest
 from fedshard.runtime.rounds import RoundSpec
 from fedshard.runtime.zone import ZoneAggregator
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
@@ -24,9 +25,9 @@ from fedshard.runtime.zone_rpc import zone_pb2_grpc
 from fedshard.runtime.zone_rpc.client import GrpcZoneClient
 from fedshard.runtime.zone_rpc.convert import chunks
 from fedshard.sharding import ShardPlan
+from tests import zone_helpers
+from tests.zone_helpers import BASE, TOKEN, Shards, random_update
 
-TOKEN = "token-round-1"
-BASE = "ab" * 32
 SITES = ("site-a", "site-b", "site-c", "site-d")
 GOOD_SITE = "site-d"
 CHUNK = 1000
@@ -35,33 +36,12 @@ CHUNK = 1000
 # bytes; b (30,) -> b#r0c0 (30, 1) = 120 bytes.
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((40, 30), np.float32), "b": np.zeros(30, np.float32)}, tile=(32, 32))
 
-Shards = dict[str, np.ndarray]
-
 
 def make_update(seed: int, plan: ShardPlan = PLAN) -> Shards:
-    rng = np.random.default_rng(seed)
-    return plan.split({t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in plan.tensors})
+    return random_update(seed, plan)
 
 
-def manifest_for(
-    site: str,
-    shards: Shards,
-    *,
-    weight: float = 1.0,
-    round: int = 1,
-    zone: str = "eu-1",
-    base: str = BASE,
-    plan: ShardPlan = PLAN,
-) -> Manifest:
-    return build_manifest(
-        site_id=site,
-        round=round,
-        plan_digest=plan.digest,
-        base_version=base,
-        zone=zone,
-        weight=weight,
-        shards=shards,
-    )
+manifest_for = functools.partial(zone_helpers.manifest_for, plan=PLAN, zone="eu-1")
 
 
 def round_spec(plan: ShardPlan = PLAN) -> RoundSpec:

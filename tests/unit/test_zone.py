@@ -7,6 +7,7 @@ push, closes the round and checks that the aggregate is exactly that site's upda
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,19 +16,17 @@ import numpy as np
 import pytest
 
 from fedshard.errors import IntegrityError, PushRejectedError, ShardError, ZoneError
-from fedshard.integrity import Manifest, build_manifest, merkle_root, shard_digest
+from fedshard.integrity import merkle_root, shard_digest
 from fedshard.runtime.rounds import RoundSpec
 from fedshard.runtime.zone import ByteBudget, PushSession, ZoneAggregator
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
+from tests import zone_helpers
+from tests.zone_helpers import BASE, TOKEN, Shards, random_update
 
 ZONE = "eu-1"
-TOKEN = "token-round-1"
-BASE = "ab" * 32
 SITES = ("site-a", "site-b", "site-c")
 GOOD_SITE = "site-c"
-
-Shards = dict[str, np.ndarray]
 
 
 def make_plan() -> ShardPlan:
@@ -42,30 +41,10 @@ PLAN = make_plan()
 
 
 def make_update(seed: int, plan: ShardPlan = PLAN) -> Shards:
-    rng = np.random.default_rng(seed)
-    tensors = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in plan.tensors}
-    return plan.split(tensors)
+    return random_update(seed, plan)
 
 
-def manifest_for(
-    site: str,
-    shards: Shards,
-    *,
-    weight: float = 1.0,
-    round: int = 1,
-    zone: str = ZONE,
-    base: str = BASE,
-    plan: ShardPlan = PLAN,
-) -> Manifest:
-    return build_manifest(
-        site_id=site,
-        round=round,
-        plan_digest=plan.digest,
-        base_version=base,
-        zone=zone,
-        weight=weight,
-        shards=shards,
-    )
+manifest_for = functools.partial(zone_helpers.manifest_for, plan=PLAN, zone=ZONE)
 
 
 def open_zone(plan: ShardPlan = PLAN, **kwargs: object) -> ZoneAggregator:

@@ -1,0 +1,35 @@
+"""Builders shared by the zone tests (in-process and over gRPC)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedshard.integrity import Manifest, build_manifest
+from fedshard.sharding import ShardPlan
+
+BASE = "ab" * 32
+TOKEN = "token-round-1"
+
+Shards = dict[str, np.ndarray]
+
+
+def random_update(seed: int, plan: ShardPlan) -> Shards:
+    """A reproducible random update, split by ``plan``."""
+    rng = np.random.default_rng(seed)
+    return plan.split({t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in plan.tensors})
+
+
+def manifest_for(
+    site: str,
+    shards: Shards,
+    *,
+    plan: ShardPlan,
+    weight: float = 1.0,
+    round: int = 1,
+    zone: str = "eu-1",
+    base: str = BASE,
+) -> Manifest:
+    """The manifest ``site`` would send for ``shards``."""
+    return build_manifest(
+        site_id=site, round=round, plan_digest=plan.digest, base_version=base, zone=zone, weight=weight, shards=shards
+    )
