@@ -22,11 +22,15 @@ import numpy as np
 from fedshard.aggregation import ShardAccumulator, all_finite
 from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest, ShardEntry, ShardHasher, merkle_root, shard_digest
+from fedshard.runtime.heap import trim_heap
 from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
 from fedshard.sharding import ShardPlan, ShardSpec
 from fedshard.store import LocalShardStore
 
 __all__ = ["ByteBudget", "PushSession", "ZoneAggregator"]
+
+
+_TRIM_BYTES = 8 << 20  # pushes at least this large hand their memory back when done
 
 
 class ByteBudget:
@@ -119,7 +123,7 @@ class PushSession:
         if buffer is None:
             parts.append(data)
         else:
-            buffer[self._received : self._received + len(data)] = data
+            memoryview(buffer)[self._received : self._received + len(data)] = data
         self._received += len(data)
         if self._received == spec.nbytes:
             self._finish_shard()
@@ -185,10 +189,13 @@ class PushSession:
         self._release()
 
     def _release(self) -> None:
+        self._staged = {}
+        self._current = None
         if self._budget_bytes:
             self._zone._budget.release(self._budget_bytes)
+            if self._budget_bytes >= _TRIM_BYTES:
+                trim_heap()
             self._budget_bytes = 0
-        self._staged = {}
 
 
 class ZoneAggregator:
@@ -218,7 +225,7 @@ class ZoneAggregator:
         self.name = name
         self.region = region
         self._store = LocalShardStore(store_dir) if store_dir is not None else None
-        self._memory: dict[int, tuple[AggregateSummary, dict[str, np.ndarray]]] = {}
+        self._latest: tuple[AggregateSummary, dict[str, np.ndarray]] | None = None
         self._rounds: dict[int, _OpenRound] = {}
         self._summaries: dict[int, AggregateSummary] = {}
         self._lock = threading.Lock()
@@ -337,37 +344,25 @@ class ZoneAggregator:
                 "total_weight": summary.total_weight,
                 "sites": list(summary.sites),
             }
-            self._store.save(f"aggregate-{summary.round:06d}", means, meta)
-            return
-        self._memory = {k: v for k, v in self._memory.items() if k > summary.round - 8}
-        self._memory[summary.round] = (summary, means)
+            self._store.save(_aggregate_key(summary.round), means, meta)
+        self._latest = (summary, means)
 
     def aggregate(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """The published aggregate of ``round``: its summary and shards."""
-        summary = self._summaries.get(round)
-        if summary is None and self._store is not None and self._store.exists(f"aggregate-{round:06d}"):
-            return self._reload(round)
-        if summary is None:
-            raise AggregateNotFoundError(
-                f"zone {self.name}: no aggregate for round {round} (not closed yet, or unknown)"
-            )
-        if self._store is not None:
-            _, shards = self._store.load(f"aggregate-{round:06d}")
-        else:
-            if round not in self._memory:
-                raise AggregateNotFoundError(
-                    f"zone {self.name}: aggregate of round {round} is no longer kept in memory"
-                )
-            shards = self._memory[round][1]
-        digests = {sid: shard_digest(arr) for sid, arr in shards.items()}
-        if merkle_root(digests) != summary.merkle_root:
-            raise IntegrityError(f"zone {self.name}: stored aggregate of round {round} fails its Merkle root")
-        return summary, shards
+        """The published aggregate of ``round``: its summary and shards.
 
-    def _reload(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Rebuild a published aggregate from the store (after a zone restart)."""
-        assert self._store is not None
-        meta, shards = self._store.load(f"aggregate-{round:06d}")
+        The latest aggregate is served from memory; older ones (and any after a
+        restart) are read from the store and checked against their Merkle root.
+        """
+        latest = self._latest
+        if latest is not None and latest[0].round == round:
+            return latest
+        if self._store is None or not self._store.exists(_aggregate_key(round)):
+            known = round in self._summaries
+            raise AggregateNotFoundError(
+                f"zone {self.name}: no aggregate for round {round} "
+                + ("(this zone keeps only the latest without a store)" if known else "(not closed yet, or unknown)")
+            )
+        meta, shards = self._store.load(_aggregate_key(round))
         entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
         if merkle_root({e.shard_id: e.digest for e in entries}) != meta["merkle_root"]:
             raise IntegrityError(f"zone {self.name}: stored aggregate of round {round} fails its Merkle root")
@@ -375,5 +370,9 @@ class ZoneAggregator:
             self.name, round, meta["merkle_root"], float(meta["total_weight"]), tuple(meta["sites"]), entries
         )
         with self._lock:
-            self._summaries[round] = summary
+            self._summaries.setdefault(round, summary)
         return summary, shards
+
+
+def _aggregate_key(round: int) -> str:
+    return f"aggregate-{round:06d}"
