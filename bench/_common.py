@@ -341,6 +341,35 @@ def output_path(args: argparse.Namespace) -> Path | None:
     return None if args.quick else BENCHMARKS_MD
 
 
+def publish(
+    args: argparse.Namespace,
+    name: str,
+    title: str,
+    runs: str,
+    desc: dict[str, str] | None,
+    notes: Sequence[str],
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    interpretation: str,
+) -> None:
+    """Write a benchmark's section (header, notes, table, interpretation) where ``args`` say."""
+    out = output_path(args)
+    if out is None:
+        return
+    body = "\n".join(
+        [
+            section_header(title, runs, desc),
+            *notes,
+            "",
+            markdown_table(headers, rows),
+            "",
+            f"**Interpretation.** {interpretation}",
+        ]
+    )
+    write_section(name, body, out)
+    print(f"\nwrote section '{name}' of {out}")
+
+
 def write_section(name: str, body: str, path: Path | None = None) -> Path:
     """Put ``body`` into ``name``'s section of ``path`` (BENCHMARKS.md), replacing the old one."""
     path = path or BENCHMARKS_MD

@@ -203,37 +203,32 @@ def main(argv: list[str] | None = None) -> int:
             "choice."
         )
     sentences.append(
-        "`fetch` includes the zone re-hashing the whole stored aggregate to check its Merkle root, the transfer "
-        "in 1 MiB chunks (the server's default, whatever the client's chunk size) and the client's digest checks."
+        "`fetch` serves the latest aggregate from the zone's memory, in 1 MiB chunks (the server's default, "
+        "whatever the client's chunk size), and includes the client's digest and Merkle-root checks."
     )
     interp = " ".join(sentences)
     print("\n" + interp)
 
-    out = c.output_path(args)
-    if out is not None:
-        body = "\n".join(
-            [
-                c.section_header(
-                    "Upload and download throughput over gRPC (loopback)",
-                    f"{runs} timed rounds per configuration after 1 warm-up round each; configurations "
-                    "interleaved, order rotated per run; medians with min-max",
-                    desc,
-                ),
-                f"- Update: {n:,} float32 values ({nbytes / c.MB:.1f} MB; MB = 10^6 bytes of float32 shard data), "
-                "one site, weight 3. Zone server in a separate process on 127.0.0.1 (default staging budget "
-                "256 MB, 16 worker threads). A new round per push.",
-                "- `push` = `GrpcZoneClient.push` (manifest built beforehand, not timed in it); `manifest` = "
-                "`build_manifest` (digests); `close` = `close_round` (finalize, digests, publish); `fetch` = "
-                "`fetch_aggregate` download + verification; CPU columns = user+sys CPU seconds of each process "
-                "during the push.",
-                "",
-                c.markdown_table(headers, rows),
-                "",
-                f"**Interpretation.** {interp}",
-            ]
-        )
-        c.write_section(SECTION, body, out)
-        print(f"\nwrote section '{SECTION}' of {out}")
+    c.publish(
+        args,
+        SECTION,
+        "Upload and download throughput over gRPC (loopback)",
+        f"{runs} timed rounds per configuration after 1 warm-up round each; configurations "
+        "interleaved, order rotated per run; medians with min-max",
+        desc,
+        notes=[
+            f"- Update: {n:,} float32 values ({nbytes / c.MB:.1f} MB; MB = 10^6 bytes of float32 shard data), "
+            "one site, weight 3. Zone server in a separate process on 127.0.0.1 (default staging budget "
+            "256 MB, 16 worker threads). A new round per push.",
+            "- `push` = `GrpcZoneClient.push` (manifest built beforehand, not timed in it); `manifest` = "
+            "`build_manifest` (digests); `close` = `close_round` (finalize, digests, publish); `fetch` = "
+            "`fetch_aggregate` download + verification; CPU columns = user+sys CPU seconds of each process "
+            "during the push.",
+        ],
+        headers=headers,
+        rows=rows,
+        interpretation=interp,
+    )
     return 0
 
 

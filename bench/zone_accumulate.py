@@ -278,33 +278,27 @@ def main(argv: list[str] | None = None) -> int:
     analysis = " ".join(sentences)
     print("\n" + analysis)
 
-    out = c.output_path(args)
-    if out is not None:
-        body = "\n".join(
-            [
-                c.section_header(
-                    "Zone accumulate throughput (incl. frame decode) vs NumPy",
-                    f"{runs} timed runs per variant after 1 warm-up, all variants interleaved in one process "
-                    "(order rotated per run); medians, min-max, ratios of medians with the min-max of the "
-                    "per-run paired ratios in brackets",
-                    desc,
-                ),
-                f"- Update: {n:,} float32 values ({nbytes / c.MB:.1f} MB) as {len(shards)} shards "
-                f"(tile 256x256 → 256 KiB shards, one 1 MiB chunk each); weight {WEIGHT:g}; GB = 10^9 bytes of "
-                "float32 shard data.",
-                "",
-                c.markdown_table(headers, rows),
-                "",
-                "`decode+fold` = `PushFrame.FromString` + `np.frombuffer` + `ShardAccumulator.add`; "
-                "`zone push (validated)` = `ZoneAggregator.begin_push` + `FromString` + `PushSession.receive` "
-                "(SHA-256, checks, finite check, staging) per frame + `commit` (float64 fold), i.e. what the gRPC "
-                "service does without the transport. Component rows are timed alone on the same data.",
-                "",
-                f"**Interpretation.** {analysis}",
-            ]
-        )
-        c.write_section(SECTION, body, out)
-        print(f"\nwrote section '{SECTION}' of {out}")
+    c.publish(
+        args,
+        SECTION,
+        "Zone accumulate throughput (incl. frame decode) vs NumPy",
+        f"{runs} timed runs per variant after 1 warm-up, all variants interleaved in one process "
+        "(order rotated per run); medians, min-max, ratios of medians with the min-max of the "
+        "per-run paired ratios in brackets",
+        desc,
+        notes=[
+            f"- Update: {n:,} float32 values ({nbytes / c.MB:.1f} MB) as {len(shards)} shards "
+            f"(tile 256x256 → 256 KiB shards, one 1 MiB chunk each); weight {WEIGHT:g}; GB = 10^9 bytes of "
+            "float32 shard data.",
+            "- `decode+fold` = `PushFrame.FromString` + `np.frombuffer` + `ShardAccumulator.add`; "
+            "`zone push (validated)` = `ZoneAggregator.begin_push` + `FromString` + `PushSession.receive` "
+            "(SHA-256, checks, finite check, staging) per frame + `commit` (float64 fold), i.e. what the gRPC "
+            "service does without the transport. Component rows are timed alone on the same data.",
+        ],
+        headers=headers,
+        rows=rows,
+        interpretation=analysis,
+    )
     return 0
 
 

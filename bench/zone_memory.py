@@ -271,30 +271,24 @@ def main(argv: list[str] | None = None) -> int:
     interp = " ".join(sentences)
     print("\n" + interp)
 
-    out = c.output_path(args)
-    if out is not None:
-        body = "\n".join(
-            [
-                c.section_header(
-                    f"Zone peak memory with {n_sites} concurrent sites",
-                    f"{runs} runs per staging budget, budgets interleaved, a fresh zone process per run; medians "
-                    "with min-max",
-                    desc,
-                ),
-                f"- Update: {n:,} float32 values ({model / c.MB:.1f} MB, MB = 10^6 bytes), tile 256x256; the same "
-                f"update pushed by {n_sites} sites (manifests differ only by site id), all selected in the "
-                "RoundSpec, started together from a barrier, each on its own gRPC channel/TCP connection.",
-                "- Zone server: separate process on 127.0.0.1, 16 worker threads. Baseline = its RSS after "
-                "`open_round`; RSS sampled every ~20 ms by a thread in the client process (psutil) until "
-                "`close_round` returned.",
-                "",
-                c.markdown_table(headers, rows),
-                "",
-                f"**Interpretation.** {interp}",
-            ]
-        )
-        c.write_section(SECTION, body, out)
-        print(f"\nwrote section '{SECTION}' of {out}")
+    c.publish(
+        args,
+        SECTION,
+        f"Zone peak memory with {n_sites} concurrent sites",
+        f"{runs} runs per staging budget, budgets interleaved, a fresh zone process per run; medians with min-max",
+        desc,
+        notes=[
+            f"- Update: {n:,} float32 values ({model / c.MB:.1f} MB, MB = 10^6 bytes), tile 256x256; the same "
+            f"update pushed by {n_sites} sites (manifests differ only by site id), all selected in the "
+            "RoundSpec, started together from a barrier, each on its own gRPC channel/TCP connection.",
+            "- Zone server: separate process on 127.0.0.1, 16 worker threads. Baseline = its RSS after "
+            "`open_round`; RSS sampled every ~20 ms by a thread in the client process (psutil) until "
+            "`close_round` returned.",
+        ],
+        headers=headers,
+        rows=rows,
+        interpretation=interp,
+    )
     return 0
 
 
