@@ -12,7 +12,9 @@ builtin exception that matches it, so callers can catch either::
     │   ├── PushRejectedError                a pushed update was refused (nothing counted)
     │   └── AggregateNotFoundError(LookupError)  no published aggregate for that round
     ├── RoundError(RuntimeError)             a round cannot proceed (too few sites, timeouts)
-    └── StoreError(OSError)                  the on-prem store is missing or corrupt
+    ├── PrivacyError(RuntimeError)           differential privacy cannot be applied as configured
+    │   └── BudgetExhaustedError(PermissionError)  the round would overrun the site's (ε, δ) budget
+    └── StoreError(OSError)                  the on-prem store (or privacy ledger) is missing or corrupt
 
 Messages name the bad value and say how to fix it; they are one line, because the
 CLI prints ``str(error)`` and nothing else.
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 __all__ = [
     "AggregateNotFoundError",
+    "BudgetExhaustedError",
     "ConfigError",
     "FedshardError",
     "IntegrityError",
+    "PrivacyError",
     "PushRejectedError",
     "RoundError",
     "ShardError",
@@ -81,6 +85,14 @@ class AggregateNotFoundError(ZoneError, LookupError):
 
 class RoundError(FedshardError, RuntimeError):
     """A round cannot proceed (too few sites answered, version disagreement, ...)."""
+
+
+class PrivacyError(FedshardError, RuntimeError):
+    """Differential privacy cannot be applied as configured (incompatible layers, ...)."""
+
+
+class BudgetExhaustedError(PrivacyError, PermissionError):
+    """Releasing this round would overrun the site's privacy budget; nothing was released."""
 
 
 class StoreError(FedshardError, OSError):
