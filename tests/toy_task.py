@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -12,10 +16,17 @@ from fedshard.runtime.task import Metrics, Partition, TaskData, TrainSettings
 class ToyTask:
     """Linear regression with a hidden layer; fast enough for many rounds in tests."""
 
-    def __init__(self, examples: int = 40, hidden: int = 8, fail_partitions: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        examples: int = 40,
+        hidden: int = 8,
+        fail_partitions: tuple[int, ...] = (),
+        crash_partition: int | None = None,
+    ) -> None:
         self.examples = examples
         self.hidden = hidden
         self.fail_partitions = tuple(fail_partitions)
+        self.crash_partition = crash_partition
         self._partition: int | None = None
 
     def build_model(self) -> nn.Module:
@@ -39,15 +50,24 @@ class ToyTask:
     def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
         if self._partition in self.fail_partitions:
             raise RuntimeError(f"partition {self._partition} is configured to fail")
+        from torch.utils.data import DataLoader, TensorDataset
+
         x, y = data.train
-        opt = torch.optim.SGD(model.parameters(), lr=settings.learning_rate)
         torch.manual_seed(settings.seed)
+        loader: Any = DataLoader(TensorDataset(x, y), batch_size=settings.batch_size, shuffle=True)
+        opt: Any = torch.optim.SGD(model.parameters(), lr=settings.learning_rate)
+        net: nn.Module = model
+        if settings.privacy is not None:
+            net, opt, loader = settings.privacy.make_private(model, opt, loader)
+        if self.crash_partition is not None and self._partition == self.crash_partition:
+            os.kill(os.getpid(), signal.SIGKILL)  # a site process dying mid-round
         loss = torch.tensor(0.0)
         for _ in range(settings.epochs):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x).squeeze(1), y)
-            loss.backward()
-            opt.step()
+            for xb, yb in loader:
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(net(xb).squeeze(1), yb)
+                loss.backward()
+                opt.step()
         return Metrics(num_examples=len(y), loss=loss.item())
 
     def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:

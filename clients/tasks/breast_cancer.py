@@ -118,23 +118,29 @@ class BreastCancerTask:
         return _Split(torch.tensor(x[order], dtype=torch.float32), torch.tensor(y[order], dtype=torch.long))
 
     def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
-        """Mini-batch SGD with momentum on the local training slice."""
+        """Mini-batch SGD with momentum on the local training slice (DP-SGD when asked)."""
+        from torch.utils.data import DataLoader, TensorDataset
+
         split: _Split = data.train
         generator = torch.Generator().manual_seed(settings.seed)
-        optimiser = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
+        loader: Any = DataLoader(
+            TensorDataset(split.x, split.y), batch_size=settings.batch_size, shuffle=True, generator=generator
+        )
+        optimiser: Any = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
+        net: nn.Module = model
+        if settings.privacy is not None:
+            net, optimiser, loader = settings.privacy.make_private(model, optimiser, loader)
         loss_fn = nn.CrossEntropyLoss()
-        model.train()
+        net.train()
         total, count = 0.0, 0
         for _ in range(settings.epochs):
-            perm = torch.randperm(len(split.y), generator=generator)
-            for start in range(0, len(perm), settings.batch_size):
-                idx = perm[start : start + settings.batch_size]
+            for xb, yb in loader:
                 optimiser.zero_grad()
-                loss = loss_fn(model(split.x[idx]), split.y[idx])
+                loss = loss_fn(net(xb), yb)
                 loss.backward()
                 optimiser.step()
-                total += loss.item() * len(idx)
-                count += len(idx)
+                total += loss.item() * len(yb)
+                count += len(yb)
         return Metrics(num_examples=len(split.y), loss=total / max(count, 1))
 
     def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:

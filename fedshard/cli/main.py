@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from fedshard.cli.budget import budget_app
 from fedshard.errors import FedshardError
 
 __all__ = ["app", "main"]
@@ -25,6 +26,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="fedshard: federated learning over gradient shards.")
 zone_app = typer.Typer(no_args_is_help=True, help="Run zone aggregators (the data plane).")
 app.add_typer(zone_app, name="zone")
+app.add_typer(budget_app, name="budget")
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -63,8 +64,19 @@ class RoundProgress:
             f"train loss {result.train_loss:.4f}  sent {format_bytes(result.bytes_up)}  "
             f"sites {len(result.sites)}{refused}  version {result.version[:12]}"
         )
+        if result.privacy:
+            self._progress.console.print(
+                "          ε " + "  ".join(_epsilon(site, p) for site, p in result.privacy.items())
+            )
         if self._task is not None:
             self._progress.update(self._task, advance=1, status=f"acc {result.accuracy:.3f}")
+
+
+def _epsilon(site: str, privacy: dict[str, Any]) -> str:
+    status = privacy["status"]
+    colour = {"active": "green", "exhausted": "red", "refused": "yellow"}.get(status, "white")
+    mark = "" if status == "active" else f" [{colour}]{status}[/]"
+    return f"{site} [{colour}]{privacy['epsilon_spent']:.2f}[/]/{privacy['epsilon_budget']:g}{mark}"
 
 
 def results_table(summary: dict[str, object]) -> Table:

@@ -8,10 +8,10 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fedshard.config.models import FederationConfig
+from fedshard.config.models import FederationConfig, SiteLocalConfig
 from fedshard.errors import ConfigError
 
-__all__ = ["load_federation", "load_model", "parse_model"]
+__all__ = ["load_federation", "load_model", "load_site", "parse_model"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,3 +61,10 @@ def load_model(model: type[M], path: str | Path) -> M:
 def load_federation(path: str | Path) -> FederationConfig:
     """Load and validate a federation config file."""
     return load_model(FederationConfig, path)
+
+
+def load_site(path: str | Path) -> SiteLocalConfig:
+    """Load a site's own config; its ``state_dir`` is resolved against the file's folder."""
+    config = load_model(SiteLocalConfig, path)
+    state_dir = (Path(path).parent / config.site.state_dir).resolve()
+    return config.model_copy(update={"site": config.site.model_copy(update={"state_dir": state_dir})})

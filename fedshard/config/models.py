@@ -12,11 +12,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fedshard.config.privacy import BudgetConfig, PrivacyConfig
+
 __all__ = [
     "FederationConfig",
     "FederationSettings",
     "ShardingConfig",
     "SiteConfig",
+    "SiteLocalConfig",
+    "SiteLocalSettings",
     "TaskConfig",
     "TrainingConfig",
     "ZoneConfig",
@@ -93,6 +97,25 @@ class SiteConfig(_Model):
     id: Name
     jurisdiction: Jurisdiction
     partition: int | None = Field(None, ge=0, description="data partition index; default: position in the list")
+    budget: BudgetConfig | None = Field(None, description="this site's budget (default: privacy.budget)")
+    cap: BudgetConfig | None = Field(
+        None, description="the site's own, stricter cap (what its local config says; simulation only)"
+    )
+
+
+class SiteLocalSettings(_Model):
+    """What a site's own config file says about the site (``fedshard budget show --site-config``)."""
+
+    id: Name
+    jurisdiction: Jurisdiction
+    state_dir: Path = Field(description="the site's on-prem folder (shards, ledger); relative to this file")
+    cap: BudgetConfig | None = Field(None, description="the site's own privacy cap; the stricter budget wins")
+
+
+class SiteLocalConfig(_Model):
+    """A site's own config file."""
+
+    site: SiteLocalSettings
 
 
 class FederationConfig(_Model):
@@ -102,6 +125,7 @@ class FederationConfig(_Model):
     task: TaskConfig
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     sharding: ShardingConfig = Field(default_factory=ShardingConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     zones: list[ZoneConfig] = Field(min_length=1)
     sites: list[SiteConfig] = Field(min_length=1)
 
@@ -118,6 +142,13 @@ class FederationConfig(_Model):
             raise ValueError(
                 f"federation.min_sites is {self.federation.min_sites} but only {len(self.sites)} sites are listed"
             )
+        if not self.privacy.enabled:
+            configured = [s.id for s in self.sites if s.budget is not None or s.cap is not None]
+            if configured:
+                raise ValueError(
+                    f"site {configured[0]} has a privacy budget but no DP mechanism is enabled; "
+                    "turn on privacy.record_level or privacy.update_level"
+                )
         parts = [self.partition_of(s.id) for s in self.sites]
         if len(set(parts)) != len(parts):
             raise ValueError("two sites share a data partition index")
@@ -129,6 +160,11 @@ class FederationConfig(_Model):
             if s.id == site_id:
                 return s
         raise KeyError(site_id)
+
+    def budget_of(self, site_id: str) -> BudgetConfig | None:
+        """The budget the aggregator assigns to a site (its own entry, else the default)."""
+        site = self.site(site_id)
+        return site.budget if site.budget is not None else self.privacy.budget
 
     def partition_of(self, site_id: str) -> int:
         """Data partition index of a site (explicit, or its position in the list)."""

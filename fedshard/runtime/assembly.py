@@ -11,12 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedshard.config import FederationConfig, ZoneConfig
+from fedshard.errors import ConfigError
 from fedshard.runtime.channels import ZoneClient
 from fedshard.runtime.site import Site
+from fedshard.runtime.site_privacy import SitePrivacy
 from fedshard.runtime.task import Partition, load_task
 from fedshard.runtime.zone import ZoneAggregator
 
-__all__ = ["grpc_connector", "make_site", "make_zone", "running_zones"]
+__all__ = ["check_budgets", "grpc_connector", "make_site", "make_zone", "running_zones"]
 
 
 def grpc_connector(name: str, endpoint: str) -> ZoneClient:
@@ -31,6 +33,9 @@ def make_site(config: FederationConfig, site_id: str, state_root: str | Path) ->
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
+    state_dir = Path(state_root) / site.id
+    record = config.privacy.record_level
+    dp_layers = ("fix" if record.fix_incompatible_layers else "check") if record.enabled else "keep"
     return Site(
         site.id,
         site.jurisdiction,
@@ -38,9 +43,33 @@ def make_site(config: FederationConfig, site_id: str, state_root: str | Path) ->
         partition,
         tile=config.sharding.tile,
         seed=config.federation.seed,
-        state_dir=Path(state_root) / site.id,
+        state_dir=state_dir,
         connect=grpc_connector,
+        privacy=SitePrivacy(site.id, state_dir, cap=site.cap),
+        dp_layers=dp_layers,
     )
+
+
+def check_budgets(config: FederationConfig) -> None:
+    """Refuse, before anything runs, a site whose δ exceeds 1/(its number of records).
+
+    Sites check this themselves too; checking here turns a refusal in round 1 into a
+    one-line error when the config is loaded.
+    """
+    if not config.privacy.enabled:
+        return
+    task = load_task(config.task.target, dict(config.task.options))
+    for site in config.sites:
+        budget = config.budget_of(site.id)
+        assert budget is not None
+        delta = min(budget.delta, site.cap.delta) if site.cap is not None else budget.delta
+        partition = Partition(config.partition_of(site.id), config.num_partitions, config.federation.seed)
+        records = task.load_data(partition).num_train
+        if records and delta > 1.0 / records:
+            raise ConfigError(
+                f"site {site.id}: privacy δ={delta:g} is larger than 1/(its {records} records) = {1.0 / records:.3g}; "
+                f"choose δ ≤ {1.0 / records:.3g}"
+            )
 
 
 def make_zone(zone: ZoneConfig, store_root: str | Path | None = None) -> ZoneAggregator:

@@ -14,7 +14,7 @@ import random
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fedshard.config import FederationConfig
 from fedshard.errors import RoundError
@@ -25,11 +25,15 @@ from fedshard.runtime.messages import (
     EvaluateInstruction,
     EvaluateReport,
     MessageKind,
+    PrivacyPlan,
+    PrivacyReport,
     QueryRequest,
+    RecordPlan,
     SiteFailure,
     SiteInfo,
     TrainInstruction,
     TrainReport,
+    UpdatePlan,
 )
 from fedshard.runtime.rounds import RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
@@ -52,6 +56,7 @@ class RoundResult:
     accuracy: float
     loss: float
     bytes_up: int
+    privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # site id -> PrivacyReport fields
 
 
 @dataclass
@@ -63,6 +68,14 @@ class RunResult:
     version: str
     rounds: list[RoundResult] = field(default_factory=list)
     stopped_reason: str = ""
+
+    @property
+    def privacy(self) -> dict[str, dict[str, Any]]:
+        """Each site's privacy as last reported (at discovery, then after each round)."""
+        latest = {s.site_id: s.privacy.model_dump() for s in self.sites if s.privacy is not None}
+        for r in self.rounds:
+            latest.update(r.privacy)
+        return latest
 
 
 class RoundObserver(Protocol):
@@ -110,6 +123,7 @@ class Coordinator:
         self._rng = random.Random(config.federation.seed)
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._history: list[AppliedRound] = []
+        self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
         self._plan_json = ""
 
     @property
@@ -120,7 +134,10 @@ class Coordinator:
     def discover(self) -> RunResult:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
         nodes = self.sites.nodes()
-        replies = self.sites.send(MessageKind.QUERY, {n: QueryRequest() for n in nodes}, self._timeout)
+        # Flower nodes say who they are only in their answer, so the query carries the
+        # default plan; each site's own budget travels with its train messages.
+        query = QueryRequest(privacy=self._privacy_plan(None))
+        replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
         infos: dict[str, SiteInfo] = {}
         for node, reply in replies.items():
             if isinstance(reply, SiteInfo):
@@ -144,6 +161,7 @@ class Coordinator:
                 log.warning("site %s starts from a different model (plan or seed differs); excluded", info.site_id)
                 del infos[node]
         self._nodes = infos
+        self._privacy = {i.site_id: i.privacy for i in infos.values() if i.privacy is not None}
         # The plan (names, shapes, dtypes; no values) is what zones check frames against.
         plan_json = next(i.plan_json for i in infos.values())
         if ShardPlan.from_json(plan_json).digest != plan_digest:
@@ -176,15 +194,51 @@ class Coordinator:
                 self.observer.on_round(round_result)
         return result
 
-    def _select(self, rnd: int) -> list[str]:
-        nodes = sorted(self._nodes, key=lambda n: self._nodes[n].site_id)
-        fed = self.config.federation
-        k = max(fed.min_sites, math.ceil(fed.sample_fraction * len(nodes)))
-        if len(nodes) < fed.min_sites:
-            raise RoundError(
-                f"round {rnd}: only {len(nodes)} eligible site(s), federation.min_sites is {fed.min_sites}"
+    def _privacy_plan(self, site_id: str | None) -> PrivacyPlan | None:
+        """The privacy the aggregator asks of a site (None when DP is off)."""
+        p = self.config.privacy
+        if not p.enabled:
+            return None
+        budget = self.config.budget_of(site_id) if site_id is not None else p.budget
+        assert budget is not None  # validated: a budget exists whenever DP is on
+        t = self.config.training
+        record = p.record_level
+        return PrivacyPlan(
+            accountant=record.accountant,
+            epsilon=budget.epsilon,
+            delta=budget.delta,
+            batch_size=t.batch_size,
+            epochs=t.local_epochs,
+            record=RecordPlan(
+                noise_multiplier=record.noise_multiplier,
+                max_grad_norm=record.max_grad_norm,
+                planned_rounds=math.ceil(self.config.federation.rounds * self.config.federation.sample_fraction),
             )
-        return sorted(self._rng.sample(nodes, min(k, len(nodes))))
+            if record.enabled
+            else None,
+            update=UpdatePlan(clip_norm=p.update_level.clip_norm, noise_multiplier=p.update_level.noise_multiplier)
+            if p.update_level.enabled
+            else None,
+        )
+
+    def _select(self, rnd: int) -> list[str]:
+        """Sample the round's sites among those that can still afford a round."""
+        fed = self.config.federation
+        nodes = sorted(self._nodes, key=lambda n: self._nodes[n].site_id)
+        eligible = [n for n in nodes if self._can_afford(self._nodes[n].site_id)]
+        if len(eligible) < fed.min_sites:
+            spent = sorted(self._nodes[n].site_id for n in nodes if n not in eligible)
+            why = f"; privacy budget exhausted: {', '.join(spent)}" if spent else ""
+            raise RoundError(
+                f"round {rnd}: only {len(eligible)} site(s) can still take part, "
+                f"federation.min_sites is {fed.min_sites}{why}"
+            )
+        k = max(fed.min_sites, math.ceil(fed.sample_fraction * len(eligible)))
+        return sorted(self._rng.sample(eligible, min(k, len(eligible))))
+
+    def _can_afford(self, site_id: str) -> bool:
+        report = self._privacy.get(site_id)
+        return report is None or report.can_afford_next
 
     def run_round(self, rnd: int, version: str) -> RoundResult:
         """Run round ``rnd`` starting from model ``version``."""
@@ -207,6 +261,7 @@ class Coordinator:
                 batch_size=t.batch_size,
                 learning_rate=t.learning_rate,
                 seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
+                privacy=self._privacy_plan(self._nodes[node].site_id),
             )
             for node in selected
         }
@@ -215,6 +270,8 @@ class Coordinator:
         refused: dict[str, str] = {}
         for node, reply in replies.items():
             site_id = self._nodes[node].site_id
+            if isinstance(reply, TrainReport) and reply.privacy is not None:
+                self._privacy[site_id] = reply.privacy
             if isinstance(reply, TrainReport) and reply.ok:
                 reports.append(reply)
             else:
@@ -246,6 +303,7 @@ class Coordinator:
             accuracy=accuracy,
             loss=loss,
             bytes_up=sum(r.bytes_up for r in ok),
+            privacy={site: report.model_dump() for site, report in sorted(self._privacy.items())},
         )
 
     def _evaluate(self, rnd: int, version: str) -> tuple[float, float]:

@@ -16,11 +16,15 @@ __all__ = [
     "EvaluateInstruction",
     "EvaluateReport",
     "MessageKind",
+    "PrivacyPlan",
+    "PrivacyReport",
     "QueryRequest",
+    "RecordPlan",
     "SiteFailure",
     "SiteInfo",
     "TrainInstruction",
     "TrainReport",
+    "UpdatePlan",
     "decode",
     "encode",
 ]
@@ -46,8 +50,56 @@ class AppliedRound(_Msg):
     merkle_root: str
 
 
+class RecordPlan(_Msg):
+    """Record-level DP (DP-SGD) settings for a round."""
+
+    noise_multiplier: float | None  # None: the site calibrates σ to spend its budget over planned_rounds
+    max_grad_norm: float
+    planned_rounds: int
+
+
+class UpdatePlan(_Msg):
+    """Update-level DP settings for a round."""
+
+    clip_norm: float
+    noise_multiplier: float
+
+
+class PrivacyPlan(_Msg):
+    """The privacy the aggregator asks for: mechanisms and the budget it assigns the site.
+
+    The site keeps the stricter of this budget and its own cap; the aggregator can lower
+    a site's budget, never raise it.
+    """
+
+    accountant: str
+    epsilon: float
+    delta: float
+    batch_size: int  # local training per round, which the cost of a round depends on
+    epochs: int
+    record: RecordPlan | None = None
+    update: UpdatePlan | None = None
+
+
+class PrivacyReport(_Msg):
+    """A site's privacy ledger, as it reports it (ε per guarantee, budget, status)."""
+
+    epsilon_budget: float
+    delta: float
+    epsilon_spent: float  # the binding guarantee: record-level when on, else update-level
+    epsilon_record: float = 0.0
+    epsilon_update: float = 0.0
+    rounds_participated: int = 0
+    status: str = "active"  # active | exhausted | refused
+    can_afford_next: bool = True
+    projected_rounds_left: int | None = None
+    note: str = ""
+
+
 class QueryRequest(_Msg):
     """Ask a site who it is and where its model stands."""
+
+    privacy: PrivacyPlan | None = None
 
 
 class SiteInfo(_Msg):
@@ -59,6 +111,7 @@ class SiteInfo(_Msg):
     plan_digest: str
     plan_json: str
     genesis_version: str
+    privacy: PrivacyReport | None = None
 
 
 class TrainInstruction(_Msg):
@@ -73,6 +126,7 @@ class TrainInstruction(_Msg):
     batch_size: int
     learning_rate: float
     seed: int
+    privacy: PrivacyPlan | None = None
 
 
 class TrainReport(_Msg):
@@ -88,6 +142,7 @@ class TrainReport(_Msg):
     shards: int = 0
     zone: str = ""
     merkle_root: str = ""
+    privacy: PrivacyReport | None = None
 
 
 class EvaluateInstruction(_Msg):

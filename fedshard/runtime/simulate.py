@@ -16,11 +16,12 @@ from typing import Any
 import yaml
 
 from fedshard.config import FederationConfig
-from fedshard.runtime.assembly import grpc_connector, make_site, running_zones
+from fedshard.runtime.assembly import check_budgets, grpc_connector, make_site, running_zones
 from fedshard.runtime.baseline import centralized_baseline
 from fedshard.runtime.coordinator import Coordinator, RoundObserver, RunResult
 from fedshard.runtime.events import EventLog
 from fedshard.runtime.inprocess import InProcessSiteGateway
+from fedshard.runtime.messages import SiteInfo
 
 __all__ = ["Engine", "build_summary", "simulate", "with_rounds"]
 
@@ -61,6 +62,7 @@ def simulate(
     observer: RoundObserver | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` on one machine, write ``out/summary.json``, return the summary."""
+    check_budgets(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "federation.yaml"
@@ -94,6 +96,24 @@ def _run_inprocess(
         gateway.close()
         for z in zones.values():
             z.close()
+
+
+def _site_summary(site: SiteInfo, privacy: dict[str, Any] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": site.site_id, "jurisdiction": site.jurisdiction, "examples": site.num_examples}
+    if privacy is not None:
+        entry.update(
+            epsilon_budget=privacy["epsilon_budget"],
+            epsilon_spent=privacy["epsilon_spent"],
+            epsilon_record=privacy["epsilon_record"],
+            epsilon_update=privacy["epsilon_update"],
+            delta=privacy["delta"],
+            rounds_participated=privacy["rounds_participated"],
+            status=privacy["status"],
+            projected_rounds_left=privacy["projected_rounds_left"],
+        )
+        if privacy.get("note"):
+            entry["note"] = privacy["note"]
+    return entry
 
 
 def build_summary(
@@ -130,7 +150,7 @@ def build_summary(
             }
             for r in result.rounds
         ],
-        "sites": [{"id": s.site_id, "jurisdiction": s.jurisdiction, "examples": s.num_examples} for s in result.sites],
+        "sites": [_site_summary(s, result.privacy.get(s.site_id)) for s in result.sites],
         "zones": [{"name": z.name, "region": z.region, "endpoint": endpoints.get(z.name)} for z in config.zones],
         "stopped_reason": result.stopped_reason,
     }

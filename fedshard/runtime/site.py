@@ -15,21 +15,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from fedshard.privacy.events import Guarantee
 from pydantic import BaseModel
 
-from fedshard.errors import FedshardError, IntegrityError, RoundError
+from fedshard.errors import BudgetExhaustedError, FedshardError, IntegrityError, PrivacyError, RoundError
 from fedshard.integrity import build_manifest, genesis_version, merkle_root, next_version, shard_digest
+from fedshard.privacy.dpsgd import RecordPrivacy, check_model, fix_model
+from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.runtime.channels import ZoneConnector
 from fedshard.runtime.messages import (
     AppliedRound,
     EvaluateInstruction,
     EvaluateReport,
     MessageKind,
+    PrivacyReport,
     QueryRequest,
     SiteInfo,
     TrainInstruction,
     TrainReport,
+    UpdatePlan,
 )
+from fedshard.runtime.site_privacy import SitePrivacy
 from fedshard.runtime.task import Partition, Task, TaskData, TrainSettings
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
@@ -42,6 +48,14 @@ __all__ = ["Site"]
 log = logging.getLogger(__name__)
 
 _CURRENT = "current"
+
+
+@dataclass(frozen=True)
+class _RoundDP:
+    """The DP mechanisms of one round: DP-SGD inside training, noise on the update."""
+
+    record: RecordPrivacy | None
+    update: UpdatePlan | None
 
 
 @dataclass
@@ -71,6 +85,12 @@ class Site:
         On-prem directory for the site's parameter shards.
     connect:
         Makes a zone client from ``(zone name, endpoint)``.
+    privacy:
+        The site's privacy bookkeeping (its own cap, its ledger).
+    dp_layers:
+        With record-level DP: ``"fix"`` replaces layers DP-SGD cannot train (every
+        site does the same, so they share the model), ``"check"`` refuses them, ``"keep"``
+        (DP off) leaves the model as the task builds it.
     """
 
     def __init__(
@@ -84,6 +104,8 @@ class Site:
         seed: int,
         state_dir: str | Path,
         connect: ZoneConnector,
+        privacy: SitePrivacy | None = None,
+        dp_layers: str = "keep",
     ) -> None:
         self.site_id = site_id
         self.jurisdiction = jurisdiction
@@ -93,6 +115,10 @@ class Site:
         self.seed = seed
         self.store = LocalShardStore(state_dir)
         self._connect = connect
+        self.privacy = privacy or SitePrivacy(site_id, Path(state_dir))
+        if dp_layers not in ("keep", "check", "fix"):
+            raise ValueError(f"dp_layers must be keep, check or fix, got {dp_layers!r}")
+        self.dp_layers = dp_layers
         self._data: TaskData | None = None
         self._plan: ShardPlan | None = None
 
@@ -119,7 +145,12 @@ class Site:
         import torch
 
         torch.manual_seed(self.seed)
-        return self.task.build_model()
+        model = self.task.build_model()
+        if self.dp_layers == "fix":
+            return fix_model(model)
+        if self.dp_layers == "check":
+            check_model(model)
+        return model
 
     def _load_state(self) -> tuple[ShardPlan, _ModelState]:
         if self.store.exists(_CURRENT):
@@ -192,6 +223,12 @@ class Site:
     def query(self, message: QueryRequest) -> SiteInfo:
         """Who this site is and which model it starts from."""
         plan, state = self._load_state()
+        report = None
+        if message.privacy is not None:
+            ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train)
+            with ledger:
+                events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
+                report = self.privacy.report(ledger, events, note=note)
         return SiteInfo(
             site_id=self.site_id,
             jurisdiction=self.jurisdiction,
@@ -199,14 +236,20 @@ class Site:
             plan_digest=plan.digest,
             plan_json=plan.to_json(),
             genesis_version=state.genesis,
+            privacy=report,
         )
 
     def train(self, message: TrainInstruction) -> TrainReport:
-        """Catch up, train locally, push the update's shards to a zone, report metadata."""
+        """Catch up, check the privacy budget, train, push the update's shards, report.
 
-        def refuse(reason: str) -> TrainReport:
+        With DP on, the round's cost is reserved in the ledger before training and
+        committed after the push; a reservation that is never committed (crash, push
+        refused) stays counted as spent.
+        """
+
+        def refuse(reason: str, privacy: PrivacyReport | None = None) -> TrainReport:
             log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
-            return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
+            return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason, privacy=privacy)
 
         try:
             plan, state = self._catch_up(message.history, message.zones)
@@ -214,11 +257,45 @@ class Site:
             return refuse(str(exc))
         if state.version != message.base_version:
             return refuse(f"model version {state.version[:12]}… differs from the round's {message.base_version[:12]}…")
+        if message.privacy is None:
+            return self._train_and_push(message, plan, state, None)
+        ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train)
+        with ledger:
+            events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
+            try:
+                reservation = ledger.reserve(message.round, events)
+            except BudgetExhaustedError as exc:
+                return refuse(str(exc), self.privacy.report(ledger, events, status="exhausted", note=note))
+            record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
+            dp = _RoundDP(
+                RecordPrivacy(record, message.privacy.record.max_grad_norm)
+                if record is not None and message.privacy.record is not None
+                else None,
+                message.privacy.update,
+            )
+            try:
+                report = self._train_and_push(message, plan, state, dp)
+            except PrivacyError as exc:
+                return refuse(str(exc), self.privacy.report(ledger, events, status="refused", note=note))
+            if report.ok:
+                ledger.commit(reservation)
+            privacy = self.privacy.report(ledger, events, status=None if report.ok else "refused", note=note)
+            return report.model_copy(update={"privacy": privacy})
+
+    def _train_and_push(
+        self, message: TrainInstruction, plan: ShardPlan, state: _ModelState, dp: _RoundDP | None
+    ) -> TrainReport:
+        """Train locally, apply update-level DP, push the shards; the report has no privacy part yet."""
         model = self._model_from(plan, state.shards)
-        settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed)
+        record = dp.record if dp is not None else None
+        settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed, record)
         metrics = self.task.train(model, self.data, settings)
+        if record is not None:
+            record.verify()
         trained = plan.split(model.state_dict())
         update = {sid: trained[sid] - state.shards[sid] for sid in plan.shard_ids}
+        if dp is not None and dp.update is not None:
+            update, _ = clip_and_noise(update, dp.update.clip_norm, dp.update.noise_multiplier)
         zone = self._choose_zone(message.zones)
         manifest = build_manifest(
             site_id=self.site_id,
@@ -233,7 +310,9 @@ class Site:
         try:
             receipt = client.push(manifest, message.token, update)
         except FedshardError as exc:
-            return refuse(f"push to zone {zone} failed: {exc}")
+            reason = f"push to zone {zone} failed: {exc}"
+            log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
+            return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
         finally:
             client.close()
         return TrainReport(

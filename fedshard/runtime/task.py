@@ -16,6 +16,8 @@ from fedshard.errors import TaskError
 if TYPE_CHECKING:
     import torch
 
+    from fedshard.privacy.dpsgd import RecordPrivacy
+
 __all__ = ["Metrics", "Partition", "Task", "TaskData", "TrainSettings", "load_task"]
 
 
@@ -47,6 +49,8 @@ class TrainSettings:
     batch_size: int
     learning_rate: float
     seed: int
+    privacy: RecordPrivacy | None = None
+    """When set, train through ``privacy.make_private(model, optimizer, loader)`` (DP-SGD)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,11 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert "central baseline" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds"] == 10
+    assert summary["rounds"] == 20
     assert isinstance(summary["final_accuracy"], float) and summary["final_accuracy"] >= 0.93
     assert isinstance(summary["centralized_accuracy"], float) and summary["centralized_accuracy"] >= 0.9
     assert len(summary["model_version"]) == 64 and int(summary["model_version"], 16) >= 0
-    assert [h["round"] for h in summary["history"]] == list(range(1, 11))
+    assert [h["round"] for h in summary["history"]] == list(range(1, 21))
     assert all(set(h) >= {"round", "accuracy", "loss", "bytes_up"} and h["bytes_up"] > 0 for h in summary["history"])
     assert sorted(s["jurisdiction"] for s in summary["sites"]) == ["EU", "EU", "SG", "US"]
     assert all(s["examples"] > 0 for s in summary["sites"])
@@ -109,3 +109,69 @@ def test_federation_that_loses_its_sites_stops_with_a_summary(tmp_path: Path) ->
     assert "configured to fail" in errors[0]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds"] == 0 and "min_sites is 2" in summary["stopped_reason"]
+
+
+def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> None:
+    out = tmp_path / "dp"
+    proc = _fedshard("simulate", "--config", "configs/demo-dp.yaml", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "sgh-singapore" in proc.stdout and "exhausted" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    sites = {s["id"]: s for s in summary["sites"]}
+    assert sites["sgh-singapore"]["status"] == "exhausted"
+    assert 0 < sites["sgh-singapore"]["rounds_participated"] < summary["rounds"]
+    assert all(s["epsilon_spent"] <= s["epsilon_budget"] for s in sites.values())
+    assert sites["charite-berlin"]["epsilon_budget"] == 2.5 and "keeps its cap" in sites["charite-berlin"]["note"]
+    assert {k for k in sites["mayo-rochester"]} >= {
+        "epsilon_budget",
+        "epsilon_spent",
+        "delta",
+        "rounds_participated",
+        "status",
+    }
+
+    reported = _fedshard("budget", "show", "--config", "configs/demo-dp.yaml", "--run", str(out), "--json")
+    assert reported.returncode == 0, reported.stderr
+    assert {s["id"]: s["status"] for s in json.loads(reported.stdout)} == {k: v["status"] for k, v in sites.items()}
+
+    site_config = tmp_path / "sgh.yaml"
+    site_config.write_text(
+        f"site:\n  id: sgh-singapore\n  jurisdiction: SG\n  state_dir: {out / 'sites' / 'sgh-singapore'}\n"
+    )
+    ledger = _fedshard("budget", "show", "--site-config", str(site_config), "--json")
+    assert ledger.returncode == 0, ledger.stderr
+    shown = json.loads(ledger.stdout)
+    assert shown["status"] == "exhausted" and shown["projected_rounds_left"] == 0
+    assert shown["rounds_participated"] == sites["sgh-singapore"]["rounds_participated"]
+    assert shown["epsilon_spent"] == pytest.approx(sites["sgh-singapore"]["epsilon_spent"])
+
+
+def test_budget_show_on_a_site_without_ledger(tmp_path: Path) -> None:
+    site_config = tmp_path / "site.yaml"
+    site_config.write_text("site:\n  id: s\n  jurisdiction: EU\n  state_dir: nowhere\n")
+    proc = _fedshard("budget", "show", "--site-config", str(site_config))
+    assert proc.returncode == 2
+    assert "no privacy ledger at" in proc.stderr and "has not taken part" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"budget": {"epsilon": 0, "delta": 1e-5}}, "privacy.budget.epsilon"),
+        ({"budget": {"epsilon": 3, "delta": 1.0}}, "privacy.budget.delta"),
+        ({"budget": {"epsilon": 3, "delta": 0.05}}, "δ=0.05 is larger than 1/(its 114 records)"),
+        ({"budget": None}, "privacy.budget (epsilon, delta) is required"),
+    ],
+)
+def test_bad_budgets_are_refused_at_config_load(tmp_path: Path, change: dict, message: str) -> None:
+    cfg = yaml.safe_load((ROOT / "configs" / "demo-dp.yaml").read_text())
+    cfg["privacy"].update(change)
+    for site in cfg["sites"]:
+        site.pop("budget", None)
+        site.pop("cap", None)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = _fedshard("simulate", "--config", str(path), "--out", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and message in errors[0], proc.stderr

@@ -26,7 +26,7 @@ def _config(tmp_path: Path) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     jurisdictions = ["EU", "EU", "EU", "US", "US", "SG", "SG", "UK", "UK", "EU"]
     cfg["sites"] = [{"id": f"hospital-{i:02d}", "jurisdiction": j} for i, j in enumerate(jurisdictions)]
-    cfg["federation"].update(rounds=2, min_sites=8, name="ten-sites")
+    cfg["federation"].update(rounds=2, min_sites=8, name="ten-sites", round_timeout_s=600)
     path = tmp_path / "ten.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -1,0 +1,70 @@
+"""Privacy configuration: DP mechanisms and (ε, δ) budgets. Every default lives here."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["BudgetConfig", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BudgetConfig(_Model):
+    """A privacy budget: the (ε, δ) a site may spend over the whole federation."""
+
+    epsilon: float = Field(gt=0, description="total ε; must be positive")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ; must be below 1/(records at the site)")
+
+    @field_validator("epsilon")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("epsilon must be a finite number")
+        return v
+
+
+class RecordDPConfig(_Model):
+    """Record-level DP: DP-SGD at each site (Opacus), protecting every patient's record."""
+
+    enabled: bool = False
+    noise_multiplier: float | None = Field(
+        None, gt=0, description="fixed σ; leave empty to calibrate σ so the planned rounds spend the budget"
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping bound")
+    accountant: Literal["prv", "rdp"] = "prv"
+    fix_incompatible_layers: bool = Field(
+        True, description="replace layers DP-SGD cannot handle (BatchNorm → GroupNorm) instead of refusing"
+    )
+
+
+class UpdateDPConfig(_Model):
+    """Update-level DP: clip each site's released update and add Gaussian noise,
+    protecting the site's whole contribution in a round."""
+
+    enabled: bool = False
+    clip_norm: float = Field(1.0, gt=0, description="L2 bound of a site's update")
+    noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std is σ × clip_norm")
+
+
+class PrivacyConfig(_Model):
+    """The federation's privacy settings (aggregator side)."""
+
+    record_level: RecordDPConfig = Field(default_factory=RecordDPConfig)
+    update_level: UpdateDPConfig = Field(default_factory=UpdateDPConfig)
+    budget: BudgetConfig | None = Field(None, description="default budget of every site")
+
+    @property
+    def enabled(self) -> bool:
+        """True if any DP mechanism is on."""
+        return self.record_level.enabled or self.update_level.enabled
+
+    @model_validator(mode="after")
+    def _budget_when_enabled(self) -> PrivacyConfig:
+        if self.enabled and self.budget is None:
+            raise ValueError("privacy.budget (epsilon, delta) is required when record- or update-level DP is on")
+        return self

@@ -1,0 +1,165 @@
+"""Record-level DP: DP-SGD through Opacus, inside the task's own training loop.
+
+A task opts in the way Opacus users do: it builds its model, optimiser and data
+loader, then hands them to :meth:`RecordPrivacy.make_private` (Poisson sampling,
+per-sample clipping, Gaussian noise). The site reserves the planned cost in its ledger
+*before* training and checks afterwards that the task took exactly the planned steps.
+
+The noise comes from a generator seeded by the operating system's entropy, never from
+the federation's seed: the coordinator knows that seed, and noise it could predict it
+could subtract.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import secrets
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from fedshard.errors import PrivacyError
+from fedshard.privacy.events import DPEvent, Guarantee
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RecordPrivacy", "check_model", "fix_model", "planned_record_event"]
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _warn_once_about_rng() -> None:
+    log.warning(
+        "DP-SGD noise comes from torch's generator seeded with OS entropy, not a cryptographically secure "
+        "generator (Opacus secure_mode needs torchcsprng); fine for pilots, not for production releases"
+    )
+
+
+def planned_record_event(num_examples: int, batch_size: int, epochs: int, noise_multiplier: float) -> DPEvent:
+    """The DP event of one round of DP-SGD: Opacus's Poisson loader samples each record
+    with rate ``1 / batches_per_epoch`` and takes ``batches_per_epoch`` steps per epoch."""
+    if num_examples < 1:
+        raise PrivacyError("record-level DP needs at least one training record at the site")
+    batches = math.ceil(num_examples / batch_size)
+    return DPEvent(Guarantee.RECORD, noise_multiplier, 1.0 / batches, epochs * batches)
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Raise :class:`PrivacyError` if DP-SGD cannot train ``model`` (e.g. BatchNorm)."""
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        reasons = "; ".join(str(e) for e in errors[:3])
+        raise PrivacyError(
+            f"the model has layers DP-SGD cannot train ({reasons}); set privacy.record_level."
+            "fix_incompatible_layers: true to replace them, or change the model"
+        )
+
+
+def fix_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace layers DP-SGD cannot train with compatible ones (Opacus's validator:
+    BatchNorm becomes GroupNorm), then check the result."""
+    from opacus.validators import ModuleValidator
+
+    fixed: torch.nn.Module = ModuleValidator.fix(model)
+    check_model(fixed)
+    return fixed
+
+
+class RecordPrivacy:
+    """Record-level DP settings for one round, handed to the task in ``TrainSettings``.
+
+    Parameters
+    ----------
+    planned:
+        The event the site reserved in its ledger for this round.
+    max_grad_norm:
+        Per-sample gradient clipping bound.
+    """
+
+    def __init__(self, planned: DPEvent, max_grad_norm: float) -> None:
+        self.planned = planned
+        self.max_grad_norm = max_grad_norm
+        self._engine: Any = None
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of this round."""
+        return self.planned.noise_multiplier
+
+    def make_private(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader: Any
+    ) -> tuple[Any, Any, Any]:
+        """Wrap the task's training objects for DP-SGD; returns ``(model, optimizer, loader)``.
+
+        Train through the returned objects: the model's parameters are shared with the
+        original, so the site reads the trained weights from the model it built.
+        """
+        import torch
+        from opacus import PrivacyEngine
+
+        check_model(model)
+        if self._engine is not None:
+            raise PrivacyError("make_private was called twice in one round; call it once per round")
+        _warn_once_about_rng()
+        # Opacus's hooks make torch say this on every backward pass; it is expected.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
+            engine = PrivacyEngine(accountant="prv")
+        generator = torch.Generator().manual_seed(secrets.randbits(63))
+        wrapped = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=data_loader,
+            noise_multiplier=self.planned.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            poisson_sampling=True,
+            noise_generator=generator,
+        )
+        self._engine = engine
+        return wrapped  # type: ignore[no-any-return]
+
+    def spent(self) -> DPEvent | None:
+        """What training actually spent, from Opacus's record of noisy steps (None if
+        the task never called :meth:`make_private`)."""
+        if self._engine is None:
+            return None
+        history = self._engine.accountant.history
+        steps = sum(int(s) for _, _, s in history)
+        if steps == 0:
+            return None
+        sigmas = {float(n) for n, _, _ in history}
+        rates = {float(q) for _, q, _ in history}
+        if len(sigmas) != 1 or len(rates) != 1:
+            raise PrivacyError("training changed σ or the sample rate within a round")
+        return DPEvent(Guarantee.RECORD, sigmas.pop(), rates.pop(), steps)
+
+    def verify(self) -> DPEvent:
+        """Check training spent exactly what was reserved; return the event.
+
+        Raises :class:`PrivacyError` if the task skipped DP-SGD or took other steps than
+        planned (nothing may then be released)."""
+        spent = self.spent()
+        if spent is None:
+            raise PrivacyError(
+                "record-level DP is on but the task did not train through RecordPrivacy.make_private; "
+                "nothing was released"
+            )
+        p = self.planned
+        same = (
+            spent.steps == p.steps
+            and math.isclose(spent.sample_rate, p.sample_rate, rel_tol=1e-9)
+            and math.isclose(spent.noise_multiplier, p.noise_multiplier, rel_tol=1e-9)
+        )
+        if not same:
+            raise PrivacyError(
+                f"training spent {spent.steps} steps at q={spent.sample_rate:.4g}, σ={spent.noise_multiplier:.4g}; "
+                f"the ledger reserved {p.steps} steps at q={p.sample_rate:.4g}, σ={p.noise_multiplier:.4g}; "
+                "nothing was released"
+            )
+        return spent

@@ -1,0 +1,143 @@
+"""Privacy budgets end to end: DP-SGD at sites, ledgers, exhaustion, stopping, crashes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fedshard.config import FederationConfig
+from fedshard.privacy.ledger import PrivacyLedger
+from fedshard.runtime.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(**privacy_overrides: object) -> FederationConfig:
+    data = {
+        "federation": {"name": "dp-toy", "seed": 5, "rounds": 6, "min_sites": 2},
+        "task": {"target": "tests.toy_task:task", "options": {"examples": 50}},
+        "training": {"local_epochs": 1, "batch_size": 10, "learning_rate": 0.05},
+        "sharding": {"tile": [4, 4]},
+        "privacy": {
+            "record_level": {"enabled": True, "noise_multiplier": 1.5, "max_grad_norm": 1.0, "accountant": "rdp"},
+            "budget": {"epsilon": 8.0, "delta": 1e-3},
+        },
+        "zones": [{"name": "z1", "region": "EU"}],
+        "sites": [
+            {"id": "big-a", "jurisdiction": "EU"},
+            {"id": "big-b", "jurisdiction": "US"},
+            {"id": "small", "jurisdiction": "SG", "budget": {"epsilon": 3.0, "delta": 1e-3}},
+        ],
+    }
+    data["privacy"].update(privacy_overrides)  # type: ignore[union-attr]
+    return FederationConfig.model_validate(data)
+
+
+def _sites(summary: dict) -> dict[str, dict]:
+    return {s["id"]: s for s in summary["sites"]}
+
+
+def test_small_budget_site_is_exhausted_partway_while_others_carry_on(tmp_path: Path) -> None:
+    summary = simulate(_config(), tmp_path)
+    sites = _sites(summary)
+    assert summary["rounds"] == 6 and not summary["stopped_reason"]
+    small = sites["small"]
+    assert small["status"] == "exhausted"
+    assert 0 < small["rounds_participated"] < 6
+    assert small["epsilon_spent"] <= small["epsilon_budget"] == 3.0
+    for name in ("big-a", "big-b"):
+        assert sites[name]["status"] == "active" and sites[name]["rounds_participated"] == 6
+        assert 0 < sites[name]["epsilon_spent"] <= 8.0
+    # the small site released nothing once exhausted: it is absent from later rounds
+    last_with_small = max(h["round"] for h in summary["history"] if "small" in h["sites"])
+    assert last_with_small == small["rounds_participated"]
+    assert all("small" not in h["sites"] for h in summary["history"] if h["round"] > last_with_small)
+    # its ledger on disk agrees and never exceeds the budget
+    with PrivacyLedger(tmp_path / "sites" / "small" / "ledger.sqlite", None) as ledger:
+        entries = ledger.entries()
+        assert {e.round for e in entries} == set(range(1, last_with_small + 1))
+        assert all(e.committed for e in entries)
+        assert max(e.epsilon_after for e in entries) <= 3.0
+    # the progress record carries ε per site per round
+    rounds = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert all("small" in r["privacy"] for r in rounds if r["event"] == "round")
+
+
+def test_federation_stops_when_too_few_sites_can_afford_a_round(tmp_path: Path) -> None:
+    summary = simulate(_config(budget={"epsilon": 2.5, "delta": 1e-3}), tmp_path)
+    assert 0 < summary["rounds"] < 6
+    assert "can still take part" in summary["stopped_reason"]
+    assert "privacy budget exhausted" in summary["stopped_reason"]
+    assert all(s["epsilon_spent"] <= s["epsilon_budget"] for s in summary["sites"])
+
+
+def test_update_level_dp_is_accounted_separately(tmp_path: Path) -> None:
+    config = _config(update_level={"enabled": True, "clip_norm": 1.0, "noise_multiplier": 4.0})
+    summary = simulate(
+        config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 2})}), tmp_path
+    )
+    for site in summary["sites"]:
+        assert site["epsilon_record"] > 0 and site["epsilon_update"] > 0
+        assert site["epsilon_spent"] == site["epsilon_record"]
+
+
+@pytest.mark.slow
+def test_a_site_killed_between_reserve_and_commit_counts_the_round_as_spent(tmp_path: Path) -> None:
+    """The site process dies (SIGKILL) while training, after its ledger reserved the round."""
+    config = _config()
+    config_path = tmp_path / "fed.json"
+    config_path.write_text(config.model_dump_json())
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from fedshard.config import FederationConfig
+        from fedshard.runtime.assembly import make_site, running_zones, grpc_connector
+        from fedshard.runtime.messages import QueryRequest, TrainInstruction
+        from fedshard.runtime.coordinator import Coordinator
+        from fedshard.runtime.inprocess import InProcessSiteGateway
+        from fedshard.runtime.rounds import RoundSpec
+
+        config = FederationConfig.model_validate_json(open(sys.argv[1]).read())
+        crash = sys.argv[3] == "crash"
+        if crash:
+            options = dict(config.task.options, crash_partition=0)
+            config = config.model_copy(update={"task": config.task.model_copy(update={"options": options})})
+        with running_zones(config, sys.argv[2] + "/zones") as endpoints:
+            sites = {s.id: make_site(config, s.id, sys.argv[2] + "/sites") for s in config.sites[:1]}
+            coordinator = Coordinator(config, InProcessSiteGateway(sites), {}, endpoints)
+            site = sites[config.sites[0].id]
+            plan = coordinator._privacy_plan(site.site_id)
+            info = site.query(QueryRequest())
+            rnd = int(sys.argv[4])
+            grpc_connector("z1", endpoints["z1"]).open_round(
+                RoundSpec(rnd, "t", info.plan_json, info.genesis_version, (site.site_id,)))
+            report = site.train(TrainInstruction(
+                round=rnd, token="t", base_version=info.genesis_version,
+                history=[], zones=endpoints, epochs=1, batch_size=10, learning_rate=0.05, seed=1, privacy=plan))
+            print(json.dumps(report.model_dump()))
+        """
+    )
+    run = [sys.executable, "-c", script, str(config_path), str(tmp_path)]
+    crashed = subprocess.run([*run, "crash", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    ledger_path = tmp_path / "sites" / "big-a" / "ledger.sqlite"
+    with PrivacyLedger(ledger_path, None) as ledger:
+        status = ledger.status()
+        assert status.pending == (1,)
+        spent_after_crash = ledger.spent(ledger.entries()[0].event.guarantee)
+        assert spent_after_crash > 0 and status.rounds_participated == 1
+    # the restarted site (a new process) takes part in the next round; round 1 stays counted
+    restarted = subprocess.run([*run, "ok", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    report = json.loads(restarted.stdout.strip().splitlines()[-1])
+    assert report["ok"], report
+    assert report["privacy"]["rounds_participated"] == 2
+    assert report["privacy"]["epsilon_spent"] > spent_after_crash
+    with PrivacyLedger(ledger_path, None) as ledger:
+        entries = ledger.entries()
+        assert [(e.round, e.committed) for e in entries] == [(1, False), (2, True)]

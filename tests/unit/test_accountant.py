@@ -1,0 +1,144 @@
+"""Unit tests of :mod:`fedshard.privacy.accountant` against Opacus's own accountants."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opacus.accountants import PRVAccountant, RDPAccountant  # type: ignore[import-untyped]
+
+from fedshard.errors import PrivacyError
+from fedshard.privacy.accountant import AccountantKind, calibrate_noise, epsilon, merge_events
+from fedshard.privacy.events import DPEvent, Guarantee
+
+RDP = AccountantKind.RDP
+PRV = AccountantKind.PRV
+
+
+def _event(sigma: float, q: float, steps: int, guarantee: Guarantee = Guarantee.RECORD) -> DPEvent:
+    return DPEvent(guarantee, sigma, q, steps)
+
+
+def _opacus(accountant: RDPAccountant | PRVAccountant, history: list[tuple[float, float, int]]) -> float:
+    accountant.history = history
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(accountant.get_epsilon(delta=1e-5))
+
+
+def test_rdp_known_value_matches_opacus() -> None:
+    eps = epsilon([_event(1.1, 0.1, 200)], 1e-5, RDP)
+
+    assert eps == pytest.approx(9.25, abs=0.05)
+    assert eps == pytest.approx(_opacus(RDPAccountant(), [(1.1, 0.1, 200)]), rel=1e-12)
+
+
+def test_prv_known_value_matches_opacus_and_is_tighter_than_rdp() -> None:
+    eps = epsilon([_event(1.1, 0.1, 200)], 1e-5)
+
+    assert eps == pytest.approx(_opacus(PRVAccountant(), [(1.1, 0.1, 200)]), rel=1e-9)
+    assert 8.0 < eps < epsilon([_event(1.1, 0.1, 200)], 1e-5, RDP)
+
+
+def test_merging_equal_events_gives_the_same_epsilon_as_opacus_unmerged() -> None:
+    split = [_event(1.1, 0.1, 20)] * 10 + [_event(2.0, 0.05, 7), _event(2.0, 0.05, 3)]
+    unmerged = [(e.noise_multiplier, e.sample_rate, e.steps) for e in split]
+
+    assert merge_events(split) == ((1.1, 0.1, 200), (2.0, 0.05, 10))
+    assert epsilon(split, 1e-5, RDP) == pytest.approx(_opacus(RDPAccountant(), unmerged), rel=1e-9)
+    assert epsilon(split, 1e-5, RDP) == epsilon([_event(1.1, 0.1, 200), _event(2.0, 0.05, 10)], 1e-5, RDP)
+
+
+def test_merge_is_canonical_whatever_the_order() -> None:
+    a, b, c = _event(1.0, 0.1, 5), _event(3.0, 0.2, 1), _event(1.0, 0.1, 2)
+    assert merge_events([a, b, c]) == merge_events([c, b, a]) == ((1.0, 0.1, 7), (3.0, 0.2, 1))
+
+
+def test_no_events_spend_nothing() -> None:
+    assert epsilon([], 1e-5) == 0.0
+    assert epsilon((), 1e-5, RDP) == 0.0
+
+
+def test_guarantees_do_not_compose() -> None:
+    with pytest.raises(PrivacyError, match="record and update"):
+        epsilon([_event(1.0, 0.1, 5), _event(1.0, 0.1, 5, Guarantee.UPDATE)], 1e-5, RDP)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, 2, float("nan")])
+def test_bad_delta_is_refused(delta: float) -> None:
+    with pytest.raises(PrivacyError, match="delta"):
+        epsilon([_event(1.0, 0.1, 5)], delta, RDP)
+
+
+def test_large_noise_uses_wider_orders_quietly() -> None:
+    # Opacus's default orders stop at 63: its bound is ~0.10 here and it warns.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eps = epsilon([_event(100.0, 0.001, 100)], 1e-5, RDP)
+        epsilon([_event(0.8, 1.0, 3)], 1e-5, PRV)  # q = 1: numpy log(0) inside Opacus's PRV
+
+    assert eps < 0.01
+    assert eps < _opacus(RDPAccountant(), [(100.0, 0.001, 100)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sigma=st.sampled_from([0.7, 1.0, 1.5, 4.0]),
+    q=st.sampled_from([0.01, 0.1, 1.0]),
+    steps=st.integers(1, 500),
+    more=st.integers(1, 500),
+    delta=st.sampled_from([1e-3, 1e-5, 1e-8]),
+)
+def test_more_steps_spend_more(sigma: float, q: float, steps: int, more: int, delta: float) -> None:
+    assert epsilon([_event(sigma, q, steps)], delta, RDP) < epsilon([_event(sigma, q, steps + more)], delta, RDP)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sigma=st.sampled_from([0.7, 1.0, 1.5]), q=st.sampled_from([0.01, 0.1]), steps=st.integers(1, 200))
+def test_smaller_delta_costs_more_epsilon(sigma: float, q: float, steps: int) -> None:
+    event = _event(sigma, q, steps)
+    assert epsilon([event], 1e-4, RDP) < epsilon([event], 1e-7, RDP)
+
+
+@pytest.mark.parametrize(
+    ("target", "q", "steps"),
+    [(1.0, 0.01, 100), (3.0, 0.05, 100), (8.0, 1.0, 10), (0.3, 0.001, 1000)],
+)
+def test_calibrate_noise_spends_at_most_the_target_and_close_to_it(target: float, q: float, steps: int) -> None:
+    sigma = calibrate_noise(target, 1e-5, q, steps, RDP)
+    spent = epsilon([_event(sigma, q, steps)], 1e-5, RDP)
+
+    assert spent <= target
+    assert spent >= 0.95 * target
+
+
+def test_calibrate_noise_with_prv() -> None:
+    sigma = calibrate_noise(2.0, 1e-5, 0.1, 20)
+    spent = epsilon([_event(sigma, 0.1, 20)], 1e-5, PRV)
+
+    assert 0.95 * 2.0 <= spent <= 2.0
+
+
+@pytest.mark.parametrize(
+    ("target", "delta", "q", "steps"),
+    [
+        (0.0, 1e-5, 0.1, 10),
+        (float("inf"), 1e-5, 0.1, 10),
+        (1.0, 0.0, 0.1, 10),
+        (1.0, 1e-5, 0.0, 10),
+        (1.0, 1e-5, 0.1, 0),
+    ],
+)
+def test_calibrate_noise_refuses_bad_arguments(target: float, delta: float, q: float, steps: int) -> None:
+    with pytest.raises(PrivacyError):
+        calibrate_noise(target, delta, q, steps, RDP)
+
+
+def test_importing_the_accountant_does_not_import_opacus() -> None:
+    code = "import sys, fedshard.privacy.accountant, fedshard.privacy.ledger; print('opacus' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
