@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +18,7 @@ __all__ = [
     "FederationConfig",
     "FederationSettings",
     "ShardingConfig",
+    "ServerOptimizerConfig",
     "SiteConfig",
     "SiteLocalConfig",
     "SiteLocalSettings",
@@ -53,12 +54,23 @@ class TaskConfig(_Model):
     options: dict[str, object] = Field(default_factory=dict)
 
 
+class ServerOptimizerConfig(_Model):
+    """How sites apply each published aggregate (post-processing: no privacy cost)."""
+
+    kind: Literal["avg", "momentum", "adam"] = "avg"
+    learning_rate: float = Field(1.0, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.99, ge=0, lt=1)
+    tau: float = Field(1e-3, gt=0, description="adam: added to √v")
+
+
 class TrainingConfig(_Model):
     """Local training settings sent to every site each round."""
 
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     learning_rate: float = Field(0.05, gt=0)
+    server_optimizer: ServerOptimizerConfig = Field(default_factory=ServerOptimizerConfig)
 
 
 class ShardingConfig(_Model):

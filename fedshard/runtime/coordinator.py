@@ -22,6 +22,7 @@ from fedshard.integrity import next_version
 from fedshard.runtime.channels import SiteGateway, ZoneClient
 from fedshard.runtime.messages import (
     AppliedRound,
+    ApplyRule,
     EvaluateInstruction,
     EvaluateReport,
     MessageKind,
@@ -124,6 +125,7 @@ class Coordinator:
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._history: list[AppliedRound] = []
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
+        self._apply_rule = ApplyRule(**config.training.server_optimizer.model_dump())
         self._plan_json = ""
 
     @property
@@ -262,6 +264,7 @@ class Coordinator:
                 learning_rate=t.learning_rate,
                 seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
                 privacy=self._privacy_plan(self._nodes[node].site_id),
+                apply=self._apply_rule,
             )
             for node in selected
         }
@@ -308,7 +311,9 @@ class Coordinator:
 
     def _evaluate(self, rnd: int, version: str) -> tuple[float, float]:
         """Every site applies the aggregate and evaluates; weighted accuracy and loss."""
-        message = EvaluateInstruction(round=rnd, version=version, history=list(self._history), zones=self.endpoints)
+        message = EvaluateInstruction(
+            round=rnd, version=version, history=list(self._history), zones=self.endpoints, apply=self._apply_rule
+        )
         replies = self.sites.send(MessageKind.EVALUATE, {n: message for n in self._nodes}, self._timeout)
         reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
         for node, reply in replies.items():

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "AppliedRound",
+    "ApplyRule",
     "EvaluateInstruction",
     "EvaluateReport",
     "MessageKind",
@@ -96,6 +97,16 @@ class PrivacyReport(_Msg):
     note: str = ""
 
 
+class ApplyRule(_Msg):
+    """How sites apply each aggregate to their parameters (server-side optimiser)."""
+
+    kind: str = "avg"
+    learning_rate: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+
 class QueryRequest(_Msg):
     """Ask a site who it is and where its model stands."""
 
@@ -127,6 +138,7 @@ class TrainInstruction(_Msg):
     learning_rate: float
     seed: int
     privacy: PrivacyPlan | None = None
+    apply: ApplyRule = ApplyRule()
 
 
 class TrainReport(_Msg):
@@ -152,6 +164,7 @@ class EvaluateInstruction(_Msg):
     version: str
     history: list[AppliedRound]
     zones: dict[str, str]
+    apply: ApplyRule = ApplyRule()
 
 
 class EvaluateReport(_Msg):

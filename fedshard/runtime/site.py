@@ -10,21 +10,23 @@ one ClientApp process per message), so all state lives in the store.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from fedshard.privacy.events import Guarantee
 from pydantic import BaseModel
 
+from fedshard.aggregation import ServerOptimizer, ServerOptimizerKind
 from fedshard.errors import BudgetExhaustedError, FedshardError, IntegrityError, PrivacyError, RoundError
 from fedshard.integrity import build_manifest, genesis_version, merkle_root, next_version, shard_digest
 from fedshard.privacy.dpsgd import RecordPrivacy, check_model, fix_model
+from fedshard.privacy.events import Guarantee
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.runtime.channels import ZoneConnector
 from fedshard.runtime.messages import (
     AppliedRound,
+    ApplyRule,
     EvaluateInstruction,
     EvaluateReport,
     MessageKind,
@@ -48,6 +50,7 @@ __all__ = ["Site"]
 log = logging.getLogger(__name__)
 
 _CURRENT = "current"
+_OPT = "optimizer/"  # prefix of server-optimiser state in the snapshot
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class _ModelState:
     genesis: str
     applied_round: int
     shards: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # server optimiser state (m, v)
+    rule: str = ""  # the server optimiser that produced these parameters
 
 
 class Site:
@@ -154,10 +159,14 @@ class Site:
 
     def _load_state(self) -> tuple[ShardPlan, _ModelState]:
         if self.store.exists(_CURRENT):
-            meta, shards = self.store.load(_CURRENT)
+            meta, stored = self.store.load(_CURRENT)
             plan = self._plan or ShardPlan.from_json(meta["plan"])
             self._plan = plan
-            return plan, _ModelState(meta["version"], meta["genesis"], int(meta["applied_round"]), shards)
+            shards = {k: v for k, v in stored.items() if not k.startswith(_OPT)}
+            opt = {k[len(_OPT) :]: v for k, v in stored.items() if k.startswith(_OPT)}
+            state = _ModelState(meta["version"], meta["genesis"], int(meta["applied_round"]), shards)
+            state.optimizer, state.rule = opt, meta.get("rule", "")
+            return plan, state
         model = self._fresh_model()
         plan = ShardPlan.from_state_dict(model.state_dict(), self.tile)
         shards = plan.split(model.state_dict())
@@ -175,12 +184,26 @@ class Site:
             "applied_round": state.applied_round,
             "plan": plan.to_json(),
             "site_id": self.site_id,
+            "rule": state.rule,
         }
-        self.store.save(_CURRENT, state.shards, meta)
+        arrays = dict(state.shards)
+        arrays.update({_OPT + k: v for k, v in state.optimizer.items()})
+        self.store.save(_CURRENT, arrays, meta)
 
-    def _catch_up(self, history: list[AppliedRound], zones: dict[str, str]) -> tuple[ShardPlan, _ModelState]:
-        """Apply every published aggregate this site has not applied yet, in order."""
+    def _catch_up(
+        self, history: list[AppliedRound], zones: dict[str, str], rule: ApplyRule
+    ) -> tuple[ShardPlan, _ModelState]:
+        """Apply every published aggregate this site has not applied yet, in order, with
+        the federation's server-side optimiser (the same rule at every site)."""
         plan, state = self._load_state()
+        optimizer = ServerOptimizer(
+            ServerOptimizerKind(rule.kind), rule.learning_rate, rule.beta1, rule.beta2, rule.tau
+        )
+        if state.rule and state.rule != optimizer.describe() and history and history[-1].round > state.applied_round:
+            raise RoundError(
+                f"site {self.site_id}: the server optimiser changed mid-federation ({state.rule} → "
+                f"{optimizer.describe()}); sites would no longer hold the same model"
+            )
         version = state.genesis
         for applied in history:
             version = next_version(version, applied.merkle_root)
@@ -199,9 +222,10 @@ class Site:
                     f"site {self.site_id}: aggregate of round {applied.round} from zone {applied.zone} has root "
                     f"{summary.merkle_root[:12]}…, the coordinator announced {applied.merkle_root[:12]}…"
                 )
-            for shard_id, mean_update in aggregate.items():
+            for shard_id in aggregate:
                 plan.shard(shard_id)  # refuses shards outside the plan
-                state.shards[shard_id] = state.shards[shard_id] + mean_update.astype(state.shards[shard_id].dtype)
+            optimizer.apply(state.shards, aggregate, state.optimizer)
+            state.rule = optimizer.describe()
             state.version = version
             state.applied_round = applied.round
             self._save_state(plan, state)
@@ -252,7 +276,7 @@ class Site:
             return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason, privacy=privacy)
 
         try:
-            plan, state = self._catch_up(message.history, message.zones)
+            plan, state = self._catch_up(message.history, message.zones, message.apply)
         except FedshardError as exc:
             return refuse(str(exc))
         if state.version != message.base_version:
@@ -336,7 +360,7 @@ class Site:
 
     def evaluate(self, message: EvaluateInstruction) -> EvaluateReport:
         """Apply the announced aggregates, then evaluate on local test data."""
-        plan, state = self._catch_up(message.history, message.zones)
+        plan, state = self._catch_up(message.history, message.zones, message.apply)
         if state.version != message.version:
             raise IntegrityError(
                 f"site {self.site_id}: model version {state.version[:12]}… differs from the announced "

@@ -186,3 +186,41 @@ def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(fed
     # nothing was applied: the site is still at genesis
     meta, _ = sites["s2"].store.load("current")
     assert meta["applied_round"] == 0 and meta["version"] == result.genesis_version
+
+
+@pytest.mark.parametrize("kind", ["momentum", "adam"])
+def test_server_optimisers_keep_every_site_on_the_same_model(tmp_path: Path, kind: str) -> None:
+    base = _config()
+    training = base.training.model_copy(
+        update={
+            "server_optimizer": base.training.server_optimizer.model_copy(update={"kind": kind, "learning_rate": 0.5})
+        }
+    )
+    config = base.model_copy(update={"training": training})
+    with running_zones(config, tmp_path / "zones") as endpoints:
+        sites = {s.id: make_site(config, s.id, tmp_path / "sites") for s in config.sites}
+        result = _run(config, endpoints, sites)
+        snapshots = [LocalShardStore(tmp_path / "sites" / s).load("current") for s in sites]
+        assert {meta["rule"] for meta, _ in snapshots} == {f"{kind}:lr=0.5,b1=0.9,b2=0.99,tau=0.001"}
+        first = snapshots[0][1]
+        assert any(k.startswith("optimizer/m:") for k in first)
+        for _, arrays in snapshots[1:]:
+            assert first.keys() == arrays.keys()
+            assert all(np.array_equal(first[k], arrays[k]) for k in first)
+        # a site told to switch rules mid-federation refuses instead of drifting apart
+        switched = TrainInstruction(
+            round=9,
+            token="t",
+            base_version=result.version,
+            history=[
+                *Coordinator(config, InProcessSiteGateway({}), {}, endpoints)._history,
+                AppliedRound(round=99, zone="z1", merkle_root="ab" * 32),
+            ],
+            zones=endpoints,
+            epochs=1,
+            batch_size=8,
+            learning_rate=0.1,
+            seed=1,
+        )
+        report = sites["s0"].train(switched)
+        assert not report.ok and "server optimiser changed mid-federation" in report.reason
