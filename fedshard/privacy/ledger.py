@@ -45,11 +45,10 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -58,6 +57,7 @@ from typing import Any
 from fedshard.errors import BudgetExhaustedError, ConfigError, PrivacyError, StoreError
 from fedshard.privacy.accountant import AccountantKind, epsilon
 from fedshard.privacy.events import MECHANISM, DPEvent, Guarantee
+from fedshard.privacy.ledger_file import DO_NOT_DELETE, FORMAT_VERSION, create, open_checked
 
 __all__ = [
     "FORMAT_VERSION",
@@ -69,49 +69,8 @@ __all__ = [
     "Reservation",
 ]
 
-FORMAT_VERSION = 1
-"""Version of the ledger's file format; a reader refuses any other."""
-
 MAX_PROJECTED_ROUNDS = 10_000
 """:attr:`LedgerStatus.projected_rounds_left` stops counting here."""
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_TABLES = frozenset({"meta", "events", "commits"})
-_DO_NOT_DELETE = "do not delete it: the privacy spent would be forgotten"
-
-_SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);
-CREATE TABLE events (
-    seq INTEGER PRIMARY KEY,
-    round INTEGER NOT NULL CHECK (round >= 0),
-    mechanism TEXT NOT NULL,
-    guarantee TEXT NOT NULL,
-    noise_multiplier REAL NOT NULL,
-    sample_rate REAL NOT NULL,
-    steps INTEGER NOT NULL,
-    delta REAL NOT NULL,
-    epsilon_after REAL NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE INDEX events_by_round ON events (round);
-CREATE TABLE commits (
-    seq INTEGER PRIMARY KEY REFERENCES events (seq),
-    committed_at REAL NOT NULL
-);
-CREATE TRIGGER events_no_update BEFORE UPDATE ON events
-    BEGIN SELECT RAISE(ABORT, 'privacy ledger events are append-only'); END;
-CREATE TRIGGER events_no_delete BEFORE DELETE ON events
-    BEGIN SELECT RAISE(ABORT, 'privacy ledger events are append-only'); END;
-CREATE TRIGGER commits_no_update BEFORE UPDATE ON commits
-    BEGIN SELECT RAISE(ABORT, 'privacy ledger commits are append-only'); END;
-CREATE TRIGGER commits_no_delete BEFORE DELETE ON commits
-    BEGIN SELECT RAISE(ABORT, 'privacy ledger commits are append-only'); END;
-CREATE TRIGGER meta_no_delete BEFORE DELETE ON meta
-    BEGIN SELECT RAISE(ABORT, 'privacy ledger meta rows are never deleted'); END;
-CREATE TRIGGER meta_budget_only_down BEFORE UPDATE ON meta
-    WHEN NOT (OLD.key IN ('budget_epsilon', 'budget_delta') AND NEW.key = OLD.key AND NEW.value <= OLD.value)
-    BEGIN SELECT RAISE(ABORT, 'a privacy budget can be lowered, never raised'); END;
-"""
 
 _SELECT_ENTRIES = """
 SELECT e.seq, e.round, e.mechanism, e.guarantee, e.noise_multiplier, e.sample_rate, e.steps,
@@ -283,8 +242,10 @@ class PrivacyLedger:
         if not self.path.exists():
             if budget is None:
                 raise StoreError(f"no privacy ledger at {self.path}: the site has not taken part in a DP round yet")
-            _create(self.path, budget, AccountantKind(accountant or AccountantKind.PRV), clock())
-        self._conn = _open(self.path)
+            create(
+                self.path, budget.epsilon, budget.delta, AccountantKind(accountant or AccountantKind.PRV).value, clock()
+            )
+        self._conn = open_checked(self.path)
         try:
             stored = self._conn.execute("SELECT value FROM meta WHERE key = 'accountant'").fetchone()
             self.accountant = AccountantKind(accountant or (stored[0] if stored else AccountantKind.PRV))
@@ -562,7 +523,7 @@ class PrivacyLedger:
                 )
             except PrivacyError as exc:
                 raise StoreError(
-                    f"privacy ledger {self.path} holds event {seq} this fedshard cannot read ({exc}); {_DO_NOT_DELETE}"
+                    f"privacy ledger {self.path} holds event {seq} this fedshard cannot read ({exc}); {DO_NOT_DELETE}"
                 ) from exc
             entries.append(LedgerEntry(seq, rnd, event, float(eps), float(delta), bool(committed), float(created)))
         return tuple(entries)
@@ -614,107 +575,3 @@ def _check_events(events: Sequence[DPEvent]) -> tuple[DPEvent, ...]:
 def _read_budget(conn: sqlite3.Connection) -> Budget:
     meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('budget_epsilon', 'budget_delta')"))
     return Budget(meta["budget_epsilon"], meta["budget_delta"])
-
-
-def _refuse(path: Path, problem: str) -> StoreError:
-    problem = " ".join(problem.split())  # quick_check reports span lines; the CLI prints one
-    return StoreError(f"privacy ledger {path} {problem}: check the path, or restore it from a backup; {_DO_NOT_DELETE}")
-
-
-def _create(path: Path, budget: Budget, accountant: AccountantKind, now: float) -> None:
-    """Build a complete ledger under a temporary name, then link it into place."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
-        os.close(fd)
-    except OSError as exc:
-        raise StoreError(f"cannot create privacy ledger {path}: {exc.strerror or exc}") from exc
-    tmp = Path(tmp_name)
-    try:
-        conn = sqlite3.connect(tmp, isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.executescript(_SCHEMA)
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [
-                    ("format", FORMAT_VERSION),
-                    ("created_at", now),
-                    ("accountant", accountant.value),
-                    ("budget_epsilon", budget.epsilon),
-                    ("budget_delta", budget.delta),
-                ],
-            )
-            conn.execute("COMMIT")
-        finally:
-            conn.close()  # checkpoints the WAL into the file and removes it
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        try:
-            # link, unlike rename, fails if another process created the ledger meanwhile:
-            # theirs stays, ours is discarded.
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        except OSError:  # a filesystem without hard links
-            if not path.exists():
-                os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except (OSError, sqlite3.Error) as exc:
-        raise StoreError(f"cannot create privacy ledger {path}: {exc}") from exc
-    finally:
-        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-            with suppress(OSError):
-                leftover.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _open(path: Path) -> sqlite3.Connection:
-    """Open an existing ledger after checking it; never modifies it."""
-    try:
-        with open(path, "rb") as fh:
-            header = fh.read(len(_SQLITE_MAGIC))
-    except OSError as exc:
-        raise StoreError(f"cannot read privacy ledger {path}: {exc.strerror or exc}") from exc
-    if header != _SQLITE_MAGIC:
-        raise _refuse(path, "is not an SQLite database (empty or overwritten)")
-    try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=30.0, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise _refuse(path, f"cannot be opened ({exc})") from exc
-    try:
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-        if problems != ["ok"]:
-            raise _refuse(path, f"is corrupt ({problems[0] if problems else 'no quick_check result'})")
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not _TABLES.issubset(tables):
-            raise _refuse(path, "is not a fedshard privacy ledger (tables missing)")
-        found = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
-        version = found[0] if found else None
-        if isinstance(version, int) and version > FORMAT_VERSION:
-            raise StoreError(
-                f"privacy ledger {path} has format {version}, newer than this fedshard reads "
-                f"({FORMAT_VERSION}): upgrade fedshard; {_DO_NOT_DELETE}"
-            )
-        if version != FORMAT_VERSION:
-            raise _refuse(path, f"has an unknown format {version!r}")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise _refuse(path, f"is corrupt ({exc})") from exc
-    except BaseException:
-        conn.close()
-        raise
-    return conn

@@ -1,0 +1,158 @@
+"""The privacy ledger's file: schema, creation and checked opening (see :mod:`fedshard.privacy.ledger`)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from contextlib import suppress
+from pathlib import Path
+
+from fedshard.errors import StoreError
+
+__all__ = ["DO_NOT_DELETE", "FORMAT_VERSION", "SCHEMA", "create", "open_checked", "refuse"]
+
+FORMAT_VERSION = 1
+"""Version of the ledger's file format; a reader refuses any other."""
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_TABLES = frozenset({"meta", "events", "commits"})
+DO_NOT_DELETE = "do not delete it: the privacy spent would be forgotten"
+
+SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY,
+    round INTEGER NOT NULL CHECK (round >= 0),
+    mechanism TEXT NOT NULL,
+    guarantee TEXT NOT NULL,
+    noise_multiplier REAL NOT NULL,
+    sample_rate REAL NOT NULL,
+    steps INTEGER NOT NULL,
+    delta REAL NOT NULL,
+    epsilon_after REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX events_by_round ON events (round);
+CREATE TABLE commits (
+    seq INTEGER PRIMARY KEY REFERENCES events (seq),
+    committed_at REAL NOT NULL
+);
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'privacy ledger events are append-only'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'privacy ledger events are append-only'); END;
+CREATE TRIGGER commits_no_update BEFORE UPDATE ON commits
+    BEGIN SELECT RAISE(ABORT, 'privacy ledger commits are append-only'); END;
+CREATE TRIGGER commits_no_delete BEFORE DELETE ON commits
+    BEGIN SELECT RAISE(ABORT, 'privacy ledger commits are append-only'); END;
+CREATE TRIGGER meta_no_delete BEFORE DELETE ON meta
+    BEGIN SELECT RAISE(ABORT, 'privacy ledger meta rows are never deleted'); END;
+CREATE TRIGGER meta_budget_only_down BEFORE UPDATE ON meta
+    WHEN NOT (OLD.key IN ('budget_epsilon', 'budget_delta') AND NEW.key = OLD.key AND NEW.value <= OLD.value)
+    BEGIN SELECT RAISE(ABORT, 'a privacy budget can be lowered, never raised'); END;
+"""
+
+
+def refuse(path: Path, problem: str) -> StoreError:
+    problem = " ".join(problem.split())  # quick_check reports span lines; the CLI prints one
+    return StoreError(f"privacy ledger {path} {problem}: check the path, or restore it from a backup; {DO_NOT_DELETE}")
+
+
+def create(path: Path, epsilon: float, delta: float, accountant: str, now: float) -> None:
+    """Build a complete ledger under a temporary name, then link it into place."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise StoreError(f"cannot create privacy ledger {path}: {exc.strerror or exc}") from exc
+    tmp = Path(tmp_name)
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(SCHEMA)
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [
+                    ("format", FORMAT_VERSION),
+                    ("created_at", now),
+                    ("accountant", accountant),
+                    ("budget_epsilon", epsilon),
+                    ("budget_delta", delta),
+                ],
+            )
+            conn.execute("COMMIT")
+        finally:
+            conn.close()  # checkpoints the WAL into the file and removes it
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        try:
+            # link, unlike rename, fails if another process created the ledger meanwhile:
+            # theirs stays, ours is discarded.
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot create privacy ledger {path}: {exc}") from exc
+    finally:
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            with suppress(OSError):
+                leftover.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_checked(path: Path) -> sqlite3.Connection:
+    """Open an existing ledger after checking it; never modifies it."""
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise StoreError(f"cannot read privacy ledger {path}: {exc.strerror or exc}") from exc
+    if header != _SQLITE_MAGIC:
+        raise refuse(path, "is not an SQLite database (empty or overwritten)")
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30.0, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise refuse(path, f"cannot be opened ({exc})") from exc
+    try:
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise refuse(path, f"is corrupt ({problems[0] if problems else 'no quick_check result'})")
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not _TABLES.issubset(tables):
+            raise refuse(path, "is not a fedshard privacy ledger (tables missing)")
+        found = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        version = found[0] if found else None
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            raise StoreError(
+                f"privacy ledger {path} has format {version}, newer than this fedshard reads "
+                f"({FORMAT_VERSION}): upgrade fedshard; {DO_NOT_DELETE}"
+            )
+        if version != FORMAT_VERSION:
+            raise refuse(path, f"has an unknown format {version!r}")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise refuse(path, f"is corrupt ({exc})") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
