@@ -22,7 +22,9 @@ class ToyTask:
         hidden: int = 8,
         fail_partitions: tuple[int, ...] = (),
         crash_partition: int | None = None,
+        batchnorm: bool = False,
     ) -> None:
+        self.batchnorm = batchnorm
         self.examples = examples
         self.hidden = hidden
         self.fail_partitions = tuple(fail_partitions)
@@ -30,7 +32,8 @@ class ToyTask:
         self._partition: int | None = None
 
     def build_model(self) -> nn.Module:
-        return nn.Sequential(nn.Linear(4, self.hidden), nn.Tanh(), nn.Linear(self.hidden, 1))
+        norm: nn.Module = nn.BatchNorm1d(self.hidden) if self.batchnorm else nn.Identity()
+        return nn.Sequential(nn.Linear(4, self.hidden), norm, nn.Tanh(), nn.Linear(self.hidden, 1))
 
     def load_data(self, partition: Partition) -> TaskData:
         self._partition = partition.index

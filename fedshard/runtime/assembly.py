@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedshard.config import FederationConfig, ZoneConfig
-from fedshard.errors import ConfigError
+from fedshard.errors import ConfigError, PrivacyError
 from fedshard.runtime.channels import ZoneClient
 from fedshard.runtime.site import Site
 from fedshard.runtime.site_privacy import SitePrivacy
 from fedshard.runtime.task import Partition, load_task
 from fedshard.runtime.zone import ZoneAggregator
 
-__all__ = ["check_budgets", "grpc_connector", "make_site", "make_zone", "running_zones"]
+__all__ = ["check_privacy", "grpc_connector", "make_site", "make_zone", "running_zones"]
 
 
 def grpc_connector(name: str, endpoint: str) -> ZoneClient:
@@ -50,15 +50,24 @@ def make_site(config: FederationConfig, site_id: str, state_root: str | Path) ->
     )
 
 
-def check_budgets(config: FederationConfig) -> None:
-    """Refuse, before anything runs, a site whose δ exceeds 1/(its number of records).
+def check_privacy(config: FederationConfig) -> None:
+    """Refuse, before anything runs, a site whose δ exceeds 1/(its number of records),
+    and a model DP-SGD cannot train when its layers may not be replaced.
 
-    Sites check this themselves too; checking here turns a refusal in round 1 into a
+    Sites check these themselves too; checking here turns a refusal in round 1 into a
     one-line error when the config is loaded.
     """
     if not config.privacy.enabled:
         return
     task = load_task(config.task.target, dict(config.task.options))
+    record = config.privacy.record_level
+    if record.enabled and not record.fix_incompatible_layers:
+        from fedshard.privacy.dpsgd import check_model
+
+        try:
+            check_model(task.build_model())
+        except PrivacyError as exc:
+            raise ConfigError(f"privacy.record_level: {exc}") from None
     for site in config.sites:
         budget = config.budget_of(site.id)
         assert budget is not None

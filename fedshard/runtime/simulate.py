@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from fedshard.config import FederationConfig
-from fedshard.runtime.assembly import check_budgets, grpc_connector, make_site, running_zones
+from fedshard.runtime.assembly import check_privacy, grpc_connector, make_site, running_zones
 from fedshard.runtime.baseline import centralized_baseline
 from fedshard.runtime.coordinator import Coordinator, RoundObserver, RunResult
 from fedshard.runtime.events import EventLog
@@ -62,7 +62,7 @@ def simulate(
     observer: RoundObserver | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` on one machine, write ``out/summary.json``, return the summary."""
-    check_budgets(config)
+    check_privacy(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "federation.yaml"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedshard.config import FederationConfig
+from fedshard.errors import ConfigError
 from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.runtime.simulate import simulate
 
@@ -141,3 +142,25 @@ def test_a_site_killed_between_reserve_and_commit_counts_the_round_as_spent(tmp_
     with PrivacyLedger(ledger_path, None) as ledger:
         entries = ledger.entries()
         assert [(e.round, e.committed) for e in entries] == [(1, False), (2, True)]
+
+
+def test_batchnorm_is_replaced_for_dp_sgd_at_every_site(tmp_path: Path) -> None:
+    config = _config()
+    config = config.model_copy(
+        update={
+            "task": config.task.model_copy(update={"options": {"examples": 50, "batchnorm": True}}),
+            "federation": config.federation.model_copy(update={"rounds": 2}),
+        }
+    )
+    summary = simulate(config, tmp_path)
+    assert summary["rounds"] == 2 and len(summary["history"][-1]["sites"]) == 3
+
+
+def test_batchnorm_is_refused_at_config_load_when_it_may_not_be_replaced(tmp_path: Path) -> None:
+    config = _config(record_level={"enabled": True, "noise_multiplier": 1.5, "fix_incompatible_layers": False})
+    config = config.model_copy(
+        update={"task": config.task.model_copy(update={"options": {"examples": 50, "batchnorm": True}})}
+    )
+    with pytest.raises(ConfigError, match=r"privacy\.record_level: the model has layers DP-SGD cannot train"):
+        simulate(config, tmp_path)
+    assert not (tmp_path / "summary.json").exists()
