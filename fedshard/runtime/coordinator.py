@@ -136,9 +136,8 @@ class Coordinator:
     def discover(self) -> RunResult:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
         nodes = self.sites.nodes()
-        # Flower nodes say who they are only in their answer, so the query carries the
-        # default plan; each site's own budget travels with its train messages.
-        query = QueryRequest(privacy=self._privacy_plan(None))
+        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites}
+        query = QueryRequest(privacy={site: plan for site, plan in plans.items() if plan is not None})
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
         infos: dict[str, SiteInfo] = {}
         for node, reply in replies.items():
@@ -196,12 +195,12 @@ class Coordinator:
                 self.observer.on_round(round_result)
         return result
 
-    def _privacy_plan(self, site_id: str | None) -> PrivacyPlan | None:
+    def _privacy_plan(self, site_id: str) -> PrivacyPlan | None:
         """The privacy the aggregator asks of a site (None when DP is off)."""
         p = self.config.privacy
         if not p.enabled:
             return None
-        budget = self.config.budget_of(site_id) if site_id is not None else p.budget
+        budget = self.config.budget_of(site_id)
         assert budget is not None  # validated: a budget exists whenever DP is on
         t = self.config.training
         record = p.record_level

@@ -108,9 +108,13 @@ class ApplyRule(_Msg):
 
 
 class QueryRequest(_Msg):
-    """Ask a site who it is and where its model stands."""
+    """Ask a site who it is and where its model stands.
 
-    privacy: PrivacyPlan | None = None
+    The coordinator does not know which node is which site before they answer, so it
+    sends every site's privacy plan; each site reads its own.
+    """
+
+    privacy: dict[str, PrivacyPlan] = {}
 
 
 class SiteInfo(_Msg):

@@ -248,10 +248,11 @@ class Site:
         """Who this site is and which model it starts from."""
         plan, state = self._load_state()
         report = None
-        if message.privacy is not None:
-            ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train)
+        plan_for_me = message.privacy.get(self.site_id)
+        if plan_for_me is not None:
+            ledger, note = self.privacy.open_ledger(plan_for_me, self.data.num_train)
             with ledger:
-                events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
+                events = self.privacy.round_events(plan_for_me, ledger, self.data.num_train)
                 report = self.privacy.report(ledger, events, note=note)
         return SiteInfo(
             site_id=self.site_id,

@@ -164,3 +164,14 @@ def test_batchnorm_is_refused_at_config_load_when_it_may_not_be_replaced(tmp_pat
     with pytest.raises(ConfigError, match=r"privacy\.record_level: the model has layers DP-SGD cannot train"):
         simulate(config, tmp_path)
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_site_budget_above_the_default_is_not_lowered_by_the_query(tmp_path: Path) -> None:
+    data = _config().model_dump()
+    data["federation"]["rounds"] = 1
+    data["sites"][0]["budget"] = {"epsilon": 10.0, "delta": 1e-3}
+    config = FederationConfig.model_validate(data)
+    summary = simulate(config, tmp_path)
+    assert _sites(summary)["big-a"]["epsilon_budget"] == 10.0
+    with PrivacyLedger(tmp_path / "sites" / "big-a" / "ledger.sqlite", None) as ledger:
+        assert ledger.budget.epsilon == 10.0
