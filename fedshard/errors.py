@@ -14,7 +14,9 @@ builtin exception that matches it, so callers can catch either::
     ├── RoundError(RuntimeError)             a round cannot proceed (too few sites, timeouts)
     ├── PrivacyError(RuntimeError)           differential privacy cannot be applied as configured
     │   └── BudgetExhaustedError(PermissionError)  the round would overrun the site's (ε, δ) budget
-    └── StoreError(OSError)                  the on-prem store (or privacy ledger) is missing or corrupt
+    ├── ResidencyViolationError(PermissionError)  a shard may not go to, or be held in, the zone asked
+    ├── StoreError(OSError)                  the on-prem store (or privacy ledger) is missing or corrupt
+    └── PkiError(PermissionError)            a certificate or key is missing, invalid, untrusted or expired
 
 Messages name the bad value and say how to fix it; they are one line, because the
 CLI prints ``str(error)`` and nothing else.
@@ -28,8 +30,10 @@ __all__ = [
     "ConfigError",
     "FedshardError",
     "IntegrityError",
+    "PkiError",
     "PrivacyError",
     "PushRejectedError",
+    "ResidencyViolationError",
     "RoundError",
     "ShardError",
     "StoreError",
@@ -95,5 +99,13 @@ class BudgetExhaustedError(PrivacyError, PermissionError):
     """Releasing this round would overrun the site's privacy budget; nothing was released."""
 
 
+class ResidencyViolationError(FedshardError, PermissionError):
+    """Residency policy forbids sending a shard to, or holding it in, the zone or region asked."""
+
+
 class StoreError(FedshardError, OSError):
     """The on-prem store is missing, unreadable or corrupt."""
+
+
+class PkiError(FedshardError, PermissionError):
+    """A certificate or key is missing, invalid, not issued by the federation CA, or expired."""

@@ -13,12 +13,19 @@ from fedshard.config.models import (
     ZoneConfig,
 )
 from fedshard.config.privacy import BudgetConfig, PrivacyConfig, RecordDPConfig, UpdateDPConfig
+from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
 
 __all__ = [
     "BudgetConfig",
     "PrivacyConfig",
     "RecordDPConfig",
     "UpdateDPConfig",
+    "ClassRule",
+    "PolicyRule",
+    "Protection",
+    "ResidencyConfig",
+    "ShardClass",
+    "default_rules",
     "FederationConfig",
     "FederationSettings",
     "ShardingConfig",

@@ -1,0 +1,25 @@
+"""Data residency: shard classification, residency policy and policy-driven routing.
+
+Sites classify every gradient shard (:class:`SensitivityClassifier`), look up where the
+policy lets it go (:class:`Policy`) and send it to the zone the :class:`Router` picks;
+zones re-check each shard against the same policy (:meth:`Policy.permits_region`) and
+refuse it when the policy forbids their region.
+"""
+
+from fedshard.residency.classifier import Classification, SensitivityClassifier
+from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection, refusal
+from fedshard.residency.router import RouteDecision, Router, ZoneInfo
+
+__all__ = [
+    "ANY_REGION",
+    "Classification",
+    "Policy",
+    "PolicyDecision",
+    "RouteDecision",
+    "Router",
+    "Selection",
+    "SensitivityClassifier",
+    "ShardProtection",
+    "ZoneInfo",
+    "refusal",
+]

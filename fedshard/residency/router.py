@@ -1,0 +1,173 @@
+"""Routing: which zone a site sends each gradient shard to.
+
+The router is deterministic and explains itself. Among the zones whose region the
+policy allows for a shard it picks, in order:
+
+1. the rule's preferred zone;
+2. a zone in the site's own region (lowest name first);
+3. the reducing zone (where cross-region partial sums meet);
+4. the zone with the lowest name.
+
+When no zone may hold a shard it raises :class:`~fedshard.errors.ResidencyViolationError`
+rather than pick one: nothing leaves the site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fedshard.errors import ConfigError, ResidencyViolationError
+from fedshard.residency.classifier import Classification
+from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, ShardProtection
+
+__all__ = ["RouteDecision", "Router", "ZoneInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneInfo:
+    """A zone as the router sees it: its name and the region it runs in."""
+
+    name: str
+    region: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where one shard goes, and why.
+
+    Attributes
+    ----------
+    shard_id:
+        The shard.
+    shard_class:
+        Its class.
+    reason:
+        Why it has that class (the classifier's reason).
+    rule:
+        The policy rule that decided (its reason line).
+    allowed_regions:
+        Regions the rule allows, sorted, or ``["*"]`` for any.
+    zone:
+        The chosen zone's name.
+    """
+
+    shard_id: str
+    shard_class: str
+    reason: str
+    rule: str
+    allowed_regions: list[str]
+    zone: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (for ``fedshard route`` and audit logs)."""
+        return {
+            "shard_id": self.shard_id,
+            "shard_class": self.shard_class,
+            "reason": self.reason,
+            "rule": self.rule,
+            "allowed_regions": list(self.allowed_regions),
+            "zone": self.zone,
+        }
+
+
+class Router:
+    """Pick a zone for every shard, as the residency policy allows.
+
+    Parameters
+    ----------
+    policy:
+        The federation's residency policy.
+    zones:
+        The zones of the federation (unique names).
+    reducing_zone:
+        The zone partial sums are reduced in, if any; it must be one of ``zones``.
+    """
+
+    def __init__(self, policy: Policy, zones: Sequence[ZoneInfo], reducing_zone: str | None = None) -> None:
+        names = [z.name for z in zones]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"zone names must be unique, got {', '.join(names)}")
+        if reducing_zone is not None and reducing_zone not in names:
+            raise ConfigError(f"reducing zone {reducing_zone!r} is not one of the zones ({', '.join(names) or 'none'})")
+        self.policy = policy
+        self.zones: tuple[ZoneInfo, ...] = tuple(sorted(zones, key=lambda z: z.name))
+        self.reducing_zone = reducing_zone
+
+    def route(
+        self,
+        shard_id: str,
+        classification: Classification,
+        origin: str,
+        protection: ShardProtection | None = None,
+    ) -> RouteDecision:
+        """Choose the zone for one shard.
+
+        Parameters
+        ----------
+        shard_id:
+            The shard (``fc1.weight#r0c0``).
+        classification:
+            Its class and the reason for it.
+        origin:
+            The sending site's jurisdiction.
+        protection:
+            How the shard is protected when it leaves the site.
+
+        Raises
+        ------
+        ResidencyViolationError
+            If the policy allows none of the zones.
+        """
+        decision = self.policy.decide(classification.shard_class, origin, protection)
+        zone = self._choose(decision, origin)
+        if zone is None:
+            raise ResidencyViolationError(self._no_zone(shard_id, classification.shard_class, origin, decision))
+        allowed = ["*"] if decision.allowed_regions == ANY_REGION else sorted(decision.allowed_regions)
+        return RouteDecision(
+            shard_id, classification.shard_class, classification.reason, decision.reason, allowed, zone
+        )
+
+    def route_plan(
+        self,
+        classifications: Mapping[str, Classification],
+        origin: str,
+        protection: ShardProtection | None = None,
+    ) -> list[RouteDecision]:
+        """Route every classified shard, in the mapping's (plan) order.
+
+        Raises
+        ------
+        ResidencyViolationError
+            For the first shard that no zone may hold; then no shard should be sent.
+        """
+        return [self.route(shard_id, c, origin, protection) for shard_id, c in classifications.items()]
+
+    # internals ------------------------------------------------------------------------
+    def _choose(self, decision: PolicyDecision, origin: str) -> str | None:
+        allowed = [z for z in self.zones if decision.permits(z.region)]  # sorted by name
+        if not allowed:
+            return None
+        names = {z.name for z in allowed}
+        if decision.preferred_zone in names:
+            return decision.preferred_zone
+        local = [z.name for z in allowed if z.region == origin]
+        if local:
+            return local[0]
+        if self.reducing_zone in names:
+            return self.reducing_zone
+        return allowed[0].name
+
+    def _no_zone(self, shard_id: str, shard_class: str, origin: str, decision: PolicyDecision) -> str:
+        if decision.rule_index is None:
+            regions = "none (no residency rule matches)"
+        elif decision.allowed_regions == ANY_REGION:
+            regions = "any"
+        else:
+            regions = ", ".join(sorted(decision.allowed_regions)) or f"none (rule {decision.rule_index} denies)"
+        zones = ", ".join(f"{z.name} ({z.region})" for z in self.zones) or "none"
+        return (
+            f"residency: no zone may hold shard {shard_id} ({shard_class}, origin {origin}): "
+            f"allowed regions {regions}, zones: {zones}"
+        )
