@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from fedshard.cli.budget import budget_app
+from fedshard.cli.route import route_app
 from fedshard.errors import FedshardError
 
 __all__ = ["app", "main"]
@@ -27,6 +28,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="fedshard: fe
 zone_app = typer.Typer(no_args_is_help=True, help="Run zone aggregators (the data plane).")
 app.add_typer(zone_app, name="zone")
 app.add_typer(budget_app, name="budget")
+app.add_typer(route_app, name="route")
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)

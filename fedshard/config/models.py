@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedshard.config.privacy import BudgetConfig, PrivacyConfig
+from fedshard.config.residency import ResidencyConfig
 
 __all__ = [
     "FederationConfig",
@@ -138,7 +139,9 @@ class FederationConfig(_Model):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    residency: ResidencyConfig = Field(default_factory=ResidencyConfig)
     zones: list[ZoneConfig] = Field(min_length=1)
+    reducing_zone: Name | None = Field(None, description="the zone that reduces shards allowed to leave their region")
     sites: list[SiteConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -150,6 +153,14 @@ class FederationConfig(_Model):
         names = [z.name for z in self.zones]
         if len(set(names)) != len(names):
             raise ValueError("zone names must be unique")
+        if self.reducing_zone is not None and self.reducing_zone not in names:
+            raise ValueError(f"reducing_zone {self.reducing_zone!r} is not one of the zones ({', '.join(names)})")
+        for rule in self.residency.rules:
+            if rule.preferred_zone is not None and rule.preferred_zone not in names:
+                raise ValueError(
+                    f"residency rule prefers zone {rule.preferred_zone!r}, which is not one of the zones "
+                    f"({', '.join(names)})"
+                )
         if self.federation.min_sites > len(self.sites):
             raise ValueError(
                 f"federation.min_sites is {self.federation.min_sites} but only {len(self.sites)} sites are listed"

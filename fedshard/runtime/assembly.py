@@ -15,10 +15,10 @@ from fedshard.errors import ConfigError, PrivacyError
 from fedshard.runtime.channels import ZoneClient
 from fedshard.runtime.site import Site
 from fedshard.runtime.site_privacy import SitePrivacy
-from fedshard.runtime.task import Partition, load_task
+from fedshard.runtime.task import Partition, build_initial_model, load_task
 from fedshard.runtime.zone import ZoneAggregator
 
-__all__ = ["check_privacy", "grpc_connector", "make_site", "make_zone", "running_zones"]
+__all__ = ["check_privacy", "dp_layers", "grpc_connector", "make_site", "make_zone", "running_zones"]
 
 
 def grpc_connector(name: str, endpoint: str) -> ZoneClient:
@@ -34,8 +34,6 @@ def make_site(config: FederationConfig, site_id: str, state_root: str | Path) ->
     task = load_task(config.task.target, dict(config.task.options))
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
     state_dir = Path(state_root) / site.id
-    record = config.privacy.record_level
-    dp_layers = ("fix" if record.fix_incompatible_layers else "check") if record.enabled else "keep"
     return Site(
         site.id,
         site.jurisdiction,
@@ -46,8 +44,16 @@ def make_site(config: FederationConfig, site_id: str, state_root: str | Path) ->
         state_dir=state_dir,
         connect=grpc_connector,
         privacy=SitePrivacy(site.id, state_dir, cap=site.cap),
-        dp_layers=dp_layers,
+        dp_layers=dp_layers(config),
     )
+
+
+def dp_layers(config: FederationConfig) -> str:
+    """How the initial model treats layers DP-SGD cannot train (see build_initial_model)."""
+    record = config.privacy.record_level
+    if not record.enabled:
+        return "keep"
+    return "fix" if record.fix_incompatible_layers else "check"
 
 
 def check_privacy(config: FederationConfig) -> None:
@@ -62,10 +68,8 @@ def check_privacy(config: FederationConfig) -> None:
     task = load_task(config.task.target, dict(config.task.options))
     record = config.privacy.record_level
     if record.enabled and not record.fix_incompatible_layers:
-        from fedshard.privacy.dpsgd import check_model
-
         try:
-            check_model(task.build_model())
+            build_initial_model(task, config.federation.seed, "check")
         except PrivacyError as exc:
             raise ConfigError(f"privacy.record_level: {exc}") from None
     for site in config.sites:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from fedshard.aggregation import ServerOptimizer, ServerOptimizerKind
 from fedshard.errors import BudgetExhaustedError, FedshardError, IntegrityError, PrivacyError, RoundError
 from fedshard.integrity import build_manifest, genesis_version, merkle_root, next_version, shard_digest
-from fedshard.privacy.dpsgd import RecordPrivacy, check_model, fix_model
+from fedshard.privacy.dpsgd import RecordPrivacy
 from fedshard.privacy.events import Guarantee
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.runtime.channels import ZoneConnector
@@ -38,7 +38,7 @@ from fedshard.runtime.messages import (
     UpdatePlan,
 )
 from fedshard.runtime.site_privacy import SitePrivacy
-from fedshard.runtime.task import Partition, Task, TaskData, TrainSettings
+from fedshard.runtime.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
 
@@ -147,15 +147,7 @@ class Site:
         return self._data
 
     def _fresh_model(self) -> torch.nn.Module:
-        import torch
-
-        torch.manual_seed(self.seed)
-        model = self.task.build_model()
-        if self.dp_layers == "fix":
-            return fix_model(model)
-        if self.dp_layers == "check":
-            check_model(model)
-        return model
+        return build_initial_model(self.task, self.seed, self.dp_layers)
 
     def _load_state(self) -> tuple[ShardPlan, _ModelState]:
         if self.store.exists(_CURRENT):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from fedshard.privacy.dpsgd import RecordPrivacy
 
-__all__ = ["Metrics", "Partition", "Task", "TaskData", "TrainSettings", "load_task"]
+__all__ = ["Metrics", "Partition", "Task", "TaskData", "TrainSettings", "build_initial_model", "load_task"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +113,27 @@ def load_task(target: str, options: dict[str, Any] | None = None) -> Task:
         missing = [m for m in ("build_model", "load_data", "train", "evaluate") if not hasattr(obj, m)]
         raise TaskError(f"{target} does not implement the Task protocol (missing: {', '.join(missing)})")
     return obj
+
+
+def build_initial_model(task: Task, seed: int, dp_layers: str = "keep") -> torch.nn.Module:
+    """The federation's initial model: every party seeds torch the same way, so every
+    site (and every tool that needs the model's structure) builds the same one.
+
+    ``dp_layers``: ``"fix"`` replaces layers DP-SGD cannot train, ``"check"`` refuses
+    them, ``"keep"`` leaves the model as the task builds it.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    model = task.build_model()
+    if dp_layers == "fix":
+        from fedshard.privacy.dpsgd import fix_model
+
+        return fix_model(model)
+    if dp_layers == "check":
+        from fedshard.privacy.dpsgd import check_model
+
+        check_model(model)
+    elif dp_layers != "keep":
+        raise ValueError(f"dp_layers must be keep, check or fix, got {dp_layers!r}")
+    return model

@@ -175,3 +175,12 @@ def test_bad_budgets_are_refused_at_config_load(tmp_path: Path, change: dict, me
     assert proc.returncode == 2
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and message in errors[0], proc.stderr
+
+
+def test_route_explain_json() -> None:
+    proc = _fedshard("route", "explain", "--config", "configs/demo.yaml", "--site", "charite-berlin", "--json")
+    assert proc.returncode == 0, proc.stderr
+    decisions = json.loads(proc.stdout)
+    assert {d["shard_class"] for d in decisions} == {"personal", "public"}
+    assert all(d["allowed_regions"] == ["EU"] for d in decisions if d["shard_class"] == "personal")
+    assert all(d["zone"] == "eu-central" for d in decisions)
