@@ -1,0 +1,370 @@
+"""The federation PKI: one CA, server certificates for zones, client certificates for sites.
+
+Every key is ECDSA P-256 (what gRPC's BoringSSL handles best) and every certificate
+is signed with SHA-256. A site's certificate carries its **jurisdiction** and a
+zone's its **region** in an extension under fedshard's private OID (see
+:mod:`fedshard.crypto.identity`, re-exported here with :func:`read_identity`); the
+subject's ``OU`` repeats it (``jurisdiction=EU``) for humans reading
+``openssl x509 -text``.
+
+Files are written once, atomically, keys ``0600`` and certificates ``0644``;
+issuing again refuses to overwrite them unless ``force=True`` (``--force``).
+
+All functions take ``now`` (an aware :class:`~datetime.datetime`, default: the
+current time) so that validity can be tested without waiting for it to pass.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedshard.crypto._files import CERT_MODE, KEY_MODE, refuse_existing, write_files
+from fedshard.crypto.identity import (
+    JURISDICTION_OID,
+    NAME_PATTERN,
+    PLACE_PATTERN,
+    REGION_OID,
+    Identity,
+    Role,
+    aware_now,
+    check_validity,
+    is_ca,
+    load_cert,
+    read_identity,
+    read_pem,
+    utf8_string,
+)
+from fedshard.errors import ConfigError, PkiError
+
+__all__ = [
+    "CA_CERT_FILE",
+    "CA_KEY_FILE",
+    "JURISDICTION_OID",
+    "REGION_OID",
+    "CaPaths",
+    "CertPaths",
+    "Identity",
+    "Role",
+    "init_ca",
+    "issue_site",
+    "issue_zone",
+    "read_identity",
+    "read_pem",
+]
+
+CA_CERT_FILE = "ca.pem"
+CA_KEY_FILE = "ca.key"
+_HOST = re.compile(r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})$")
+_CLOCK_SKEW = timedelta(minutes=5)  # certificates start a little early: clocks of sites and zones differ
+
+
+@dataclass(frozen=True)
+class CaPaths:
+    """Files written by :func:`init_ca`."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class CertPaths:
+    """Files written by :func:`issue_zone` and :func:`issue_site`."""
+
+    cert: Path
+    key: Path
+
+
+def init_ca(
+    out_dir: str | os.PathLike[str],
+    name: str = "fedshard federation CA",
+    *,
+    now: datetime | None = None,
+    days: int = 3650,
+    force: bool = False,
+) -> CaPaths:
+    """Create the federation CA: ``ca.pem`` (certificate) and ``ca.key`` (private key, ``0600``).
+
+    Parameters
+    ----------
+    out_dir:
+        Folder to write into (created if missing). Keep ``ca.key`` offline: whoever
+        holds it can mint site certificates for any jurisdiction.
+    name:
+        Common name of the CA.
+    now:
+        Issue time (aware datetime); default: now.
+    days:
+        Validity in days.
+    force:
+        Overwrite existing files (every certificate issued by the old CA stops working).
+
+    Returns
+    -------
+    CaPaths
+        Paths of the certificate and the key.
+
+    Raises
+    ------
+    PkiError
+        A file exists and ``force`` is false, or the files cannot be written.
+    """
+    when = aware_now(now)
+    _check_days(days)
+    if not name.strip():
+        raise ConfigError("the CA name must not be empty")
+    out = Path(out_dir)
+    paths = CaPaths(out / CA_CERT_FILE, out / CA_KEY_FILE)
+    refuse_existing((paths.cert, paths.key), force)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedshard"),
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+        ]
+    )
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(when - _CLOCK_SKEW)
+        .not_valid_after(when + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .add_extension(ski, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    write_files([(paths.key, _key_pem(key), KEY_MODE), (paths.cert, _cert_pem(cert), CERT_MODE)], force)
+    return paths
+
+
+def issue_zone(
+    ca_dir: str | os.PathLike[str],
+    zone: str,
+    region: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    hosts: Sequence[str] = ("localhost", "127.0.0.1"),
+    now: datetime | None = None,
+    days: int = 825,
+    force: bool = False,
+) -> CertPaths:
+    """Issue a zone's TLS server certificate: ``<zone>.pem`` and ``<zone>.key`` in ``out_dir``.
+
+    Parameters
+    ----------
+    ca_dir:
+        Folder holding ``ca.pem`` and ``ca.key``.
+    zone:
+        Zone name (the certificate's CN), e.g. ``"eu-central"``.
+    region:
+        Region the zone runs in, e.g. ``"EU"``; recorded in the certificate.
+    out_dir:
+        Folder to write into (created if missing).
+    hosts:
+        DNS names and IP addresses clients use to reach the zone (subject alternative names).
+    now, days, force:
+        Issue time (default: now), validity in days (cut to the CA's), overwrite existing files.
+
+    Returns
+    -------
+    CertPaths
+        Paths of the certificate and the key.
+
+    Raises
+    ------
+    PkiError
+        The CA is missing, invalid or expired, or a file exists and ``force`` is false.
+    ConfigError
+        ``zone``, ``region`` or a host is malformed.
+    """
+    _check_name(zone, "zone name")
+    _check_place(region, "region")
+    sans = _sans((hosts,) if isinstance(hosts, str) else hosts)  # one host given as a plain string
+    return _issue(ca_dir, out_dir, zone, Role.ZONE, region, sans, now=now, days=days, force=force)
+
+
+def issue_site(
+    ca_dir: str | os.PathLike[str],
+    site_id: str,
+    jurisdiction: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    now: datetime | None = None,
+    days: int = 825,
+    force: bool = False,
+) -> CertPaths:
+    """Issue a site's TLS client certificate: ``<site_id>.pem`` and ``<site_id>.key`` in ``out_dir``.
+
+    The jurisdiction goes into the certificate, so zones enforce residency on what
+    the CA signed rather than on what a request claims.
+
+    Parameters
+    ----------
+    ca_dir:
+        Folder holding ``ca.pem`` and ``ca.key``.
+    site_id:
+        The site's id (the certificate's CN).
+    jurisdiction:
+        The site's jurisdiction, e.g. ``"EU"``.
+    out_dir:
+        Folder to write into (created if missing).
+    now, days, force:
+        Issue time (default: now), validity in days (cut to the CA's), overwrite existing files.
+
+    Returns
+    -------
+    CertPaths
+        Paths of the certificate and the key.
+
+    Raises
+    ------
+    PkiError
+        The CA is missing, invalid or expired, or a file exists and ``force`` is false.
+    ConfigError
+        ``site_id`` or ``jurisdiction`` is malformed.
+    """
+    _check_name(site_id, "site id")
+    _check_place(jurisdiction, "jurisdiction")
+    return _issue(ca_dir, out_dir, site_id, Role.SITE, jurisdiction, [], now=now, days=days, force=force)
+
+
+# -- issuing -------------------------------------------------------------------------------------------------
+
+
+def _issue(
+    ca_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    name: str,
+    role: Role,
+    place: str,
+    sans: list[x509.GeneralName],
+    *,
+    now: datetime | None,
+    days: int,
+    force: bool,
+) -> CertPaths:
+    when = aware_now(now)
+    _check_days(days)
+    out = Path(out_dir)
+    paths = CertPaths(out / f"{name}.pem", out / f"{name}.key")
+    refuse_existing((paths.cert, paths.key), force)
+    ca, ca_key = _load_ca(Path(ca_dir), when)
+    key = ec.generate_private_key(ec.SECP256R1())
+    label, oid, eku = (
+        ("jurisdiction", JURISDICTION_OID, ExtendedKeyUsageOID.CLIENT_AUTH)
+        if role is Role.SITE
+        else ("region", REGION_OID, ExtendedKeyUsageOID.SERVER_AUTH)
+    )
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedshard"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, f"{label}={place}"),
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+        ]
+    )
+    ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(when - _CLOCK_SKEW)
+        .not_valid_after(min(when + timedelta(days=days), ca.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .add_extension(x509.UnrecognizedExtension(oid, utf8_string(place)), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    write_files([(paths.key, _key_pem(key), KEY_MODE), (paths.cert, _cert_pem(cert), CERT_MODE)], force)
+    return paths
+
+
+def _load_ca(ca_dir: Path, when: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = load_cert(read_pem(ca_dir / CA_CERT_FILE), f"CA certificate {ca_dir / CA_CERT_FILE}")
+    key_path = ca_dir / CA_KEY_FILE
+    try:
+        key = serialization.load_pem_private_key(read_pem(key_path), password=None)
+    except (ValueError, TypeError) as exc:
+        raise PkiError(f"{key_path} is not an unencrypted PEM private key ({exc})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not is_ca(cert):
+        raise PkiError(f"{ca_dir} does not hold a fedshard CA: create one with init_ca (`fedshard keys`)")
+    if key.public_key() != cert.public_key():
+        raise PkiError(f"{key_path} is not the key of {ca_dir / CA_CERT_FILE}: restore the matching pair")
+    check_validity(cert, when, f"federation CA in {ca_dir}")
+    return cert, key
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _sans(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            if not _HOST.match(host):
+                raise ConfigError(f"host {host!r} is neither an IP address nor a DNS name") from None
+            sans.append(x509.DNSName(host))
+    if not sans:
+        raise ConfigError("a zone certificate needs at least one host (DNS name or IP address)")
+    return sans
+
+
+# -- checks and files ----------------------------------------------------------------------------------------
+
+
+def _check_days(days: int) -> None:
+    if days < 1:
+        raise ConfigError(f"certificate validity must be at least 1 day, got {days}")
+
+
+def _check_name(name: str, what: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"{what} {name!r} must be 1-63 letters, digits, '.', '_' or '-', starting alphanumeric")
+
+
+def _check_place(place: str, what: str) -> None:
+    if not PLACE_PATTERN.match(place):
+        raise ConfigError(f"{what} {place!r} must be 2-8 upper-case letters, e.g. 'EU'")
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)

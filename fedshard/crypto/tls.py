@@ -1,0 +1,120 @@
+"""Mutual TLS for the zone data plane (gRPC), from the federation PKI's files.
+
+Both ends authenticate: a zone only completes a handshake with a client whose
+certificate the federation CA signed, and a site only talks to a zone whose
+certificate the CA signed for the host it dialled. A zone then asks
+:func:`peer_identity` who is calling, and gets the site's jurisdiction from the
+certificate rather than from the request.
+
+Running without TLS is an explicit, loud opt-out (``--insecure``); print
+:data:`INSECURE_WARNING` when it is taken.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import grpc
+
+from fedshard.crypto.identity import Identity, Role, read_identity
+from fedshard.errors import PkiError
+
+__all__ = ["INSECURE_WARNING", "PEER_CERT_KEY", "channel_credentials", "peer_identity", "server_credentials"]
+
+INSECURE_WARNING = (
+    "WARNING: --insecure: the zone data plane runs WITHOUT TLS. Gradient shards, manifests and round tokens "
+    "cross the network in clear text, and zones cannot tell which site (or jurisdiction) is calling, so "
+    "residency is enforced on what requests claim. Use this only on a loopback or test network."
+)
+
+PEER_CERT_KEY = "x509_pem_cert"
+"""Key of the peer's certificate (PEM) in a gRPC auth context."""
+
+
+def server_credentials(cert_pem: bytes, key_pem: bytes, ca_pem: bytes) -> grpc.ServerCredentials:
+    """Credentials for a zone's gRPC server that require a client certificate signed by the CA.
+
+    Parameters
+    ----------
+    cert_pem, key_pem:
+        The zone's certificate and private key (from :func:`fedshard.crypto.pki.issue_zone`).
+    ca_pem:
+        The federation CA's certificate; only clients it signed complete the handshake.
+
+    Returns
+    -------
+    grpc.ServerCredentials
+        Pass to ``server.add_secure_port(address, credentials)``.
+    """
+    _check_pem(cert_pem, "certificate")
+    _check_pem(key_pem, "private key")
+    _check_pem(ca_pem, "CA certificate")
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True)
+
+
+def channel_credentials(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> grpc.ChannelCredentials:
+    """Credentials for a site's (or coordinator's) channel to a zone: trust the CA, present a client certificate.
+
+    Parameters
+    ----------
+    ca_pem:
+        The federation CA's certificate; the zone must present a certificate it signed
+        whose subject alternative names include the host dialled.
+    cert_pem, key_pem:
+        The client's certificate and private key (from :func:`fedshard.crypto.pki.issue_site`).
+
+    Returns
+    -------
+    grpc.ChannelCredentials
+        Pass to ``grpc.secure_channel(endpoint, credentials)``.
+    """
+    _check_pem(ca_pem, "CA certificate")
+    _check_pem(cert_pem, "certificate")
+    _check_pem(key_pem, "private key")
+    return grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem)
+
+
+def peer_identity(
+    context: grpc.ServicerContext, ca_pem: bytes, *, role: Role | None = Role.SITE, now: datetime | None = None
+) -> Identity:
+    """Who is calling: the identity in the client certificate of the current RPC.
+
+    The handshake has already checked the chain; this checks it again with
+    :func:`~fedshard.crypto.identity.read_identity` (validity, key usage) and reads
+    the name and jurisdiction the CA signed.
+
+    Parameters
+    ----------
+    context:
+        The servicer context of the RPC being handled.
+    ca_pem:
+        The federation CA's certificate.
+    role:
+        Role the caller must have (default: a site); ``None`` accepts either.
+    now:
+        Time to check validity at (aware datetime); default: now.
+
+    Returns
+    -------
+    Identity
+        The caller's name, role and jurisdiction (site) or region (zone).
+
+    Raises
+    ------
+    PkiError
+        The call carries no client certificate (an insecure port), the certificate
+        fails a check, or the caller has another role.
+    """
+    certs = context.auth_context().get(PEER_CERT_KEY) or []
+    if not certs:
+        raise PkiError("the caller presented no client certificate: serve the zone with mTLS (not --insecure)")
+    identity = read_identity(certs[0], ca_pem, now=now)
+    if role is not None and identity.role is not role:
+        raise PkiError(f"caller {identity.name!r} holds a {identity.role.value} certificate, not a {role.value} one")
+    return identity
+
+
+def _check_pem(data: bytes, what: str) -> None:
+    # gRPC reports a bad PEM only at the first handshake, far from its cause; fail here instead.
+    if not isinstance(data, bytes) or b"-----BEGIN " not in data:
+        raise PkiError(f"TLS {what} is not PEM data: pass the file's bytes (read_pem), not its path")
