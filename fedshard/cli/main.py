@@ -20,6 +20,7 @@ from rich.console import Console
 
 from fedshard.cli.budget import budget_app
 from fedshard.cli.route import route_app
+from fedshard.cli.security import audit_app, pki_app
 from fedshard.errors import FedshardError
 
 __all__ = ["app", "main"]
@@ -29,6 +30,8 @@ zone_app = typer.Typer(no_args_is_help=True, help="Run zone aggregators (the dat
 app.add_typer(zone_app, name="zone")
 app.add_typer(budget_app, name="budget")
 app.add_typer(route_app, name="route")
+app.add_typer(pki_app, name="pki")
+app.add_typer(audit_app, name="audit")
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)

@@ -184,3 +184,45 @@ def test_route_explain_json() -> None:
     assert {d["shard_class"] for d in decisions} == {"personal", "public"}
     assert all(d["allowed_regions"] == ["EU"] for d in decisions if d["shard_class"] == "personal")
     assert all(d["zone"] == "eu-central" for d in decisions)
+
+
+def test_pki_commands_issue_certificates_once(tmp_path: Path) -> None:
+    from fedshard.crypto.pki import read_identity
+
+    assert _fedshard("pki", "init", "--out", str(tmp_path / "ca")).returncode == 0
+    site = _fedshard(
+        "pki",
+        "issue-site",
+        "--ca",
+        str(tmp_path / "ca"),
+        "--site",
+        "charite",
+        "--jurisdiction",
+        "EU",
+        "--out",
+        str(tmp_path / "sites"),
+    )
+    assert site.returncode == 0, site.stderr
+    identity = read_identity(
+        (tmp_path / "sites" / "charite.pem").read_bytes(), (tmp_path / "ca" / "ca.pem").read_bytes()
+    )
+    assert (identity.name, identity.jurisdiction_or_region) == ("charite", "EU")
+    again = _fedshard("pki", "init", "--out", str(tmp_path / "ca"))
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_audit_verify_detects_a_tampered_line(tmp_path: Path) -> None:
+    from fedshard.residency.audit import AuditLog
+
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    for i in range(3):
+        log.append("accepted", shard_id=f"fc1.weight#r{i}c0", site="charite")
+    log.close()
+    ok = _fedshard("audit", "verify", "--log", str(path))
+    assert ok.returncode == 0 and "3 lines, chain intact" in ok.stdout
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace("accepted", "refused")
+    path.write_text("\n".join(lines) + "\n")
+    bad = _fedshard("audit", "verify", "--log", str(path))
+    assert bad.returncode == 2 and "line 2" in bad.stderr

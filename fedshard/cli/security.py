@@ -1,0 +1,81 @@
+"""``fedshard pki …`` (the federation's certificates) and ``fedshard audit verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from fedshard.errors import FedshardError
+
+__all__ = ["audit_app", "pki_app"]
+
+pki_app = typer.Typer(no_args_is_help=True, help="The federation PKI: CA, zone and site certificates.")
+audit_app = typer.Typer(no_args_is_help=True, help="Zone audit logs (append-only, hash-chained).")
+console = Console()
+
+Force = Annotated[bool, typer.Option("--force", help="Overwrite existing files")]
+
+
+@pki_app.command("init")
+def pki_init(
+    out: Annotated[Path, typer.Option("--out", help="Folder for ca.pem and ca.key (keep ca.key offline)")],
+    name: Annotated[str, typer.Option("--name", help="CA common name")] = "fedshard federation CA",
+    force: Force = False,
+) -> None:
+    """Create the federation's certificate authority."""
+    from fedshard.crypto.pki import init_ca
+
+    paths = init_ca(out, name, force=force)
+    console.print(f"CA certificate {paths.cert}\nCA key         {paths.key} (mode 600)", highlight=False)
+
+
+@pki_app.command("issue-zone")
+def pki_issue_zone(
+    ca: Annotated[Path, typer.Option("--ca", help="Folder holding ca.pem and ca.key")],
+    zone: Annotated[str, typer.Option("--zone", help="Zone name, e.g. eu-central")],
+    region: Annotated[str, typer.Option("--region", help="The zone's region, e.g. EU")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the zone's certificate and key")],
+    host: Annotated[list[str] | None, typer.Option("--host", help="DNS name or IP the zone serves on")] = None,
+    force: Force = False,
+) -> None:
+    """Issue a zone's server certificate (its region recorded in it)."""
+    from fedshard.crypto.pki import issue_zone
+
+    hosts = tuple(host) if host else ("localhost", "127.0.0.1")
+    paths = issue_zone(ca, zone, region, out, hosts=hosts, force=force)
+    console.print(f"zone {zone} ({region}): {paths.cert}, key {paths.key}", highlight=False)
+
+
+@pki_app.command("issue-site")
+def pki_issue_site(
+    ca: Annotated[Path, typer.Option("--ca", help="Folder holding ca.pem and ca.key")],
+    site: Annotated[str, typer.Option("--site", help="Site id")],
+    jurisdiction: Annotated[str, typer.Option("--jurisdiction", help="The site's jurisdiction, e.g. EU")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the site's certificate and key")],
+    force: Force = False,
+) -> None:
+    """Issue a site's client certificate; zones read the site's jurisdiction from it."""
+    from fedshard.crypto.pki import issue_site
+
+    paths = issue_site(ca, site, jurisdiction, out, force=force)
+    console.print(f"site {site} ({jurisdiction}): {paths.cert}, key {paths.key}", highlight=False)
+
+
+@audit_app.command("verify")
+def audit_verify(
+    log: Annotated[Path, typer.Option("--log", help="A zone's audit log (JSON lines)")],
+    head: Annotated[
+        str | None, typer.Option("--head", help="Chain head recorded elsewhere, to detect a cut tail")
+    ] = None,
+) -> None:
+    """Check the audit log's hash chain; exit 2 naming the first bad line if it is broken."""
+    from fedshard.residency.audit import verify_audit_log
+
+    verdict = verify_audit_log(log, expected_head=head)
+    if not verdict.ok:
+        where = f"line {verdict.first_bad_line}: " if verdict.first_bad_line else ""
+        raise FedshardError(f"audit log {log} is broken at {where}{verdict.reason}")
+    console.print(f"audit log {log}: {verdict.lines} lines, chain intact, head {verdict.head}", highlight=False)
