@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from fedshard.config import FederationConfig
+from fedshard.errors import ConfigError
 from fedshard.runtime.assembly import check_privacy, grpc_connector, make_site, running_zones
 from fedshard.runtime.baseline import centralized_baseline
 from fedshard.runtime.coordinator import Coordinator, RoundObserver, RunResult
@@ -62,8 +63,12 @@ def simulate(
     observer: RoundObserver | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` on one machine, write ``out/summary.json``, return the summary."""
-    check_privacy(config)
     out = Path(out)
+    if (out / "events.jsonl").exists() or (out / "sites").exists():
+        raise ConfigError(
+            f"{out} already holds a run (its sites' shards and ledgers); choose another --out, nothing was changed"
+        )
+    check_privacy(config)
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "federation.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

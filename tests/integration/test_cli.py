@@ -226,3 +226,11 @@ def test_audit_verify_detects_a_tampered_line(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     bad = _fedshard("audit", "verify", "--log", str(path))
     assert bad.returncode == 2 and "line 2" in bad.stderr
+
+
+def test_simulate_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
+    (tmp_path / "sites" / "s0").mkdir(parents=True)
+    (tmp_path / "sites" / "s0" / "ledger.sqlite").write_bytes(b"keep me")
+    proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr
+    assert (tmp_path / "sites" / "s0" / "ledger.sqlite").read_bytes() == b"keep me"
