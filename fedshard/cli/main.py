@@ -13,7 +13,7 @@ import sys
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from fedshard.cli.budget import budget_app
 from fedshard.cli.route import route_app
 from fedshard.cli.security import audit_app, pki_app
 from fedshard.errors import FedshardError
+
+if TYPE_CHECKING:
+    from fedshard.crypto.tls import TlsFiles
 
 __all__ = ["app", "main"]
 
@@ -87,8 +90,14 @@ def zone_up(
     store: Annotated[
         Path | None, typer.Option("--store", help="Where aggregates are kept (overrides the config)")
     ] = None,
+    cert: Annotated[
+        Path | None, typer.Option("--cert", help="The zone's certificate (fedshard pki issue-zone)")
+    ] = None,
+    key: Annotated[Path | None, typer.Option("--key", help="The zone's private key")] = None,
+    ca: Annotated[Path | None, typer.Option("--ca", help="The federation CA certificate (ca.pem)")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Plain-text gRPC (loopback/testing only)")] = False,
 ) -> None:
-    """Run one zone aggregator as a gRPC server until interrupted."""
+    """Run one zone aggregator as a gRPC server until interrupted (mutual TLS unless --insecure)."""
     from fedshard.config import load_federation
     from fedshard.runtime.assembly import make_zone
     from fedshard.runtime.zone_rpc.service import serve
@@ -102,9 +111,13 @@ def zone_up(
     aggregator = make_zone(zc, store.parent if store else Path("runs") / "zones")
     if store is not None:
         aggregator = make_zone(zc.model_copy(update={"store": store}))
-    server, port = serve(aggregator, zc.endpoint)
+    tls = _tls_files(cert, key, ca, insecure)
+    server, port = serve(aggregator, zc.endpoint, tls=tls)
     host = zc.endpoint.rsplit(":", 1)[0]
-    err_console.print("[yellow]warning:[/] the zone data plane runs without TLS (loopback / trusted network only)")
+    if tls is None:
+        from fedshard.crypto.tls import INSECURE_WARNING
+
+        err_console.print(f"[yellow]{INSECURE_WARNING}[/]", highlight=False)
     console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
     sys.stdout.flush()
     stop = threading.Event()
@@ -113,6 +126,22 @@ def zone_up(
     stop.wait()
     server.stop(grace=2.0).wait()
     console.print(f"zone {zc.name} stopped")
+
+
+def _tls_files(cert: Path | None, key: Path | None, ca: Path | None, insecure: bool) -> TlsFiles | None:
+    from fedshard.crypto.tls import TlsFiles
+
+    given = [p for p in (cert, key, ca) if p is not None]
+    if insecure:
+        if given:
+            raise FedshardError("--insecure cannot be combined with --cert/--key/--ca")
+        return None
+    if cert is None or key is None or ca is None:
+        raise FedshardError(
+            "the zone needs --cert, --key and --ca for mutual TLS (see `fedshard pki`), "
+            "or --insecure for plain text on a loopback/test network"
+        )
+    return TlsFiles(cert, key, ca)
 
 
 def main() -> None:

@@ -12,14 +12,23 @@ Running without TLS is an explicit, loud opt-out (``--insecure``); print
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import grpc
 
 from fedshard.crypto.identity import Identity, Role, read_identity
 from fedshard.errors import PkiError
 
-__all__ = ["INSECURE_WARNING", "PEER_CERT_KEY", "channel_credentials", "peer_identity", "server_credentials"]
+__all__ = [
+    "INSECURE_WARNING",
+    "PEER_CERT_KEY",
+    "TlsFiles",
+    "channel_credentials",
+    "peer_identity",
+    "server_credentials",
+]
 
 INSECURE_WARNING = (
     "WARNING: --insecure: the zone data plane runs WITHOUT TLS. Gradient shards, manifests and round tokens "
@@ -118,3 +127,32 @@ def _check_pem(data: bytes, what: str) -> None:
     # gRPC reports a bad PEM only at the first handshake, far from its cause; fail here instead.
     if not isinstance(data, bytes) or b"-----BEGIN " not in data:
         raise PkiError(f"TLS {what} is not PEM data: pass the file's bytes (read_pem), not its path")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """One party's TLS material: its certificate and key, and the federation CA."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """``(cert_pem, key_pem, ca_pem)``; raises :class:`PkiError` naming a missing file."""
+        out = []
+        for path in (self.cert, self.key, self.ca):
+            try:
+                out.append(Path(path).read_bytes())
+            except OSError as exc:
+                raise PkiError(f"cannot read TLS file {path}: {exc.strerror or exc}") from None
+        return out[0], out[1], out[2]
+
+    def server(self) -> grpc.ServerCredentials:
+        """Server credentials that require a CA-signed client certificate."""
+        cert, key, ca = self.read()
+        return server_credentials(cert, key, ca)
+
+    def channel(self) -> grpc.ChannelCredentials:
+        """Channel credentials presenting this party's certificate."""
+        cert, key, ca = self.read()
+        return channel_credentials(ca, cert, key)

@@ -66,7 +66,18 @@ def test_zone_up_serves_until_sigterm(tmp_path: Path) -> None:
     path = tmp_path / "fed.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
-        [*FEDSHARD, "zone", "up", "--config", str(path), "--zone", "eu-central", "--store", str(tmp_path / "store")],
+        [
+            *FEDSHARD,
+            "zone",
+            "up",
+            "--config",
+            str(path),
+            "--zone",
+            "eu-central",
+            "--store",
+            str(tmp_path / "store"),
+            "--insecure",
+        ],
         cwd=ROOT,
         env=_env(),
         stdout=subprocess.PIPE,

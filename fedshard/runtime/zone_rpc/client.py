@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 import grpc
 import numpy as np
 
+from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest, ShardHasher, merkle_root
 from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
@@ -27,13 +28,20 @@ class GrpcZoneClient:
         ``host:port`` of the zone.
     timeout:
         Seconds allowed for each call.
+    tls:
+        This party's certificate, key and the federation CA, for mutual TLS.
     """
 
-    def __init__(self, endpoint: str, timeout: float = 300.0, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(
+        self, endpoint: str, timeout: float = 300.0, chunk_bytes: int = CHUNK_BYTES, tls: TlsFiles | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
-        self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
+        if tls is None:
+            self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(endpoint, tls.channel(), options=GRPC_OPTIONS)
         self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:

@@ -12,7 +12,16 @@ from concurrent import futures
 
 import grpc
 
-from fedshard.errors import AggregateNotFoundError, FedshardError, IntegrityError, PushRejectedError, ZoneError
+from fedshard.crypto.identity import Role
+from fedshard.crypto.tls import TlsFiles, peer_identity
+from fedshard.errors import (
+    AggregateNotFoundError,
+    FedshardError,
+    IntegrityError,
+    PkiError,
+    PushRejectedError,
+    ZoneError,
+)
 from fedshard.integrity import Manifest
 from fedshard.runtime.rounds import RoundSpec
 from fedshard.runtime.zone import ZoneAggregator
@@ -29,6 +38,8 @@ _PRECONDITION_CODES = {"round", "token", "site", "version", "plan", "zone", "sta
 
 def _status(error: FedshardError) -> grpc.StatusCode:
     if isinstance(error, PushRejectedError):
+        if error.code in ("identity", "residency"):
+            return grpc.StatusCode.PERMISSION_DENIED
         if error.code == "duplicate":
             return grpc.StatusCode.ALREADY_EXISTS
         if error.code in _PRECONDITION_CODES:
@@ -44,11 +55,16 @@ def _status(error: FedshardError) -> grpc.StatusCode:
 
 
 class ZoneService(pb_grpc.ZoneServicer):
-    """gRPC front of one zone aggregator."""
+    """gRPC front of one zone aggregator.
 
-    def __init__(self, zone: ZoneAggregator, push_timeout: float = 600.0) -> None:
+    With mTLS (``ca_pem`` given) a push is accepted only from the site its manifest
+    names: the caller's identity comes from its certificate, not from the request.
+    """
+
+    def __init__(self, zone: ZoneAggregator, push_timeout: float = 600.0, ca_pem: bytes | None = None) -> None:
         self.zone = zone
         self.push_timeout = push_timeout
+        self.ca_pem = ca_pem
 
     def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> None:
         log.info("zone %s refused: %s", self.zone.name, error)
@@ -68,6 +84,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             if first is None or first.WhichOneof("frame") != "header":
                 raise PushRejectedError(f"zone {self.zone.name}: a push must start with its manifest", "protocol")
             manifest = Manifest.from_bytes(first.header.manifest)
+            self._check_caller(context, manifest.site_id)
             with self.zone.begin_push(manifest, first.header.round_token, self.push_timeout) as session:
                 for frame in request_iterator:
                     if frame.WhichOneof("frame") != "chunk":
@@ -80,6 +97,20 @@ class ZoneService(pb_grpc.ZoneServicer):
         return pb.PushReply(
             zone=receipt.zone, round=receipt.round, site_id=receipt.site_id, shards=receipt.shards, bytes=receipt.bytes
         )
+
+    def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> None:
+        if self.ca_pem is None:
+            return
+        try:
+            identity = peer_identity(context, self.ca_pem, role=Role.SITE)
+        except PkiError as exc:
+            raise PushRejectedError(f"zone {self.zone.name}: {exc}", "identity") from None
+        if identity.name != site_id:
+            raise PushRejectedError(
+                f"zone {self.zone.name}: manifest names site {site_id!r} but the caller's certificate is "
+                f"{identity.name!r}",
+                "identity",
+            )
 
     def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.AggregateHeader:  # noqa: N802
         try:
@@ -107,14 +138,18 @@ class ZoneService(pb_grpc.ZoneServicer):
         return pb.InfoReply(name=self.zone.name, region=self.zone.region)
 
 
-def serve(zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int = 16) -> tuple[grpc.Server, int]:
+def serve(
+    zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int = 16, tls: TlsFiles | None = None
+) -> tuple[grpc.Server, int]:
     """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
 
-    The data plane runs without TLS until the federation PKI is provisioned.
+    With ``tls`` the zone requires mutual TLS (client certificates signed by the
+    federation CA); without it the data plane is plain text, for loopback only.
     """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
-    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone), server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port(address)
+    ca_pem = tls.read()[2] if tls is not None else None
+    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone, ca_pem=ca_pem), server)  # type: ignore[no-untyped-call]
+    port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
     if port == 0:
         raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")
     server.start()
