@@ -5,6 +5,11 @@ default, which correlates with the diagnosis) and cut into contiguous partitions
 each site sees a different mix of benign and malignant cases. A fixed, stratified
 20 % of the data is the test set, partitioned the same way.
 
+For repeated evaluation (``bench/dp_accuracy.py``) the test set can instead be one fold
+of a shuffled, stratified k-fold split (``folds``, ``fold``, ``split_seed``), and for
+tuning, ``validation_fraction`` replaces the test set by a stratified validation split
+carved out of the training part, so choices made on it never see the test data.
+
 Features are scaled with the per-feature minimum and maximum that the data set's
 published description lists (``load_breast_cancer().DESCR``): public constants, so
 no site's data leaks into another's preprocessing.
@@ -13,6 +18,7 @@ no site's data leaks into another's preprocessing.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,19 +81,56 @@ class BreastCancerTask:
     sort_feature:
         Index of the feature the data is sorted by before partitioning (non-IID).
     test_fraction:
-        Share of the data held out for testing.
+        Share of the data held out for testing (ignored when ``folds`` is set).
+    folds:
+        When set, the test set is fold ``fold`` of a shuffled, stratified ``folds``-fold
+        split instead of a ``test_fraction`` hold-out.
+    fold:
+        Which fold is the test set (0 ≤ fold < folds).
+    split_seed:
+        Seed of the test split (and of the validation split); default: the federation seed.
+    validation_fraction:
+        When > 0, a stratified share of the *training* part becomes the "test" set that
+        ``evaluate`` scores (for tuning); the real test set is then not loaded at all.
+    momentum:
+        Momentum of the local SGD optimiser.
+    features:
+        Indices of the features the model sees (default: all 30). A smaller input means
+        fewer parameters, hence less DP noise in total.
     """
 
     def __init__(
-        self, hidden: tuple[int, ...] | list[int] = (64, 32), sort_feature: int = 0, test_fraction: float = 0.2
+        self,
+        hidden: tuple[int, ...] | list[int] = (64, 32),
+        sort_feature: int = 0,
+        test_fraction: float = 0.2,
+        folds: int | None = None,
+        fold: int = 0,
+        split_seed: int | None = None,
+        validation_fraction: float = 0.0,
+        momentum: float = 0.9,
+        features: Sequence[int] | None = None,
     ) -> None:
+        if folds is not None and not (folds >= 2 and 0 <= fold < folds):
+            raise ValueError(f"need folds >= 2 and 0 <= fold < folds, got folds={folds}, fold={fold}")
+        if not 0.0 <= validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
         self.hidden = tuple(int(h) for h in hidden)
         self.sort_feature = sort_feature
         self.test_fraction = test_fraction
+        self.folds = folds
+        self.fold = fold
+        self.split_seed = split_seed
+        self.validation_fraction = validation_fraction
+        self.momentum = momentum
+        self.features = None if features is None else tuple(int(f) for f in features)
+        if self.features is not None and not (self.features and all(0 <= f < 30 for f in self.features)):
+            raise ValueError(f"features must be indices in [0, 30), got {features}")
 
     def build_model(self) -> nn.Module:
-        """MLP 30 → hidden… → 2, with layers named ``fc1``, ``fc2``, …"""
-        widths = (30, *self.hidden, 2)
+        """MLP inputs (30) → hidden… → 2, with layers named ``fc1``, ``fc2``, …"""
+        inputs = 30 if self.features is None else len(self.features)
+        widths = (inputs, *self.hidden, 2)
         layers: dict[str, nn.Module] = {}
         for i, (a, b) in enumerate(itertools.pairwise(widths), start=1):
             layers[f"fc{i}"] = nn.Linear(a, b)
@@ -98,15 +141,23 @@ class BreastCancerTask:
     def load_data(self, partition: Partition) -> TaskData:
         """This partition's train and test slices (all of them for ``index=None``)."""
         from sklearn.datasets import load_breast_cancer
-        from sklearn.model_selection import train_test_split
+        from sklearn.model_selection import StratifiedKFold, train_test_split
 
         x, y = load_breast_cancer(return_X_y=True)
         lo = np.array([r[0] for r in FEATURE_RANGES])
         hi = np.array([r[1] for r in FEATURE_RANGES])
         x = np.clip((x - lo) / (hi - lo), 0.0, 1.0) * 2.0 - 1.0
-        x_tr, x_te, y_tr, y_te = train_test_split(
-            x, y, test_size=self.test_fraction, stratify=y, random_state=partition.seed
-        )
+        seed = partition.seed if self.split_seed is None else self.split_seed
+        if self.folds is None:
+            x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=self.test_fraction, stratify=y, random_state=seed)
+        else:
+            kfold = StratifiedKFold(n_splits=self.folds, shuffle=True, random_state=seed)
+            tr, te = list(kfold.split(x, y))[self.fold]
+            x_tr, x_te, y_tr, y_te = x[tr], x[te], y[tr], y[te]
+        if self.validation_fraction > 0:
+            x_tr, x_te, y_tr, y_te = train_test_split(
+                x_tr, y_tr, test_size=self.validation_fraction, stratify=y_tr, random_state=seed
+            )
         train = self._slice(x_tr, y_tr, partition)
         test = self._slice(x_te, y_te, partition)
         return TaskData(train=train, test=test, num_train=len(train.y), num_test=len(test.y))
@@ -115,7 +166,8 @@ class BreastCancerTask:
         order = np.argsort(x[:, self.sort_feature], kind="stable")
         if partition.index is not None:
             order = np.array_split(order, partition.count)[partition.index]
-        return _Split(torch.tensor(x[order], dtype=torch.float32), torch.tensor(y[order], dtype=torch.long))
+        x = x[order] if self.features is None else x[order][:, list(self.features)]
+        return _Split(torch.tensor(x, dtype=torch.float32), torch.tensor(y[order], dtype=torch.long))
 
     def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
         """Mini-batch SGD with momentum on the local training slice (DP-SGD when asked)."""
@@ -126,7 +178,7 @@ class BreastCancerTask:
         loader: Any = DataLoader(
             TensorDataset(split.x, split.y), batch_size=settings.batch_size, shuffle=True, generator=generator
         )
-        optimiser: Any = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=0.9)
+        optimiser: Any = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=self.momentum)
         net: nn.Module = model
         if settings.privacy is not None:
             net, optimiser, loader = settings.privacy.make_private(model, optimiser, loader)
