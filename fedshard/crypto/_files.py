@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
+from fedshard._fs import fsync_dir
 from fedshard.errors import PkiError
 
 __all__ = ["CERT_MODE", "KEY_MODE", "refuse_existing", "write_files"]
@@ -49,7 +50,7 @@ def write_files(files: Sequence[tuple[Path, bytes, int]], force: bool) -> None:
                 os.replace(tmp, path)
             else:
                 _link_new(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except FileExistsError:
             raise PkiError(f"{path} already exists: pass --force to overwrite it") from None
         except OSError as exc:
@@ -69,13 +70,3 @@ def _link_new(tmp: Path, path: Path) -> None:
         if path.exists():
             raise FileExistsError(path) from None
         os.replace(tmp, path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,6 +8,7 @@ import tempfile
 from contextlib import suppress
 from pathlib import Path
 
+from fedshard._fs import fsync_dir
 from fedshard.errors import StoreError
 
 __all__ = ["DO_NOT_DELETE", "FORMAT_VERSION", "SCHEMA", "create", "open_checked", "refuse"]
@@ -99,23 +100,13 @@ def create(path: Path, epsilon: float, delta: float, accountant: str, now: float
         except OSError:  # a filesystem without hard links
             if not path.exists():
                 os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"cannot create privacy ledger {path}: {exc}") from exc
     finally:
         for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
             with suppress(OSError):
                 leftover.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_checked(path: Path) -> sqlite3.Connection:
