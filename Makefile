@@ -7,7 +7,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export GRPC_VERBOSITY := ERROR
 
-.PHONY: demo demo-flower test test-fast lint proto bench clean
+.PHONY: demo demo-flower test test-fast lint proto bench bench-dp clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/zone_accumulate.py
 	$(BIN)/python bench/upload.py
 	$(BIN)/python bench/zone_memory.py
+
+# DP utility: 45 folds x 4 settings of real federations; about an hour on 2 cores
+bench-dp: $(STAMP)
+	$(BIN)/python bench/dp_accuracy.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
