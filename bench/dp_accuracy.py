@@ -121,6 +121,7 @@ class Federated:
         )
 
 
+WORST = tuple(range(20, 30))
 FEATURE_GROUPS = {tuple(range(0, 10)): "mean", tuple(range(10, 20)): "SE", tuple(range(20, 30)): "worst"}
 
 
@@ -138,9 +139,9 @@ def _arch(hidden: Sequence[int], features: tuple[int, ...] | None = None) -> str
 # The issue's naive set-up (the demo model).
 NAIVE = Federated("naive", (64, 32), rounds=30, local_epochs=1, batch_size=16, learning_rate=0.1, max_grad_norm=1.0)
 
-# Chosen on validation data with --tune (see the dp_accuracy_tuning section of BENCHMARKS.md).
-CENTRAL = Central("central", (64, 32), epochs=30, batch_size=16, learning_rate=0.1)
-DP = NAIVE
+# What `simulate` reports as `centralized_accuracy` for the naive set-up: the demo model trained
+# non-privately with the naive settings (30 epochs = rounds × local epochs, batch 16, lr 0.1).
+CENTRAL_DEMO = Central("central-demo", (64, 32), epochs=30, batch_size=16, learning_rate=0.1)
 
 CENTRAL_CANDIDATES: tuple[Central, ...] = (
     Central("c-mlp-lr0.1", (64, 32), 30, 16, 0.1),
@@ -149,6 +150,11 @@ CENTRAL_CANDIDATES: tuple[Central, ...] = (
     Central("c-lin-lr0.1", (), 30, 16, 0.1),
     Central("c-lin-lr0.03", (), 30, 16, 0.03),
     Central("c-lin-lr0.01", (), 30, 16, 0.01),
+    # the 10 "worst" features (the data set's published grouping: mean, SE, worst)
+    Central("c-worst-lin-lr0.1-e100", (), 100, 16, 0.1, features=WORST),
+    Central("c-worst-lin-lr0.3-e30", (), 30, 16, 0.3, features=WORST),
+    Central("c-worst-h16-lr0.01-e100", (16,), 100, 16, 0.01, features=WORST),
+    Central("c-worst-mlp-lr0.01", (64, 32), 30, 16, 0.01, features=WORST),
 )
 _LIN_FULL = Federated("lin-full", (), 30, 1, 128, 1.0, 1.0)
 _ADAM = dataclasses.replace(_LIN_FULL, server=("adam", 0.05))
@@ -173,6 +179,47 @@ CANDIDATES: tuple[Federated, ...] = (
     dataclasses.replace(_ADAM, name="adam-b37", batch_size=37),
     dataclasses.replace(_ADAM, name="adam-mlp", hidden=(64, 32)),
     dataclasses.replace(_LIN_FULL, name="mom-lr1", server=("momentum", 1.0)),
+    # the 10 "worst" features: fewer parameters, less noise; larger steps with smaller clipping
+    Federated("worst-r40-c0.3", (), 40, 1, 128, 30.0, 0.3, features=WORST),
+    Federated("worst-r40-c0.1", (), 40, 1, 128, 90.0, 0.1, features=WORST),
+    Federated("worst-r40-c1", (), 40, 1, 128, 3.0, 1.0, features=WORST),
+    Federated("worst-r30-c0.3", (), 30, 1, 128, 30.0, 0.3, features=WORST),
+    Federated("worst-r40-adam", (), 40, 1, 128, 1.0, 0.3, ("adam", 0.27), tau=0.1, features=WORST),
+    Federated("all-r40-c0.3", (), 40, 1, 128, 30.0, 0.3),
+)
+
+# Chosen on validation data with --tune (the dp_accuracy_tuning section of BENCHMARKS.md): the best
+# non-private reference (ties broken towards the simpler model) and the best DP candidate.
+CENTRAL = dataclasses.replace(next(s for s in CENTRAL_CANDIDATES if s.name == "c-worst-lin-lr0.1-e100"), name="central")
+DP = dataclasses.replace(next(s for s in CANDIDATES if s.name == "worst-r40-c0.3"), name="dp-tuned")
+
+
+INTERPRETATION = (
+    "Why the goal is out of reach with these levers: every site protects its own ~91 records and adds its own "
+    "noise, so the aggregate carries √5 times the noise that DP-SGD over the pooled data would need for the same "
+    "ε; with the tuned schedule (40 full-batch steps per site) ε = 3 needs σ ≈ 8.8, i.e. noise of std σ·C/n ≈ 0.1·C "
+    "per coordinate on a site's mean clipped gradient, of the order of the signal once most records are classified "
+    "correctly, and a constant step size cannot average it away. What moved the gap, on validation data (section "
+    "`dp_accuracy_tuning`, ε = 3): a linear model instead of the 30-64-32-2 MLP (fewer parameters to noise), one "
+    "full-batch step per round (q = 1, so no loss from Poisson batches of ~16) with a larger step, the 10 'worst' "
+    "features (22 parameters instead of 62), a smaller clipping bound (0.3) with a proportionally larger learning "
+    "rate, and 40 rather than 30 rounds. Server Adam and server momentum (post-processing of the aggregate) did not "
+    "beat FedAvg once its step size was tuned. Choosing the 'worst' features also made the non-private reference "
+    "stronger (it is the best non-private candidate on validation), so the gap is measured against the best model "
+    "we found, not the demo model."
+)
+TUNING_INTERPRETATION = (
+    "All DP candidates here stay 3-10 pp below the best non-private candidates on these validation splits (sites "
+    "hold ~73 records here, ~91 in the benchmark, so validation gaps are larger than test gaps). Ranked by "
+    "validation accuracy, the levers: the linear model beats the MLP under DP (naive 89.6 → naive-lin 92.3 %); "
+    "one full-batch step per round with a large local step (lin-full-r30-lr3, 93.8 %) beats 5-6 Poisson batches "
+    "per round (naive-lin, lin-b32-r20); server Adam (best 93.9 %) and server momentum (93.6 %) are no better than "
+    "tuned FedAvg; the 10 'worst' features help both the non-private models (98.2 % against 96.6 % with all 30) "
+    "and DP (94.4-95.1 % against 92.0 % for the same schedule on all features); with them, clipping at 0.3 with "
+    "lr 30 (95.1 %) edges out clip 1 / lr 3 (94.4 %) and clip 0.1 / lr 90 (94.6 %), and 40 rounds edge out 30 "
+    "(94.7 %); differences below ~1 pp are within noise here (SE ≈ 0.6 pp per candidate). Chosen: "
+    "`worst-r40-c0.3` (DP) and `c-worst-lin-lr0.1-e100` (non-private reference; it ties with "
+    "`c-worst-h16-lr0.01-e100`, the linear model is simpler)."
 )
 
 
@@ -442,8 +489,9 @@ def pp(m: float, se: float) -> str:
 def tune(args: argparse.Namespace, desc: dict[str, str]) -> int:
     """Score candidate settings on validation splits (never the test folds)."""
     names = set(args.tune.split(",")) if args.tune not in ("", "all") else None
-    centrals = [s for s in (CENTRAL, *CENTRAL_CANDIDATES) if names is None or s.name in names or s is CENTRAL]
-    centrals = list(dict.fromkeys(centrals))
+    # the reference of the tuning table is the demo model trained centrally (the first candidate)
+    reference = CENTRAL_CANDIDATES[0]
+    centrals = [s for s in CENTRAL_CANDIDATES if names is None or s.name in names or s is reference]
     feds = [s for s in CANDIDATES if names is None or s.name in names]
     epsilon = args.tune_epsilon
     seeds = range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)
@@ -463,12 +511,12 @@ def tune(args: argparse.Namespace, desc: dict[str, str]) -> int:
     )
     fresh = run_jobs(todo, args.jobs, args.tune_cache)
     outcomes = [cached[_job_key(j)] for j in jobs if _job_key(j) in cached] + fresh
-    ref = _by_fold(outcomes, CENTRAL.name, None)
+    ref = _by_fold(outcomes, reference.name, None)
     headers = [
         "candidate",
         "settings",
         "validation accuracy %",
-        f"gap vs {CENTRAL.name} pp",
+        f"gap vs {reference.name} pp",
         "σ",
         "steps/site",
         "s/run",
@@ -515,25 +563,26 @@ def tune(args: argparse.Namespace, desc: dict[str, str]) -> int:
             ],
             headers=headers,
             rows=rows,
-            interpretation=args.tuning_note or "See the dp_accuracy section for the settings chosen from this table.",
+            interpretation=TUNING_INTERPRETATION,
         )
     return 0
 
 
 def benchmark(args: argparse.Namespace, desc: dict[str, str]) -> int:
     """Central vs DP federated on repeated stratified folds (the test folds)."""
+    central, demo, dp, naive = CENTRAL, CENTRAL_DEMO, DP, NAIVE
     if args.quick:
         seeds, folds, epsilons = range(1), range(2), (GOAL_EPSILON,)
-        central = dataclasses.replace(CENTRAL, epochs=min(CENTRAL.epochs, 5))
-        dp = dataclasses.replace(DP, rounds=min(DP.rounds, 3))
-        naive = dataclasses.replace(NAIVE, rounds=3)
+        central = dataclasses.replace(central, epochs=5)
+        demo = dataclasses.replace(demo, epochs=5)
+        dp = dataclasses.replace(dp, rounds=3)
+        naive = dataclasses.replace(naive, rounds=3)
     else:
         seeds, folds, epsilons = range(args.seeds), range(FOLDS), EPSILONS
-        central, dp, naive = CENTRAL, DP, NAIVE
     jobs: list[Job] = []
     for seed in seeds:
         for fold in folds:
-            jobs.append(("central", central, None, seed, fold, False))
+            jobs += [("central", central, None, seed, fold, False), ("central", demo, None, seed, fold, False)]
             jobs += [("dp", dp, eps, seed, fold, False) for eps in epsilons]
             jobs.append(("dp", naive, GOAL_EPSILON, seed, fold, False))
     n_folds = len(seeds) * len(folds)
@@ -542,14 +591,36 @@ def benchmark(args: argparse.Namespace, desc: dict[str, str]) -> int:
         f"({'quick' if args.quick else 'full'})",
         flush=True,
     )
-    t0 = time.perf_counter()
-    outcomes = run_jobs(jobs, args.jobs)
-    wall = time.perf_counter() - t0
+    if args.replay is not None:  # re-render a saved run (same settings), e.g. after a change of wording
+        import json
+
+        lines_in = args.replay.read_text().splitlines()
+        meta = json.loads(lines_in[0])
+        outcomes = [Outcome(**json.loads(line)) for line in lines_in[1:]]
+        wall, sys.argv[1:] = meta["wall_s"], meta["argv"]
+        keys = {(o.setting, o.epsilon, o.seed, o.fold) for o in outcomes}
+        missing = [j for j in jobs if (j[1].name, j[2], j[3], j[4]) not in keys]
+        if missing:
+            raise SystemExit(f"{args.replay} lacks {len(missing)} of the runs this command needs")
+    else:
+        t0 = time.perf_counter()
+        outcomes = run_jobs(jobs, args.jobs)
+        wall = time.perf_counter() - t0
+        if args.save is not None:
+            import json
+
+            with args.save.open("w") as f:
+                f.write(json.dumps({"argv": sys.argv[1:], "wall_s": wall}) + "\n")
+                f.writelines(json.dumps(dataclasses.asdict(o)) + "\n" for o in outcomes)
 
     ref = _by_fold(outcomes, central.name, None)
-    lines: list[tuple[str, Federated | Central, float | None]] = [(central.name, central, None)]
-    lines += [(dp.name, dp, eps) for eps in epsilons]
-    lines.append((naive.name, naive, GOAL_EPSILON))
+    ref_demo = _by_fold(outcomes, demo.name, None)
+    lines: list[tuple[str, str, float | None]] = [
+        (central.name, "non-private reference", None),
+        (demo.name, "non-private, demo model", None),
+    ]
+    lines += [(dp.name, "DP federated", eps) for eps in epsilons]
+    lines.append((naive.name, "DP federated", GOAL_EPSILON))
     headers = [
         "setting",
         "ε budget",
@@ -559,54 +630,53 @@ def benchmark(args: argparse.Namespace, desc: dict[str, str]) -> int:
         "folds",
         "test predictions",
         "accuracy % (mean ± SE)",
-        "gap vs central pp (mean ± SE)",
+        f"gap vs {central.name} pp (mean ± SE)",
+        f"gap vs {demo.name} pp (mean ± SE)",
     ]
     rows: list[list[str]] = []
     gaps: dict[tuple[str, float | None], tuple[float, float]] = {}
+    demo_gaps: dict[tuple[str, float | None], tuple[float, float]] = {}
+    accuracy: dict[tuple[str, float | None], tuple[float, float]] = {}
     spent_ok = True
-    for name, _, eps in lines:
+    for name, what, eps in lines:
         runs = _by_fold(outcomes, name, eps)
-        accs = [o.accuracy for o in runs.values()]
         total = sum(o.total for o in runs.values())
+        accuracy[(name, eps)] = mean_se([o.accuracy for o in runs.values()])
+        gaps[(name, eps)] = paired_gap(ref, runs)
+        demo_gaps[(name, eps)] = paired_gap(ref_demo, runs)
+        row = [f"{name} ({what})"]
         if eps is None:
-            rows.append(
-                [f"{name} (non-private)", "∞", "-", "-", "-", str(len(runs)), f"{total:,}", pct(*mean_se(accs)), "0"]
-            )
-            continue
-        gap = paired_gap(ref, runs)
-        gaps[(name, eps)] = gap
-        spent = max(o.epsilon_spent or 0.0 for o in runs.values())
-        spent_ok &= spent <= eps
-        sigmas = {round(o.sigma, 3) for o in runs.values() if o.sigma is not None}
-        steps = {o.steps for o in runs.values() if o.steps is not None}
-        rows.append(
-            [
-                f"{name} (DP federated)",
-                f"{eps:g}",
-                f"{spent:.3f}",
-                "/".join(f"{sg:.2f}" for sg in sorted(sigmas)),
-                "/".join(str(st) for st in sorted(steps)),
-                str(len(runs)),
-                f"{total:,}",
-                pct(*mean_se(accs)),
-                pp(*gap),
-            ]
-        )
+            row += ["∞", "-", "-", "-"]
+        else:
+            spent = max(o.epsilon_spent or 0.0 for o in runs.values())
+            spent_ok &= spent <= eps
+            sigmas = sorted({round(o.sigma, 2) for o in runs.values() if o.sigma is not None})
+            steps = sorted({o.steps for o in runs.values() if o.steps is not None})
+            row += [f"{eps:g}", f"{spent:.3f}", "/".join(f"{x:.2f}" for x in sigmas), "/".join(map(str, steps))]
+        row += [str(len(runs)), f"{total:,}", pct(*accuracy[(name, eps)])]
+        row += [pp(*gaps[(name, eps)]) if name != central.name else "0"]
+        row += [pp(*demo_gaps[(name, eps)]) if name != demo.name else "0"]
+        rows.append(row)
     c.print_table(f"accuracy, central vs DP federated ({SITES} non-IID sites, δ={DELTA:g})", headers, rows)
     print(f"wall time {wall / 60:.1f} min")
 
     goal_gap, goal_se = gaps[(dp.name, GOAL_EPSILON)]
     naive_gap, naive_se = gaps[(naive.name, GOAL_EPSILON)]
-    max_se = max(se for _, se in gaps.values())
+    naive_demo_gap, naive_demo_se = demo_gaps[(naive.name, GOAL_EPSILON)]
+    dp_gaps = [gaps[(n, e)] for n, _, e in lines if e is not None]
+    max_se = max(se for _, se in dp_gaps)
     met = goal_gap <= GOAL_GAP_PP
+    per_eps = ", ".join(f"ε = {e:g}: {pp(*gaps[(dp.name, e)])} pp" for e in epsilons)
     verdict = (
-        f"At ε = {GOAL_EPSILON:g} the chosen settings lose {goal_gap:.2f} ± {goal_se:.2f} pp against non-private "
-        f"central training (naive set-up: {naive_gap:.2f} ± {naive_se:.2f} pp); goal ≤ {GOAL_GAP_PP} pp: "
-        f"{'met' if met else 'not met'}"
-        + ("" if met else f" (the gap is {(goal_gap - GOAL_GAP_PP) / max(goal_se, 1e-9):.1f} SE above it)")
-        + f". Largest SE of a gap: {max_se:.2f} pp "
-        f"(goal ≤ {SE_GOAL_PP} pp: {'met' if max_se <= SE_GOAL_PP else 'not met'})."
-        f" Every site spent at most its budget: {'yes' if spent_ok else 'NO'}."
+        f"At ε = {GOAL_EPSILON:g} the tuned DP federation loses {goal_gap:.2f} ± {goal_se:.2f} pp against the "
+        f"non-private central reference; the naive set-up loses {naive_gap:.2f} ± {naive_se:.2f} pp against the same "
+        f"reference ({naive_demo_gap:.2f} ± {naive_demo_se:.2f} pp against the demo model trained centrally with the "
+        f"naive settings, which is what `simulate` reports as `centralized_accuracy`). Goal ≤ {GOAL_GAP_PP} pp at "
+        f"ε = {GOAL_EPSILON:g}: **{'met' if met else 'not met'}**"
+        + ("" if met else f" ({(goal_gap - GOAL_GAP_PP) / max(goal_se, 1e-9):.0f} SE above it)")
+        + f". Tuned gaps by budget: {per_eps}. Largest SE of a DP gap: {max_se:.2f} pp (goal ≤ {SE_GOAL_PP} pp: "
+        f"{'met' if max_se <= SE_GOAL_PP else 'not met'}); every site spent at most its budget: "
+        f"{'yes' if spent_ok else 'NO'}."
     )
     print("\n" + verdict)
     c.publish(
@@ -615,24 +685,29 @@ def benchmark(args: argparse.Namespace, desc: dict[str, str]) -> int:
         "DP accuracy: non-private central vs DP federated training (breast cancer, 5 non-IID sites)",
         f"{n_folds} test folds per setting ({len(seeds)} shuffles × {len(folds)}-fold stratified CV, seeds "
         f"{seeds.start}-{seeds.stop - 1}), every setting on every fold; mean ± standard error over folds, gaps "
-        f"paired per fold; {len(jobs)} runs, {wall / 60:.0f} min",
+        f"paired per fold (SE = std of the per-fold differences / √folds); {len(jobs)} runs in {wall / 60:.0f} min",
         desc,
         notes=[
-            f"- Task: `{TASK}`; the training part of each fold is sorted by mean radius and cut into {SITES} "
-            "contiguous sites (non-IID); every site's test slice is scored by the shared model, so a fold's accuracy "
-            "is over the whole test fold. Each DP run is a full `simulate` federation (gRPC zone on loopback).",
-            f"- DP: record-level DP-SGD (Opacus, Poisson sampling) at every site, per-site budget (ε, δ={DELTA:g}), "
-            "σ calibrated by each site so that its planned rounds spend the budget (PRV accountant); `ε spent` is "
-            "the largest `epsilon_spent` of any site in any run (`summary.json`). DP noise is drawn from OS "
-            "entropy, so DP runs are not bit-reproducible.",
-            f"- `{central.name}`: {central.describe()}, on the union of the {SITES} sites' training data.",
-            f"- `{dp.name}`: {dp.describe()}.",
+            f"- Task: `{TASK}`, features scaled with the published ranges; the training part of each fold is sorted "
+            f"by mean radius and cut into {SITES} contiguous sites (non-IID, ~91 records each); the model every site "
+            "holds after the last round is scored on the whole test fold. Each DP run is a full `simulate` "
+            "federation (gRPC zone on loopback, sites in process).",
+            f"- DP: record-level DP-SGD (Opacus, Poisson sampling) at every site, per-site budget (ε, δ = {DELTA:g}), "
+            "σ calibrated by each site to spend the budget over the planned rounds (PRV accountant; "
+            "`noise_multiplier` empty). `ε spent` is the largest `epsilon_spent` of any site in any run "
+            "(`summary.json`). DP noise comes from OS entropy, so DP runs are not bit-reproducible.",
+            f"- `{central.name}`: {central.describe()}, trained on the union of the {SITES} sites' training data "
+            "(`centralized_baseline`); the best of the non-private candidates on validation data.",
+            f"- `{demo.name}`: {demo.describe()}, same data.",
+            f"- `{dp.name}`: {dp.describe()} (batch 128 ≥ records per site: every step uses all of a site's "
+            "records, q = 1). Same settings at every ε.",
             f"- `{naive.name}`: {naive.describe()} (the issue's naive set-up).",
-            "- Settings were chosen on validation splits only (section `dp_accuracy_tuning`).",
+            "- All settings were chosen on validation splits only (section `dp_accuracy_tuning`); the test folds "
+            "were used once, for this table.",
         ],
         headers=headers,
         rows=rows,
-        interpretation=verdict + (" " + args.note if args.note else ""),
+        interpretation=verdict + " " + INTERPRETATION,
     )
     return 0
 
@@ -650,9 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tune-cache", type=Path, default=None, help="JSON-lines file of --tune outcomes: reused, appended to"
     )
+    parser.add_argument("--save", type=Path, default=None, help="write every run's outcome here (JSON lines)")
+    parser.add_argument("--replay", type=Path, default=None, help="render the tables from a --save file, run nothing")
     parser.add_argument("--publish-tuning", action="store_true", help="write the tuning table to BENCHMARKS.md")
-    parser.add_argument("--tuning-note", default="", help="interpretation text of the tuning section")
-    parser.add_argument("--note", default="", help="extra interpretation text of the benchmark section")
     args = parser.parse_args(argv)
     _quiet()
     desc = c.machine_description()
