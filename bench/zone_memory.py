@@ -114,7 +114,7 @@ def one_run(staging: int, env: dict[str, str], plan, shards, manifest, n_sites: 
         for t in threads:
             t.join()
         t_pushed = time.perf_counter()
-        summary = coordinator.close_round(round_no)
+        summary = coordinator.close_round(round_no)[0]
         t_closed = time.perf_counter()
         sampler.stop()
         for cl in [coordinator, *clients]:

@@ -68,6 +68,13 @@ class WeightedMean:
             np.add(flat_acc[start:stop], buf, out=flat_acc[start:stop])
         self.weight += w
 
+    def add_sum(self, total: np.ndarray, weight: float) -> None:
+        """Fold another accumulator's ``Σ w x`` (float64) and ``Σ w`` in (hierarchical reduction)."""
+        if total.shape != self.total.shape:
+            raise ShardError(f"cannot add a partial sum of shape {total.shape} to one of shape {self.total.shape}")
+        np.add(self.total, total, out=self.total)
+        self.weight += float(weight)
+
     def mean(self) -> np.ndarray:
         """The weighted mean, in the shard's original dtype."""
         if self.weight <= 0:
@@ -91,6 +98,17 @@ class ShardAccumulator:
         if mean is None:
             mean = self._means[shard_id] = WeightedMean.zeros(values.shape, values.dtype)
         mean.add(values, weight, self._scratch)
+
+    def add_sum(self, shard_id: str, total: np.ndarray, weight: float, dtype: np.dtype | str) -> None:
+        """Fold a partial ``Σ w x`` (float64) and its ``Σ w`` for ``shard_id``; means come out in ``dtype``."""
+        mean = self._means.get(shard_id)
+        if mean is None:
+            mean = self._means[shard_id] = WeightedMean.zeros(total.shape, dtype)
+        mean.add_sum(total, weight)
+
+    def partial_sums(self) -> dict[str, tuple[np.ndarray, float]]:
+        """``Σ w x`` (float64) and ``Σ w`` of every shard, to forward to another zone."""
+        return {sid: (m.total, m.weight) for sid, m in self._means.items()}
 
     def __contains__(self, shard_id: object) -> bool:
         return shard_id in self._means

@@ -96,10 +96,20 @@ def zone_up(
     key: Annotated[Path | None, typer.Option("--key", help="The zone's private key")] = None,
     ca: Annotated[Path | None, typer.Option("--ca", help="The federation CA certificate (ca.pem)")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Plain-text gRPC (loopback/testing only)")] = False,
+    site_keys: Annotated[
+        Path | None,
+        typer.Option("--site-keys", help="Folder of <site>.pub manifest-signing keys; unsigned manifests are refused"),
+    ] = None,
 ) -> None:
-    """Run one zone aggregator as a gRPC server until interrupted (mutual TLS unless --insecure)."""
+    """Run one zone aggregator as a gRPC server until interrupted (mutual TLS unless --insecure).
+
+    The zone enforces the federation's residency policy on every shard it receives,
+    forwards partial sums of global shards to the reducing zone, and records every
+    decision in ``audit.jsonl`` in its store (check it with ``fedshard audit verify``).
+    """
     from fedshard.config import load_federation
-    from fedshard.runtime.assembly import make_zone
+    from fedshard.runtime.assembly import load_site_keys, make_zone
+    from fedshard.runtime.routing import FederationRouting
     from fedshard.runtime.zone_rpc.service import serve
 
     cfg = load_federation(config)
@@ -108,10 +118,13 @@ def zone_up(
         names = ", ".join(z.name for z in cfg.zones)
         raise FedshardError(f"{config}: no zone named {zone!r} (zones: {names})")
     zc = matches[0]
-    aggregator = make_zone(zc, store.parent if store else Path("runs") / "zones")
     if store is not None:
-        aggregator = make_zone(zc.model_copy(update={"store": store}))
+        zc = zc.model_copy(update={"store": store})
     tls = _tls_files(cert, key, ca, insecure)
+    routing = FederationRouting(cfg)
+    routing.check()
+    keys = load_site_keys(site_keys) if site_keys is not None else None
+    aggregator = make_zone(zc, Path("runs") / "zones", routing=routing, site_keys=keys, tls=tls)
     server, port = serve(aggregator, zc.endpoint, tls=tls)
     host = zc.endpoint.rsplit(":", 1)[0]
     if tls is None:
@@ -125,6 +138,7 @@ def zone_up(
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2.0).wait()
+    aggregator.close()
     console.print(f"zone {zc.name} stopped")
 
 

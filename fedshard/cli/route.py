@@ -23,7 +23,8 @@ def explain(
     tensor: Annotated[str | None, typer.Option("--tensor", help="Only this tensor's shards")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
 ) -> None:
-    """Per shard: class, the reason for it, regions the policy allows, the chosen zone."""
+    """Per shard: class, the reason for it, regions the policy allows, the zone it is
+    pushed to, and the aggregate it ends up in (global, or a regional group)."""
     from fedshard.config import load_federation
     from fedshard.runtime.routing import explain_routes
 
@@ -34,8 +35,9 @@ def explain(
         return
     jurisdiction = cfg.site(site).jurisdiction
     table = Table(title=f"routes of {site} (jurisdiction {jurisdiction})")
-    for column in ("shard", "class", "reason", "allowed regions", "zone"):
+    for column in ("shard", "class", "reason", "allowed regions", "zone", "aggregated in"):
         table.add_column(column)
     for d in decisions:
-        table.add_row(d.shard_id, d.shard_class, d.reason, ", ".join(d.allowed_regions), d.zone)
+        final, group = d.aggregate
+        table.add_row(d.shard_id, d.shard_class, d.reason, ", ".join(d.allowed_regions), d.zone, f"{final} ({group})")
     console.print(table)

@@ -70,9 +70,9 @@ def read_identity(cert_pem: bytes, ca_pem: bytes, *, now: datetime | None = None
     """Check a site or zone certificate against the federation CA and say whom it names.
 
     Checks that ``cert_pem`` is signed by the CA in ``ca_pem``, that both are valid at
-    ``now``, that it is an end-entity certificate with exactly one of the TLS server
-    (zone) or client (site) key usages, and that it carries the matching
-    jurisdiction or region.
+    ``now``, that it is an end-entity certificate of a zone (TLS server key usage; zones
+    are TLS clients too, of the reducing zone) or a site (TLS client only), and that it
+    carries the matching region or jurisdiction.
 
     Parameters
     ----------
@@ -165,11 +165,11 @@ def _role(cert: x509.Certificate, subject: str) -> Role:
         usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
         usages = set()
-    server = ExtendedKeyUsageOID.SERVER_AUTH in usages
-    client = ExtendedKeyUsageOID.CLIENT_AUTH in usages
-    if server == client:  # neither, or both: the certificate does not say which side it is
-        raise PkiError(f"certificate of {subject!r} is neither a site (clientAuth) nor a zone (serverAuth) certificate")
-    return Role.ZONE if server else Role.SITE
+    if ExtendedKeyUsageOID.SERVER_AUTH in usages:
+        return Role.ZONE  # zones may also be TLS clients (of the reducing zone)
+    if ExtendedKeyUsageOID.CLIENT_AUTH in usages:
+        return Role.SITE
+    raise PkiError(f"certificate of {subject!r} is neither a site (clientAuth) nor a zone (serverAuth) certificate")
 
 
 def check_validity(cert: x509.Certificate, when: datetime, what: str) -> None:

@@ -264,10 +264,12 @@ def _issue(
     refuse_existing((paths.cert, paths.key), force)
     ca, ca_key = _load_ca(Path(ca_dir), when)
     key = ec.generate_private_key(ec.SECP256R1())
+    # A zone is a TLS server to sites and the coordinator, and a TLS client of the
+    # reducing zone when it forwards partial sums.
     label, oid, eku = (
-        ("jurisdiction", JURISDICTION_OID, ExtendedKeyUsageOID.CLIENT_AUTH)
+        ("jurisdiction", JURISDICTION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH])
         if role is Role.SITE
-        else ("region", REGION_OID, ExtendedKeyUsageOID.SERVER_AUTH)
+        else ("region", REGION_OID, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
     )
     subject = x509.Name(
         [
@@ -287,7 +289,7 @@ def _issue(
         .not_valid_after(min(when + timedelta(days=days), ca.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(eku), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .add_extension(x509.UnrecognizedExtension(oid, utf8_string(place)), critical=False)

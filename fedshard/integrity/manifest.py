@@ -2,9 +2,10 @@
 
 A manifest lists what one site released in one round: the shard ids with their
 digests and byte counts, the Merkle root over them, the shard plan it follows and the
-model version the update was computed from. Zones check every pushed frame against
-it. It is canonical JSON; :meth:`Manifest.signing_payload` is what a signature will
-cover (signing arrives with the PKI; ``signature`` is the slot kept for it).
+model version the update was computed from, the digest of the residency policy the
+site routed by and each shard's sensitivity class. Zones check every pushed frame
+against it. It is canonical JSON; :meth:`Manifest.signing_payload` is what the site's
+Ed25519 signature covers (:meth:`Manifest.signed`, :meth:`Manifest.verify_signature`).
 """
 
 from __future__ import annotations
@@ -15,23 +16,27 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from fedshard.crypto.signing import sign, verify
 from fedshard.errors import IntegrityError
 from fedshard.integrity.digest import shard_digest
 from fedshard.integrity.merkle import merkle_root
 
 __all__ = ["MANIFEST_FORMAT", "Manifest", "ShardEntry", "build_manifest"]
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 
 
 @dataclass(frozen=True, slots=True)
 class ShardEntry:
-    """One released shard: id, digest (hex) and size in bytes."""
+    """One released shard: id, digest (hex), size in bytes and sensitivity class
+    (empty where residency does not apply, e.g. an aggregate's listing)."""
 
     shard_id: str
     digest: str
     nbytes: int
+    shard_class: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,7 @@ class Manifest:
     weight: float
     shards: tuple[ShardEntry, ...]
     merkle_root: str
+    policy_digest: str = ""
     format: int = MANIFEST_FORMAT
     signature: str | None = field(default=None, compare=False)
 
@@ -73,8 +79,9 @@ class Manifest:
             "base_version": self.base_version,
             "zone": self.zone,
             "weight": self.weight,
-            "shards": [[s.shard_id, s.digest, s.nbytes] for s in self.shards],
+            "shards": [[s.shard_id, s.digest, s.nbytes, s.shard_class] for s in self.shards],
             "merkle_root": self.merkle_root,
+            "policy_digest": self.policy_digest,
         }
 
     def signing_payload(self) -> bytes:
@@ -103,8 +110,9 @@ class Manifest:
                 base_version=str(body["base_version"]),
                 zone=str(body["zone"]),
                 weight=float(body["weight"]),
-                shards=tuple(ShardEntry(str(s), str(d), int(n)) for s, d, n in body["shards"]),
+                shards=tuple(ShardEntry(str(s), str(d), int(n), str(c)) for s, d, n, c in body["shards"]),
                 merkle_root=str(body["merkle_root"]),
+                policy_digest=str(body["policy_digest"]),
                 signature=body.get("signature"),
             )
         except IntegrityError:
@@ -132,6 +140,20 @@ class Manifest:
         """Copy of this manifest carrying ``signature``."""
         return replace(self, signature=signature)
 
+    def signed(self, private_key: Ed25519PrivateKey) -> Manifest:
+        """Copy of this manifest signed with the site's Ed25519 key."""
+        return self.with_signature(sign(private_key, self.signing_payload()))
+
+    def verify_signature(self, public_key: Ed25519PublicKey | bytes | str) -> None:
+        """Raise :class:`IntegrityError` unless the manifest carries a valid signature by ``public_key``."""
+        if self.signature is None:
+            raise IntegrityError(f"manifest of site {self.site_id!r} round {self.round} is not signed")
+        if not verify(public_key, self.signing_payload(), self.signature):
+            raise IntegrityError(
+                f"manifest of site {self.site_id!r} round {self.round}: signature does not verify with the "
+                "site's registered key (tampered, or signed by another key)"
+            )
+
 
 def build_manifest(
     *,
@@ -142,8 +164,17 @@ def build_manifest(
     zone: str,
     weight: float,
     shards: Mapping[str, np.ndarray],
+    classes: Mapping[str, str] | None = None,
+    policy_digest: str = "",
 ) -> Manifest:
-    """Digest ``shards`` and build the manifest that describes them."""
-    entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
+    """Digest ``shards`` and build the manifest that describes them.
+
+    ``classes`` gives each shard's sensitivity class, ``policy_digest`` the residency
+    policy the site routed by; zones re-check both.
+    """
+    classes = classes or {}
+    entries = tuple(
+        ShardEntry(sid, shard_digest(arr), int(arr.nbytes), classes.get(sid, "")) for sid, arr in shards.items()
+    )
     root = merkle_root({e.shard_id: e.digest for e in entries})
-    return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), entries, root)
+    return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), entries, root, policy_digest)

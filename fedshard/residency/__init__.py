@@ -8,7 +8,7 @@ refuse it when the policy forbids their region.
 
 from fedshard.residency.classifier import Classification, SensitivityClassifier
 from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection, refusal
-from fedshard.residency.router import RouteDecision, Router, ZoneInfo
+from fedshard.residency.router import RouteDecision, Router, Scope, ZoneInfo, group_name
 
 __all__ = [
     "ANY_REGION",
@@ -17,9 +17,11 @@ __all__ = [
     "PolicyDecision",
     "RouteDecision",
     "Router",
+    "Scope",
     "Selection",
     "SensitivityClassifier",
     "ShardProtection",
     "ZoneInfo",
+    "group_name",
     "refusal",
 ]

@@ -10,19 +10,47 @@ policy allows for a shard it picks, in order:
 
 When no zone may hold a shard it raises :class:`~fedshard.errors.ResidencyViolationError`
 rather than pick one: nothing leaves the site.
+
+Every shard also gets a **scope**. A shard is ``global`` when there is a reducing zone,
+the policy lets the shard be held in the reducing zone's region and lets its
+aggregate be served to anyone: the zone that receives it forwards its partial sum
+to the reducing zone, and every site applies the same global mean. Otherwise it is
+``regional``: it is aggregated where it was received, together with the shards whose
+aggregate may be served to the same jurisdictions, and only those sites share that
+mean (global layers + regional/personal layers). :attr:`RouteDecision.group` names
+the aggregate a shard ends up in: ``global``, ``regional/any`` or ``regional/EU``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from fedshard.errors import ConfigError, ResidencyViolationError
 from fedshard.residency.classifier import Classification
-from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, ShardProtection
+from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection
 
-__all__ = ["RouteDecision", "Router", "ZoneInfo"]
+__all__ = ["RouteDecision", "Router", "Scope", "ZoneInfo", "group_name"]
+
+
+class Scope(StrEnum):
+    """Where a shard's aggregate is completed."""
+
+    REGIONAL = "regional"
+    """In the zone that received it; served to the sites whose shards met there."""
+    GLOBAL = "global"
+    """In the reducing zone, from the partial sums every zone forwards; served to all."""
+
+
+def group_name(scope: Scope, serve_to: Selection) -> str:
+    """Name of the aggregate a shard joins: ``global``, or ``regional/`` + who may receive it
+    (``any``, or jurisdictions joined by ``+``)."""
+    if scope is Scope.GLOBAL:
+        return Scope.GLOBAL.value
+    who = "any" if serve_to == ANY_REGION else "+".join(sorted(serve_to)) or "none"
+    return f"{Scope.REGIONAL.value}/{who}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +78,11 @@ class RouteDecision:
     allowed_regions:
         Regions the rule allows, sorted, or ``["*"]`` for any.
     zone:
-        The chosen zone's name.
+        The chosen zone's name: where the site pushes the shard.
+    scope:
+        :class:`Scope`: aggregated in ``zone`` (regional) or in the reducing zone (global).
+    final_zone:
+        The zone that publishes the shard's aggregate (``zone``, or the reducing zone).
     """
 
     shard_id: str
@@ -59,6 +91,15 @@ class RouteDecision:
     rule: str
     allowed_regions: list[str]
     zone: str
+    scope: Scope = Scope.REGIONAL
+    final_zone: str = ""
+
+    group: str = ""
+
+    @property
+    def aggregate(self) -> tuple[str, str]:
+        """``(final zone, group)``: the aggregate a site applies for this shard."""
+        return (self.final_zone or self.zone, self.group or group_name(self.scope, ANY_REGION))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for ``fedshard route`` and audit logs)."""
@@ -69,6 +110,9 @@ class RouteDecision:
             "rule": self.rule,
             "allowed_regions": list(self.allowed_regions),
             "zone": self.zone,
+            "scope": self.scope.value,
+            "final_zone": self.final_zone or self.zone,
+            "group": self.aggregate[1],
         }
 
 
@@ -125,9 +169,37 @@ class Router:
         if zone is None:
             raise ResidencyViolationError(self._no_zone(shard_id, classification.shard_class, origin, decision))
         allowed = ["*"] if decision.allowed_regions == ANY_REGION else sorted(decision.allowed_regions)
+        scope = self.scope_of(decision)
+        final = self.reducing_zone if scope is Scope.GLOBAL and self.reducing_zone is not None else zone
         return RouteDecision(
-            shard_id, classification.shard_class, classification.reason, decision.reason, allowed, zone
+            shard_id,
+            classification.shard_class,
+            classification.reason,
+            decision.reason,
+            allowed,
+            zone,
+            scope,
+            final,
+            group_name(scope, decision.serve_to),
         )
+
+    def route_group(self, decision: PolicyDecision) -> str:
+        """The aggregate a shard under ``decision`` joins (see :func:`group_name`)."""
+        return group_name(self.scope_of(decision), decision.serve_to)
+
+    def scope_of(self, decision: PolicyDecision) -> Scope:
+        """Global when a reducing zone exists, the decision allows its region and serves anyone."""
+        reducer = self._reducer_region
+        if reducer is not None and decision.permits(reducer) and decision.serve_to == ANY_REGION:
+            return Scope.GLOBAL
+        return Scope.REGIONAL
+
+    @property
+    def _reducer_region(self) -> str | None:
+        for z in self.zones:
+            if z.name == self.reducing_zone:
+                return z.region
+        return None
 
     def route_plan(
         self,

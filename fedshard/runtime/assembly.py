@@ -7,18 +7,38 @@ Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedshard.config import FederationConfig, ZoneConfig
 from fedshard.errors import ConfigError, PrivacyError
-from fedshard.runtime.channels import ZoneClient
+from fedshard.runtime.channels import ZoneClient, ZoneConnector
 from fedshard.runtime.site import Site
 from fedshard.runtime.site_privacy import SitePrivacy
 from fedshard.runtime.task import Partition, build_initial_model, load_task
 from fedshard.runtime.zone import ZoneAggregator
 
-__all__ = ["check_privacy", "dp_layers", "grpc_connector", "make_site", "make_zone", "running_zones"]
+if TYPE_CHECKING:
+    from fedshard.crypto.tls import TlsFiles
+    from fedshard.runtime.routing import FederationRouting
+
+__all__ = [
+    "AUDIT_FILE",
+    "SIGNING_KEY_FILE",
+    "check_privacy",
+    "dp_layers",
+    "grpc_connector",
+    "load_site_keys",
+    "make_site",
+    "make_zone",
+    "running_zones",
+]
+
+SIGNING_KEY_FILE = "signing.key"
+"""A site's manifest-signing key, in its state folder (public key beside it, ``.pub``)."""
+AUDIT_FILE = "audit.jsonl"
+"""A zone's audit log, in its store folder."""
 
 
 def grpc_connector(name: str, endpoint: str) -> ZoneClient:
@@ -28,12 +48,47 @@ def grpc_connector(name: str, endpoint: str) -> ZoneClient:
     return GrpcZoneClient(endpoint)
 
 
-def make_site(config: FederationConfig, site_id: str, state_root: str | Path) -> Site:
-    """The :class:`Site` for ``site_id``, keeping its state under ``state_root/site_id``."""
+def tls_connector(tls: TlsFiles | None) -> ZoneConnector:
+    """Zone clients over gRPC, with mutual TLS when ``tls`` is given."""
+    from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+
+    def connect(name: str, endpoint: str) -> ZoneClient:
+        return GrpcZoneClient(endpoint, tls=tls)
+
+    return connect
+
+
+def load_site_keys(folder: str | Path) -> dict[str, bytes]:
+    """Sites' manifest-signing public keys from ``<site id>.pub`` files (hex) in ``folder``."""
+    from fedshard.crypto.signing import load_public_key, public_key_bytes
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"site key folder {folder} does not exist")
+    return {p.name[: -len(".pub")]: public_key_bytes(load_public_key(p.read_bytes())) for p in folder.glob("*.pub")}
+
+
+def make_site(
+    config: FederationConfig, site_id: str, state_root: str | Path, routing: FederationRouting | None = None
+) -> Site:
+    """The :class:`Site` for ``site_id``, keeping its state under ``state_root/site_id``.
+
+    The site routes by ``routing`` (computed from ``config`` when not given) and signs
+    its manifests with ``state_root/site_id/signing.key`` when that file exists.
+    """
+    from fedshard.runtime.routing import FederationRouting
+
+    routes = routing or FederationRouting(config)
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
     state_dir = Path(state_root) / site.id
+    key_file = state_dir / SIGNING_KEY_FILE
+    signing_key = None
+    if key_file.exists():
+        from fedshard.crypto.signing import load_signing_key
+
+        signing_key = load_signing_key(key_file)
     return Site(
         site.id,
         site.jurisdiction,
@@ -45,6 +100,8 @@ def make_site(config: FederationConfig, site_id: str, state_root: str | Path) ->
         connect=grpc_connector,
         privacy=SitePrivacy(site.id, state_dir, cap=site.cap),
         dp_layers=dp_layers(config),
+        routing=lambda: routes.site(site_id),
+        signing_key=signing_key,
     )
 
 
@@ -85,29 +142,66 @@ def check_privacy(config: FederationConfig) -> None:
             )
 
 
-def make_zone(zone: ZoneConfig, store_root: str | Path | None = None) -> ZoneAggregator:
-    """The aggregator for ``zone``; its store is ``zone.store`` or ``store_root/name``."""
+def make_zone(
+    zone: ZoneConfig,
+    store_root: str | Path | None = None,
+    *,
+    routing: FederationRouting | None = None,
+    site_keys: Mapping[str, bytes] | None = None,
+    tls: TlsFiles | None = None,
+) -> ZoneAggregator:
+    """The aggregator for ``zone``; its store (and audit log) is ``zone.store`` or ``store_root/name``.
+
+    With ``routing`` the zone enforces the federation's residency policy; with
+    ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
+    presents when it forwards partial sums to the reducing zone.
+    """
+    from fedshard.residency.audit import AuditLog
+
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
-    return ZoneAggregator(zone.name, zone.region, store_dir=store, staging_bytes=zone.staging_mb << 20)
+    audit = None
+    if store is not None:
+        Path(store).mkdir(parents=True, exist_ok=True)
+        audit = AuditLog(Path(store) / AUDIT_FILE)
+    return ZoneAggregator(
+        zone.name,
+        zone.region,
+        store_dir=store,
+        staging_bytes=zone.staging_mb << 20,
+        residency=routing.zone_policy(zone.name, site_keys) if routing is not None else None,
+        audit=audit,
+        connect=tls_connector(tls),
+    )
 
 
 @contextlib.contextmanager
-def running_zones(config: FederationConfig, store_root: str | Path | None = None) -> Iterator[dict[str, str]]:
-    """Start every configured zone as a gRPC server in this process; yields endpoints.
+def running_zones(
+    config: FederationConfig,
+    store_root: str | Path | None = None,
+    site_keys: Mapping[str, bytes] | None = None,
+) -> Iterator[dict[str, str]]:
+    """Start every configured zone as a gRPC server in this process, enforcing the
+    federation's residency policy; yields endpoints.
 
     Port 0 in a zone's endpoint picks a free port.
     """
+    from fedshard.runtime.routing import FederationRouting
     from fedshard.runtime.zone_rpc.service import serve
 
-    servers = []
+    routing = FederationRouting(config)
+    routing.check()
+    servers, zones = [], []
     endpoints: dict[str, str] = {}
     try:
         for zc in config.zones:
             host = zc.endpoint.rsplit(":", 1)[0]
-            server, port = serve(make_zone(zc, store_root), zc.endpoint)
+            zones.append(make_zone(zc, store_root, routing=routing, site_keys=site_keys))
+            server, port = serve(zones[-1], zc.endpoint)
             servers.append(server)
             endpoints[zc.name] = f"{host}:{port}"
         yield endpoints
     finally:
         for server in servers:
             server.stop(grace=1.0).wait()
+        for zone in zones:
+            zone.close()

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from fedshard.integrity import Manifest
 from fedshard.runtime.messages import MessageKind, SiteFailure
-from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
+from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
 
 __all__ = ["SiteGateway", "ZoneClient", "ZoneConnector"]
 
@@ -34,16 +34,23 @@ class ZoneClient(Protocol):
         """Push one site's update (site). Raises PushRejectedError if refused."""
         ...
 
-    def close_round(self, round: int) -> AggregateSummary:
-        """Publish the round's aggregate (coordinator)."""
+    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
+        """Publish the round's aggregates, one per group, after forwarding partial sums
+        of global shards to ``forward_to`` = the reducing zone's (name, endpoint) (coordinator)."""
+        ...
+
+    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
+        """Fold another zone's partial sums into the round (zone to reducing zone)."""
         ...
 
     def abort_round(self, round: int) -> None:
         """Discard the round (coordinator)."""
         ...
 
-    def fetch_aggregate(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Download a published aggregate (site)."""
+    def fetch_aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """Download a published aggregate (site ``site_id``)."""
         ...
 
     def close(self) -> None:

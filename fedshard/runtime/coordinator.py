@@ -1,13 +1,22 @@
 """The Coordinator: drives rounds over metadata only.
 
-It selects sites, opens the round at the zone, tells the selected sites to train,
-waits (with a timeout and a minimum-sites rule), closes the round, extends the
-model-version chain with the aggregate's Merkle root, and has sites evaluate. It
-never sees parameters or updates: those go from sites straight to zones.
+It selects sites, opens the round at every zone, tells the selected sites to train,
+waits (with a timeout and a minimum-sites rule), closes the round (the other zones
+first, so that they forward their partial sums of global shards to the reducing
+zone, then the reducing zone), extends each residency group's model-version chain,
+and has sites evaluate. It never sees parameters or updates: those go from sites
+straight to zones.
+
+Sites whose shards end up in the same aggregates form a **residency group** (for
+example, EU sites share regional EU aggregates of their personal layers, while
+everyone shares the global ones). Each group has its own model and version chain;
+the run's ``version`` combines them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import random
@@ -17,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedshard.config import FederationConfig
-from fedshard.errors import RoundError
-from fedshard.integrity import next_version
+from fedshard.errors import FedshardError, RoundError
+from fedshard.integrity import merkle_root, next_version
 from fedshard.runtime.channels import SiteGateway, ZoneClient
 from fedshard.runtime.messages import (
     AppliedRound,
@@ -28,6 +37,7 @@ from fedshard.runtime.messages import (
     MessageKind,
     PrivacyPlan,
     PrivacyReport,
+    PublishedAggregate,
     QueryRequest,
     RecordPlan,
     SiteFailure,
@@ -36,10 +46,10 @@ from fedshard.runtime.messages import (
     TrainReport,
     UpdatePlan,
 )
-from fedshard.runtime.rounds import RoundSpec, derive_seed
+from fedshard.runtime.rounds import AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
 
-__all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult"]
+__all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult", "combine_versions", "residency_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,9 @@ class RoundResult:
     loss: float
     bytes_up: int
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # site id -> PrivacyReport fields
+    versions: dict[str, str] = field(default_factory=dict)  # residency group -> its model version
+    roots: dict[str, str] = field(default_factory=dict)  # residency group -> root of what it applied
+    aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published
 
 
 @dataclass
@@ -69,6 +82,7 @@ class RunResult:
     version: str
     rounds: list[RoundResult] = field(default_factory=list)
     stopped_reason: str = ""
+    groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
 
     @property
     def privacy(self) -> dict[str, dict[str, Any]]:
@@ -77,6 +91,48 @@ class RunResult:
         for r in self.rounds:
             latest.update(r.privacy)
         return latest
+
+
+@dataclass
+class _Group:
+    """Sites that apply the same aggregates (a residency group), and their model's history."""
+
+    view: dict[str, list[str]]  # "zone|group" -> shard ids
+    sites: list[str]
+    version: str
+    history: list[AppliedRound] = field(default_factory=list)
+
+    def applied_root(self, published: Mapping[str, AggregateSummary]) -> str:
+        """Root over the shards this group applies from the round's aggregates."""
+        digests: dict[str, str] = {}
+        for key, shard_ids in self.view.items():
+            summary = published.get(key)
+            if summary is None:
+                continue
+            entries = {e.shard_id: e.digest for e in summary.shards}
+            digests.update({sid: entries[sid] for sid in shard_ids if sid in entries})
+        return merkle_root(digests)
+
+
+def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
+    """Sites that apply the same aggregates, by group name (their jurisdictions, joined by ``+``)."""
+    by_view: dict[str, list[SiteInfo]] = {}
+    for info in sorted(sites, key=lambda i: i.site_id):
+        by_view.setdefault(json.dumps(info.view, sort_keys=True), []).append(info)
+    groups: dict[str, list[SiteInfo]] = {}
+    for members in by_view.values():
+        name = "+".join(sorted({m.jurisdiction for m in members}))
+        while name in groups:
+            name += "'"
+        groups[name] = members
+    return groups
+
+
+def combine_versions(versions: Mapping[str, str]) -> str:
+    """One version for the whole federation: the only group's, or a digest over all groups'."""
+    if len(versions) == 1:
+        return next(iter(versions.values()))
+    return hashlib.sha256(json.dumps(dict(sorted(versions.items()))).encode()).hexdigest()
 
 
 class RoundObserver(Protocol):
@@ -123,7 +179,8 @@ class Coordinator:
         self.observer = observer
         self._rng = random.Random(config.federation.seed)
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
-        self._history: list[AppliedRound] = []
+        self._groups: dict[str, _Group] = {}  # residency group name -> group
+        self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
         self._apply_rule = ApplyRule(**config.training.server_optimizer.model_dump())
         self._plan_json = ""
@@ -137,7 +194,9 @@ class Coordinator:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
         nodes = self.sites.nodes()
         plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites}
-        query = QueryRequest(privacy={site: plan for site, plan in plans.items() if plan is not None})
+        query = QueryRequest(
+            privacy={site: plan for site, plan in plans.items() if plan is not None}, zones=self.endpoints
+        )
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
         infos: dict[str, SiteInfo] = {}
         for node, reply in replies.items():
@@ -168,9 +227,28 @@ class Coordinator:
         if ShardPlan.from_json(plan_json).digest != plan_digest:
             raise RoundError("the sites' shard plan does not match its digest")
         self._plan_json = plan_json
+        self._form_groups(genesis)
         return RunResult(
-            sites=sorted(infos.values(), key=lambda s: s.site_id), genesis_version=genesis, version=genesis
+            sites=sorted(infos.values(), key=lambda s: s.site_id),
+            genesis_version=genesis,
+            version=genesis,
+            groups={name: list(g.sites) for name, g in sorted(self._groups.items())},
         )
+
+    def _form_groups(self, genesis: str) -> None:
+        """Group sites by the aggregates they apply (their views)."""
+        self._groups, self._group_of = {}, {}
+        for name, members in residency_groups(list(self._nodes.values())).items():
+            self._groups[name] = _Group(dict(members[0].view), [m.site_id for m in members], genesis)
+            self._group_of.update({m.site_id: name for m in members})
+        if len(self._groups) > 1:
+            log.info(
+                "residency groups: %s",
+                "; ".join(f"{n}: {', '.join(g.sites)}" for n, g in sorted(self._groups.items())),
+            )
+
+    def _group(self, node: str) -> _Group:
+        return self._groups[self._group_of[self._nodes[node].site_id]]
 
     # rounds ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -242,21 +320,28 @@ class Coordinator:
         return report is None or report.can_afford_next
 
     def run_round(self, rnd: int, version: str) -> RoundResult:
-        """Run round ``rnd`` starting from model ``version``."""
+        """Run round ``rnd``; ``version`` is the federation's version before it."""
         fed = self.config.federation
         selected = self._select(rnd)
-        zone_name = self.config.zones[0].name
-        zone = self.zones[zone_name]
         token = secrets.token_hex(16)
-        plan_json = self._plan_json
-        zone.open_round(RoundSpec(rnd, token, plan_json, version, tuple(self._nodes[n].site_id for n in selected)))
+        site_ids = tuple(self._nodes[n].site_id for n in selected)
+        versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
+        spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())))
+        opened = []
+        try:
+            for name, zone in self.zones.items():
+                zone.open_round(spec)
+                opened.append(name)
+        except FedshardError:
+            self._abort(rnd, opened)
+            raise
         t = self.config.training
         instructions = {
             node: TrainInstruction(
                 round=rnd,
                 token=token,
-                base_version=version,
-                history=list(self._history),
+                base_version=self._group(node).version,
+                history=list(self._group(node).history),
                 zones=self.endpoints,
                 epochs=t.local_epochs,
                 batch_size=t.batch_size,
@@ -280,25 +365,32 @@ class Coordinator:
                 refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
                 log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
         if len(reports) < fed.min_sites:
-            zone.abort_round(rnd)
+            self._abort(rnd, list(self.zones))
             details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))
             raise RoundError(
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
                 f"(federation.min_sites is {fed.min_sites}). {details}"
             )
-        summary = zone.close_round(rnd)
-        counted = set(summary.sites)
+        published = self._close(rnd)
+        counted = {s for summary in published.values() for s in summary.sites}
         if not counted:
-            raise RoundError(f"round {rnd}: zone {zone_name} counted no update")
-        version = next_version(version, summary.merkle_root)
-        self._history.append(AppliedRound(round=rnd, zone=zone_name, merkle_root=summary.merkle_root))
-        accuracy, loss = self._evaluate(rnd, version)
+            raise RoundError(f"round {rnd}: the zones counted no update")
+        announced = [
+            PublishedAggregate(zone=s.zone, group=s.group, merkle_root=s.merkle_root) for s in published.values()
+        ]
+        roots = {}
+        for name, group in sorted(self._groups.items()):
+            roots[name] = root = group.applied_root(published)
+            group.version = next_version(group.version, root)
+            group.history.append(AppliedRound(round=rnd, merkle_root=root, aggregates=announced))
+        accuracy, loss = self._evaluate(rnd)
         ok = [r for r in reports if r.site_id in counted]
         weight = sum(r.num_examples for r in ok) or 1
+        group_versions = {name: g.version for name, g in sorted(self._groups.items())}
         return RoundResult(
             round=rnd,
-            version=version,
-            merkle_root=summary.merkle_root,
+            version=combine_versions(group_versions),
+            merkle_root=merkle_root({f"{s.zone}|{s.group}": s.merkle_root for s in published.values()}),
             sites=tuple(sorted(counted)),
             refused=refused,
             train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
@@ -306,19 +398,55 @@ class Coordinator:
             loss=loss,
             bytes_up=sum(r.bytes_up for r in ok),
             privacy={site: report.model_dump() for site, report in sorted(self._privacy.items())},
+            versions=group_versions,
+            roots=roots,
+            aggregates=[
+                {"zone": s.zone, "group": s.group, "shards": len(s.shards), "sites": list(s.sites)}
+                for s in published.values()
+            ],
         )
 
-    def _evaluate(self, rnd: int, version: str) -> tuple[float, float]:
-        """Every site applies the aggregate and evaluates; weighted accuracy and loss."""
-        message = EvaluateInstruction(
-            round=rnd, version=version, history=list(self._history), zones=self.endpoints, apply=self._apply_rule
-        )
-        replies = self.sites.send(MessageKind.EVALUATE, {n: message for n in self._nodes}, self._timeout)
+    def _abort(self, rnd: int, zones: list[str]) -> None:
+        for name in zones:
+            try:
+                self.zones[name].abort_round(rnd)
+            except FedshardError as exc:
+                log.warning("round %d: zone %s could not abort: %s", rnd, name, exc)
+
+    def _close(self, rnd: int) -> dict[str, AggregateSummary]:
+        """Close the round at every zone, the reducing zone last; summaries by ``zone|group``."""
+        reducer = self.config.reducing_zone
+        forward_to = (reducer, self.endpoints[reducer]) if reducer is not None else None
+        order = sorted(self.zones, key=lambda name: (name == reducer, name))
+        published: dict[str, AggregateSummary] = {}
+        for name in order:
+            try:
+                summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
+            except FedshardError as exc:
+                self._abort(rnd, list(self.zones))
+                raise RoundError(f"round {rnd}: zone {name} could not close the round: {exc}") from None
+            published.update({f"{s.zone}|{s.group}": s for s in summaries})
+        return published
+
+    def _evaluate(self, rnd: int) -> tuple[float, float]:
+        """Every site applies its aggregates and evaluates; weighted accuracy and loss."""
+        messages = {
+            node: EvaluateInstruction(
+                round=rnd,
+                version=self._group(node).version,
+                history=list(self._group(node).history),
+                zones=self.endpoints,
+                apply=self._apply_rule,
+            )
+            for node in self._nodes
+        }
+        replies = self.sites.send(MessageKind.EVALUATE, messages, self._timeout)
         reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
         for node, reply in replies.items():
             if not isinstance(reply, EvaluateReport):
                 log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)
-        disagree = [r.site_id for r in reports if r.version != version]
+        expected = {self._nodes[n].site_id: self._group(n).version for n in self._nodes}
+        disagree = [r.site_id for r in reports if r.version != expected.get(r.site_id)]
         if disagree:
             raise RoundError(f"round {rnd}: sites {', '.join(disagree)} report a different model version")
         n = sum(r.num_examples for r in reports)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedshard.errors import RoundError
-from fedshard.runtime.coordinator import RoundResult, RunResult
+from fedshard.runtime.coordinator import RoundResult, RunResult, residency_groups
 from fedshard.runtime.messages import SiteInfo
 
 __all__ = ["EventLog", "replay", "round_from_event"]
@@ -65,10 +65,12 @@ def replay(path: str | Path) -> RunResult:
     if not starts:
         raise RoundError(f"{path}: the run never assembled its sites (no start event)")
     start = events[starts[-1]]
+    sites = [SiteInfo(**s) for s in start["sites"]]
     result = RunResult(
-        sites=[SiteInfo(**s) for s in start["sites"]],
+        sites=sites,
         genesis_version=start["genesis_version"],
         version=start["genesis_version"],
+        groups={name: [m.site_id for m in members] for name, members in sorted(residency_groups(sites).items())},
     )
     for event in events[starts[-1] + 1 :]:
         if event["event"] == "round":

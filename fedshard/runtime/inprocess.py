@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from fedshard.errors import FedshardError
 from fedshard.integrity import Manifest
 from fedshard.runtime.messages import MessageKind, SiteFailure
-from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
+from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
 from fedshard.runtime.site import Site
 from fedshard.runtime.zone import ZoneAggregator
 
@@ -36,17 +36,25 @@ class InProcessZoneClient:
         """See :class:`ZoneClient`."""
         return self.zone.push(manifest, token, dict(shards))
 
-    def close_round(self, round: int) -> AggregateSummary:
+    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
         """See :class:`ZoneClient`."""
-        return self.zone.close_round(round)
+        return self.zone.close_round(round, forward_to)
+
+    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
+        """See :class:`ZoneClient`."""
+        return self.zone.receive_partial(partial, dict(sums))
 
     def abort_round(self, round: int) -> None:
         """See :class:`ZoneClient`."""
         self.zone.abort_round(round)
 
-    def fetch_aggregate(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+    def fetch_aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
         """See :class:`ZoneClient`."""
-        return self.zone.aggregate(round)
+        residency = self.zone.residency
+        jurisdiction = residency.jurisdictions.get(site_id) if residency is not None else None
+        return self.zone.aggregate(round, group, jurisdiction=jurisdiction)
 
     def close(self) -> None:
         """Nothing to release."""

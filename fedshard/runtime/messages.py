@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "AppliedRound",
@@ -19,6 +19,7 @@ __all__ = [
     "MessageKind",
     "PrivacyPlan",
     "PrivacyReport",
+    "PublishedAggregate",
     "QueryRequest",
     "RecordPlan",
     "SiteFailure",
@@ -43,12 +44,25 @@ class MessageKind(StrEnum):
     EVALUATE = "evaluate"
 
 
+class PublishedAggregate(_Msg):
+    """One aggregate a zone published in a round: the zone, its group and Merkle root."""
+
+    zone: str
+    group: str
+    merkle_root: str
+
+
 class AppliedRound(_Msg):
-    """One published aggregate in the model's history: which zone holds it and its root."""
+    """One round of the model's history as one site sees it.
+
+    ``aggregates`` are all the aggregates published in the round; ``merkle_root`` is
+    the root over the shards *this site* applies from them (its residency group's
+    view), which extends its model-version chain.
+    """
 
     round: int
-    zone: str
     merkle_root: str
+    aggregates: list[PublishedAggregate]
 
 
 class RecordPlan(_Msg):
@@ -111,10 +125,12 @@ class QueryRequest(_Msg):
     """Ask a site who it is and where its model stands.
 
     The coordinator does not know which node is which site before they answer, so it
-    sends every site's privacy plan; each site reads its own.
+    sends every site's privacy plan; each site reads its own. ``zones`` (name →
+    endpoint) lets the site report which aggregates it will apply (its view).
     """
 
     privacy: dict[str, PrivacyPlan] = {}
+    zones: dict[str, str] = {}
 
 
 class SiteInfo(_Msg):
@@ -127,6 +143,7 @@ class SiteInfo(_Msg):
     plan_json: str
     genesis_version: str
     privacy: PrivacyReport | None = None
+    view: dict[str, list[str]] = Field(default_factory=dict)  # "zone|group" -> shard ids this site applies
 
 
 class TrainInstruction(_Msg):

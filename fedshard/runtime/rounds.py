@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
+from fedshard.errors import IntegrityError
 from fedshard.integrity.manifest import ShardEntry
 
-__all__ = ["AggregateSummary", "PushReceipt", "RoundSpec", "derive_seed"]
+__all__ = ["AggregateSummary", "PartialEntry", "PartialSum", "PushReceipt", "RoundSpec", "derive_seed"]
+
+DEFAULT_GROUP = "regional/any"
+"""The aggregate every shard joins when residency puts no constraint on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,12 @@ class RoundSpec:
     plan_json: str
     base_version: str
     sites: tuple[str, ...]
+    base_versions: tuple[tuple[str, str], ...] = ()  # (site, version) where it differs from base_version
+
+    def version_for(self, site_id: str) -> str:
+        """The model version ``site_id``'s update must start from (sites in different
+        residency groups hold different models)."""
+        return dict(self.base_versions).get(site_id, self.base_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +61,52 @@ class AggregateSummary:
     total_weight: float
     sites: tuple[str, ...]
     shards: tuple[ShardEntry, ...]
+    group: str = DEFAULT_GROUP
+
+
+@dataclass(frozen=True, slots=True)
+class PartialEntry:
+    """One forwarded partial sum: ``Σ w x`` (float64, digest over its bytes), ``Σ w``, and
+    the sites whose shards it contains."""
+
+    shard_id: str
+    digest: str
+    nbytes: int
+    weight: float
+    contributors: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartialSum:
+    """What a zone forwards to the reducing zone when it closes a round."""
+
+    zone: str
+    round: int
+    token: str
+    entries: tuple[PartialEntry, ...] = field(default=())
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON."""
+        body = {
+            "zone": self.zone,
+            "round": self.round,
+            "token": self.token,
+            "entries": [[e.shard_id, e.digest, e.nbytes, e.weight, list(e.contributors)] for e in self.entries],
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PartialSum:
+        """Parse; raise :class:`IntegrityError` if malformed."""
+        try:
+            body = json.loads(data)
+            entries = tuple(
+                PartialEntry(str(s), str(d), int(n), float(w), tuple(str(c) for c in cs))
+                for s, d, n, w, cs in body["entries"]
+            )
+            return cls(str(body["zone"]), int(body["round"]), str(body["token"]), entries)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"malformed partial sum header: {exc}") from None
 
 
 def derive_seed(*parts: object) -> int:

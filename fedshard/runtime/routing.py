@@ -1,19 +1,40 @@
-"""Routing a site's shards: classify every shard, then let the policy pick its zone.
+"""Routing a federation's shards: classify every shard, then let the policy pick its zone.
 
-``fedshard route explain`` shows these decisions; sites will push by them, and zones
-re-check them, so a shard never goes where the policy forbids.
+Everything here is derived from the federation config alone, deterministically, so a
+site, a zone and ``fedshard route explain`` reach the same decisions independently:
+sites push by them, zones re-check them (:func:`zone_policy_for`), so a shard never
+goes where the policy forbids.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
-from fedshard.residency import Policy, RouteDecision, Router, SensitivityClassifier, ShardProtection, ZoneInfo
-from fedshard.runtime.assembly import dp_layers
+from fedshard.residency import (
+    Classification,
+    Policy,
+    RouteDecision,
+    Router,
+    SensitivityClassifier,
+    ShardProtection,
+    ZoneInfo,
+)
 from fedshard.runtime.task import build_initial_model, load_task
+from fedshard.runtime.zone_policy import ZonePolicy
 from fedshard.sharding import ShardPlan
 
-__all__ = ["explain_routes", "router_for", "shard_protection"]
+__all__ = [
+    "FederationRouting",
+    "SiteRouting",
+    "explain_routes",
+    "router_for",
+    "shard_protection",
+    "view_key",
+]
 
 
 def router_for(config: FederationConfig) -> Router:
@@ -30,21 +51,135 @@ def shard_protection(config: FederationConfig, site_id: str) -> ShardProtection:
     return ShardProtection(encrypted=False, update_dp_epsilon=epsilon)
 
 
+def view_key(zone: str, group: str) -> str:
+    """``zone|group``: names one aggregate a site applies."""
+    return f"{zone}|{group}"
+
+
+@dataclass(frozen=True)
+class SiteRouting:
+    """One site's routes: where each shard is pushed and which aggregate it applies.
+
+    Attributes
+    ----------
+    routes:
+        Shard id → route decision, in plan order.
+    policy_digest:
+        Digest of the policy the routes follow (carried in every manifest).
+    """
+
+    routes: Mapping[str, RouteDecision]
+
+    policy_digest: str
+
+    @property
+    def classes(self) -> dict[str, str]:
+        """Shard id → class."""
+        return {sid: d.shard_class for sid, d in self.routes.items()}
+
+    def by_zone(self) -> dict[str, list[str]]:
+        """Zone → the shards pushed to it (zones sorted by name)."""
+        out: dict[str, list[str]] = {}
+        for sid, d in self.routes.items():
+            out.setdefault(d.zone, []).append(sid)
+        return dict(sorted(out.items()))
+
+    def view(self) -> dict[str, list[str]]:
+        """``zone|group`` → the shards the site applies from that aggregate."""
+        out: dict[str, list[str]] = {}
+        for sid, d in self.routes.items():
+            out.setdefault(view_key(*d.aggregate), []).append(sid)
+        return dict(sorted(out.items()))
+
+
+class FederationRouting:
+    """The residency facts of a federation, computed once from its config.
+
+    Building the model (for the classifier's detectors) is the expensive part; it
+    happens on first use.
+    """
+
+    def __init__(self, config: FederationConfig) -> None:
+        self.config = config
+        self.router = router_for(config)
+
+    @cached_property
+    def _model_plan(self) -> tuple[ShardPlan, dict[str, Classification]]:
+        from fedshard.runtime.assembly import dp_layers  # assembly builds sites and zones from this module
+
+        config = self.config
+        task = load_task(config.task.target, dict(config.task.options))
+        model = build_initial_model(task, config.federation.seed, dp_layers(config))
+        plan = ShardPlan.from_state_dict(model.state_dict(), config.sharding.tile)
+        classes = SensitivityClassifier.from_config(config.residency).classify(plan, model)
+        return plan, classes
+
+    @property
+    def plan(self) -> ShardPlan:
+        """The model's shard plan."""
+        return self._model_plan[0]
+
+    @property
+    def classes(self) -> dict[str, Classification]:
+        """Shard id → class and reason."""
+        return self._model_plan[1]
+
+    def site(self, site_id: str) -> SiteRouting:
+        """Routes of one site.
+
+        Raises
+        ------
+        ConfigError
+            If the site is unknown, a shard of it can go to no zone, or the policy would
+            let the site contribute to an aggregate it may not receive itself.
+        """
+        try:
+            site = self.config.site(site_id)
+        except KeyError:
+            names = ", ".join(s.id for s in self.config.sites)
+            raise ConfigError(f"no site {site_id!r} in the federation (sites: {names})") from None
+        protection = shard_protection(self.config, site_id)
+        decisions = self.router.route_plan(self.classes, site.jurisdiction, protection)
+        for d in decisions:
+            decision = self.router.policy.decide(d.shard_class, site.jurisdiction, protection)
+            if not decision.serves(site.jurisdiction):
+                raise ConfigError(
+                    f"residency: {decision.reason} — site {site_id} ({site.jurisdiction}) could never receive the "
+                    f"aggregate of its own shard {d.shard_id}; add {site.jurisdiction} to that rule's serve_to"
+                )
+        return SiteRouting({d.shard_id: d for d in decisions}, self.router.policy.digest)
+
+    def check(self) -> None:
+        """Route every site once, so a policy that cannot work fails at config load."""
+        for s in self.config.sites:
+            self.site(s.id)
+
+    def zone_policy(self, zone_name: str, site_keys: Mapping[str, bytes] | None = None) -> ZonePolicy:
+        """What zone ``zone_name`` enforces (see :class:`ZonePolicy`)."""
+        zone = next((z for z in self.config.zones if z.name == zone_name), None)
+        if zone is None:
+            names = ", ".join(z.name for z in self.config.zones)
+            raise ConfigError(f"no zone {zone_name!r} in the federation (zones: {names})")
+        return ZonePolicy(
+            zone=zone.name,
+            region=zone.region,
+            router=self.router,
+            classes={sid: c.shard_class for sid, c in self.classes.items()},
+            jurisdictions={s.id: s.jurisdiction for s in self.config.sites},
+            protections={s.id: shard_protection(self.config, s.id) for s in self.config.sites},
+            site_keys=site_keys,
+        )
+
+
 def explain_routes(config: FederationConfig, site_id: str, tensor: str | None = None) -> list[RouteDecision]:
     """Per shard of ``site_id``'s model: class, reason, allowed regions, chosen zone."""
-    try:
-        site = config.site(site_id)
-    except KeyError:
-        names = ", ".join(s.id for s in config.sites)
-        raise ConfigError(f"no site {site_id!r} in the federation (sites: {names})") from None
-    task = load_task(config.task.target, dict(config.task.options))
-    model = build_initial_model(task, config.federation.seed, dp_layers(config))
-    plan = ShardPlan.from_state_dict(model.state_dict(), config.sharding.tile)
+    routing = FederationRouting(config)
+    site = routing.site(site_id)
+    plan = routing.plan
     if tensor is not None and tensor not in {t.name for t in plan.tensors}:
         names = ", ".join(t.name for t in plan.tensors)
         raise ConfigError(f"the model has no tensor {tensor!r} (tensors: {names})")
-    classes = SensitivityClassifier.from_config(config.residency).classify(plan, model)
-    decisions = router_for(config).route_plan(classes, site.jurisdiction, shard_protection(config, site_id))
+    decisions = list(site.routes.values())
     if tensor is None:
         return decisions
     return [d for d in decisions if plan.shard(d.shard_id).tensor == tensor]

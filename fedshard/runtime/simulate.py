@@ -17,7 +17,7 @@ import yaml
 
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
-from fedshard.runtime.assembly import check_privacy, grpc_connector, make_site, running_zones
+from fedshard.runtime.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, make_site, running_zones
 from fedshard.runtime.baseline import centralized_baseline
 from fedshard.runtime.coordinator import Coordinator, RoundObserver, RunResult
 from fedshard.runtime.events import EventLog
@@ -74,7 +74,8 @@ def simulate(
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     events = EventLog(out / "events.jsonl")
     started = time.perf_counter()
-    with running_zones(config, out / "zones") as endpoints:
+    site_keys = _signing_keys(config, out / "sites")
+    with running_zones(config, out / "zones", site_keys) as endpoints:
         if engine is Engine.INPROCESS:
             result = _run_inprocess(config, out, endpoints, _Fanout(events, observer))
             events.on_stop(result.stopped_reason)
@@ -82,17 +83,46 @@ def simulate(
             from fedshard.runtime.flower.simulation import run_flower_simulation
 
             result = run_flower_simulation(config_path, out, endpoints, events, observer)
+        zones = _zone_details(endpoints)
     elapsed = time.perf_counter() - started
     baseline = centralized_baseline(config)
-    summary = build_summary(config, result, engine.value, endpoints, baseline.accuracy or 0.0, elapsed)
+    summary = build_summary(config, result, engine.value, zones, baseline.accuracy or 0.0, elapsed)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _signing_keys(config: FederationConfig, sites_root: Path) -> dict[str, bytes]:
+    """A manifest-signing key in every site's folder; the public keys, for the zones."""
+    from fedshard.crypto.signing import generate_signing_key
+
+    keys = {}
+    for s in config.sites:
+        folder = sites_root / s.id
+        folder.mkdir(parents=True, exist_ok=True)
+        keys[s.id] = generate_signing_key(folder / SIGNING_KEY_FILE)
+    return keys
+
+
+def _zone_details(endpoints: dict[str, str]) -> list[dict[str, Any]]:
+    """Each zone's counters, residency role and audit head, as it reports them."""
+    out = []
+    for name, endpoint in endpoints.items():
+        client = grpc_connector(name, endpoint)
+        try:
+            details = client.details()  # type: ignore[attr-defined]
+        finally:
+            client.close()
+        out.append({"endpoint": endpoint, **details})
+    return out
 
 
 def _run_inprocess(
     config: FederationConfig, out: Path, endpoints: dict[str, str], observer: RoundObserver
 ) -> RunResult:
-    sites = {s.id: make_site(config, s.id, out / "sites") for s in config.sites}
+    from fedshard.runtime.routing import FederationRouting
+
+    routing = FederationRouting(config)
+    sites = {s.id: make_site(config, s.id, out / "sites", routing) for s in config.sites}
     gateway = InProcessSiteGateway(sites)
     zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
     try:
@@ -125,7 +155,7 @@ def build_summary(
     config: FederationConfig,
     result: RunResult,
     engine: str,
-    endpoints: dict[str, str],
+    zones: list[dict[str, Any]],
     centralized_accuracy: float,
     elapsed_s: float,
 ) -> dict[str, Any]:
@@ -152,10 +182,14 @@ def build_summary(
                 "refused": r.refused,
                 "merkle_root": r.merkle_root,
                 "model_version": r.version,
+                "group_versions": r.versions,
+                "group_roots": r.roots,
+                "aggregates": r.aggregates,
             }
             for r in result.rounds
         ],
         "sites": [_site_summary(s, result.privacy.get(s.site_id)) for s in result.sites],
-        "zones": [{"name": z.name, "region": z.region, "endpoint": endpoints.get(z.name)} for z in config.zones],
+        "residency_groups": result.groups,
+        "zones": zones,
         "stopped_reason": result.stopped_reason,
     }

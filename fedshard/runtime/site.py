@@ -10,6 +10,7 @@ one ClientApp process per message), so all state lives in the store.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from fedshard.integrity import build_manifest, genesis_version, merkle_root, nex
 from fedshard.privacy.dpsgd import RecordPrivacy
 from fedshard.privacy.events import Guarantee
 from fedshard.privacy.update_dp import clip_and_noise
+from fedshard.residency import RouteDecision
 from fedshard.runtime.channels import ZoneConnector
 from fedshard.runtime.messages import (
     AppliedRound,
@@ -37,6 +39,8 @@ from fedshard.runtime.messages import (
     TrainReport,
     UpdatePlan,
 )
+from fedshard.runtime.rounds import DEFAULT_GROUP
+from fedshard.runtime.routing import SiteRouting, view_key
 from fedshard.runtime.site_privacy import SitePrivacy
 from fedshard.runtime.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 from fedshard.sharding import ShardPlan
@@ -44,6 +48,7 @@ from fedshard.store import LocalShardStore
 
 if TYPE_CHECKING:
     import torch
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = ["Site"]
 
@@ -92,6 +97,11 @@ class Site:
         Makes a zone client from ``(zone name, endpoint)``.
     privacy:
         The site's privacy bookkeeping (its own cap, its ledger).
+    routing:
+        Returns the site's residency routes (called once, when first needed); None:
+        every shard goes to the first zone by name and joins one aggregate.
+    signing_key:
+        The site's Ed25519 key; when given, every manifest is signed with it.
     dp_layers:
         With record-level DP: ``"fix"`` replaces layers DP-SGD cannot train (every
         site does the same, so they share the model), ``"check"`` refuses them, ``"keep"``
@@ -111,6 +121,8 @@ class Site:
         connect: ZoneConnector,
         privacy: SitePrivacy | None = None,
         dp_layers: str = "keep",
+        routing: Callable[[], SiteRouting] | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         self.site_id = site_id
         self.jurisdiction = jurisdiction
@@ -126,6 +138,9 @@ class Site:
         self.dp_layers = dp_layers
         self._data: TaskData | None = None
         self._plan: ShardPlan | None = None
+        self._routing_factory = routing
+        self._routing: SiteRouting | None = None
+        self._signing_key = signing_key
 
     # dispatch ---------------------------------------------------------------------------
     def handle(self, kind: MessageKind, message: BaseModel) -> BaseModel:
@@ -148,6 +163,24 @@ class Site:
 
     def _fresh_model(self) -> torch.nn.Module:
         return build_initial_model(self.task, self.seed, self.dp_layers)
+
+    def _routes(self, plan: ShardPlan, zones: Mapping[str, str]) -> SiteRouting:
+        """The site's routes; without residency routing, everything to the first zone."""
+        if self._routing is None and self._routing_factory is not None:
+            self._routing = self._routing_factory()
+        if self._routing is not None:
+            unknown = [sid for sid in plan.shard_ids if sid not in self._routing.routes]
+            if unknown:
+                raise RoundError(f"site {self.site_id}: no route for shard {unknown[0]} (model differs from config)")
+            return self._routing
+        if not zones:
+            raise RoundError(f"site {self.site_id}: the round names no zone to push to")
+        zone = sorted(zones)[0]
+        routes = {
+            sid: RouteDecision(sid, "", "no residency routing", "", ["*"], zone, group=DEFAULT_GROUP)
+            for sid in plan.shard_ids
+        }
+        return SiteRouting(routes, "")
 
     def _load_state(self) -> tuple[ShardPlan, _ModelState]:
         if self.store.exists(_CURRENT):
@@ -186,7 +219,12 @@ class Site:
         self, history: list[AppliedRound], zones: dict[str, str], rule: ApplyRule
     ) -> tuple[ShardPlan, _ModelState]:
         """Apply every published aggregate this site has not applied yet, in order, with
-        the federation's server-side optimiser (the same rule at every site)."""
+        the federation's server-side optimiser (the same rule at every site).
+
+        Each round the site applies, for every shard, the aggregate its residency
+        route names (global, or its regional group's); the root over those shards
+        extends its model-version chain.
+        """
         plan, state = self._load_state()
         optimizer = ServerOptimizer(
             ServerOptimizerKind(rule.kind), rule.learning_rate, rule.beta1, rule.beta2, rule.tau
@@ -196,26 +234,21 @@ class Site:
                 f"site {self.site_id}: the server optimiser changed mid-federation ({state.rule} → "
                 f"{optimizer.describe()}); sites would no longer hold the same model"
             )
+        view = self._routes(plan, zones).view() if history and history[-1].round > state.applied_round else {}
         version = state.genesis
         for applied in history:
             version = next_version(version, applied.merkle_root)
             if applied.round <= state.applied_round:
                 continue
-            endpoint = zones.get(applied.zone)
-            if endpoint is None:
-                raise RoundError(f"site {self.site_id}: no endpoint for zone {applied.zone!r} of round {applied.round}")
-            client = self._connect(applied.zone, endpoint)
-            try:
-                summary, aggregate = client.fetch_aggregate(applied.round)
-            finally:
-                client.close()
-            if summary.merkle_root != applied.merkle_root:
-                raise IntegrityError(
-                    f"site {self.site_id}: aggregate of round {applied.round} from zone {applied.zone} has root "
-                    f"{summary.merkle_root[:12]}…, the coordinator announced {applied.merkle_root[:12]}…"
-                )
+            aggregate = self._fetch_view(applied, view, zones)
             for shard_id in aggregate:
                 plan.shard(shard_id)  # refuses shards outside the plan
+            root = merkle_root({sid: shard_digest(arr) for sid, arr in aggregate.items()})
+            if root != applied.merkle_root:
+                raise IntegrityError(
+                    f"site {self.site_id}: the aggregates of round {applied.round} give root {root[:12]}… for this "
+                    f"site's shards, the coordinator announced {applied.merkle_root[:12]}…"
+                )
             optimizer.apply(state.shards, aggregate, state.optimizer)
             state.rule = optimizer.describe()
             state.version = version
@@ -226,6 +259,34 @@ class Site:
                 f"site {self.site_id}: local model version {state.version[:12]}… does not follow the announced history"
             )
         return plan, state
+
+    def _fetch_view(
+        self, applied: AppliedRound, view: dict[str, list[str]], zones: dict[str, str]
+    ) -> dict[str, np.ndarray]:
+        """Download the round's aggregates this site applies; its shards from each."""
+        out: dict[str, np.ndarray] = {}
+        for published in applied.aggregates:
+            wanted = view.get(view_key(published.zone, published.group))
+            if not wanted:
+                continue
+            endpoint = zones.get(published.zone)
+            if endpoint is None:
+                raise RoundError(
+                    f"site {self.site_id}: no endpoint for zone {published.zone!r} of round {applied.round}"
+                )
+            client = self._connect(published.zone, endpoint)
+            try:
+                summary, aggregate = client.fetch_aggregate(applied.round, published.group, self.site_id)
+            finally:
+                client.close()
+            if summary.merkle_root != published.merkle_root:
+                raise IntegrityError(
+                    f"site {self.site_id}: aggregate {published.group} of round {applied.round} from zone "
+                    f"{published.zone} has root {summary.merkle_root[:12]}…, the coordinator announced "
+                    f"{published.merkle_root[:12]}…"
+                )
+            out.update({sid: aggregate[sid] for sid in wanted if sid in aggregate})
+        return out
 
     def _model_from(self, plan: ShardPlan, shards: dict[str, np.ndarray]) -> torch.nn.Module:
         import torch
@@ -254,6 +315,7 @@ class Site:
             plan_json=plan.to_json(),
             genesis_version=state.genesis,
             privacy=report,
+            view=self._routes(plan, message.zones).view() if message.zones else {},
         )
 
     def train(self, message: TrainInstruction) -> TrainReport:
@@ -274,6 +336,10 @@ class Site:
             return refuse(str(exc))
         if state.version != message.base_version:
             return refuse(f"model version {state.version[:12]}… differs from the round's {message.base_version[:12]}…")
+        try:
+            self._routes(plan, message.zones)  # a shard no zone may hold: refuse before anything is spent
+        except FedshardError as exc:
+            return refuse(str(exc))
         if message.privacy is None:
             return self._train_and_push(message, plan, state, None)
         ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train)
@@ -313,43 +379,51 @@ class Site:
         update = {sid: trained[sid] - state.shards[sid] for sid in plan.shard_ids}
         if dp is not None and dp.update is not None:
             update, _ = clip_and_noise(update, dp.update.clip_norm, dp.update.noise_multiplier)
-        zone = self._choose_zone(message.zones)
-        manifest = build_manifest(
-            site_id=self.site_id,
-            round=message.round,
-            plan_digest=plan.digest,
-            base_version=state.version,
-            zone=zone,
-            weight=metrics.num_examples,
-            shards=update,
-        )
-        client = self._connect(zone, message.zones[zone])
-        try:
-            receipt = client.push(manifest, message.token, update)
-        except FedshardError as exc:
-            reason = f"push to zone {zone} failed: {exc}"
-            log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
-            return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
-        finally:
-            client.close()
+        routing = self._routes(plan, message.zones)
+        receipts = []
+        roots = []
+        for zone, shard_ids in routing.by_zone().items():
+            if zone not in message.zones:
+                reason = (
+                    f"the round names no endpoint for zone {zone}, where residency routes {len(shard_ids)} shard(s)"
+                )
+                log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
+                return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
+            part = {sid: update[sid] for sid in shard_ids}
+            manifest = build_manifest(
+                site_id=self.site_id,
+                round=message.round,
+                plan_digest=plan.digest,
+                base_version=state.version,
+                zone=zone,
+                weight=metrics.num_examples,
+                shards=part,
+                classes={sid: routing.routes[sid].shard_class for sid in shard_ids},
+                policy_digest=routing.policy_digest,
+            )
+            if self._signing_key is not None:
+                manifest = manifest.signed(self._signing_key)
+            client = self._connect(zone, message.zones[zone])
+            try:
+                receipts.append(client.push(manifest, message.token, part))
+            except FedshardError as exc:
+                reason = f"push to zone {zone} failed: {exc}"
+                log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
+                return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
+            finally:
+                client.close()
+            roots.append(manifest.merkle_root)
         return TrainReport(
             site_id=self.site_id,
             round=message.round,
             ok=True,
             num_examples=metrics.num_examples,
             loss=metrics.loss,
-            bytes_up=receipt.bytes,
-            shards=receipt.shards,
-            zone=zone,
-            merkle_root=manifest.merkle_root,
+            bytes_up=sum(r.bytes for r in receipts),
+            shards=sum(r.shards for r in receipts),
+            zone=",".join(r.zone for r in receipts),
+            merkle_root=",".join(roots),
         )
-
-    def _choose_zone(self, zones: dict[str, str]) -> str:
-        """The zone this site's shards go to. With one zone per federation every
-        shard goes there; residency routing replaces this rule."""
-        if not zones:
-            raise RoundError(f"site {self.site_id}: the round names no zone to push to")
-        return sorted(zones)[0]
 
     def evaluate(self, message: EvaluateInstruction) -> EvaluateReport:
         """Apply the announced aggregates, then evaluate on local test data."""

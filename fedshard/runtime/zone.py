@@ -9,25 +9,47 @@ push leaves nothing behind.
 
 Staged pushes are bounded by a byte budget, so peak memory is the float64 sums plus
 the budget, however many sites push at once.
+
+With a :class:`~fedshard.runtime.zone_policy.ZonePolicy` the zone also enforces
+residency: it re-decides every shard (refusing, with code ``residency``, what its
+region may not hold), keeps one running mean per aggregate group (``global``,
+``regional/EU``…), forwards the partial sums of ``global`` shards to the reducing zone
+when it closes a round (or reduces them, if it is that zone), serves an aggregate
+only to sites the policy allows, and writes every decision to its audit log.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedshard.aggregation import ShardAccumulator, all_finite
-from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
+from fedshard.errors import (
+    AggregateNotFoundError,
+    FedshardError,
+    IntegrityError,
+    PushRejectedError,
+    ResidencyViolationError,
+    ZoneError,
+)
 from fedshard.integrity import Manifest, ShardEntry, ShardHasher, merkle_root, shard_digest
+from fedshard.residency.audit import AuditLog, Decision
 from fedshard.runtime.heap import trim_heap
-from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
+from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary, PartialEntry, PartialSum, PushReceipt, RoundSpec
+from fedshard.runtime.zone_policy import ZonePolicy
 from fedshard.sharding import ShardPlan, ShardSpec
 from fedshard.store import LocalShardStore
 
-__all__ = ["ByteBudget", "PushSession", "ZoneAggregator"]
+if TYPE_CHECKING:
+    from fedshard.runtime.channels import ZoneClient
+
+__all__ = ["ByteBudget", "PushSession", "ZoneAggregator", "ZoneStats", "assemble_frames"]
 
 
 _TRIM_BYTES = 8 << 20  # pushes at least this large hand their memory back when done
@@ -64,9 +86,51 @@ class ByteBudget:
 class _OpenRound:
     spec: RoundSpec
     plan: ShardPlan
-    accumulator: ShardAccumulator = field(default_factory=ShardAccumulator)
+    groups: dict[str, ShardAccumulator] = field(default_factory=dict)  # group -> running sums
+    contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
     pushing: set[str] = field(default_factory=set)
     counted: list[str] = field(default_factory=list)
+    forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
+
+    def fold(self, group: str, shard_id: str, sites: Iterable[str]) -> ShardAccumulator:
+        """The group's accumulator, noting ``sites`` as contributors of ``shard_id``."""
+        self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
+        acc = self.groups.get(group)
+        if acc is None:
+            acc = self.groups[group] = ShardAccumulator()
+        return acc
+
+
+@dataclass
+class ZoneStats:
+    """What a zone has done since it started (shown in run summaries)."""
+
+    pushes: int = 0
+    refused: int = 0
+    bytes_received: int = 0
+    shards_by_class: collections.Counter[str] = field(default_factory=collections.Counter)
+    forwarded_shards: int = 0
+    forwarded_bytes: int = 0
+    partials_received: int = 0
+    refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
+
+    def refuse(self, reason: str) -> None:
+        """Count a refusal and remember its reason."""
+        self.refused += 1
+        self.refusals = [*self.refusals[-19:], reason]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "pushes": self.pushes,
+            "refused": self.refused,
+            "bytes_received": self.bytes_received,
+            "shards_by_class": dict(sorted(self.shards_by_class.items())),
+            "forwarded_shards": self.forwarded_shards,
+            "forwarded_bytes": self.forwarded_bytes,
+            "partials_received": self.partials_received,
+            "refusals": list(self.refusals),
+        }
 
 
 class PushSession:
@@ -76,10 +140,18 @@ class PushSession:
     session as a context manager) so the staging budget is returned.
     """
 
-    def __init__(self, zone: ZoneAggregator, state: _OpenRound, manifest: Manifest, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        zone: ZoneAggregator,
+        state: _OpenRound,
+        manifest: Manifest,
+        budget_bytes: int,
+        groups: dict[str, str] | None = None,
+    ) -> None:
         self._zone = zone
         self._state = state
         self.manifest = manifest
+        self._groups = groups or {}
         self._budget_bytes = budget_bytes
         self._expected = {e.shard_id: e for e in manifest.shards}
         self._staged: dict[str, np.ndarray] = {}
@@ -174,7 +246,7 @@ class PushSession:
         missing = [sid for sid in self._expected if sid not in self._staged]
         if missing:
             raise self._reject("missing", f"{len(missing)} shard(s) of the manifest never arrived, e.g. {missing[0]}")
-        receipt = self._zone._commit(self._state, self.manifest, self._staged)
+        receipt = self._zone._commit(self._state, self.manifest, self._staged, self._groups)
         self._done = True
         self._release()
         return receipt
@@ -211,6 +283,14 @@ class ZoneAggregator:
         Where published aggregates are kept; in memory only when None.
     staging_bytes:
         Budget for pushes being received and not yet committed.
+    residency:
+        The zone's residency policy and facts; None: no residency checks, every
+        shard joins one aggregate (single-zone tests and tools).
+    audit:
+        Where decisions are recorded (append-only, hash-chained).
+    connect:
+        Makes a client to another zone from ``(name, endpoint)``, for forwarding
+        partial sums to the reducing zone.
     """
 
     chunk_hint = 1 << 20
@@ -221,37 +301,68 @@ class ZoneAggregator:
         region: str = "",
         store_dir: str | Path | None = None,
         staging_bytes: int = 256 << 20,
+        *,
+        residency: ZonePolicy | None = None,
+        audit: AuditLog | None = None,
+        connect: Callable[[str, str], ZoneClient] | None = None,
     ) -> None:
         self.name = name
         self.region = region
+        self.residency = residency
+        self.audit = audit
+        self._connect = connect
         self._store = LocalShardStore(store_dir) if store_dir is not None else None
-        self._latest: tuple[AggregateSummary, dict[str, np.ndarray]] | None = None
+        self._latest: dict[str, tuple[AggregateSummary, dict[str, np.ndarray], dict[str, list[str]]]] = {}
+        self._latest_round = -1
         self._rounds: dict[int, _OpenRound] = {}
-        self._summaries: dict[int, AggregateSummary] = {}
+        self._summaries: dict[tuple[int, str], AggregateSummary] = {}
+        self._closed: set[int] = set()
         self._lock = threading.Lock()
         self._budget = ByteBudget(staging_bytes)
+        self.staging_limit = staging_bytes
+        self.stats = ZoneStats()
+
+    def _record(self, decision: str, **fields: Any) -> None:
+        if self.audit is not None:
+            self.audit.append(decision, zone=self.name, region=self.region, **fields)
 
     # round lifecycle --------------------------------------------------------------------
     def open_round(self, spec: RoundSpec) -> None:
         """Start accepting pushes for ``spec.round``."""
         plan = ShardPlan.from_json(spec.plan_json)
+        if self.residency is not None:
+            unknown = [sid for sid in plan.shard_ids if sid not in self.residency.classes]
+            if unknown:
+                raise ZoneError(
+                    f"zone {self.name}: the round's shard plan has shard {unknown[0]} that this zone's "
+                    "classification does not know (zone and sites run different models or configs)"
+                )
         with self._lock:
-            if spec.round in self._rounds or spec.round in self._summaries:
+            if spec.round in self._rounds or spec.round in self._closed:
                 raise ZoneError(f"zone {self.name}: round {spec.round} was already opened")
             self._rounds[spec.round] = _OpenRound(spec, plan)
 
-    def begin_push(self, manifest: Manifest, token: str, timeout: float | None = None) -> PushSession:
-        """Check a push's manifest and start receiving its shards."""
+    def begin_push(
+        self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
+    ) -> PushSession:
+        """Check a push's manifest and start receiving its shards.
+
+        ``certified`` is the caller's jurisdiction from its mTLS certificate; the
+        residency checks use it rather than anything the request says.
+        """
 
         def reject(code: str, reason: str) -> PushRejectedError:
+            self.stats.refuse(reason)
+            self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
             return PushRejectedError(
                 f"zone {self.name}: site {manifest.site_id} round {manifest.round}: {reason}", code
             )
 
+        groups: dict[str, str] = {}
         with self._lock:
             state = self._rounds.get(manifest.round)
             if state is None:
-                closed = manifest.round in self._summaries
+                closed = manifest.round in self._closed
                 raise reject("round", "round is closed" if closed else "round is not open at this zone")
             if token != state.spec.token:
                 raise reject("token", "round token does not match (stale or replayed push)")
@@ -261,11 +372,11 @@ class ZoneAggregator:
                 raise reject("duplicate", "site already pushed in this round")
             if manifest.plan_digest != state.plan.digest:
                 raise reject("plan", "manifest's shard plan differs from the round's")
-            if manifest.base_version != state.spec.base_version:
+            expected = state.spec.version_for(manifest.site_id)
+            if manifest.base_version != expected:
                 raise reject(
                     "version",
-                    f"update computed from model version {manifest.base_version[:12]}…, "
-                    f"round expects {state.spec.base_version[:12]}…",
+                    f"update computed from model version {manifest.base_version[:12]}…, round expects {expected[:12]}…",
                 )
             if manifest.zone != self.name:
                 raise reject("zone", f"manifest is addressed to zone {manifest.zone!r}")
@@ -277,25 +388,47 @@ class ZoneAggregator:
                     raise reject(
                         "shape", f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}"
                     )
+            if self.residency is not None:
+                try:
+                    self.residency.origin(manifest.site_id, certified)
+                    groups = self.residency.check_manifest(manifest)
+                except PushRejectedError as exc:
+                    raise reject(exc.code, str(exc)) from None
             state.pushing.add(manifest.site_id)
         need = manifest.total_bytes
         if not self._budget.acquire(need, timeout):
             with self._lock:
                 state.pushing.discard(manifest.site_id)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry")
-        return PushSession(self, state, manifest, need)
+        return PushSession(self, state, manifest, need, groups)
 
-    def _commit(self, state: _OpenRound, manifest: Manifest, staged: dict[str, np.ndarray]) -> PushReceipt:
+    def _commit(
+        self, state: _OpenRound, manifest: Manifest, staged: dict[str, np.ndarray], groups: dict[str, str]
+    ) -> PushReceipt:
         with self._lock:
             if self._rounds.get(manifest.round) is not state:
                 raise PushRejectedError(f"zone {self.name}: round {manifest.round} closed during the push", "round")
             for shard_id, values in staged.items():
-                state.accumulator.add(shard_id, values, manifest.weight)
+                group = groups.get(shard_id, DEFAULT_GROUP)
+                state.fold(group, shard_id, (manifest.site_id,)).add(shard_id, values, manifest.weight)
             state.pushing.discard(manifest.site_id)
             state.counted.append(manifest.site_id)
-        return PushReceipt(
-            self.name, manifest.round, manifest.site_id, len(staged), sum(v.nbytes for v in staged.values())
+            nbytes = sum(v.nbytes for v in staged.values())
+            self.stats.pushes += 1
+            self.stats.bytes_received += nbytes
+            self.stats.shards_by_class.update(e.shard_class or "unclassified" for e in manifest.shards)
+        self._record(
+            Decision.ACCEPTED,
+            site=manifest.site_id,
+            round=manifest.round,
+            shards=len(staged),
+            bytes=nbytes,
+            classes=dict(collections.Counter(e.shard_class or "unclassified" for e in manifest.shards)),
+            groups=dict(collections.Counter(groups.values())) if groups else {DEFAULT_GROUP: len(staged)},
+            manifest_root=manifest.merkle_root,
+            signature=manifest.signature or "",
         )
+        return PushReceipt(self.name, manifest.round, manifest.site_id, len(staged), nbytes)
 
     def push(self, manifest: Manifest, token: str, shards: dict[str, np.ndarray]) -> PushReceipt:
         """Push a whole update at once (in-process use; the gRPC service streams instead)."""
@@ -305,29 +438,138 @@ class ZoneAggregator:
                 session.receive(shard_id, arr.tobytes(), offset=0, dtype=arr.dtype.str, shape=arr.shape)
             return session.commit()
 
-    def close_round(self, round: int) -> AggregateSummary:
-        """Stop accepting pushes for ``round``, publish the weighted means."""
+    # hierarchical reduction ------------------------------------------------------------------
+    def receive_partial(self, partial: PartialSum, sums: dict[str, np.ndarray], *, certified: str | None = None) -> int:
+        """Fold another zone's forwarded partial sums of ``global`` shards into this round.
+
+        ``certified`` is the sending zone's name from its mTLS certificate. Returns the
+        number of shards folded in; raises :class:`PushRejectedError` and folds nothing
+        if any shard may not be reduced here.
+        """
+
+        def reject(code: str, reason: str) -> PushRejectedError:
+            self.stats.refuse(reason)
+            self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
+            return PushRejectedError(f"zone {self.name}: partial sum from zone {partial.zone}: {reason}", code)
+
+        if certified is not None and certified != partial.zone:
+            raise reject("identity", f"the caller's certificate names zone {certified!r}")
+        with self._lock:
+            state = self._rounds.get(partial.round)
+            if state is None:
+                raise reject("round", f"round {partial.round} is not open at this zone")
+            if partial.token != state.spec.token:
+                raise reject("token", "round token does not match")
+            if partial.zone in state.forwarded_from:
+                raise reject("duplicate", "this zone already forwarded its partial sums for the round")
+            if self.residency is None:
+                raise reject("residency", "this zone has no residency policy, so it reduces nothing globally")
+            listed = {e.shard_id: e for e in partial.entries}
+            if set(listed) != set(sums):
+                raise reject("missing", "the partial sums sent differ from the ones listed")
+            for entry in partial.entries:
+                if entry.shard_id not in state.plan:
+                    raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
+                spec = state.plan.shard(entry.shard_id)
+                arr = sums[entry.shard_id]
+                if arr.dtype != np.float64 or arr.shape != spec.shape:
+                    raise reject("shape", f"shard {entry.shard_id}: partial sums are float64 of shape {spec.shape}")
+                if shard_digest(arr) != entry.digest:
+                    raise reject("digest", f"shard {entry.shard_id}: digest does not match the header")
+                if not (entry.weight > 0 and all_finite(arr)):
+                    raise reject("non-finite", f"shard {entry.shard_id}: non-finite values or weight")
+                try:
+                    self.residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
+                except PushRejectedError as exc:
+                    raise reject(exc.code, str(exc)) from None
+            for entry in partial.entries:
+                acc = state.fold("global", entry.shard_id, entry.contributors)
+                acc.add_sum(entry.shard_id, sums[entry.shard_id], entry.weight, state.plan.shard(entry.shard_id).dtype)
+            state.forwarded_from.add(partial.zone)
+            self.stats.partials_received += len(partial.entries)
+        self._record(
+            Decision.ACCEPTED,
+            source_zone=partial.zone,
+            round=partial.round,
+            partial_shards=len(partial.entries),
+            contributors=sorted({c for e in partial.entries for c in e.contributors}),
+        )
+        return len(partial.entries)
+
+    def _forward(self, state: _OpenRound, forward_to: tuple[str, str] | None) -> None:
+        acc = state.groups.get("global")
+        if acc is None or not len(acc):
+            return
+        if forward_to is None or self._connect is None:
+            raise ZoneError(
+                f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to"
+            )
+        sums = {sid: total for sid, (total, _) in acc.partial_sums().items()}
+        contributors = state.contributors.get("global", {})
+        entries = tuple(
+            PartialEntry(sid, shard_digest(total), int(total.nbytes), weight, tuple(sorted(contributors[sid])))
+            for sid, (total, weight) in acc.partial_sums().items()
+        )
+        partial = PartialSum(self.name, state.spec.round, state.spec.token, entries)
+        client = self._connect(*forward_to)
+        try:
+            client.forward(partial, sums)
+        finally:
+            client.close()
+        self.stats.forwarded_shards += len(entries)
+        self.stats.forwarded_bytes += sum(e.nbytes for e in entries)
+        self._record(
+            Decision.FORWARDED,
+            round=state.spec.round,
+            to_zone=forward_to[0],
+            shards=len(entries),
+            bytes=sum(e.nbytes for e in entries),
+            contributors=sorted({c for e in entries for c in e.contributors}),
+        )
+
+    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
+        """Stop accepting pushes for ``round`` and publish its aggregates, one per group.
+
+        The partial sums of ``global`` shards go to ``forward_to`` (the reducing
+        zone's ``(name, endpoint)``) unless this zone is the reducing zone; close the
+        other zones first, so that their partial sums have arrived.
+        """
         with self._lock:
             state = self._rounds.pop(round, None)
             if state is None:
-                if round in self._summaries:
-                    return self._summaries[round]
+                if round in self._closed:
+                    return [s for (r, _), s in sorted(self._summaries.items()) if r == round]
                 raise ZoneError(f"zone {self.name}: round {round} is not open")
-        means = state.accumulator.finalize() if state.counted else {}
-        total = state.accumulator.weight(next(iter(means))) if means else 0.0
-        entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in means.items())
-        summary = AggregateSummary(
-            zone=self.name,
-            round=round,
-            merkle_root=merkle_root({e.shard_id: e.digest for e in entries}),
-            total_weight=total,
-            sites=tuple(state.counted),
-            shards=entries,
-        )
-        self._publish(summary, means)
+            self._closed.add(round)
+        reducer = self.residency is not None and self.residency.is_reducer
+        if not reducer:
+            try:
+                self._forward(state, forward_to)
+            except FedshardError:
+                self._closed.discard(round)
+                raise
+        summaries = []
+        for group, acc in sorted(state.groups.items()):
+            if group == "global" and not reducer:
+                continue
+            means = acc.finalize()
+            contributors = {sid: sorted(sites) for sid, sites in state.contributors.get(group, {}).items()}
+            entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in means.items())
+            summary = AggregateSummary(
+                zone=self.name,
+                round=round,
+                merkle_root=merkle_root({e.shard_id: e.digest for e in entries}),
+                total_weight=max((acc.weight(sid) for sid in means), default=0.0),
+                sites=tuple(sorted({s for sites in contributors.values() for s in sites})),
+                shards=entries,
+                group=group,
+            )
+            self._publish(summary, means, contributors)
+            summaries.append(summary)
         with self._lock:
-            self._summaries[round] = summary
-        return summary
+            for summary in summaries:
+                self._summaries[(round, summary.group)] = summary
+        return summaries
 
     def abort_round(self, round: int) -> None:
         """Discard ``round`` without publishing anything."""
@@ -335,44 +577,139 @@ class ZoneAggregator:
             self._rounds.pop(round, None)
 
     # publication ----------------------------------------------------------------------------
-    def _publish(self, summary: AggregateSummary, means: dict[str, np.ndarray]) -> None:
+    def _publish(
+        self, summary: AggregateSummary, means: dict[str, np.ndarray], contributors: dict[str, list[str]]
+    ) -> None:
         if self._store is not None:
             meta = {
                 "zone": summary.zone,
                 "round": summary.round,
+                "group": summary.group,
                 "merkle_root": summary.merkle_root,
                 "total_weight": summary.total_weight,
                 "sites": list(summary.sites),
+                "contributors": contributors,
             }
-            self._store.save(_aggregate_key(summary.round), means, meta)
-        self._latest = (summary, means)
+            self._store.save(_aggregate_key(summary.round, summary.group), means, meta)
+        if summary.round != self._latest_round:
+            self._latest, self._latest_round = {}, summary.round
+        self._latest[summary.group] = (summary, means, contributors)
+        self._record(
+            Decision.PUBLISHED,
+            round=summary.round,
+            group=summary.group,
+            shards=len(summary.shards),
+            sites=list(summary.sites),
+            merkle_root=summary.merkle_root,
+        )
 
-    def aggregate(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """The published aggregate of ``round``: its summary and shards.
+    def aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """The published aggregate ``group`` of ``round``: its summary and shards.
 
-        The latest aggregate is served from memory; older ones (and any after a
+        With residency on, ``jurisdiction`` (the requesting site's, from its
+        certificate or the config) must be one the policy lets receive every shard of
+        it. The latest round is served from memory; older ones (and any after a
         restart) are read from the store and checked against their Merkle root.
         """
-        latest = self._latest
-        if latest is not None and latest[0].round == round:
-            return latest
-        if self._store is None or not self._store.exists(_aggregate_key(round)):
-            known = round in self._summaries
-            raise AggregateNotFoundError(
-                f"zone {self.name}: no aggregate for round {round} "
-                + ("(this zone keeps only the latest without a store)" if known else "(not closed yet, or unknown)")
-            )
-        meta, shards = self._store.load(_aggregate_key(round))
-        entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
-        if merkle_root({e.shard_id: e.digest for e in entries}) != meta["merkle_root"]:
-            raise IntegrityError(f"zone {self.name}: stored aggregate of round {round} fails its Merkle root")
-        summary = AggregateSummary(
-            self.name, round, meta["merkle_root"], float(meta["total_weight"]), tuple(meta["sites"]), entries
-        )
-        with self._lock:
-            self._summaries.setdefault(round, summary)
+        summary, shards, contributors = self._load_aggregate(round, group)
+        if self.residency is not None:
+            try:
+                if jurisdiction is None:
+                    raise ResidencyViolationError(
+                        f"residency: the zone serves the {group} aggregate only to a site it can identify"
+                    )
+                self.residency.check_serve(group, contributors, jurisdiction)
+            except ResidencyViolationError as exc:
+                self.stats.refuse(str(exc))
+                self._record(Decision.REFUSED, round=round, group=group, to=jurisdiction or "?", reason=str(exc))
+                raise ResidencyViolationError(f"zone {self.name}: {exc}") from None
         return summary, shards
 
+    def _load_aggregate(
+        self, round: int, group: str
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray], dict[str, list[str]]]:
+        if round == self._latest_round and group in self._latest:
+            return self._latest[group]
+        key = _aggregate_key(round, group)
+        if self._store is None or not self._store.exists(key):
+            known = (round, group) in self._summaries
+            raise AggregateNotFoundError(
+                f"zone {self.name}: no {group} aggregate for round {round} "
+                + ("(this zone keeps only the latest without a store)" if known else "(not closed yet, or unknown)")
+            )
+        meta, shards = self._store.load(key)
+        entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
+        if merkle_root({e.shard_id: e.digest for e in entries}) != meta["merkle_root"]:
+            raise IntegrityError(f"zone {self.name}: stored aggregate {group} of round {round} fails its Merkle root")
+        summary = AggregateSummary(
+            self.name, round, meta["merkle_root"], float(meta["total_weight"]), tuple(meta["sites"]), entries, group
+        )
+        with self._lock:
+            self._summaries.setdefault((round, group), summary)
+        return summary, shards, {sid: list(v) for sid, v in meta.get("contributors", {}).items()}
 
-def _aggregate_key(round: int) -> str:
-    return f"aggregate-{round:06d}"
+    def close(self) -> None:
+        """Close the audit log (the zone accepts nothing more)."""
+        if self.audit is not None:
+            self.audit.close()
+
+    def info(self) -> dict[str, Any]:
+        """Name, region, residency role, counters and audit head (for summaries and ``Info``)."""
+        return {
+            "name": self.name,
+            "region": self.region,
+            "reducing": bool(self.residency is not None and self.residency.is_reducer),
+            "policy_digest": self.residency.policy.digest if self.residency is not None else "",
+            "audit_head": self.audit.head if self.audit is not None else "",
+            "audit_records": self.audit.lines if self.audit is not None else 0,
+            **self.stats.as_dict(),
+        }
+
+
+def _aggregate_key(round: int, group: str) -> str:
+    return f"aggregate-{round:06d}-{group.replace('/', '-').replace('+', '_')}"
+
+
+def assemble_frames(
+    frames: Iterator[tuple[str, bytes, int, str, tuple[int, ...]]], expected: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """Reassemble streamed chunks ``(shard_id, data, offset, dtype, shape)`` into arrays.
+
+    ``expected`` gives each shard's byte count; chunks must be contiguous, in order,
+    one shard after another. Raises :class:`PushRejectedError` on anything else.
+    """
+    out: dict[str, np.ndarray] = {}
+    current: tuple[str, bytearray, str, tuple[int, ...]] | None = None
+    filled = 0
+
+    def finish() -> None:
+        assert current is not None
+        sid, buf, dtype, shape = current
+        if filled != len(buf):
+            raise PushRejectedError(f"shard {sid} ended after {filled} of {len(buf)} bytes", "truncated")
+        try:
+            out[sid] = np.frombuffer(bytes(buf), dtype=np.dtype(dtype)).reshape(shape)
+        except (TypeError, ValueError) as exc:
+            raise PushRejectedError(f"shard {sid}: {exc}", "dtype") from None
+
+    for sid, data, offset, dtype, shape in frames:
+        if current is None or current[0] != sid:
+            if current is not None:
+                finish()
+            if sid in out or sid not in expected:
+                raise PushRejectedError(f"shard {sid} is unexpected or sent twice", "unknown-shard")
+            if offset != 0:
+                raise PushRejectedError(f"shard {sid} starts at offset {offset}", "offset")
+            current, filled = (sid, bytearray(expected[sid]), dtype, shape), 0
+        if offset != filled or filled + len(data) > len(current[1]):
+            raise PushRejectedError(f"shard {sid}: chunk at offset {offset} does not fit", "offset")
+        current[1][filled : filled + len(data)] = data
+        filled += len(data)
+    if current is not None:
+        finish()
+    missing = set(expected) - set(out)
+    if missing:
+        raise PushRejectedError(f"{len(missing)} partial sum(s) never arrived, e.g. {sorted(missing)[0]}", "missing")
+    return out

@@ -66,12 +66,14 @@ def test_flower_engine_with_ten_sites_matches_inprocess(tmp_path: Path) -> None:
     assert all(len(h["sites"]) == 10 for h in flower["history"])
     # sites ran as ClientApps in Ray workers: their on-prem state is on disk, one folder each
     assert sorted(p.name for p in (tmp_path / "flower" / "sites").iterdir()) == [f"hospital-{i:02d}" for i in range(10)]
-    # the version chain in the summary follows from the published roots
-    version = flower["genesis_version"]
+    # each residency group's version chain in the summary follows from the roots it applied
+    versions = {group: flower["genesis_version"] for group in flower["residency_groups"]}
     for h in flower["history"]:
-        version = next_version(version, h["merkle_root"])
-        assert h["model_version"] == version
-    assert flower["model_version"] == version
+        for group, root in h["group_roots"].items():
+            versions[group] = next_version(versions[group], root)
+        assert h["group_versions"] == versions
+    if len(versions) == 1:
+        assert flower["model_version"] == next(iter(versions.values()))
     inprocess = _simulate(config, "inprocess", tmp_path / "inprocess")
     assert inprocess["genesis_version"] == flower["genesis_version"]
     for a, b in zip(flower["history"], inprocess["history"], strict=True):

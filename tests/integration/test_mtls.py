@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from fedshard.crypto.identity import Role, read_identity
 from fedshard.crypto.pki import CertPaths, init_ca, issue_site, issue_zone
 from fedshard.crypto.tls import INSECURE_WARNING, channel_credentials, peer_identity, server_credentials
 from fedshard.errors import PkiError
@@ -143,9 +144,14 @@ def test_site_refuses_a_zone_certificate_for_another_host(pki: Pki, zone: Zone) 
     assert zone.calls == before
 
 
-def test_zone_certificate_is_not_a_client_certificate(pki: Pki, zone: Zone) -> None:
-    """BoringSSL checks the client certificate's EKU: a zone's serverAuth certificate fails the handshake."""
-    assert _refused(zone.secure, _client(pki, pki.zone), zone.calls) is grpc.StatusCode.UNAVAILABLE
+def test_zone_certificate_identifies_a_zone_when_it_calls_another_zone(pki: Pki, zone: Zone) -> None:
+    """Zones forward partial sums to the reducing zone as TLS clients: the handshake succeeds, but
+    the caller is a zone, so a service that expects a site refuses it."""
+    assert read_identity(pki.zone.cert.read_bytes(), pki.ca_pem).role is Role.ZONE
+    with pytest.raises(grpc.RpcError) as info:
+        _call(zone.secure, _client(pki, pki.zone))
+    assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "holds a zone certificate, not a site one" in (info.value.details() or "")
 
 
 def test_insecure_port_has_no_peer_identity(zone: Zone) -> None:

@@ -18,6 +18,7 @@ from fedshard.runtime.inprocess import InProcessSiteGateway
 from fedshard.runtime.messages import (
     AppliedRound,
     MessageKind,
+    PublishedAggregate,
     QueryRequest,
     SiteFailure,
     TrainInstruction,
@@ -66,9 +67,12 @@ def test_rounds_extend_the_version_chain_from_zone_aggregates(federation) -> Non
     zone_store = LocalShardStore(tmp_path / "zones" / "z1")
     version = result.genesis_version
     for r in result.rounds:
-        _, shards = zone_store.load(f"aggregate-{r.round:06d}")
+        # the toy model's first layer is personal (EU): a regional EU aggregate beside the rest
+        assert {a["group"] for a in r.aggregates} == {"regional/EU", "regional/any"}
+        shards = {}
+        for group in ("regional-EU", "regional-any"):
+            shards.update(zone_store.load(f"aggregate-{r.round:06d}-{group}")[1])
         root = merkle_root({sid: shard_digest(a) for sid, a in shards.items()})
-        assert root == r.merkle_root
         version = next_version(version, root)
         assert version == r.version
     assert result.version == version
@@ -167,7 +171,8 @@ def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(fed
         endpoints,
         {"s0": sites["s0"], "s1": sites["s1"]},
     )
-    bogus = [AppliedRound(round=1, zone="z1", merkle_root="ab" * 32)]
+    announced = [PublishedAggregate(zone="z1", group="regional/any", merkle_root="ab" * 32)]
+    bogus = [AppliedRound(round=1, merkle_root="ab" * 32, aggregates=announced)]
     report = sites["s2"].train(
         TrainInstruction(
             round=2,
@@ -212,10 +217,7 @@ def test_server_optimisers_keep_every_site_on_the_same_model(tmp_path: Path, kin
             round=9,
             token="t",
             base_version=result.version,
-            history=[
-                *Coordinator(config, InProcessSiteGateway({}), {}, endpoints)._history,
-                AppliedRound(round=99, zone="z1", merkle_root="ab" * 32),
-            ],
+            history=[AppliedRound(round=99, merkle_root="ab" * 32, aggregates=[])],
             zones=endpoints,
             epochs=1,
             batch_size=8,

@@ -59,7 +59,7 @@ def assert_only_good_counted(client: GrpcZoneClient) -> None:
     """Have GOOD_SITE push, close round 1, and check the aggregate is exactly its update."""
     good = make_update(seed=99)
     client.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
-    summary = client.close_round(1)
+    summary = client.close_round(1)[0]
     fetched, aggregate = client.fetch_aggregate(1)
 
     assert summary.sites == (GOOD_SITE,)
@@ -101,7 +101,7 @@ def test_round_end_to_end_with_chunked_shards(grpc_zone: tuple[ZoneAggregator, s
 
     receipt = client.push(manifest_for("site-a", a, weight=1.0), TOKEN, a)
     client.push(manifest_for("site-b", b, weight=3.0), TOKEN, b)
-    summary = client.close_round(1)
+    summary = client.close_round(1)[0]
     fetched, aggregate = client.fetch_aggregate(1)
 
     assert (receipt.zone, receipt.round, receipt.site_id) == ("eu-1", 1, "site-a")
@@ -129,7 +129,7 @@ def test_concurrent_pushes_are_all_counted(client: GrpcZoneClient) -> None:
                 SITES,
             )
         )
-    summary = client.close_round(1)
+    summary = client.close_round(1)[0]
     _, aggregate = client.fetch_aggregate(1)
 
     assert sorted(r.site_id for r in receipts) == sorted(SITES)
@@ -148,7 +148,7 @@ def test_shard_larger_than_a_grpc_chunk_round_trips(grpc_zone: tuple[ZoneAggrega
     with GrpcZoneClient(grpc_zone[1], timeout=20, chunk_bytes=256 << 10) as client:
         client.open_round(round_spec(plan))
         client.push(manifest_for("site-a", update, weight=2.0, plan=plan), TOKEN, update)
-        client.close_round(1)
+        client.close_round(1)[0]
         _, aggregate = client.fetch_aggregate(1)
 
     np.testing.assert_array_equal(aggregate["big#r0c0"], update["big#r0c0"])
@@ -160,7 +160,7 @@ def test_zero_size_shard_round_trips(client: GrpcZoneClient) -> None:
     client.open_round(RoundSpec(2, TOKEN, plan.to_json(), BASE, SITES))
 
     client.push(manifest_for("site-a", update, round=2, plan=plan), TOKEN, update)
-    client.close_round(2)
+    client.close_round(2)[0]
     _, aggregate = client.fetch_aggregate(2)
 
     assert aggregate["empty#r0c0"].shape == (0, 3)
@@ -270,7 +270,7 @@ def test_second_push_of_a_site_is_already_exists(client: GrpcZoneClient) -> None
         client.push(manifest_for("site-a", second, weight=9.0), TOKEN, second)
 
     assert info.value.code == "already_exists"
-    summary = client.close_round(1)
+    summary = client.close_round(1)[0]
     _, aggregate = client.fetch_aggregate(1)
     assert summary.sites == ("site-a",)
     assert summary.total_weight == 1.0
@@ -308,7 +308,7 @@ def test_hand_made_frames_are_accepted(client: GrpcZoneClient, zone_stub: zone_p
     reply = zone_stub.Push(iter(frames), timeout=20)
 
     assert (reply.site_id, reply.shards, reply.bytes) == ("site-a", 3, PLAN.nbytes)
-    assert client.close_round(1).sites == ("site-a",)
+    assert client.close_round(1)[0].sites == ("site-a",)
 
 
 def test_push_starting_with_a_chunk_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub) -> None:
@@ -452,7 +452,7 @@ def test_first_chunk_without_dtype_is_refused(client: GrpcZoneClient, zone_stub:
 
 
 def test_fetch_of_an_unknown_round_is_a_clear_zone_error(client: GrpcZoneClient) -> None:
-    with pytest.raises(AggregateNotFoundError, match="zone eu-1: no aggregate for round 42") as info:
+    with pytest.raises(AggregateNotFoundError, match="zone eu-1: no regional/any aggregate for round 42") as info:
         client.fetch_aggregate(42)
 
     assert "\n" not in str(info.value)
@@ -460,7 +460,7 @@ def test_fetch_of_an_unknown_round_is_a_clear_zone_error(client: GrpcZoneClient)
 
 def test_close_of_an_unknown_round_is_a_zone_error(client: GrpcZoneClient) -> None:
     with pytest.raises(ZoneError, match="round 8 is not open"):
-        client.close_round(8)
+        client.close_round(8)[0]
 
 
 def test_opening_a_round_twice_is_refused(client: GrpcZoneClient) -> None:

@@ -244,8 +244,8 @@ def test_from_bytes_rejects_garbage(data: bytes) -> None:
 
 
 def test_from_bytes_rejects_unknown_format() -> None:
-    with pytest.raises(IntegrityError, match="unsupported manifest format 2"):
-        Manifest.from_bytes(_edited(_manifest(), format=2))
+    with pytest.raises(IntegrityError, match="unsupported manifest format 3"):
+        Manifest.from_bytes(_edited(_manifest(), format=3))
 
 
 @pytest.mark.parametrize(

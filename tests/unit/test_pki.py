@@ -68,7 +68,7 @@ def test_zone_identity_carries_region_and_hosts(ca: CaPaths, tmp_path: Path) -> 
     assert sans.get_values_for_type(x509.DNSName) == ["zone.example"]
     assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("::1")]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
 
 
 def test_default_zone_hosts_are_loopback(ca: CaPaths, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from fedshard.residency import (
     Policy,
     RouteDecision,
     Router,
+    Scope,
     SensitivityClassifier,
     ShardProtection,
     ZoneInfo,
@@ -43,6 +44,9 @@ def test_eu_personal_shard_goes_to_an_eu_zone(router: Router) -> None:
         rule=router.policy.decide("personal", "EU").reason,
         allowed_regions=["EU"],
         zone="eu-central",  # the origin's region, lowest name
+        scope=Scope.REGIONAL,  # may not reach the reducing zone's region (US)
+        final_zone="eu-central",
+        group="regional/EU",
     )
     assert "rule 0 (eu-personal-data-stays-in-eu)" in decision.rule
     assert decision.to_dict()["zone"] == "eu-central"
@@ -52,6 +56,30 @@ def test_public_shard_stays_in_the_origin_region(router: Router) -> None:
     assert router.route("fc2.weight#r0c0", PUBLIC, "EU").zone == "eu-central"
     assert router.route("fc2.weight#r0c0", PUBLIC, "SG").zone == "ap-sg"
     assert router.route("fc2.weight#r0c0", PUBLIC, "SG").allowed_regions == ["*"]
+
+
+def test_shards_allowed_anywhere_are_reduced_globally(router: Router) -> None:
+    decision = router.route("fc2.weight#r0c0", PUBLIC, "SG")
+    assert (decision.zone, decision.scope, decision.final_zone, decision.group) == (
+        "ap-sg",
+        Scope.GLOBAL,
+        "us-east",
+        "global",
+    )
+    assert decision.aggregate == ("us-east", "global")
+
+
+def test_without_a_reducing_zone_everything_is_regional() -> None:
+    router = Router(Policy.from_config(ResidencyConfig()), ZONES)
+    assert router.route("fc2.weight#r0c0", PUBLIC, "SG").aggregate == ("ap-sg", "regional/any")
+    assert router.route("fc1.weight#r0c0", PERSONAL, "EU").aggregate == ("eu-central", "regional/EU")
+
+
+def test_a_rule_that_serves_only_some_jurisdictions_is_regional() -> None:
+    rules = [_rule(allow_regions="*", serve_to=["US", "EU"])]
+    router = Router(Policy(rules), ZONES, reducing_zone="us-east")
+    decision = router.route("fc2.weight#r0c0", PUBLIC, "US")
+    assert (decision.scope, decision.group) == (Scope.REGIONAL, "regional/EU+US")
 
 
 def test_reducing_zone_when_origin_region_has_no_zone(router: Router) -> None:

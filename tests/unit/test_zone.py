@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedshard.errors import IntegrityError, PushRejectedError, ShardError, ZoneError
+from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ShardError, ZoneError
 from fedshard.integrity import merkle_root, shard_digest
 from fedshard.runtime.rounds import RoundSpec
 from fedshard.runtime.zone import ByteBudget, PushSession, ZoneAggregator
@@ -60,7 +60,7 @@ def assert_only_good_counted(zone: ZoneAggregator, counted: tuple[str, ...] = ()
     """
     good = make_update(seed=99)
     zone.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
     _, aggregate = zone.aggregate(1)
 
     assert summary.sites == (*counted, GOOD_SITE)
@@ -93,7 +93,7 @@ def test_two_sites_give_the_weighted_mean(zone: ZoneAggregator) -> None:
 
     receipt_a = zone.push(manifest_for("site-a", a, weight=1.0), TOKEN, a)
     zone.push(manifest_for("site-b", b, weight=3.0), TOKEN, b)
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
 
     assert (receipt_a.zone, receipt_a.round, receipt_a.site_id) == (ZONE, 1, "site-a")
     assert receipt_a.shards == len(PLAN)
@@ -114,7 +114,7 @@ def test_summary_root_is_the_merkle_root_of_the_aggregate(zone: ZoneAggregator) 
     zone.push(manifest_for("site-a", a, weight=5.0), TOKEN, a)
     zone.push(manifest_for("site-b", b, weight=7.0), TOKEN, b)
 
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
     again, aggregate = zone.aggregate(1)
 
     digests = {sid: shard_digest(arr) for sid, arr in aggregate.items()}
@@ -122,7 +122,7 @@ def test_summary_root_is_the_merkle_root_of_the_aggregate(zone: ZoneAggregator) 
     assert {e.shard_id: e.digest for e in summary.shards} == digests
     assert {e.shard_id: e.nbytes for e in summary.shards} == {sid: a.nbytes for sid, a in aggregate.items()}
     assert again == summary
-    assert zone.close_round(1) == summary
+    assert zone.close_round(1)[0] == summary
 
 
 def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
     a, b = make_update(1), make_update(2)
     zone.push(manifest_for("site-a", a, weight=2.0), TOKEN, a)
     zone.push(manifest_for("site-b", b, weight=1.0), TOKEN, b)
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
     _, aggregate = zone.aggregate(1)
 
     restarted = ZoneAggregator(ZONE, "EU", store_dir=tmp_path)
@@ -144,7 +144,7 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
         assert aggregate2[sid].dtype == aggregate[sid].dtype
         np.testing.assert_array_equal(aggregate2[sid], aggregate[sid])
     assert restarted.aggregate(1)[0] == summary  # second call: from the cached summary
-    with pytest.raises(ZoneError, match="no aggregate for round 2"):
+    with pytest.raises(ZoneError, match="no regional/any aggregate for round 2"):
         restarted.aggregate(2)
 
 
@@ -152,11 +152,11 @@ def test_stored_aggregate_that_was_tampered_with_fails_its_root(tmp_path: Path) 
     zone = open_zone(store_dir=tmp_path)
     a = make_update(1)
     zone.push(manifest_for("site-a", a), TOKEN, a)
-    zone.close_round(1)
+    zone.close_round(1)[0]
     store = LocalShardStore(tmp_path)  # what the zone wrote, edited behind its back
-    meta, shards = store.load("aggregate-000001")
+    meta, shards = store.load("aggregate-000001-regional-any")
     shards["w#r0c0"] = shards["w#r0c0"] + 1
-    store.save("aggregate-000001", shards, meta)
+    store.save("aggregate-000001-regional-any", shards, meta)
 
     # the running zone serves the aggregate it computed, not the edited file
     summary, served = zone.aggregate(1)
@@ -166,12 +166,10 @@ def test_stored_aggregate_that_was_tampered_with_fails_its_root(tmp_path: Path) 
         ZoneAggregator(ZONE, store_dir=tmp_path).aggregate(1)
 
 
-def test_round_with_no_push_publishes_an_empty_aggregate(zone: ZoneAggregator) -> None:
-    summary = zone.close_round(1)
-
-    assert summary.sites == ()
-    assert summary.shards == ()
-    assert zone.aggregate(1)[1] == {}
+def test_round_with_no_push_publishes_nothing(zone: ZoneAggregator) -> None:
+    assert zone.close_round(1) == []
+    with pytest.raises(AggregateNotFoundError):
+        zone.aggregate(1)
 
 
 def test_chunked_push_is_reassembled(zone: ZoneAggregator) -> None:
@@ -208,7 +206,7 @@ def test_chunked_push_into_an_assembly_buffer() -> None:
                 session.receive(shard_id, raw[offset : offset + 24], offset=offset, dtype="<f4", shape=values.shape)
         session.commit()
 
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
     _, aggregate = zone.aggregate(1)
     assert summary.sites == ("site-a",)
     for sid, values in a.items():
@@ -220,7 +218,7 @@ def test_push_of_a_subset_of_the_plan_is_accepted(zone: ZoneAggregator) -> None:
     subset = {sid: a[sid] for sid in ("w#r0c0", "b#r1c0")}
 
     zone.push(manifest_for("site-a", subset), TOKEN, subset)
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
 
     assert [e.shard_id for e in summary.shards] == ["w#r0c0", "b#r1c0"]
 
@@ -231,7 +229,7 @@ def test_zero_size_shard_is_accepted() -> None:
     update = plan.split({"empty": np.zeros((0, 3), np.float32), "w": np.ones((2, 2), np.float32)})
 
     zone.push(manifest_for("site-a", update, plan=plan), TOKEN, update)
-    _, aggregate = zone.aggregate(zone.close_round(1).round)
+    _, aggregate = zone.aggregate(zone.close_round(1)[0].round)
 
     assert aggregate["empty#r0c0"].shape == (0, 3)
     np.testing.assert_array_equal(aggregate["w#r0c0"], np.ones((2, 2), np.float32))
@@ -248,14 +246,14 @@ def test_unknown_round_is_refused(zone: ZoneAggregator) -> None:
 def test_closed_round_is_refused(zone: ZoneAggregator) -> None:
     good = make_update(99)
     zone.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
     a = make_update(1)
 
     with pytest.raises(PushRejectedError, match="round is closed") as info:
         zone.push(manifest_for("site-a", a), TOKEN, a)
 
     assert info.value.code == "round"
-    assert zone.close_round(1) == summary
+    assert zone.close_round(1)[0] == summary
     assert zone.aggregate(1)[0].sites == (GOOD_SITE,)
     for sid, values in good.items():
         np.testing.assert_array_equal(zone.aggregate(1)[1][sid], values)
@@ -268,7 +266,7 @@ def test_aborted_round_is_refused(zone: ZoneAggregator) -> None:
     with pytest.raises(PushRejectedError, match="round is not open"):
         zone.push(manifest_for("site-a", a), TOKEN, a)
     with pytest.raises(ZoneError, match="round 1 is not open"):
-        zone.close_round(1)
+        zone.close_round(1)[0]
 
 
 def test_wrong_token_is_refused(zone: ZoneAggregator) -> None:
@@ -289,7 +287,7 @@ def test_same_site_pushing_twice_is_refused(zone: ZoneAggregator) -> None:
         zone.push(manifest_for("site-a", second, weight=5.0), TOKEN, second)
 
     assert info.value.code == "duplicate"
-    summary = zone.close_round(1)
+    summary = zone.close_round(1)[0]
     assert summary.sites == ("site-a",)
     assert summary.total_weight == 1.0
     _, aggregate = zone.aggregate(1)
@@ -528,7 +526,7 @@ def test_receive_after_commit_is_refused(zone: ZoneAggregator) -> None:
             _receive(session, "w#r0c0", a["w#r0c0"])
 
     assert info.value.code == "state"
-    assert zone.close_round(1).sites == ("site-a",)
+    assert zone.close_round(1)[0].sites == ("site-a",)
 
 
 def test_commit_after_round_closed_is_refused() -> None:
@@ -537,12 +535,11 @@ def test_commit_after_round_closed_is_refused() -> None:
     with zone.begin_push(manifest_for("site-a", a), TOKEN) as session:
         for sid, values in a.items():
             _receive(session, sid, values)
-        summary = zone.close_round(1)
+        assert zone.close_round(1) == []
         with pytest.raises(PushRejectedError, match="closed during the push"):
             session.commit()
 
-    assert summary.sites == ()
-    assert zone.close_round(1).sites == ()
+    assert zone.close_round(1) == []
 
 
 def test_refused_site_may_push_again(zone: ZoneAggregator) -> None:
@@ -554,7 +551,7 @@ def test_refused_site_may_push_again(zone: ZoneAggregator) -> None:
 
     zone.push(manifest, TOKEN, a)
 
-    assert zone.close_round(1).sites == ("site-a",)
+    assert zone.close_round(1)[0].sites == ("site-a",)
 
 
 # round lifecycle ------------------------------------------------------------------------------
@@ -567,11 +564,11 @@ def test_opening_a_round_twice_is_a_zone_error(zone: ZoneAggregator) -> None:
 
 def test_closing_an_unknown_round_is_a_zone_error(zone: ZoneAggregator) -> None:
     with pytest.raises(ZoneError, match="round 5 is not open"):
-        zone.close_round(5)
+        zone.close_round(5)[0]
 
 
 def test_aggregate_of_an_open_round_is_a_zone_error(zone: ZoneAggregator) -> None:
-    with pytest.raises(ZoneError, match="no aggregate for round 1"):
+    with pytest.raises(ZoneError, match="no regional/any aggregate for round 1"):
         zone.aggregate(1)
 
 
@@ -623,7 +620,7 @@ def test_zone_busy_when_staging_budget_is_full() -> None:
     # Neither the aborted push nor the timed-out one holds the budget or the site any more.
     zone.push(manifest_for("site-b", b), TOKEN, b)
     zone.push(manifest_for("site-a", a), TOKEN, a)
-    assert zone.close_round(1).sites == ("site-b", "site-a")
+    assert zone.close_round(1)[0].sites == ("site-a", "site-b")
 
 
 def test_trim_heap_works_where_glibc_is_the_allocator() -> None:

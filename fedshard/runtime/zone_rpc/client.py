@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import grpc
 import numpy as np
@@ -11,7 +13,7 @@ import numpy as np
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest, ShardHasher, merkle_root
-from fedshard.runtime.rounds import AggregateSummary, PushReceipt, RoundSpec
+from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
 from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
 from fedshard.runtime.zone_rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunks, header_to_summary
@@ -61,9 +63,10 @@ class GrpcZoneClient:
             grpc.StatusCode.INVALID_ARGUMENT,
             grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.ALREADY_EXISTS,
-            grpc.StatusCode.PERMISSION_DENIED,
         ):
             return PushRejectedError(details, code.name.lower())
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return PushRejectedError(details, "residency" if "residency" in details else "permission_denied")
         if code == grpc.StatusCode.NOT_FOUND:
             return AggregateNotFoundError(details)
         if code == grpc.StatusCode.UNAVAILABLE:
@@ -72,11 +75,20 @@ class GrpcZoneClient:
 
     def info(self) -> tuple[str, str]:
         """``(name, region)`` of the zone."""
+        reply = self._info()
+        return reply.name, reply.region
+
+    def details(self) -> dict[str, Any]:
+        """The zone's counters, residency role and audit head (see ``ZoneAggregator.info``)."""
+        reply = self._info()
+        return dict(json.loads(reply.info_json)) if reply.info_json else {"name": reply.name, "region": reply.region}
+
+    def _info(self) -> pb.InfoReply:
         try:
-            reply = self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
+            reply: pb.InfoReply = self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
+            return reply
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        return reply.name, reply.region
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Block until the zone's channel is connected."""
@@ -93,6 +105,7 @@ class GrpcZoneClient:
             plan_json=spec.plan_json,
             base_version=spec.base_version,
             sites=list(spec.sites),
+            base_versions=dict(spec.base_versions),
         )
         try:
             self._stub.OpenRound(request, timeout=self.timeout)
@@ -113,13 +126,32 @@ class GrpcZoneClient:
             raise self._error(exc) from None
         return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes)
 
-    def close_round(self, round: int) -> AggregateSummary:
-        """Close ``round`` and return the published aggregate's summary."""
+    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
+        """Close ``round``; the summaries of the aggregates it published (one per group).
+
+        ``forward_to`` is the reducing zone's ``(name, endpoint)``.
+        """
+        zone, endpoint = forward_to or ("", "")
+        request = pb.CloseRoundRequest(round=round, forward_zone=zone, forward_endpoint=endpoint)
         try:
-            header = self._stub.CloseRound(pb.CloseRoundRequest(round=round), timeout=self.timeout)
+            reply = self._stub.CloseRound(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        return header_to_summary(header)
+        return [header_to_summary(h) for h in reply.aggregates]
+
+    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
+        """Send partial sums to the reducing zone; the number of shards it folded in."""
+
+        def frames() -> Iterator[pb.PushFrame]:
+            yield pb.PushFrame(header=pb.PushHeader(manifest=partial.to_bytes(), round_token=partial.token))
+            for chunk in chunks(sums, self.chunk_bytes):
+                yield pb.PushFrame(chunk=chunk)
+
+        try:
+            reply = self._stub.Forward(frames(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return int(reply.shards)
 
     def abort_round(self, round: int) -> None:
         """Discard ``round`` at the zone."""
@@ -128,13 +160,20 @@ class GrpcZoneClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def fetch_aggregate(self, round: int) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Download the aggregate of ``round``; every shard digest and the root are verified."""
+    def fetch_aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """Download aggregate ``group`` of ``round``; every shard digest and the root are verified.
+
+        ``site_id`` says who asks (the zone checks that the policy lets that site's
+        jurisdiction receive it; under mTLS the certificate says who asks).
+        """
         summary: AggregateSummary | None = None
         shards: dict[str, np.ndarray] = {}
         buffers: dict[str, tuple[bytearray, str, tuple[int, ...]]] = {}
+        request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
         try:
-            for frame in self._stub.FetchAggregate(pb.FetchAggregateRequest(round=round), timeout=self.timeout):
+            for frame in self._stub.FetchAggregate(request, timeout=self.timeout):
                 if frame.WhichOneof("frame") == "header":
                     summary = header_to_summary(frame.header)
                     continue

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from fedshard.integrity import ShardEntry
-from fedshard.runtime.rounds import AggregateSummary
+from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
 
 __all__ = ["CHUNK_BYTES", "GRPC_OPTIONS", "chunks", "header_to_summary", "summary_to_header"]
@@ -45,6 +45,7 @@ def summary_to_header(summary: AggregateSummary) -> pb.AggregateHeader:
         total_weight=summary.total_weight,
         sites=list(summary.sites),
         shards=[pb.ShardDigest(shard_id=e.shard_id, digest=e.digest, nbytes=e.nbytes) for e in summary.shards],
+        group=summary.group,
     )
 
 
@@ -57,4 +58,5 @@ def header_to_summary(header: pb.AggregateHeader) -> AggregateSummary:
         total_weight=header.total_weight,
         sites=tuple(header.sites),
         shards=tuple(ShardEntry(s.shard_id, s.digest, s.nbytes) for s in header.shards),
+        group=header.group or DEFAULT_GROUP,
     )

@@ -6,13 +6,14 @@ Errors become gRPC status codes with the one-line reason as details; nothing els
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 
-from fedshard.crypto.identity import Role
+from fedshard.crypto.identity import Identity, Role
 from fedshard.crypto.tls import TlsFiles, peer_identity
 from fedshard.errors import (
     AggregateNotFoundError,
@@ -20,11 +21,12 @@ from fedshard.errors import (
     IntegrityError,
     PkiError,
     PushRejectedError,
+    ResidencyViolationError,
     ZoneError,
 )
 from fedshard.integrity import Manifest
-from fedshard.runtime.rounds import RoundSpec
-from fedshard.runtime.zone import ZoneAggregator
+from fedshard.runtime.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
+from fedshard.runtime.zone import ZoneAggregator, assemble_frames
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
 from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
 from fedshard.runtime.zone_rpc.convert import GRPC_OPTIONS, chunks, summary_to_header
@@ -34,11 +36,14 @@ __all__ = ["ZoneService", "serve"]
 log = logging.getLogger(__name__)
 
 _PRECONDITION_CODES = {"round", "token", "site", "version", "plan", "zone", "state"}
+_PERMISSION_CODES = {"identity", "residency", "policy", "class", "signature"}
 
 
 def _status(error: FedshardError) -> grpc.StatusCode:
+    if isinstance(error, ResidencyViolationError):
+        return grpc.StatusCode.PERMISSION_DENIED
     if isinstance(error, PushRejectedError):
-        if error.code in ("identity", "residency"):
+        if error.code in _PERMISSION_CODES:
             return grpc.StatusCode.PERMISSION_DENIED
         if error.code == "duplicate":
             return grpc.StatusCode.ALREADY_EXISTS
@@ -71,7 +76,14 @@ class ZoneService(pb_grpc.ZoneServicer):
         context.abort(_status(error), str(error))
 
     def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
-        spec = RoundSpec(request.round, request.token, request.plan_json, request.base_version, tuple(request.sites))
+        spec = RoundSpec(
+            request.round,
+            request.token,
+            request.plan_json,
+            request.base_version,
+            tuple(request.sites),
+            tuple(sorted(request.base_versions.items())),
+        )
         try:
             self.zone.open_round(spec)
         except FedshardError as exc:
@@ -80,12 +92,12 @@ class ZoneService(pb_grpc.ZoneServicer):
 
     def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
         try:
-            first = next(request_iterator, None)
-            if first is None or first.WhichOneof("frame") != "header":
-                raise PushRejectedError(f"zone {self.zone.name}: a push must start with its manifest", "protocol")
+            first = self._header(request_iterator, "a push must start with its manifest")
             manifest = Manifest.from_bytes(first.header.manifest)
-            self._check_caller(context, manifest.site_id)
-            with self.zone.begin_push(manifest, first.header.round_token, self.push_timeout) as session:
+            certified = self._check_caller(context, manifest.site_id)
+            with self.zone.begin_push(
+                manifest, first.header.round_token, self.push_timeout, certified=certified
+            ) as session:
                 for frame in request_iterator:
                     if frame.WhichOneof("frame") != "chunk":
                         raise PushRejectedError(f"zone {self.zone.name}: manifest sent twice in one push", "protocol")
@@ -98,26 +110,60 @@ class ZoneService(pb_grpc.ZoneServicer):
             zone=receipt.zone, round=receipt.round, site_id=receipt.site_id, shards=receipt.shards, bytes=receipt.bytes
         )
 
-    def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> None:
-        if self.ca_pem is None:
-            return
-        try:
-            identity = peer_identity(context, self.ca_pem, role=Role.SITE)
-        except PkiError as exc:
-            raise PushRejectedError(f"zone {self.zone.name}: {exc}", "identity") from None
+    def _header(self, frames: Iterator[pb.PushFrame], rule: str) -> pb.PushFrame:
+        first = next(frames, None)
+        if first is None or first.WhichOneof("frame") != "header":
+            raise PushRejectedError(f"zone {self.zone.name}: {rule}", "protocol")
+        return first
+
+    def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> str | None:
+        """Under mTLS: check the caller is ``site_id``; its certified jurisdiction."""
+        identity = self._caller(context, Role.SITE)
+        if identity is None:
+            return None
         if identity.name != site_id:
             raise PushRejectedError(
                 f"zone {self.zone.name}: manifest names site {site_id!r} but the caller's certificate is "
                 f"{identity.name!r}",
                 "identity",
             )
+        return identity.jurisdiction_or_region
 
-    def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.AggregateHeader:  # noqa: N802
+    def _caller(self, context: grpc.ServicerContext, role: Role) -> Identity | None:
+        if self.ca_pem is None:
+            return None
+        try:
+            return peer_identity(context, self.ca_pem, role=role)
+        except PkiError as exc:
+            raise PushRejectedError(f"zone {self.zone.name}: {exc}", "identity") from None
+
+    def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
+        try:
+            first = self._header(request_iterator, "a forward must start with its header")
+            partial = PartialSum.from_bytes(first.header.manifest)
+            caller = self._caller(context, Role.ZONE)
+            expected = {e.shard_id: e.nbytes for e in partial.entries}
+            if sum(expected.values()) > self.zone.staging_limit:
+                raise PushRejectedError(f"zone {self.zone.name}: partial sums exceed the staging budget", "shape")
+            frames = (
+                (f.chunk.shard_id, f.chunk.data, f.chunk.offset, f.chunk.dtype, tuple(f.chunk.shape))
+                for f in request_iterator
+                if f.WhichOneof("frame") == "chunk"
+            )
+            sums = assemble_frames(frames, expected)
+            shards = self.zone.receive_partial(partial, sums, certified=caller.name if caller else None)
+        except FedshardError as exc:
+            self._fail(context, exc)
+        return pb.ForwardReply(shards=shards)
+
+    def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.CloseRoundReply:  # noqa: N802
         try:
             if request.abort:
                 self.zone.abort_round(request.round)
-                return pb.AggregateHeader(zone=self.zone.name, round=request.round)
-            return summary_to_header(self.zone.close_round(request.round))
+                return pb.CloseRoundReply()
+            forward = (request.forward_zone, request.forward_endpoint) if request.forward_zone else None
+            summaries = self.zone.close_round(request.round, forward)
+            return pb.CloseRoundReply(aggregates=[summary_to_header(s) for s in summaries])
         except FedshardError as exc:
             self._fail(context, exc)
             raise  # unreachable: abort raises
@@ -126,7 +172,15 @@ class ZoneService(pb_grpc.ZoneServicer):
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AggregateFrame]:
         try:
-            summary, shards = self.zone.aggregate(request.round)
+            caller = self._caller(context, Role.SITE)
+            residency = self.zone.residency
+            if caller is not None:
+                jurisdiction: str | None = caller.jurisdiction_or_region
+            else:
+                jurisdiction = residency.jurisdictions.get(request.site_id) if residency is not None else None
+            summary, shards = self.zone.aggregate(
+                request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction
+            )
         except FedshardError as exc:
             self._fail(context, exc)
             return
@@ -135,7 +189,8 @@ class ZoneService(pb_grpc.ZoneServicer):
             yield pb.AggregateFrame(chunk=chunk)
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
-        return pb.InfoReply(name=self.zone.name, region=self.zone.region)
+        info = json.dumps(self.zone.info(), sort_keys=True)
+        return pb.InfoReply(name=self.zone.name, region=self.zone.region, info_json=info)
 
 
 def serve(

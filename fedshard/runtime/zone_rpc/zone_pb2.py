@@ -24,39 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$fedshard/runtime/zone_rpc/zone.proto\x12\x10\x66\x65\x64shard.zone.v1\"h\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\tplan_json\x18\x03 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\t\x12\r\n\x05sites\x18\x05 \x03(\t\"\x10\n\x0eOpenRoundReply\"3\n\nPushHeader\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x13\n\x0bround_token\x18\x02 \x01(\t\"Z\n\nShardChunk\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\r\"s\n\tPushFrame\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.fedshard.zone.v1.PushHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"X\n\tPushReply\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07site_id\x18\x03 \x01(\t\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"1\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05\x61\x62ort\x18\x02 \x01(\x08\"?\n\x0bShardDigest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0e\n\x06nbytes\x18\x03 \x01(\x04\"\x97\x01\n\x0f\x41ggregateHeader\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x13\n\x0bmerkle_root\x18\x03 \x01(\t\x12\x14\n\x0ctotal_weight\x18\x04 \x01(\x01\x12\r\n\x05sites\x18\x05 \x03(\t\x12-\n\x06shards\x18\x06 \x03(\x0b\x32\x1d.fedshard.zone.v1.ShardDigest\"&\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\r\"}\n\x0e\x41ggregateFrame\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.fedshard.zone.v1.AggregateHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"\r\n\x0bInfoRequest\")\n\tInfoReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t2\x96\x03\n\x04Zone\x12Q\n\tOpenRound\x12\".fedshard.zone.v1.OpenRoundRequest\x1a .fedshard.zone.v1.OpenRoundReply\x12\x42\n\x04Push\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1b.fedshard.zone.v1.PushReply(\x01\x12T\n\nCloseRound\x12#.fedshard.zone.v1.CloseRoundRequest\x1a!.fedshard.zone.v1.AggregateHeader\x12]\n\x0e\x46\x65tchAggregate\x12\'.fedshard.zone.v1.FetchAggregateRequest\x1a .fedshard.zone.v1.AggregateFrame0\x01\x12\x42\n\x04Info\x12\x1d.fedshard.zone.v1.InfoRequest\x1a\x1b.fedshard.zone.v1.InfoReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$fedshard/runtime/zone_rpc/zone.proto\x12\x10\x66\x65\x64shard.zone.v1\"\xea\x01\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\tplan_json\x18\x03 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\t\x12\r\n\x05sites\x18\x05 \x03(\t\x12K\n\rbase_versions\x18\x06 \x03(\x0b\x32\x34.fedshard.zone.v1.OpenRoundRequest.BaseVersionsEntry\x1a\x33\n\x11\x42\x61seVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eOpenRoundReply\"3\n\nPushHeader\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x13\n\x0bround_token\x18\x02 \x01(\t\"Z\n\nShardChunk\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\r\"s\n\tPushFrame\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.fedshard.zone.v1.PushHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"X\n\tPushReply\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07site_id\x18\x03 \x01(\t\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"a\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05\x61\x62ort\x18\x02 \x01(\x08\x12\x14\n\x0c\x66orward_zone\x18\x03 \x01(\t\x12\x18\n\x10\x66orward_endpoint\x18\x04 \x01(\t\"H\n\x0f\x43loseRoundReply\x12\x35\n\naggregates\x18\x01 \x03(\x0b\x32!.fedshard.zone.v1.AggregateHeader\"\x1e\n\x0c\x46orwardReply\x12\x0e\n\x06shards\x18\x01 \x01(\r\"?\n\x0bShardDigest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0e\n\x06nbytes\x18\x03 \x01(\x04\"\xa6\x01\n\x0f\x41ggregateHeader\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x13\n\x0bmerkle_root\x18\x03 \x01(\t\x12\x14\n\x0ctotal_weight\x18\x04 \x01(\x01\x12\r\n\x05sites\x18\x05 \x03(\t\x12-\n\x06shards\x18\x06 \x03(\x0b\x32\x1d.fedshard.zone.v1.ShardDigest\x12\r\n\x05group\x18\x07 \x01(\t\"F\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0f\n\x07site_id\x18\x03 \x01(\t\"}\n\x0e\x41ggregateFrame\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.fedshard.zone.v1.AggregateHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"\r\n\x0bInfoRequest\"<\n\tInfoReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x11\n\tinfo_json\x18\x03 \x01(\t2\xe0\x03\n\x04Zone\x12Q\n\tOpenRound\x12\".fedshard.zone.v1.OpenRoundRequest\x1a .fedshard.zone.v1.OpenRoundReply\x12\x42\n\x04Push\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1b.fedshard.zone.v1.PushReply(\x01\x12T\n\nCloseRound\x12#.fedshard.zone.v1.CloseRoundRequest\x1a!.fedshard.zone.v1.CloseRoundReply\x12H\n\x07\x46orward\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1e.fedshard.zone.v1.ForwardReply(\x01\x12]\n\x0e\x46\x65tchAggregate\x12\'.fedshard.zone.v1.FetchAggregateRequest\x1a .fedshard.zone.v1.AggregateFrame0\x01\x12\x42\n\x04Info\x12\x1d.fedshard.zone.v1.InfoRequest\x1a\x1b.fedshard.zone.v1.InfoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedshard.runtime.zone_rpc.zone_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPENROUNDREQUEST']._serialized_start=58
-  _globals['_OPENROUNDREQUEST']._serialized_end=162
-  _globals['_OPENROUNDREPLY']._serialized_start=164
-  _globals['_OPENROUNDREPLY']._serialized_end=180
-  _globals['_PUSHHEADER']._serialized_start=182
-  _globals['_PUSHHEADER']._serialized_end=233
-  _globals['_SHARDCHUNK']._serialized_start=235
-  _globals['_SHARDCHUNK']._serialized_end=325
-  _globals['_PUSHFRAME']._serialized_start=327
-  _globals['_PUSHFRAME']._serialized_end=442
-  _globals['_PUSHREPLY']._serialized_start=444
-  _globals['_PUSHREPLY']._serialized_end=532
-  _globals['_CLOSEROUNDREQUEST']._serialized_start=534
-  _globals['_CLOSEROUNDREQUEST']._serialized_end=583
-  _globals['_SHARDDIGEST']._serialized_start=585
-  _globals['_SHARDDIGEST']._serialized_end=648
-  _globals['_AGGREGATEHEADER']._serialized_start=651
-  _globals['_AGGREGATEHEADER']._serialized_end=802
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_start=804
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=842
-  _globals['_AGGREGATEFRAME']._serialized_start=844
-  _globals['_AGGREGATEFRAME']._serialized_end=969
-  _globals['_INFOREQUEST']._serialized_start=971
-  _globals['_INFOREQUEST']._serialized_end=984
-  _globals['_INFOREPLY']._serialized_start=986
-  _globals['_INFOREPLY']._serialized_end=1027
-  _globals['_ZONE']._serialized_start=1030
-  _globals['_ZONE']._serialized_end=1436
+  _globals['_OPENROUNDREQUEST_BASEVERSIONSENTRY']._loaded_options = None
+  _globals['_OPENROUNDREQUEST_BASEVERSIONSENTRY']._serialized_options = b'8\001'
+  _globals['_OPENROUNDREQUEST']._serialized_start=59
+  _globals['_OPENROUNDREQUEST']._serialized_end=293
+  _globals['_OPENROUNDREQUEST_BASEVERSIONSENTRY']._serialized_start=242
+  _globals['_OPENROUNDREQUEST_BASEVERSIONSENTRY']._serialized_end=293
+  _globals['_OPENROUNDREPLY']._serialized_start=295
+  _globals['_OPENROUNDREPLY']._serialized_end=311
+  _globals['_PUSHHEADER']._serialized_start=313
+  _globals['_PUSHHEADER']._serialized_end=364
+  _globals['_SHARDCHUNK']._serialized_start=366
+  _globals['_SHARDCHUNK']._serialized_end=456
+  _globals['_PUSHFRAME']._serialized_start=458
+  _globals['_PUSHFRAME']._serialized_end=573
+  _globals['_PUSHREPLY']._serialized_start=575
+  _globals['_PUSHREPLY']._serialized_end=663
+  _globals['_CLOSEROUNDREQUEST']._serialized_start=665
+  _globals['_CLOSEROUNDREQUEST']._serialized_end=762
+  _globals['_CLOSEROUNDREPLY']._serialized_start=764
+  _globals['_CLOSEROUNDREPLY']._serialized_end=836
+  _globals['_FORWARDREPLY']._serialized_start=838
+  _globals['_FORWARDREPLY']._serialized_end=868
+  _globals['_SHARDDIGEST']._serialized_start=870
+  _globals['_SHARDDIGEST']._serialized_end=933
+  _globals['_AGGREGATEHEADER']._serialized_start=936
+  _globals['_AGGREGATEHEADER']._serialized_end=1102
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_start=1104
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=1174
+  _globals['_AGGREGATEFRAME']._serialized_start=1176
+  _globals['_AGGREGATEFRAME']._serialized_end=1301
+  _globals['_INFOREQUEST']._serialized_start=1303
+  _globals['_INFOREQUEST']._serialized_end=1316
+  _globals['_INFOREPLY']._serialized_start=1318
+  _globals['_INFOREPLY']._serialized_end=1378
+  _globals['_ZONE']._serialized_start=1381
+  _globals['_ZONE']._serialized_end=1861
 # @@protoc_insertion_point(module_scope)

@@ -7,18 +7,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("round", "token", "plan_json", "base_version", "sites")
+    __slots__ = ("round", "token", "plan_json", "base_version", "sites", "base_versions")
+    class BaseVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     round: int
     token: str
     plan_json: str
     base_version: str
     sites: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round: _Optional[int] = ..., token: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_version: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ...) -> None: ...
+    base_versions: _containers.ScalarMap[str, str]
+    def __init__(self, round: _Optional[int] = ..., token: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_version: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., base_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class OpenRoundReply(_message.Message):
     __slots__ = ()
@@ -69,12 +78,28 @@ class PushReply(_message.Message):
     def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., site_id: _Optional[str] = ..., shards: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class CloseRoundRequest(_message.Message):
-    __slots__ = ("round", "abort")
+    __slots__ = ("round", "abort", "forward_zone", "forward_endpoint")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_ZONE_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     round: int
     abort: bool
-    def __init__(self, round: _Optional[int] = ..., abort: _Optional[bool] = ...) -> None: ...
+    forward_zone: str
+    forward_endpoint: str
+    def __init__(self, round: _Optional[int] = ..., abort: _Optional[bool] = ..., forward_zone: _Optional[str] = ..., forward_endpoint: _Optional[str] = ...) -> None: ...
+
+class CloseRoundReply(_message.Message):
+    __slots__ = ("aggregates",)
+    AGGREGATES_FIELD_NUMBER: _ClassVar[int]
+    aggregates: _containers.RepeatedCompositeFieldContainer[AggregateHeader]
+    def __init__(self, aggregates: _Optional[_Iterable[_Union[AggregateHeader, _Mapping]]] = ...) -> None: ...
+
+class ForwardReply(_message.Message):
+    __slots__ = ("shards",)
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: int
+    def __init__(self, shards: _Optional[int] = ...) -> None: ...
 
 class ShardDigest(_message.Message):
     __slots__ = ("shard_id", "digest", "nbytes")
@@ -87,26 +112,32 @@ class ShardDigest(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., digest: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class AggregateHeader(_message.Message):
-    __slots__ = ("zone", "round", "merkle_root", "total_weight", "sites", "shards")
+    __slots__ = ("zone", "round", "merkle_root", "total_weight", "sites", "shards", "group")
     ZONE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MERKLE_ROOT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     zone: str
     round: int
     merkle_root: str
     total_weight: float
     sites: _containers.RepeatedScalarFieldContainer[str]
     shards: _containers.RepeatedCompositeFieldContainer[ShardDigest]
-    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., merkle_root: _Optional[str] = ..., total_weight: _Optional[float] = ..., sites: _Optional[_Iterable[str]] = ..., shards: _Optional[_Iterable[_Union[ShardDigest, _Mapping]]] = ...) -> None: ...
+    group: str
+    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., merkle_root: _Optional[str] = ..., total_weight: _Optional[float] = ..., sites: _Optional[_Iterable[str]] = ..., shards: _Optional[_Iterable[_Union[ShardDigest, _Mapping]]] = ..., group: _Optional[str] = ...) -> None: ...
 
 class FetchAggregateRequest(_message.Message):
-    __slots__ = ("round",)
+    __slots__ = ("round", "group", "site_id")
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
     round: int
-    def __init__(self, round: _Optional[int] = ...) -> None: ...
+    group: str
+    site_id: str
+    def __init__(self, round: _Optional[int] = ..., group: _Optional[str] = ..., site_id: _Optional[str] = ...) -> None: ...
 
 class AggregateFrame(_message.Message):
     __slots__ = ("header", "chunk")
@@ -121,9 +152,11 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("name", "region")
+    __slots__ = ("name", "region", "info_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     region: str
-    def __init__(self, name: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
+    info_json: str
+    def __init__(self, name: _Optional[str] = ..., region: _Optional[str] = ..., info_json: _Optional[str] = ...) -> None: ...

@@ -47,7 +47,12 @@ class ZoneStub:
         self.CloseRound = channel.unary_unary(
                 '/fedshard.zone.v1.Zone/CloseRound',
                 request_serializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.CloseRoundRequest.SerializeToString,
-                response_deserializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.AggregateHeader.FromString,
+                response_deserializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.CloseRoundReply.FromString,
+                _registered_method=True)
+        self.Forward = channel.stream_unary(
+                '/fedshard.zone.v1.Zone/Forward',
+                request_serializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.PushFrame.SerializeToString,
+                response_deserializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.ForwardReply.FromString,
                 _registered_method=True)
         self.FetchAggregate = channel.unary_stream(
                 '/fedshard.zone.v1.Zone/FetchAggregate',
@@ -80,7 +85,15 @@ class ZoneServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseRound(self, request, context):
-        """Coordinator: stop accepting pushes and publish the aggregate.
+        """Coordinator: stop accepting pushes and publish the aggregates (one per group);
+        partial sums of global shards are forwarded to the reducing zone first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Forward(self, request_iterator, context):
+        """Zone to reducing zone: a header (PartialSum JSON) first, then float64 chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,7 +129,12 @@ def add_ZoneServicer_to_server(servicer, server):
             'CloseRound': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseRound,
                     request_deserializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.CloseRoundRequest.FromString,
-                    response_serializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.AggregateHeader.SerializeToString,
+                    response_serializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.CloseRoundReply.SerializeToString,
+            ),
+            'Forward': grpc.stream_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.PushFrame.FromString,
+                    response_serializer=fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.ForwardReply.SerializeToString,
             ),
             'FetchAggregate': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchAggregate,
@@ -209,7 +227,34 @@ class Zone:
             target,
             '/fedshard.zone.v1.Zone/CloseRound',
             fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.CloseRoundRequest.SerializeToString,
-            fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.AggregateHeader.FromString,
+            fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.CloseRoundReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forward(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/fedshard.zone.v1.Zone/Forward',
+            fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.PushFrame.SerializeToString,
+            fedshard_dot_runtime_dot_zone__rpc_dot_zone__pb2.ForwardReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,362 @@
+"""Residency end to end: three regional zones on loopback gRPC, hierarchical reduction,
+zones that enforce the policy themselves (refuse, audit, serve only whom they may)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from fedshard.config import FederationConfig
+from fedshard.crypto.signing import public_key_bytes
+from fedshard.errors import PushRejectedError, ResidencyViolationError
+from fedshard.integrity import build_manifest
+from fedshard.residency.audit import verify_audit_log
+from fedshard.runtime.assembly import grpc_connector, make_site, make_zone, running_zones
+from fedshard.runtime.coordinator import Coordinator, RunResult
+from fedshard.runtime.inprocess import InProcessSiteGateway
+from fedshard.runtime.rounds import PartialEntry, PartialSum, RoundSpec
+from fedshard.runtime.routing import FederationRouting
+from fedshard.runtime.zone import ZoneAggregator
+from fedshard.runtime.zone_rpc import zone_pb2 as pb
+from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
+from fedshard.runtime.zone_rpc.service import serve
+from fedshard.store import LocalShardStore
+
+SITES = [("eu-a", "EU"), ("eu-b", "EU"), ("us-a", "US"), ("sg-a", "SG")]
+ZONES = [("eu-central", "EU"), ("us-east", "US"), ("sg-central", "SG")]
+TOKEN = "t" * 32
+
+
+def _config(rounds: int = 2, reducing_zone: str | None = "eu-central") -> FederationConfig:
+    return FederationConfig.model_validate(
+        {
+            "federation": {"name": "res", "seed": 5, "rounds": rounds, "min_sites": 2, "round_timeout_s": 60},
+            "task": {"target": "tests.toy_task:task", "options": {"examples": 40}},
+            "training": {"local_epochs": 2, "batch_size": 8, "learning_rate": 0.05},
+            "sharding": {"tile": [4, 4]},
+            "zones": [{"name": n, "region": r} for n, r in ZONES],
+            "reducing_zone": reducing_zone,
+            "sites": [{"id": s, "jurisdiction": j} for s, j in SITES],
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[FederationConfig, RunResult, Path, dict]:
+    """One two-round federation over three zones; what it left on disk."""
+    tmp = tmp_path_factory.mktemp("residency")
+    config = _config()
+    routing = FederationRouting(config)
+    with running_zones(config, tmp / "zones") as endpoints:
+        sites = {s.id: make_site(config, s.id, tmp / "sites", routing) for s in config.sites}
+        gateway = InProcessSiteGateway(sites)
+        zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+        try:
+            result = Coordinator(config, gateway, zones, endpoints).run()
+            details = {n: z.details() for n, z in zones.items()}  # type: ignore[attr-defined]
+        finally:
+            gateway.close()
+            for z in zones.values():
+                z.close()
+    return config, result, tmp, details
+
+
+def _audit(tmp: Path, zone: str) -> list[dict]:
+    path = tmp / "zones" / zone / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sites_form_residency_groups_and_all_rounds_run(run) -> None:
+    _, result, _, _ = run
+    assert result.stopped_reason == ""
+    assert [r.round for r in result.rounds] == [1, 2]
+    assert result.groups == {"EU": ["eu-a", "eu-b"], "SG+US": ["sg-a", "us-a"]}
+    assert set(result.rounds[-1].versions) == {"EU", "SG+US"}
+    assert all(r.sites == ("eu-a", "eu-b", "sg-a", "us-a") for r in result.rounds)
+
+
+def test_eu_personal_shards_are_received_and_stored_only_in_the_eu(run) -> None:
+    config, _, tmp, _ = run
+    personal = {sid for sid, c in FederationRouting(config).classes.items() if c.shard_class == "personal"}
+    assert personal  # the first layer and the output bias
+    for zone in ("us-east", "sg-central"):
+        accepted = [r for r in _audit(tmp, zone) if r["decision"] == "accepted"]
+        assert {r["site"] for r in accepted} == {"us-a" if zone == "us-east" else "sg-a"}
+        # nothing was published there: every shard they received was forwarded as a partial sum
+        assert not list((tmp / "zones" / zone).glob("aggregate-*"))
+        assert any(r["decision"] == "forwarded" and r["to_zone"] == "eu-central" for r in _audit(tmp, zone))
+    eu = LocalShardStore(tmp / "zones" / "eu-central")
+    meta, shards = eu.load("aggregate-000002-regional-EU")
+    assert set(shards) <= personal
+    assert set(meta["sites"]) == {"eu-a", "eu-b"}
+    meta, shards = eu.load("aggregate-000002-global")
+    assert set(meta["sites"]) == {"eu-a", "eu-b", "us-a", "sg-a"}
+    # the global aggregate of a personal shard holds the non-EU sites' contributions only
+    for sid, sites in meta["contributors"].items():
+        assert ("eu-a" in sites) == (sid not in personal)
+
+
+def test_groups_share_global_layers_and_keep_their_regional_ones(run) -> None:
+    config, _, tmp, _ = run
+    personal = {sid for sid, c in FederationRouting(config).classes.items() if c.shard_class == "personal"}
+    models = {s: LocalShardStore(tmp / "sites" / s).load("current")[1] for s, _ in SITES}
+    for sid in models["eu-a"]:
+        if sid.startswith("optimizer/"):
+            continue
+        assert np.array_equal(models["eu-a"][sid], models["eu-b"][sid])
+        assert np.array_equal(models["us-a"][sid], models["sg-a"][sid])
+        same = np.array_equal(models["eu-a"][sid], models["us-a"][sid])
+        assert same == (sid not in personal), sid
+
+
+def test_audit_logs_verify_and_zones_report_their_work(run) -> None:
+    _, _, tmp, details = run
+    for zone, _ in ZONES:
+        verdict = verify_audit_log(tmp / "zones" / zone / "audit.jsonl")
+        assert verdict.ok and verdict.lines > 0
+        assert details[zone]["refused"] == 0
+    assert details["eu-central"]["reducing"] is True
+    assert details["eu-central"]["partials_received"] > 0
+    assert details["us-east"]["forwarded_shards"] > 0
+    assert details["eu-central"]["shards_by_class"]["personal"] > 0
+
+
+# --- zones enforce the policy themselves ---------------------------------------------------
+
+
+@pytest.fixture
+def zones(tmp_path: Path) -> Iterator[tuple[FederationConfig, FederationRouting, dict[str, ZoneAggregator]]]:
+    config = _config()
+    routing = FederationRouting(config)
+    made = {zc.name: make_zone(zc, tmp_path, routing=routing) for zc in config.zones}
+    plan = routing.plan
+    for zone in made.values():
+        zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    try:
+        yield config, routing, made
+    finally:
+        for zone in made.values():
+            zone.close()
+
+
+def _update(routing: FederationRouting, shard_ids: list[str] | None = None) -> dict[str, np.ndarray]:
+    plan = routing.plan
+    rng = np.random.default_rng(0)
+    shards = {s.shard_id: rng.standard_normal(s.shape).astype(s.dtype) for s in plan.shards}
+    return {sid: shards[sid] for sid in (shard_ids or list(shards))}
+
+
+def _manifest(routing: FederationRouting, site: str, zone: str, shards: dict[str, np.ndarray], **kw: object):
+    classes = {sid: routing.classes[sid].shard_class for sid in shards}
+    fields = {"classes": classes, "policy_digest": routing.router.policy.digest}
+    fields.update(kw)
+    return build_manifest(
+        site_id=site,
+        round=1,
+        plan_digest=routing.plan.digest,
+        base_version="v0",
+        zone=zone,
+        weight=10,
+        shards=shards,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _personal(routing: FederationRouting) -> list[str]:
+    return [sid for sid, c in routing.classes.items() if c.shard_class == "personal"]
+
+
+def test_us_zone_refuses_an_eu_personal_shard_over_grpc_with_permission_denied(zones) -> None:
+    _, routing, made = zones
+    shards = _update(routing, _personal(routing)[:1])
+    sid = next(iter(shards))
+    server, port = serve(made["us-east"], "127.0.0.1:0", max_workers=2)
+    try:
+        stub = pb_grpc.ZoneStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        header = pb.PushHeader(manifest=_manifest(routing, "eu-a", "us-east", shards).to_bytes(), round_token=TOKEN)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Push(iter([pb.PushFrame(header=header)]), timeout=10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert info.value.details().endswith(
+            f"residency: shard {sid} (personal, origin EU) may not be received in region US"
+        )
+    finally:
+        server.stop(grace=None).wait(timeout=10)
+    refused = [r for r in _audit_of(made["us-east"]) if r["decision"] == "refused"]
+    assert refused and refused[-1]["code"] == "residency" and refused[-1]["site"] == "eu-a"
+    assert made["us-east"].stats.pushes == 0
+
+
+def _audit_of(zone: ZoneAggregator) -> list[dict]:
+    assert zone.audit is not None
+    return [json.loads(line) for line in zone.audit.path.read_text().splitlines()]
+
+
+def test_zone_refuses_a_manifest_routed_by_another_policy(zones) -> None:
+    _, routing, made = zones
+    shards = _update(routing)
+    with pytest.raises(PushRejectedError, match="routed by policy") as info:
+        made["eu-central"].push(
+            _manifest(routing, "eu-a", "eu-central", shards, policy_digest="00" * 32), TOKEN, shards
+        )
+    assert info.value.code == "policy"
+
+
+def test_zone_refuses_a_shard_whose_class_was_lowered_by_the_site(zones) -> None:
+    _, routing, made = zones
+    shards = _update(routing, _personal(routing)[:1])
+    lie = {sid: "public" for sid in shards}
+    with pytest.raises(PushRejectedError, match="the manifest says public") as info:
+        made["us-east"].push(_manifest(routing, "eu-a", "us-east", shards, classes=lie), TOKEN, shards)
+    assert info.value.code == "class"
+
+
+def test_zone_takes_the_origin_from_the_certificate_not_the_request(zones) -> None:
+    _, routing, made = zones
+    shards = _update(routing, _personal(routing)[:1])
+    manifest = _manifest(routing, "us-a", "us-east", shards)
+    with pytest.raises(PushRejectedError, match="certificate says jurisdiction EU") as info:
+        made["us-east"].begin_push(manifest, TOKEN, certified="EU")
+    assert info.value.code == "identity"
+
+
+def test_unsigned_or_forged_manifests_are_refused_when_sites_have_keys(tmp_path: Path) -> None:
+    config = _config()
+    routing = FederationRouting(config)
+    keys = {s: Ed25519PrivateKey.generate() for s, _ in SITES}
+    zone = make_zone(
+        config.zones[0], tmp_path, routing=routing, site_keys={s: public_key_bytes(k) for s, k in keys.items()}
+    )
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    shards = _update(routing)
+    manifest = _manifest(routing, "eu-a", "eu-central", shards)
+    with pytest.raises(PushRejectedError, match="is not signed"):
+        zone.push(manifest, TOKEN, shards)
+    with pytest.raises(PushRejectedError, match="signature does not verify"):
+        zone.push(manifest.signed(keys["eu-b"]), TOKEN, shards)
+    receipt = zone.push(manifest.signed(keys["eu-a"]), TOKEN, shards)
+    assert receipt.shards == len(shards)
+    zone.close()
+
+
+def test_reducing_zone_refuses_partial_sums_of_regional_shards(zones) -> None:
+    _, routing, made = zones
+    sid = _personal(routing)[0]
+    total = np.zeros(routing.plan.shard(sid).shape, dtype=np.float64)
+    from fedshard.integrity import shard_digest
+
+    entry = PartialEntry(sid, shard_digest(total), int(total.nbytes), 10.0, ("eu-a",))
+    partial = PartialSum("us-east", 1, TOKEN, (entry,))
+    with pytest.raises(PushRejectedError, match="aggregated in its region, not globally") as info:
+        made["eu-central"].receive_partial(partial, {sid: total})
+    assert info.value.code == "residency"
+    # a zone that is not the reducing zone reduces nothing
+    with pytest.raises(PushRejectedError, match="not the reducing zone"):
+        made["us-east"].receive_partial(replace(partial, zone="sg-central"), {sid: total})
+
+
+def test_regional_aggregate_is_served_only_to_the_jurisdictions_the_policy_allows(zones) -> None:
+    _, routing, made = zones
+    eu = made["eu-central"]
+    for site in ("eu-a", "eu-b"):
+        shards = _update(routing, [sid for sid, d in routing.site(site).routes.items() if d.zone == "eu-central"])
+        eu.push(_manifest(routing, site, "eu-central", shards), TOKEN, shards)
+    summaries = {s.group: s for s in eu.close_round(1, forward_to=None)}
+    assert "regional/EU" in summaries and "global" in summaries
+    summary, _ = eu.aggregate(1, "regional/EU", jurisdiction="EU")
+    assert summary.sites == ("eu-a", "eu-b")
+    with pytest.raises(ResidencyViolationError, match="may not be served to jurisdiction US"):
+        eu.aggregate(1, "regional/EU", jurisdiction="US")
+    with pytest.raises(ResidencyViolationError, match="only to a site it can identify"):
+        eu.aggregate(1, "regional/EU")
+    assert eu.aggregate(1, "global", jurisdiction="US")[0].sites == ("eu-a", "eu-b")
+
+
+def test_a_zone_without_a_reducing_zone_to_forward_to_cannot_close_with_global_shards(zones) -> None:
+    _, routing, made = zones
+    us = made["us-east"]
+    shards = _update(routing)
+    us.push(_manifest(routing, "us-a", "us-east", shards), TOKEN, shards)
+    with pytest.raises(Exception, match="no reducing zone to forward them to"):
+        us.close_round(1)
+
+
+def test_policy_that_would_not_serve_a_site_its_own_aggregate_fails_at_load() -> None:
+    data = _config().model_dump(mode="json", by_alias=True)
+    data["residency"] = {
+        "rules": [
+            {"class": "personal", "origin": ["SG"], "allow_regions": ["SG"], "serve_to": ["EU"]},
+            {"class": "*", "allow_regions": "*", "serve_to": "*"},
+        ]
+    }
+    routing = FederationRouting(FederationConfig.model_validate(data))
+    with pytest.raises(Exception, match=r"sg-a \(SG\) could never receive the aggregate of its own shard"):
+        routing.check()
+
+
+# --- over mutual TLS: identities from certificates, zone-to-zone forwarding ---------------
+
+
+def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_path: Path) -> None:
+    from fedshard.crypto.pki import init_ca, issue_site, issue_zone
+    from fedshard.crypto.tls import TlsFiles
+    from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+
+    config = _config()
+    routing = FederationRouting(config)
+    ca = init_ca(tmp_path / "ca")
+    tls: dict[str, TlsFiles] = {}
+    for name, region in ZONES:
+        z = issue_zone(tmp_path / "ca", name, region, tmp_path / "zones-pki" / name)
+        tls[name] = TlsFiles(z.cert, z.key, ca.cert)
+    for site, jurisdiction in [*SITES, ("liar", "US")]:
+        # "liar" holds eu-a's name with a US certificate
+        paths = issue_site(tmp_path / "ca", "eu-a" if site == "liar" else site, jurisdiction, tmp_path / "s" / site)
+        tls[site] = TlsFiles(paths.cert, paths.key, ca.cert)
+    servers, endpoints, made = [], {}, {}
+    try:
+        for zc in config.zones:
+            made[zc.name] = make_zone(zc, tmp_path / "store", routing=routing, tls=tls[zc.name])
+            server, port = serve(made[zc.name], "127.0.0.1:0", tls=tls[zc.name])
+            servers.append(server)
+            endpoints[zc.name] = f"localhost:{port}"
+        spec = RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES))
+        for name in endpoints:
+            with GrpcZoneClient(endpoints[name], timeout=20, tls=tls[name]) as c:
+                c.open_round(spec)
+        us_shards = _update(routing)
+        with GrpcZoneClient(endpoints["us-east"], timeout=20, tls=tls["us-a"]) as c:
+            c.push(_manifest(routing, "us-a", "us-east", us_shards), TOKEN, us_shards)
+        eu_shards = _update(routing, [sid for sid, d in routing.site("eu-a").routes.items()])
+        with (
+            GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["liar"]) as c,
+            pytest.raises(PushRejectedError, match="certificate says jurisdiction US"),
+        ):
+            c.push(_manifest(routing, "eu-a", "eu-central", eu_shards), TOKEN, eu_shards)
+        with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["eu-a"]) as c:
+            c.push(_manifest(routing, "eu-a", "eu-central", eu_shards), TOKEN, eu_shards)
+        with GrpcZoneClient(endpoints["us-east"], timeout=20, tls=tls["us-east"]) as c:
+            assert c.close_round(1, forward_to=("eu-central", endpoints["eu-central"])) == []
+        with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["eu-central"]) as c:
+            groups = {s.group: s for s in c.close_round(1)}
+        assert groups["global"].sites == ("eu-a", "us-a")
+        assert groups["regional/EU"].sites == ("eu-a",)
+        # the US site may fetch the global aggregate, not the EU one; its certificate says who asks
+        with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["us-a"]) as c:
+            assert set(c.fetch_aggregate(1, "global")[1]) == {e.shard_id for e in groups["global"].shards}
+            with pytest.raises(PushRejectedError, match="may not be served to jurisdiction US"):
+                c.fetch_aggregate(1, "regional/EU", site_id="eu-a")  # claiming another id changes nothing
+        forwarded = [r for r in _audit_of(made["eu-central"]) if r.get("source_zone") == "us-east"]
+        assert forwarded and forwarded[0]["decision"] == "accepted"
+    finally:
+        for server in servers:
+            server.stop(grace=None)
+        for zone in made.values():
+            zone.close()
