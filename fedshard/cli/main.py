@@ -20,7 +20,7 @@ from rich.console import Console
 
 from fedshard.cli.budget import budget_app
 from fedshard.cli.route import route_app
-from fedshard.cli.security import audit_app, pki_app
+from fedshard.cli.security import audit_app, keys_app, pki_app
 from fedshard.errors import FedshardError
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ app.add_typer(budget_app, name="budget")
 app.add_typer(route_app, name="route")
 app.add_typer(pki_app, name="pki")
 app.add_typer(audit_app, name="audit")
+app.add_typer(keys_app, name="keys")
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -58,7 +59,7 @@ def simulate(
     out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a fresh folder under runs/)")] = None,
 ) -> None:
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
-    from fedshard.cli.progress import RoundProgress, results_table
+    from fedshard.cli.progress import RoundProgress, results_table, zones_table
     from fedshard.config import load_federation
     from fedshard.runtime.simulate import Engine, with_rounds
     from fedshard.runtime.simulate import simulate as run
@@ -76,6 +77,7 @@ def simulate(
     with RoundProgress(console) as progress:
         summary = run(cfg, out_dir, chosen, progress)
     if summary["rounds"]:
+        console.print(zones_table(summary))
         console.print(results_table(summary))
         console.print(f"model version {summary['model_version']}")
     console.print(f"summary: {out_dir / 'summary.json'}")

@@ -87,3 +87,27 @@ def results_table(summary: dict[str, object]) -> Table:
     table.add_row("federated (fedshard)", f"{summary['final_accuracy'] or float('nan'):.4f}")
     table.add_row("central baseline (all data pooled)", f"{summary['centralized_accuracy']:.4f}")
     return table
+
+
+def zones_table(summary: dict[str, object]) -> Table:
+    """Where the shards went: each zone's pushes, classes held, partial sums forwarded, refusals."""
+    table = Table(title="Zones: shards received by class and origin", show_header=True)
+    for column in ("zone", "region", "pushes", "received", "shards by class", "forwarded", "refused"):
+        table.add_column(
+            column, justify="right" if column in ("pushes", "received", "forwarded", "refused") else "left"
+        )
+    zones = summary.get("zones")
+    for z in zones if isinstance(zones, list) else []:
+        classes = ", ".join(f"{k} {v}" for k, v in z.get("shards_by_class", {}).items()) or "-"
+        role = " (reducing)" if z.get("reducing") else ""
+        forwarded = f"{z.get('forwarded_shards', 0)} shards" if z.get("forwarded_shards") else "-"
+        table.add_row(
+            f"{z.get('name')}{role}",
+            str(z.get("region")),
+            str(z.get("pushes", 0)),
+            f"{z.get('bytes_received', 0) / 1e6:.2f} MB",
+            classes,
+            forwarded,
+            str(z.get("refused", 0)),
+        )
+    return table

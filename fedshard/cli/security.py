@@ -10,10 +10,11 @@ from rich.console import Console
 
 from fedshard.errors import FedshardError
 
-__all__ = ["audit_app", "pki_app"]
+__all__ = ["audit_app", "keys_app", "pki_app"]
 
 pki_app = typer.Typer(no_args_is_help=True, help="The federation PKI: CA, zone and site certificates.")
 audit_app = typer.Typer(no_args_is_help=True, help="Zone audit logs (append-only, hash-chained).")
+keys_app = typer.Typer(no_args_is_help=True, help="Federation keys: CKKS contexts for encrypted shards.")
 console = Console()
 
 Force = Annotated[bool, typer.Option("--force", help="Overwrite existing files")]
@@ -79,3 +80,19 @@ def audit_verify(
         where = f"line {verdict.first_bad_line}: " if verdict.first_bad_line else ""
         raise FedshardError(f"audit log {log} is broken at {where}{verdict.reason}")
     console.print(f"audit log {log}: {verdict.lines} lines, chain intact, head {verdict.head}", highlight=False)
+
+
+@keys_app.command("he-init")
+def keys_he_init(
+    out: Annotated[Path, typer.Option("--out", help="Folder for secret.ctx (sites) and public.ctx (zones)")],
+    force: Force = False,
+) -> None:
+    """Make the federation's CKKS contexts: the secret one goes to every site, the public one
+    (no secret key) to the zones. Point the config's he.keys at the folder."""
+    from fedshard.crypto.he import he_init
+
+    secret, public = he_init(out, force=force)
+    console.print(
+        f"secret context {secret} (mode 600: sites only)\npublic context {public} (zones: it cannot decrypt)",
+        highlight=False,
+    )

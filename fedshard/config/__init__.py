@@ -4,6 +4,7 @@ from fedshard.config.loader import load_federation, load_model, load_site, parse
 from fedshard.config.models import (
     FederationConfig,
     FederationSettings,
+    HeConfig,
     ShardingConfig,
     SiteConfig,
     SiteLocalConfig,
@@ -28,6 +29,7 @@ __all__ = [
     "default_rules",
     "FederationConfig",
     "FederationSettings",
+    "HeConfig",
     "ShardingConfig",
     "SiteConfig",
     "SiteLocalConfig",

@@ -18,6 +18,7 @@ from fedshard.config.residency import ResidencyConfig
 __all__ = [
     "FederationConfig",
     "FederationSettings",
+    "HeConfig",
     "ShardingConfig",
     "ServerOptimizerConfig",
     "SiteConfig",
@@ -104,6 +105,16 @@ class ZoneConfig(_Model):
         return v
 
 
+class HeConfig(_Model):
+    """CKKS encryption of the shard classes ``residency.encrypt`` names (see fedshard.crypto.he)."""
+
+    keys: Path | None = Field(
+        None, description="folder with secret.ctx (sites) and public.ctx (zones); simulate makes one if empty"
+    )
+    value_range: float = Field(1.0, gt=0, description="weighted update values are clipped to ± this before packing")
+    max_sites: int = Field(16, ge=2, le=1024, description="most sites one encrypted sum may hold (sets headroom)")
+
+
 class SiteConfig(_Model):
     """One site of the federation, as the aggregator knows it."""
 
@@ -140,6 +151,7 @@ class FederationConfig(_Model):
     sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     residency: ResidencyConfig = Field(default_factory=ResidencyConfig)
+    he: HeConfig = Field(default_factory=HeConfig)
     zones: list[ZoneConfig] = Field(min_length=1)
     reducing_zone: Name | None = Field(None, description="the zone that reduces shards allowed to leave their region")
     sites: list[SiteConfig] = Field(min_length=1)
@@ -172,6 +184,11 @@ class FederationConfig(_Model):
                     f"site {configured[0]} has a privacy budget but no DP mechanism is enabled; "
                     "turn on privacy.record_level or privacy.update_level"
                 )
+        if self.residency.encrypt != "none" and len(self.sites) > self.he.max_sites:
+            raise ValueError(
+                f"{len(self.sites)} sites but he.max_sites is {self.he.max_sites}: encrypted sums would overflow; "
+                "raise he.max_sites"
+            )
         parts = [self.partition_of(s.id) for s in self.sites]
         if len(set(parts)) != len(parts):
             raise ValueError("two sites share a data partition index")

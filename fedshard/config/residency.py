@@ -212,6 +212,23 @@ class ResidencyConfig(_Model):
     classes: list[ClassRule] = Field(default_factory=list, description="tensor globs → shard class")
     detectors: bool = Field(True, description="classify leaky tensors (embeddings, first layer, ...) as personal")
     rules: list[PolicyRule] = Field(default_factory=default_rules, description="replaces the defaults entirely")
+    encrypt: Literal["none", "all"] | list[str] = Field(
+        "none", description="shard classes sent CKKS-encrypted: none, all, or a list such as [personal]"
+    )
+
+    @field_validator("encrypt", mode="before")
+    @classmethod
+    def _encrypt(cls, v: object) -> object:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("encrypt: list at least one class, or write none")
+            for item in v:
+                _check_class(item, in_list=True)
+        return v
+
+    def encrypts(self, shard_class: str) -> bool:
+        """True if shards of ``shard_class`` leave sites CKKS-encrypted."""
+        return self.encrypt == "all" or (isinstance(self.encrypt, list) and shard_class in self.encrypt)
 
     @field_validator("rules")
     @classmethod

@@ -37,6 +37,7 @@ class ShardEntry:
     digest: str
     nbytes: int
     shard_class: str = ""
+    encrypted: bool = False  # CKKS ciphertext bytes rather than the plan's dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,7 @@ class Manifest:
             "base_version": self.base_version,
             "zone": self.zone,
             "weight": self.weight,
-            "shards": [[s.shard_id, s.digest, s.nbytes, s.shard_class] for s in self.shards],
+            "shards": [[s.shard_id, s.digest, s.nbytes, s.shard_class, s.encrypted] for s in self.shards],
             "merkle_root": self.merkle_root,
             "policy_digest": self.policy_digest,
         }
@@ -110,7 +111,7 @@ class Manifest:
                 base_version=str(body["base_version"]),
                 zone=str(body["zone"]),
                 weight=float(body["weight"]),
-                shards=tuple(ShardEntry(str(s), str(d), int(n), str(c)) for s, d, n, c in body["shards"]),
+                shards=tuple(ShardEntry(str(s), str(d), int(n), str(c), e is True) for s, d, n, c, e in body["shards"]),
                 merkle_root=str(body["merkle_root"]),
                 policy_digest=str(body["policy_digest"]),
                 signature=body.get("signature"),
@@ -166,15 +167,18 @@ def build_manifest(
     shards: Mapping[str, np.ndarray],
     classes: Mapping[str, str] | None = None,
     policy_digest: str = "",
+    encrypted: frozenset[str] = frozenset(),
 ) -> Manifest:
     """Digest ``shards`` and build the manifest that describes them.
 
     ``classes`` gives each shard's sensitivity class, ``policy_digest`` the residency
-    policy the site routed by; zones re-check both.
+    policy the site routed by, ``encrypted`` the shards whose values are CKKS ciphertext
+    bytes (digests cover those bytes); zones re-check all three.
     """
     classes = classes or {}
     entries = tuple(
-        ShardEntry(sid, shard_digest(arr), int(arr.nbytes), classes.get(sid, "")) for sid, arr in shards.items()
+        ShardEntry(sid, shard_digest(arr), int(arr.nbytes), classes.get(sid, ""), sid in encrypted)
+        for sid, arr in shards.items()
     )
     root = merkle_root({e.shard_id: e.digest for e in entries})
     return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), entries, root, policy_digest)

@@ -158,20 +158,27 @@ class Policy:
         The rules, in order (for instance ``ResidencyConfig().rules``).
     """
 
-    def __init__(self, rules: Sequence[PolicyRule]) -> None:
+    def __init__(self, rules: Sequence[PolicyRule], encrypt: str | Sequence[str] = "none") -> None:
         self.rules: tuple[PolicyRule, ...] = tuple(rules)
+        self.encrypt: str | tuple[str, ...] = encrypt if isinstance(encrypt, str) else tuple(sorted(encrypt))
         self._compiled = tuple(_compile(i, rule) for i, rule in enumerate(self.rules))
         self._digest: str | None = None
 
     @classmethod
     def from_config(cls, config: ResidencyConfig) -> Policy:
         """The policy of a federation's residency config."""
-        return cls(config.rules)
+        return cls(config.rules, config.encrypt)
+
+    def encrypts(self, shard_class: str) -> bool:
+        """True if shards of ``shard_class`` leave sites CKKS-encrypted."""
+        return self.encrypt == "all" or (isinstance(self.encrypt, tuple) and shard_class in self.encrypt)
 
     # identity -------------------------------------------------------------------------
     def to_json(self) -> str:
-        """Canonical JSON of the rules as written: the same rules always give the same bytes."""
-        data = {"format": _POLICY_FORMAT, "rules": [rule.canonical() for rule in self.rules]}
+        """Canonical JSON of the rules as written and of the encrypted classes: the same policy
+        always gives the same bytes."""
+        encrypt = self.encrypt if isinstance(self.encrypt, str) else list(self.encrypt)
+        data = {"format": _POLICY_FORMAT, "rules": [rule.canonical() for rule in self.rules], "encrypt": encrypt}
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
     @property

@@ -138,6 +138,7 @@ class Router:
         self.policy = policy
         self.zones: tuple[ZoneInfo, ...] = tuple(sorted(zones, key=lambda z: z.name))
         self.reducing_zone = reducing_zone
+        self._routes: dict[tuple[str, str, ShardProtection | None], tuple[str, list[str], str, Scope, str, str]] = {}
 
     def route(
         self,
@@ -164,23 +165,30 @@ class Router:
         ResidencyViolationError
             If the policy allows none of the zones.
         """
-        decision = self.policy.decide(classification.shard_class, origin, protection)
-        zone = self._choose(decision, origin)
-        if zone is None:
-            raise ResidencyViolationError(self._no_zone(shard_id, classification.shard_class, origin, decision))
-        allowed = ["*"] if decision.allowed_regions == ANY_REGION else sorted(decision.allowed_regions)
-        scope = self.scope_of(decision)
-        final = self.reducing_zone if scope is Scope.GLOBAL and self.reducing_zone is not None else zone
+        # Everything but the shard id and the reason depends only on (class, origin,
+        # protection): decide once per combination (a model has millions of shards, a
+        # policy a handful of combinations).
+        key = (classification.shard_class, origin, protection)
+        route = self._routes.get(key)
+        if route is None:
+            decision = self.policy.decide(classification.shard_class, origin, protection)
+            zone = self._choose(decision, origin)
+            if zone is None:
+                raise ResidencyViolationError(self._no_zone(shard_id, classification.shard_class, origin, decision))
+            allowed = ["*"] if decision.allowed_regions == ANY_REGION else sorted(decision.allowed_regions)
+            scope = self.scope_of(decision)
+            final = self.reducing_zone if scope is Scope.GLOBAL and self.reducing_zone is not None else zone
+            route = self._routes[key] = (
+                decision.reason,
+                allowed,
+                zone,
+                scope,
+                final,
+                group_name(scope, decision.serve_to),
+            )
+        rule, allowed, zone, scope, final, group = route
         return RouteDecision(
-            shard_id,
-            classification.shard_class,
-            classification.reason,
-            decision.reason,
-            allowed,
-            zone,
-            scope,
-            final,
-            group_name(scope, decision.serve_to),
+            shard_id, classification.shard_class, classification.reason, rule, list(allowed), zone, scope, final, group
         )
 
     def route_group(self, decision: PolicyDecision) -> str:

@@ -20,6 +20,7 @@ from fedshard.runtime.task import Partition, build_initial_model, load_task
 from fedshard.runtime.zone import ZoneAggregator
 
 if TYPE_CHECKING:
+    from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
     from fedshard.runtime.routing import FederationRouting
 
@@ -29,6 +30,7 @@ __all__ = [
     "check_privacy",
     "dp_layers",
     "grpc_connector",
+    "he_keys",
     "load_site_keys",
     "make_site",
     "make_zone",
@@ -89,6 +91,16 @@ def make_site(
         from fedshard.crypto.signing import load_signing_key
 
         signing_key = load_signing_key(key_file)
+    he = None
+    if config.residency.encrypt != "none":
+        keys = he_keys(config)
+        value_range, max_sites = config.he.value_range, config.he.max_sites
+
+        def he() -> HeCodec:
+            from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
+
+            return HeCodec(load_context(keys / SECRET_CONTEXT_FILE, secret=True), value_range, max_sites)
+
     return Site(
         site.id,
         site.jurisdiction,
@@ -102,7 +114,18 @@ def make_site(
         dp_layers=dp_layers(config),
         routing=lambda: routes.site(site_id),
         signing_key=signing_key,
+        he=he,
     )
+
+
+def he_keys(config: FederationConfig) -> Path:
+    """The folder of the federation's CKKS contexts (``he.keys``)."""
+    if config.he.keys is None:
+        raise ConfigError(
+            "residency.encrypt names shard classes to encrypt but he.keys is empty; "
+            "make the contexts with `fedshard keys he-init --out DIR` and set he.keys: DIR"
+        )
+    return config.he.keys
 
 
 def dp_layers(config: FederationConfig) -> str:
@@ -159,6 +182,11 @@ def make_zone(
     from fedshard.residency.audit import AuditLog
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
+    he_context = None
+    if routing is not None and routing.config.residency.encrypt != "none":
+        from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
+
+        he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)
     audit = None
     if store is not None:
         Path(store).mkdir(parents=True, exist_ok=True)
@@ -171,6 +199,7 @@ def make_zone(
         residency=routing.zone_policy(zone.name, site_keys) if routing is not None else None,
         audit=audit,
         connect=tls_connector(tls),
+        he_context=he_context,
     )
 
 

@@ -349,6 +349,7 @@ class Coordinator:
                 seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
                 privacy=self._privacy_plan(self._nodes[node].site_id),
                 apply=self._apply_rule,
+                weight_scale=float(max(i.num_examples for i in self._nodes.values())),
             )
             for node in selected
         }

@@ -160,6 +160,7 @@ class TrainInstruction(_Msg):
     seed: int
     privacy: PrivacyPlan | None = None
     apply: ApplyRule = ApplyRule()
+    weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest site's examples)
 
 
 class TrainReport(_Msg):

@@ -74,6 +74,7 @@ class PartialEntry:
     nbytes: int
     weight: float
     contributors: tuple[str, ...]
+    encrypted: bool = False  # CKKS ciphertext sum (uint8) instead of float64 Σ w x
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,9 @@ class PartialSum:
             "zone": self.zone,
             "round": self.round,
             "token": self.token,
-            "entries": [[e.shard_id, e.digest, e.nbytes, e.weight, list(e.contributors)] for e in self.entries],
+            "entries": [
+                [e.shard_id, e.digest, e.nbytes, e.weight, list(e.contributors), e.encrypted] for e in self.entries
+            ],
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -101,8 +104,8 @@ class PartialSum:
         try:
             body = json.loads(data)
             entries = tuple(
-                PartialEntry(str(s), str(d), int(n), float(w), tuple(str(c) for c in cs))
-                for s, d, n, w, cs in body["entries"]
+                PartialEntry(str(s), str(d), int(n), float(w), tuple(str(c) for c in cs), e is True)
+                for s, d, n, w, cs, e in body["entries"]
             )
             return cls(str(body["zone"]), int(body["round"]), str(body["token"]), entries)
         except (KeyError, TypeError, ValueError) as exc:

@@ -43,12 +43,13 @@ def router_for(config: FederationConfig) -> Router:
     return Router(Policy.from_config(config.residency), zones, config.reducing_zone)
 
 
-def shard_protection(config: FederationConfig, site_id: str) -> ShardProtection:
-    """How a site's shards are protected when they leave it (update-level DP ε; no HE yet)."""
+def shard_protection(config: FederationConfig, site_id: str, shard_class: str = "") -> ShardProtection:
+    """How a site's shards of ``shard_class`` are protected when they leave it (update-level
+    DP ε; CKKS encryption when ``residency.encrypt`` names the class)."""
     update = config.privacy.update_level
     budget = config.budget_of(site_id)
     epsilon = budget.epsilon if update.enabled and budget is not None else None
-    return ShardProtection(encrypted=False, update_dp_epsilon=epsilon)
+    return ShardProtection(encrypted=config.residency.encrypts(shard_class), update_dp_epsilon=epsilon)
 
 
 def view_key(zone: str, group: str) -> str:
@@ -71,6 +72,8 @@ class SiteRouting:
     routes: Mapping[str, RouteDecision]
 
     policy_digest: str
+
+    encrypted: frozenset[str] = frozenset()
 
     @property
     def classes(self) -> dict[str, str]:
@@ -138,16 +141,20 @@ class FederationRouting:
         except KeyError:
             names = ", ".join(s.id for s in self.config.sites)
             raise ConfigError(f"no site {site_id!r} in the federation (sites: {names})") from None
-        protection = shard_protection(self.config, site_id)
-        decisions = self.router.route_plan(self.classes, site.jurisdiction, protection)
+        decisions = [
+            self.router.route(sid, c, site.jurisdiction, shard_protection(self.config, site_id, c.shard_class))
+            for sid, c in self.classes.items()
+        ]
         for d in decisions:
+            protection = shard_protection(self.config, site_id, d.shard_class)
             decision = self.router.policy.decide(d.shard_class, site.jurisdiction, protection)
             if not decision.serves(site.jurisdiction):
                 raise ConfigError(
                     f"residency: {decision.reason} — site {site_id} ({site.jurisdiction}) could never receive the "
                     f"aggregate of its own shard {d.shard_id}; add {site.jurisdiction} to that rule's serve_to"
                 )
-        return SiteRouting({d.shard_id: d for d in decisions}, self.router.policy.digest)
+        encrypted = frozenset(d.shard_id for d in decisions if self.router.policy.encrypts(d.shard_class))
+        return SiteRouting({d.shard_id: d for d in decisions}, self.router.policy.digest, encrypted)
 
     def check(self) -> None:
         """Route every site once, so a policy that cannot work fails at config load."""

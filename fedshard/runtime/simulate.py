@@ -70,6 +70,11 @@ def simulate(
         )
     check_privacy(config)
     out.mkdir(parents=True, exist_ok=True)
+    if config.residency.encrypt != "none" and config.he.keys is None:
+        from fedshard.crypto.he import he_init
+
+        he_init(out / "keys")  # the run's own CKKS contexts: secret for the sites, public for the zones
+        config = config.model_copy(update={"he": config.he.model_copy(update={"keys": (out / "keys").resolve()})})
     config_path = out / "federation.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     events = EventLog(out / "events.jsonl")

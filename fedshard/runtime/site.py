@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     import torch
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from fedshard.crypto.he import HeCodec
+
 __all__ = ["Site"]
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,9 @@ class Site:
         every shard goes to the first zone by name and joins one aggregate.
     signing_key:
         The site's Ed25519 key; when given, every manifest is signed with it.
+    he:
+        Returns the site's CKKS codec (secret context), for the shard classes the
+        policy encrypts; called once, when first needed.
     dp_layers:
         With record-level DP: ``"fix"`` replaces layers DP-SGD cannot train (every
         site does the same, so they share the model), ``"check"`` refuses them, ``"keep"``
@@ -123,6 +128,7 @@ class Site:
         dp_layers: str = "keep",
         routing: Callable[[], SiteRouting] | None = None,
         signing_key: Ed25519PrivateKey | None = None,
+        he: Callable[[], HeCodec] | None = None,
     ) -> None:
         self.site_id = site_id
         self.jurisdiction = jurisdiction
@@ -141,6 +147,8 @@ class Site:
         self._routing_factory = routing
         self._routing: SiteRouting | None = None
         self._signing_key = signing_key
+        self._he_factory = he
+        self._he: HeCodec | None = None
 
     # dispatch ---------------------------------------------------------------------------
     def handle(self, kind: MessageKind, message: BaseModel) -> BaseModel:
@@ -163,6 +171,16 @@ class Site:
 
     def _fresh_model(self) -> torch.nn.Module:
         return build_initial_model(self.task, self.seed, self.dp_layers)
+
+    def _codec(self) -> HeCodec:
+        if self._he is None:
+            if self._he_factory is None:
+                raise RoundError(
+                    f"site {self.site_id}: the policy encrypts some shard classes but this site has no CKKS "
+                    "context; set he.keys"
+                )
+            self._he = self._he_factory()
+        return self._he
 
     def _routes(self, plan: ShardPlan, zones: Mapping[str, str]) -> SiteRouting:
         """The site's routes; without residency routing, everything to the first zone."""
@@ -249,6 +267,7 @@ class Site:
                     f"site {self.site_id}: the aggregates of round {applied.round} give root {root[:12]}… for this "
                     f"site's shards, the coordinator announced {applied.merkle_root[:12]}…"
                 )
+            self._decrypt(plan, aggregate)
             optimizer.apply(state.shards, aggregate, state.optimizer)
             state.rule = optimizer.describe()
             state.version = version
@@ -259,6 +278,22 @@ class Site:
                 f"site {self.site_id}: local model version {state.version[:12]}… does not follow the announced history"
             )
         return plan, state
+
+    def _decrypt(self, plan: ShardPlan, aggregate: dict[str, np.ndarray]) -> None:
+        """Replace encrypted sums in ``aggregate`` by the weighted means they hold."""
+        encrypted = [sid for sid, arr in aggregate.items() if arr.dtype == np.uint8]
+        if not encrypted:
+            return
+        routing = self._routing
+        codec = self._codec()
+        for sid in encrypted:
+            if routing is not None and sid not in routing.encrypted:
+                raise IntegrityError(
+                    f"site {self.site_id}: shard {sid} arrived encrypted, the policy sends it in clear"
+                )
+            spec = plan.shard(sid)
+            mean = codec.decrypt_mean(aggregate[sid].tobytes(), spec.size)
+            aggregate[sid] = mean.reshape(spec.shape).astype(spec.dtype)
 
     def _fetch_view(
         self, applied: AppliedRound, view: dict[str, list[str]], zones: dict[str, str]
@@ -380,6 +415,20 @@ class Site:
         if dp is not None and dp.update is not None:
             update, _ = clip_and_noise(update, dp.update.clip_norm, dp.update.noise_multiplier)
         routing = self._routes(plan, message.zones)
+        payload: dict[str, np.ndarray] = dict(update)
+        if routing.encrypted:
+            codec = self._codec()
+            weight = metrics.num_examples / (message.weight_scale or metrics.num_examples)
+            blobs, clipped = codec.encrypt_many({sid: update[sid] for sid in routing.encrypted}, min(weight, 1.0))
+            payload.update({sid: np.frombuffer(b, dtype=np.uint8).reshape(1, -1) for sid, b in blobs.items()})
+            if clipped:
+                log.warning(
+                    "site %s round %d: %d update value(s) exceeded he.value_range=%g and were clipped to encrypt them",
+                    self.site_id,
+                    message.round,
+                    clipped,
+                    codec.value_range,
+                )
         receipts = []
         roots = []
         for zone, shard_ids in routing.by_zone().items():
@@ -389,7 +438,7 @@ class Site:
                 )
                 log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
                 return TrainReport(site_id=self.site_id, round=message.round, ok=False, reason=reason)
-            part = {sid: update[sid] for sid in shard_ids}
+            part = {sid: payload[sid] for sid in shard_ids}
             manifest = build_manifest(
                 site_id=self.site_id,
                 round=message.round,
@@ -400,6 +449,7 @@ class Site:
                 shards=part,
                 classes={sid: routing.routes[sid].shard_class for sid in shard_ids},
                 policy_digest=routing.policy_digest,
+                encrypted=frozenset(shard_ids) & routing.encrypted,
             )
             if self._signing_key is not None:
                 manifest = manifest.signed(self._signing_key)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshard.aggregation import ShardAccumulator, all_finite
+from fedshard.crypto.he import EncryptedSum
 from fedshard.errors import (
     AggregateNotFoundError,
     FedshardError,
@@ -87,6 +88,7 @@ class _OpenRound:
     spec: RoundSpec
     plan: ShardPlan
     groups: dict[str, ShardAccumulator] = field(default_factory=dict)  # group -> running sums
+    encrypted: dict[str, EncryptedSum] = field(default_factory=dict)  # group -> ciphertext sums
     contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
     pushing: set[str] = field(default_factory=set)
     counted: list[str] = field(default_factory=list)
@@ -100,6 +102,18 @@ class _OpenRound:
             acc = self.groups[group] = ShardAccumulator()
         return acc
 
+    def fold_encrypted(self, group: str, shard_id: str, sites: Iterable[str], context: Any) -> EncryptedSum:
+        """The group's ciphertext sums, noting ``sites`` as contributors of ``shard_id``."""
+        self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
+        acc = self.encrypted.get(group)
+        if acc is None:
+            acc = self.encrypted[group] = EncryptedSum(context)
+        return acc
+
+    def group_names(self) -> list[str]:
+        """Groups that received anything, sorted."""
+        return sorted(set(self.groups) | set(self.encrypted))
+
 
 @dataclass
 class ZoneStats:
@@ -108,7 +122,7 @@ class ZoneStats:
     pushes: int = 0
     refused: int = 0
     bytes_received: int = 0
-    shards_by_class: collections.Counter[str] = field(default_factory=collections.Counter)
+    shards_by_class: collections.Counter[str] = field(default_factory=collections.Counter)  # "personal from EU"
     forwarded_shards: int = 0
     forwarded_bytes: int = 0
     partials_received: int = 0
@@ -155,6 +169,7 @@ class PushSession:
         self._budget_bytes = budget_bytes
         self._expected = {e.shard_id: e for e in manifest.shards}
         self._staged: dict[str, np.ndarray] = {}
+        self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
         self._current: tuple[ShardSpec, ShardHasher, bytearray | None, list[bytes]] | None = None
         self._received = 0
         self._done = False
@@ -210,6 +225,9 @@ class PushSession:
         if offset != 0:
             raise self._reject("offset", f"shard {shard_id} starts at offset {offset}, expected 0")
         spec = self._state.plan.shard(shard_id)
+        entry = self._expected[shard_id]
+        if entry.encrypted:  # ciphertext bytes travel as a (1, n) uint8 array
+            spec = ShardSpec(shard_id, spec.tensor, slice(0, 1), slice(0, entry.nbytes), "uint8")
         try:
             dtype_ok = bool(dtype) and np.dtype(dtype) == np.dtype(spec.dtype)
         except TypeError:
@@ -235,7 +253,17 @@ class PushSession:
             raise self._reject("digest", f"shard {spec.shard_id}: digest does not match the manifest")
         raw = buffer if buffer is not None else (parts[0] if len(parts) == 1 else b"".join(parts))
         values = np.frombuffer(raw, dtype=spec.dtype).reshape(spec.shape)
-        if not all_finite(values):
+        if entry.encrypted:
+            context = self._zone.he_context
+            if context is None:
+                raise self._reject(
+                    "encryption", f"shard {spec.shard_id} is encrypted but this zone has no CKKS context"
+                )
+            try:
+                self._ciphertexts[spec.shard_id] = EncryptedSum(context).load(spec.shard_id, bytes(raw))
+            except IntegrityError as exc:
+                raise self._reject("encryption", str(exc)) from None
+        elif not all_finite(values):
             raise self._reject("non-finite", f"shard {spec.shard_id} contains NaN or infinite values")
         self._staged[spec.shard_id] = values
 
@@ -246,7 +274,7 @@ class PushSession:
         missing = [sid for sid in self._expected if sid not in self._staged]
         if missing:
             raise self._reject("missing", f"{len(missing)} shard(s) of the manifest never arrived, e.g. {missing[0]}")
-        receipt = self._zone._commit(self._state, self.manifest, self._staged, self._groups)
+        receipt = self._zone._commit(self._state, self.manifest, self._staged, self._groups, self._ciphertexts)
         self._done = True
         self._release()
         return receipt
@@ -262,6 +290,7 @@ class PushSession:
 
     def _release(self) -> None:
         self._staged = {}
+        self._ciphertexts = {}
         self._current = None
         if self._budget_bytes:
             self._zone._budget.release(self._budget_bytes)
@@ -291,6 +320,9 @@ class ZoneAggregator:
     connect:
         Makes a client to another zone from ``(name, endpoint)``, for forwarding
         partial sums to the reducing zone.
+    he_context:
+        The federation's *public* CKKS context, to sum encrypted shards (None: the
+        zone refuses encrypted shards). A context holding the secret key is refused.
     """
 
     chunk_hint = 1 << 20
@@ -305,7 +337,11 @@ class ZoneAggregator:
         residency: ZonePolicy | None = None,
         audit: AuditLog | None = None,
         connect: Callable[[str, str], ZoneClient] | None = None,
+        he_context: Any = None,
     ) -> None:
+        if he_context is not None and he_context.has_secret_key():
+            raise ZoneError(f"zone {name}: refusing a CKKS context with the secret key; zones get the public context")
+        self.he_context = he_context
         self.name = name
         self.region = region
         self.residency = residency
@@ -384,7 +420,12 @@ class ZoneAggregator:
                 if entry.shard_id not in state.plan:
                     raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
                 planned = state.plan.shard(entry.shard_id).nbytes
-                if entry.nbytes != planned:
+                if entry.encrypted:
+                    if not 0 < entry.nbytes <= 64 * planned + (1 << 20):
+                        raise reject(
+                            "shape", f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible"
+                        )
+                elif entry.nbytes != planned:
                     raise reject(
                         "shape", f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}"
                     )
@@ -403,20 +444,31 @@ class ZoneAggregator:
         return PushSession(self, state, manifest, need, groups)
 
     def _commit(
-        self, state: _OpenRound, manifest: Manifest, staged: dict[str, np.ndarray], groups: dict[str, str]
+        self,
+        state: _OpenRound,
+        manifest: Manifest,
+        staged: dict[str, np.ndarray],
+        groups: dict[str, str],
+        ciphertexts: dict[str, list[Any]],
     ) -> PushReceipt:
         with self._lock:
             if self._rounds.get(manifest.round) is not state:
                 raise PushRejectedError(f"zone {self.name}: round {manifest.round} closed during the push", "round")
             for shard_id, values in staged.items():
                 group = groups.get(shard_id, DEFAULT_GROUP)
-                state.fold(group, shard_id, (manifest.site_id,)).add(shard_id, values, manifest.weight)
+                site = (manifest.site_id,)
+                if shard_id in ciphertexts:  # the weight is inside the ciphertext (see fedshard.crypto.he)
+                    state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, ciphertexts[shard_id])
+                else:
+                    state.fold(group, shard_id, site).add(shard_id, values, manifest.weight)
             state.pushing.discard(manifest.site_id)
             state.counted.append(manifest.site_id)
             nbytes = sum(v.nbytes for v in staged.values())
             self.stats.pushes += 1
             self.stats.bytes_received += nbytes
-            self.stats.shards_by_class.update(e.shard_class or "unclassified" for e in manifest.shards)
+            origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
+            suffix = f" from {origin}" if origin else ""
+            self.stats.shards_by_class.update(f"{e.shard_class or 'unclassified'}{suffix}" for e in manifest.shards)
         self._record(
             Decision.ACCEPTED,
             site=manifest.site_id,
@@ -472,17 +524,34 @@ class ZoneAggregator:
                     raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
                 spec = state.plan.shard(entry.shard_id)
                 arr = sums[entry.shard_id]
-                if arr.dtype != np.float64 or arr.shape != spec.shape:
+                if entry.encrypted:
+                    if arr.dtype != np.uint8 or arr.shape != (1, entry.nbytes) or self.he_context is None:
+                        raise reject(
+                            "encryption", f"shard {entry.shard_id}: not an encrypted partial sum this zone sums"
+                        )
+                elif arr.dtype != np.float64 or arr.shape != spec.shape:
                     raise reject("shape", f"shard {entry.shard_id}: partial sums are float64 of shape {spec.shape}")
                 if shard_digest(arr) != entry.digest:
                     raise reject("digest", f"shard {entry.shard_id}: digest does not match the header")
-                if not (entry.weight > 0 and all_finite(arr)):
+                if not (entry.weight > 0 and all_finite(arr)) and not entry.encrypted:
                     raise reject("non-finite", f"shard {entry.shard_id}: non-finite values or weight")
                 try:
                     self.residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
                 except PushRejectedError as exc:
                     raise reject(exc.code, str(exc)) from None
+            try:
+                parsed = {
+                    e.shard_id: EncryptedSum(self.he_context).load(e.shard_id, sums[e.shard_id].tobytes())
+                    for e in partial.entries
+                    if e.encrypted
+                }
+            except IntegrityError as exc:
+                raise reject("encryption", str(exc)) from None
             for entry in partial.entries:
+                if entry.encrypted:
+                    enc = state.fold_encrypted("global", entry.shard_id, entry.contributors, self.he_context)
+                    enc.add(entry.shard_id, parsed[entry.shard_id])
+                    continue
                 acc = state.fold("global", entry.shard_id, entry.contributors)
                 acc.add_sum(entry.shard_id, sums[entry.shard_id], entry.weight, state.plan.shard(entry.shard_id).dtype)
             state.forwarded_from.add(partial.zone)
@@ -497,18 +566,29 @@ class ZoneAggregator:
         return len(partial.entries)
 
     def _forward(self, state: _OpenRound, forward_to: tuple[str, str] | None) -> None:
-        acc = state.groups.get("global")
-        if acc is None or not len(acc):
+        acc = state.groups.get("global", ShardAccumulator())
+        enc = state.encrypted.get("global")
+        if not len(acc) and not enc:
             return
         if forward_to is None or self._connect is None:
             raise ZoneError(
                 f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to"
             )
-        sums = {sid: total for sid, (total, _) in acc.partial_sums().items()}
         contributors = state.contributors.get("global", {})
+        sums = {sid: total for sid, (total, _) in acc.partial_sums().items()}
+        weights = {sid: weight for sid, (_, weight) in acc.partial_sums().items()}
+        if enc is not None:
+            sums.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
         entries = tuple(
-            PartialEntry(sid, shard_digest(total), int(total.nbytes), weight, tuple(sorted(contributors[sid])))
-            for sid, (total, weight) in acc.partial_sums().items()
+            PartialEntry(
+                sid,
+                shard_digest(arr),
+                int(arr.nbytes),
+                weights.get(sid, 1.0),
+                tuple(sorted(contributors[sid])),
+                sid not in weights,
+            )
+            for sid, arr in sums.items()
         )
         partial = PartialSum(self.name, state.spec.round, state.spec.token, entries)
         client = self._connect(*forward_to)
@@ -549,17 +629,21 @@ class ZoneAggregator:
                 self._closed.discard(round)
                 raise
         summaries = []
-        for group, acc in sorted(state.groups.items()):
+        for group in state.group_names():
             if group == "global" and not reducer:
                 continue
+            acc = state.groups.get(group, ShardAccumulator())
             means = acc.finalize()
+            enc = state.encrypted.get(group)
+            if enc is not None:  # encrypted sums are published as they are: sites divide after decrypting
+                means.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
             contributors = {sid: sorted(sites) for sid, sites in state.contributors.get(group, {}).items()}
             entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in means.items())
             summary = AggregateSummary(
                 zone=self.name,
                 round=round,
                 merkle_root=merkle_root({e.shard_id: e.digest for e in entries}),
-                total_weight=max((acc.weight(sid) for sid in means), default=0.0),
+                total_weight=max((acc.weight(sid) for sid in means if sid in acc), default=0.0),
                 sites=tuple(sorted({s for sites in contributors.values() for s in sites})),
                 shards=entries,
                 group=group,
@@ -666,6 +750,11 @@ class ZoneAggregator:
             "audit_records": self.audit.lines if self.audit is not None else 0,
             **self.stats.as_dict(),
         }
+
+
+def _as_bytes_array(data: bytes) -> np.ndarray:
+    """Ciphertext bytes as the (1, n) uint8 array they travel and are stored as."""
+    return np.frombuffer(data, dtype=np.uint8).reshape(1, -1)
 
 
 def _aggregate_key(round: int, group: str) -> str:

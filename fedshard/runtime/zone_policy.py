@@ -10,7 +10,7 @@ sent. It **fails closed**: anything it cannot place under a rule is refused.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fedshard.errors import IntegrityError, PushRejectedError, ResidencyViolationError
 from fedshard.integrity import Manifest
@@ -62,7 +62,9 @@ class ZonePolicy:
     def _decision(self, shard_id: str, site_id: str) -> tuple[str, str, PolicyDecision]:
         shard_class = self.classes[shard_id]
         origin = self.jurisdictions[site_id]
-        protection = self.protections.get(site_id, ShardProtection())
+        protection = replace(
+            self.protections.get(site_id, ShardProtection()), encrypted=self.policy.encrypts(shard_class)
+        )
         return shard_class, origin, self.policy.decide(shard_class, origin, protection)
 
     def group(self, shard_id: str, site_id: str) -> str:
@@ -117,6 +119,9 @@ class ZonePolicy:
                     f"manifest says {entry.shard_class or '(none)'}",
                     "class",
                 )
+            if entry.encrypted != self.policy.encrypts(shard_class):
+                must = "must be CKKS-encrypted" if self.policy.encrypts(shard_class) else "must not be encrypted"
+                raise PushRejectedError(f"residency: shard {entry.shard_id} ({shard_class}) {must}", "encryption")
             if not decision.permits(self.region):
                 raise PushRejectedError(refusal(entry.shard_id, shard_class, origin, self.region), "residency")
             groups[entry.shard_id] = self.router.route_group(decision)

@@ -46,6 +46,26 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(tmp_path: Path)
     assert sorted(s["jurisdiction"] for s in summary["sites"]) == ["EU", "EU", "SG", "US"]
     assert all(s["examples"] > 0 for s in summary["sites"])
     assert summary["history"][-1]["model_version"] == summary["model_version"]
+    # three zones: EU personal shards were held only in the EU zone, the others forwarded partial sums
+    assert "Zones: shards received by class and origin" in proc.stdout
+    zones = {z["name"]: z for z in summary["zones"]}
+    assert set(zones) == {"eu-central", "us-east", "sg-central"} and zones["eu-central"]["reducing"]
+    assert zones["eu-central"]["shards_by_class"]["personal from EU"] > 0
+    assert not any("from EU" in key for name in ("us-east", "sg-central") for key in zones[name]["shards_by_class"])
+    assert zones["us-east"]["forwarded_shards"] > 0 and all(z["refused"] == 0 for z in zones.values())
+    assert summary["residency_groups"] == {
+        "EU": ["ap-hp-paris", "charite-berlin"],
+        "SG+US": ["mayo-rochester", "sgh-singapore"],
+    }
+
+
+def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(tmp_path: Path) -> None:
+    proc = _fedshard("simulate", "--config", "configs/demo-he.yaml", "--out", str(tmp_path / "he"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "he" / "summary.json").read_text())
+    assert summary["rounds"] == 20 and summary["final_accuracy"] >= 0.93
+    assert (tmp_path / "he" / "keys" / "public.ctx").exists()
+    assert oct((tmp_path / "he" / "keys" / "secret.ctx").stat().st_mode & 0o777) == "0o600"
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:

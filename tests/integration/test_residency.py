@@ -125,7 +125,9 @@ def test_audit_logs_verify_and_zones_report_their_work(run) -> None:
     assert details["eu-central"]["reducing"] is True
     assert details["eu-central"]["partials_received"] > 0
     assert details["us-east"]["forwarded_shards"] > 0
-    assert details["eu-central"]["shards_by_class"]["personal"] > 0
+    assert details["eu-central"]["shards_by_class"]["personal from EU"] > 0
+    for zone in ("us-east", "sg-central"):
+        assert not any(key.endswith("from EU") for key in details[zone]["shards_by_class"])
 
 
 # --- zones enforce the policy themselves ---------------------------------------------------
@@ -360,3 +362,69 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
             server.stop(grace=None)
         for zone in made.values():
             zone.close()
+
+
+# --- CKKS-encrypted shards ride the same routes ---------------------------------------------
+
+
+def _run_federation(config: FederationConfig, tmp: Path) -> tuple[RunResult, dict[str, dict[str, np.ndarray]]]:
+    routing = FederationRouting(config)
+    with running_zones(config, tmp / "zones") as endpoints:
+        sites = {s.id: make_site(config, s.id, tmp / "sites", routing) for s in config.sites}
+        gateway = InProcessSiteGateway(sites)
+        zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+        try:
+            result = Coordinator(config, gateway, zones, endpoints).run()
+        finally:
+            gateway.close()
+            for z in zones.values():
+                z.close()
+    models = {s: LocalShardStore(tmp / "sites" / s).load("current")[1] for s, _ in SITES}
+    return result, models
+
+
+def test_encrypted_personal_shards_give_the_plaintext_model_within_quantisation(tmp_path: Path) -> None:
+    from fedshard.crypto.he import he_init
+
+    plain = _config()
+    he_init(tmp_path / "keys")
+    data = plain.model_dump(mode="json", by_alias=True)
+    data["residency"]["encrypt"] = ["personal"]
+    data["he"] = {"keys": str(tmp_path / "keys"), "value_range": 1.0, "max_sites": 8}
+    encrypted = FederationConfig.model_validate(data)
+    plain_result, plain_models = _run_federation(plain, tmp_path / "plain")
+    he_result, he_models = _run_federation(encrypted, tmp_path / "he")
+    assert he_result.stopped_reason == "" and len(he_result.rounds) == 2
+    assert he_result.groups == plain_result.groups
+    for site, shards in plain_models.items():
+        for sid, values in shards.items():
+            assert np.allclose(he_models[site][sid], values, atol=2e-3), (site, sid)
+    # what the zones stored for personal shards is ciphertext (uint8), for public ones floats
+    personal = {sid for sid, c in FederationRouting(plain).classes.items() if c.shard_class == "personal"}
+    eu = LocalShardStore(tmp_path / "he" / "zones" / "eu-central")
+    _, regional = eu.load("aggregate-000002-regional-EU")
+    assert regional and all(arr.dtype == np.uint8 for arr in regional.values())
+    _, global_ = eu.load("aggregate-000002-global")
+    assert {sid for sid, arr in global_.items() if arr.dtype == np.uint8} == personal & set(global_)
+    # the zones were given the public context only
+    for audit in (tmp_path / "he" / "zones").glob("*/audit.jsonl"):
+        assert verify_audit_log(audit).ok
+
+
+def test_a_plaintext_shard_of_an_encrypted_class_is_refused(tmp_path: Path) -> None:
+    from fedshard.crypto.he import he_init
+
+    he_init(tmp_path / "keys")
+    data = _config().model_dump(mode="json", by_alias=True)
+    data["residency"]["encrypt"] = "all"
+    data["he"] = {"keys": str(tmp_path / "keys")}
+    config = FederationConfig.model_validate(data)
+    routing = FederationRouting(config)
+    zone = make_zone(config.zones[0], tmp_path, routing=routing)
+    assert zone.he_context is not None and not zone.he_context.has_secret_key()
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    shards = _update(routing)
+    with pytest.raises(PushRejectedError, match="must be CKKS-encrypted") as info:
+        zone.push(_manifest(routing, "eu-a", "eu-central", shards), TOKEN, shards)
+    assert info.value.code == "encryption"
+    zone.close()

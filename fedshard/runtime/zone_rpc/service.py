@@ -36,7 +36,7 @@ __all__ = ["ZoneService", "serve"]
 log = logging.getLogger(__name__)
 
 _PRECONDITION_CODES = {"round", "token", "site", "version", "plan", "zone", "state"}
-_PERMISSION_CODES = {"identity", "residency", "policy", "class", "signature"}
+_PERMISSION_CODES = {"identity", "residency", "policy", "class", "signature", "encryption"}
 
 
 def _status(error: FedshardError) -> grpc.StatusCode:
