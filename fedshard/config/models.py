@@ -184,6 +184,18 @@ class FederationConfig(_Model):
                     f"site {configured[0]} has a privacy budget but no DP mechanism is enabled; "
                     "turn on privacy.record_level or privacy.update_level"
                 )
+        distributed = self.privacy.update_level.distributed_over
+        if self.privacy.update_level.enabled and distributed is not None:
+            if self.residency.encrypt != "all":
+                raise ValueError(
+                    "privacy.update_level.distributed_over needs residency.encrypt: all (a zone must never see one "
+                    "site's update with only its share of the noise)"
+                )
+            if distributed > self.federation.min_sites:
+                raise ValueError(
+                    f"privacy.update_level.distributed_over is {distributed} but federation.min_sites is "
+                    f"{self.federation.min_sites}: rounds with fewer sites would carry less noise than accounted"
+                )
         if self.residency.encrypt != "none" and len(self.sites) > self.he.max_sites:
             raise ValueError(
                 f"{len(self.sites)} sites but he.max_sites is {self.he.max_sites}: encrypted sums would overflow; "

@@ -49,6 +49,17 @@ class UpdateDPConfig(_Model):
     enabled: bool = False
     clip_norm: float = Field(1.0, gt=0, description="L2 bound of a site's update")
     noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std is σ × clip_norm")
+    distributed_over: int | None = Field(
+        None,
+        ge=2,
+        description="distributed noise under HE: each site adds σ/√n, so an aggregate of ≥ n sites carries σ; "
+        "needs residency.encrypt: all and n ≤ federation.min_sites",
+    )
+
+    @property
+    def noise_share(self) -> float:
+        """The fraction of σ each site adds (1/√n with distributed noise, else 1)."""
+        return 1.0 / math.sqrt(self.distributed_over) if self.distributed_over else 1.0
 
 
 class PrivacyConfig(_Model):

@@ -295,7 +295,11 @@ class Coordinator:
             )
             if record.enabled
             else None,
-            update=UpdatePlan(clip_norm=p.update_level.clip_norm, noise_multiplier=p.update_level.noise_multiplier)
+            update=UpdatePlan(
+                clip_norm=p.update_level.clip_norm,
+                noise_multiplier=p.update_level.noise_multiplier,
+                noise_share=p.update_level.noise_share,
+            )
             if p.update_level.enabled
             else None,
         )

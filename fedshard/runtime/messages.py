@@ -77,7 +77,8 @@ class UpdatePlan(_Msg):
     """Update-level DP settings for a round."""
 
     clip_norm: float
-    noise_multiplier: float
+    noise_multiplier: float  # σ of the released aggregate (what the ledger accounts)
+    noise_share: float = 1.0  # the fraction of σ this site adds (1/√n with distributed noise under HE)
 
 
 class PrivacyPlan(_Msg):

@@ -175,6 +175,9 @@ class FederationRouting:
             jurisdictions={s.id: s.jurisdiction for s in self.config.sites},
             protections={s.id: shard_protection(self.config, s.id) for s in self.config.sites},
             site_keys=site_keys,
+            min_contributors=self.config.privacy.update_level.distributed_over or 1
+            if self.config.privacy.update_level.enabled
+            else 1,
         )
 
 

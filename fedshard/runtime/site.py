@@ -413,7 +413,9 @@ class Site:
         trained = plan.split(model.state_dict())
         update = {sid: trained[sid] - state.shards[sid] for sid in plan.shard_ids}
         if dp is not None and dp.update is not None:
-            update, _ = clip_and_noise(update, dp.update.clip_norm, dp.update.noise_multiplier)
+            # With distributed noise (HE on every shard) each site adds its share σ/√n;
+            # the decrypted aggregate of ≥ n sites carries σ, which the ledger accounts.
+            update, _ = clip_and_noise(update, dp.update.clip_norm, dp.update.noise_multiplier * dp.update.noise_share)
         routing = self._routes(plan, message.zones)
         payload: dict[str, np.ndarray] = dict(update)
         if routing.encrypted:

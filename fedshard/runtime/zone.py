@@ -635,6 +635,14 @@ class ZoneAggregator:
             acc = state.groups.get(group, ShardAccumulator())
             means = acc.finalize()
             enc = state.encrypted.get(group)
+            needed = self.residency.min_contributors if self.residency is not None else 1
+            short = [sid for sid in (enc.shard_ids() if enc else []) if len(state.contributors[group][sid]) < needed]
+            if short:
+                self._record(Decision.REFUSED, round=round, group=group, reason="too few contributions to publish")
+                raise ZoneError(
+                    f"zone {self.name}: round {round}: encrypted shard {short[0]} of group {group} holds fewer than "
+                    f"{needed} sites' noise shares (privacy.update_level.distributed_over); not publishing it"
+                )
             if enc is not None:  # encrypted sums are published as they are: sites divide after decrypting
                 means.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
             contributors = {sid: sorted(sites) for sid, sites in state.contributors.get(group, {}).items()}

@@ -48,6 +48,7 @@ class ZonePolicy:
     jurisdictions: Mapping[str, str]
     protections: Mapping[str, ShardProtection] = field(default_factory=dict)
     site_keys: Mapping[str, bytes] | None = None
+    min_contributors: int = 1  # with distributed DP noise: fewer sites' shares carry less noise than accounted
 
     @property
     def policy(self) -> Policy:

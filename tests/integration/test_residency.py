@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedshard.config import FederationConfig
 from fedshard.crypto.signing import public_key_bytes
-from fedshard.errors import PushRejectedError, ResidencyViolationError
+from fedshard.errors import PushRejectedError, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.residency.audit import verify_audit_log
 from fedshard.runtime.assembly import grpc_connector, make_site, make_zone, running_zones
@@ -427,4 +427,54 @@ def test_a_plaintext_shard_of_an_encrypted_class_is_refused(tmp_path: Path) -> N
     with pytest.raises(PushRejectedError, match="must be CKKS-encrypted") as info:
         zone.push(_manifest(routing, "eu-a", "eu-central", shards), TOKEN, shards)
     assert info.value.code == "encryption"
+    zone.close()
+
+
+def _he_config(tmp_path: Path, **update_level: object) -> FederationConfig:
+    from fedshard.crypto.he import he_init
+
+    if not (tmp_path / "keys").exists():
+        he_init(tmp_path / "keys")
+    data = _config(rounds=1).model_dump(mode="json", by_alias=True)
+    data["residency"]["encrypt"] = "all"
+    data["he"] = {"keys": str(tmp_path / "keys")}
+    data["privacy"] = {
+        "update_level": {"enabled": True, "clip_norm": 1.0, "noise_multiplier": 1.0, **update_level},
+        "budget": {"epsilon": 50.0, "delta": 1e-3},
+    }
+    return FederationConfig.model_validate(data)
+
+
+def test_distributed_noise_needs_every_shard_encrypted_and_enough_sites(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"needs residency\.encrypt: all"):
+        data = _he_config(tmp_path).model_dump(mode="json", by_alias=True)
+        data["residency"]["encrypt"] = ["personal"]
+        data["privacy"]["update_level"]["distributed_over"] = 2
+        FederationConfig.model_validate(data)
+    with pytest.raises(ValidationError, match=r"federation\.min_sites is 2"):
+        _he_config(tmp_path, distributed_over=3)
+
+
+def test_distributed_noise_runs_and_zones_refuse_to_publish_too_few_shares(tmp_path: Path) -> None:
+    config = _he_config(tmp_path, distributed_over=2)
+    result, _ = _run_federation(config, tmp_path / "run")
+    assert result.stopped_reason == "" and len(result.rounds) == 1
+    # every site accounted the aggregate's σ = 1, not its own share σ/√2
+    spent = {site: p["epsilon_update"] for site, p in result.privacy.items()}
+    assert len(set(spent.values())) == 1 and next(iter(spent.values())) > 0
+    # the reducing zone does not publish an encrypted shard that holds one site's share of the noise
+    routing = FederationRouting(config)
+    zone = make_zone(config.zones[0], tmp_path / "z", routing=routing)  # eu-central, the reducing zone
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    sid = next(sid for sid, d in routing.site("eu-a").routes.items() if d.group == "global")
+    from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
+
+    codec = HeCodec(load_context(tmp_path / "keys" / SECRET_CONTEXT_FILE, secret=True))
+    blob = np.frombuffer(codec.encrypt(np.zeros(routing.plan.shard(sid).size), 1.0)[0], np.uint8).reshape(1, -1)
+    manifest = _manifest(routing, "eu-a", "eu-central", {sid: blob}, encrypted=frozenset({sid}))
+    zone.push(manifest, TOKEN, {sid: blob})
+    with pytest.raises(ZoneError, match="fewer than 2 sites' noise shares"):
+        zone.close_round(1)
     zone.close()
