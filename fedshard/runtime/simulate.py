@@ -110,14 +110,12 @@ def _signing_keys(config: FederationConfig, sites_root: Path) -> dict[str, bytes
 
 def _zone_details(endpoints: dict[str, str]) -> list[dict[str, Any]]:
     """Each zone's counters, residency role and audit head, as it reports them."""
+    from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+
     out = []
-    for name, endpoint in endpoints.items():
-        client = grpc_connector(name, endpoint)
-        try:
-            details = client.details()  # type: ignore[attr-defined]
-        finally:
-            client.close()
-        out.append({"endpoint": endpoint, **details})
+    for endpoint in endpoints.values():
+        with GrpcZoneClient(endpoint, timeout=30) as client:
+            out.append({"endpoint": endpoint, **client.details()})
     return out
 
 
