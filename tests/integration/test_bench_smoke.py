@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("name", ["zone_accumulate", "upload", "zone_memory", "dp_accuracy", "routing", "mtls"])
+@pytest.mark.parametrize("name", ["zone_accumulate", "upload", "zone_memory", "dp_accuracy", "routing", "mtls", "he"])
 def test_benchmark_runs_in_quick_mode(name: str, tmp_path: Path) -> None:
     out = tmp_path / "BENCH.md"
     before = (ROOT / "BENCHMARKS.md").read_bytes()
