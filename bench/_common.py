@@ -271,6 +271,28 @@ def _serve_forever(staging_bytes: int, max_workers: int) -> None:
 
 
 # output --------------------------------------------------------------------------------------
+def cpu_ticks() -> tuple[int, int]:
+    """``(steal, total)`` CPU ticks of the machine so far, from /proc/stat (zeros if unavailable)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_note(start: tuple[int, int]) -> str:
+    """A note on the CPU time the hypervisor took from this VM since ``start`` (the noise it adds)."""
+    steal, total = (b - a for a, b in zip(start, cpu_ticks(), strict=True))
+    if total <= 0:
+        return "- CPU steal during the timed runs: unknown (no /proc/stat)."
+    share = steal / total
+    effect = "too little to explain much of the run-to-run noise" if share < 0.02 else "part of the run-to-run noise"
+    return (
+        f"- CPU steal during the timed runs: {share:.1%} of the CPU time (time the hypervisor gave this VM's vCPUs "
+        f"to other guests; {effect})."
+    )
+
+
 def fmt(x: float, digits: int = 1) -> str:
     return f"{x:,.{digits}f}"
 

@@ -119,28 +119,6 @@ def connect_once(endpoint: str, tls: TlsFiles | None) -> float:
         channel.close()
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """``(steal, total)`` CPU ticks of the machine so far, from /proc/stat (zeros if unavailable)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
-
-
-def steal_note(start: tuple[int, int]) -> str:
-    """A note on the CPU time the hypervisor took from this VM since ``start`` (the noise it adds)."""
-    steal, total = (b - a for a, b in zip(start, cpu_ticks(), strict=True))
-    if total <= 0:
-        return "- CPU steal during the timed runs: unknown (no /proc/stat)."
-    share = steal / total
-    effect = "too little to explain much of the run-to-run noise" if share < 0.02 else "part of the run-to-run noise"
-    return (
-        f"- CPU steal during the timed runs: {share:.1%} of the CPU time (time the hypervisor gave this VM's vCPUs "
-        f"to other guests; {effect})."
-    )
-
-
 def _noise_note(push_lo: float, push_hi: float, fetch_lo: float, fetch_hi: float) -> str:
     """A sentence naming the ratios whose per-run range straddles 100 % (not told apart from noise)."""
     noisy = [name for name, lo, hi in (("push", push_lo, push_hi), ("fetch", fetch_lo, fetch_hi)) if lo <= 1 <= hi]
@@ -176,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     target = args.values or (1_000_000 if args.quick else 25_000_000)
 
     desc = c.machine_description()
-    ticks0 = cpu_ticks()
+    ticks0 = c.cpu_ticks()
     update = c.synthetic_update(target)
     plan = c.make_plan(update, TILE)
     shards = plan.split(update)
@@ -341,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             "`fetch` = `fetch_aggregate` download + verification; CPU columns = user+sys CPU seconds of each "
             "process during the push; `new connection` = a fresh channel on its own subchannel until one `Info` "
             "call returns.",
-            steal_note(ticks0),
+            c.steal_note(ticks0),
         ],
         headers=headers,
         rows=rows,

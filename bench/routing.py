@@ -122,28 +122,6 @@ class SyntheticModel(nn.Module):
         return out
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """``(steal, total)`` CPU ticks of the machine so far, from /proc/stat (zeros if unavailable)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
-
-
-def steal_note(start: tuple[int, int]) -> str:
-    """A note on the CPU time the hypervisor took from this VM since ``start`` (the noise it adds)."""
-    steal, total = (b - a for a, b in zip(start, cpu_ticks(), strict=True))
-    if total <= 0:
-        return "- CPU steal during the timed runs: unknown (no /proc/stat)."
-    share = steal / total
-    effect = "too little to explain much of the run-to-run noise" if share < 0.02 else "part of the run-to-run noise"
-    return (
-        f"- CPU steal during the timed runs: {share:.1%} of the CPU time (time the hypervisor gave this VM's vCPUs "
-        f"to other guests; {effect})."
-    )
-
-
 def interleaved(tasks: dict[str, Callable[[], None]], runs: int) -> dict[str, c.Stat]:
     """Time every task ``runs`` times (after one untimed call each), interleaved, order rotated per run,
     so that all of them see the same state of this shared machine."""
@@ -171,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = QUICK if args.quick else FULL
 
     desc = c.machine_description()
-    ticks0 = cpu_ticks()
+    ticks0 = c.cpu_ticks()
     desc["numpy"] += f", torch {torch.__version__}"
     torch.manual_seed(0)
     model = SyntheticModel(shape)
@@ -337,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "reducing_zone='us-east').route_plan(classes, origin, ShardProtection())`; `digest` = "
             "`shard_digest` of every shard (SHA-256), as `build_manifest` does once per update. "
             "Decisions/s = shards / median time. Percentages are ratios of medians.",
-            steal_note(ticks0),
+            c.steal_note(ticks0),
         ],
         headers=headers,
         rows=rows,
