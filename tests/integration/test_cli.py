@@ -111,6 +111,14 @@ def test_zone_up_serves_until_sigterm(tmp_path: Path) -> None:
         endpoint = line.strip().rsplit(" ", 1)[-1]
         with GrpcZoneClient(endpoint, timeout=10) as client:
             assert client.info() == ("eu-central", "EU")
+            details = client.details()
+        # the zone enforces the federation's residency policy and keeps its audit log in its store
+        from fedshard.config import load_federation
+        from fedshard.residency import Policy
+
+        policy = Policy.from_config(load_federation(ROOT / "configs" / "demo.yaml").residency)
+        assert details["reducing"] is True and details["policy_digest"] == policy.digest
+        assert (tmp_path / "store" / "audit.jsonl").exists()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
