@@ -1,7 +1,9 @@
 """The zone aggregator: validates pushed shards and folds them into running means.
 
-Transport-free: the gRPC service (:mod:`fedshard.runtime.grpc.service`) and the
-in-process client both drive it. A push is a transaction: frames are checked one by
+Transport-free: the gRPC service (:mod:`fedshard.runtime.zone_rpc.service`) and the
+in-process client both drive it. A push in progress is a
+:class:`~fedshard.runtime.zone_push.PushSession`; per-round state and counters live in
+:mod:`fedshard.runtime.zone_state`. A push is a transaction: frames are checked one by
 one as they arrive (known round and token, shard in the manifest and plan, dtype and
 shape from the plan, digest from the manifest, finite values, no duplicate) and staged;
 only when the whole push is complete and valid is it folded into the sums. A refused
@@ -22,8 +24,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,264 +40,19 @@ from fedshard.errors import (
     ResidencyViolationError,
     ZoneError,
 )
-from fedshard.integrity import Manifest, ShardEntry, ShardHasher, merkle_root, shard_digest
+from fedshard.integrity import Manifest, ShardEntry, merkle_root, shard_digest
 from fedshard.residency.audit import AuditLog, Decision
-from fedshard.runtime.heap import trim_heap
 from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary, PartialEntry, PartialSum, PushReceipt, RoundSpec
 from fedshard.runtime.zone_policy import ZonePolicy
-from fedshard.sharding import ShardPlan, ShardSpec
+from fedshard.runtime.zone_push import ByteBudget, PushSession
+from fedshard.runtime.zone_state import OpenRound, ZoneStats
+from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
 
 if TYPE_CHECKING:
     from fedshard.runtime.channels import ZoneClient
 
-__all__ = ["ByteBudget", "PushSession", "ZoneAggregator", "ZoneStats", "assemble_frames"]
-
-
-_TRIM_BYTES = 8 << 20  # pushes at least this large hand their memory back when done
-
-
-class ByteBudget:
-    """A counting semaphore over bytes. A single request larger than the cap is let
-    through alone, so it waits instead of deadlocking."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._used = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, n: int, timeout: float | None = None) -> bool:
-        """Reserve ``n`` bytes; False if that did not happen within ``timeout``."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._used == 0 or self._used + n <= self.capacity, timeout) and (
-                self._take(n)
-            )
-
-    def _take(self, n: int) -> bool:
-        self._used += n
-        return True
-
-    def release(self, n: int) -> None:
-        """Return ``n`` bytes to the budget."""
-        with self._cond:
-            self._used -= n
-            self._cond.notify_all()
-
-
-@dataclass
-class _OpenRound:
-    spec: RoundSpec
-    plan: ShardPlan
-    groups: dict[str, ShardAccumulator] = field(default_factory=dict)  # group -> running sums
-    encrypted: dict[str, EncryptedSum] = field(default_factory=dict)  # group -> ciphertext sums
-    contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
-    pushing: set[str] = field(default_factory=set)
-    counted: list[str] = field(default_factory=list)
-    forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
-
-    def fold(self, group: str, shard_id: str, sites: Iterable[str]) -> ShardAccumulator:
-        """The group's accumulator, noting ``sites`` as contributors of ``shard_id``."""
-        self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
-        acc = self.groups.get(group)
-        if acc is None:
-            acc = self.groups[group] = ShardAccumulator()
-        return acc
-
-    def fold_encrypted(self, group: str, shard_id: str, sites: Iterable[str], context: Any) -> EncryptedSum:
-        """The group's ciphertext sums, noting ``sites`` as contributors of ``shard_id``."""
-        self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
-        acc = self.encrypted.get(group)
-        if acc is None:
-            acc = self.encrypted[group] = EncryptedSum(context)
-        return acc
-
-    def group_names(self) -> list[str]:
-        """Groups that received anything, sorted."""
-        return sorted(set(self.groups) | set(self.encrypted))
-
-
-@dataclass
-class ZoneStats:
-    """What a zone has done since it started (shown in run summaries)."""
-
-    pushes: int = 0
-    refused: int = 0
-    bytes_received: int = 0
-    shards_by_class: collections.Counter[str] = field(default_factory=collections.Counter)  # "personal from EU"
-    forwarded_shards: int = 0
-    forwarded_bytes: int = 0
-    partials_received: int = 0
-    refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
-
-    def refuse(self, reason: str) -> None:
-        """Count a refusal and remember its reason."""
-        self.refused += 1
-        self.refusals = [*self.refusals[-19:], reason]
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data."""
-        return {
-            "pushes": self.pushes,
-            "refused": self.refused,
-            "bytes_received": self.bytes_received,
-            "shards_by_class": dict(sorted(self.shards_by_class.items())),
-            "forwarded_shards": self.forwarded_shards,
-            "forwarded_bytes": self.forwarded_bytes,
-            "partials_received": self.partials_received,
-            "refusals": list(self.refusals),
-        }
-
-
-class PushSession:
-    """One site's push in progress. Feed chunks with :meth:`receive`, then :meth:`commit`.
-
-    Any failure raises :class:`PushRejectedError`; call :meth:`abort` (or use the
-    session as a context manager) so the staging budget is returned.
-    """
-
-    def __init__(
-        self,
-        zone: ZoneAggregator,
-        state: _OpenRound,
-        manifest: Manifest,
-        budget_bytes: int,
-        groups: dict[str, str] | None = None,
-    ) -> None:
-        self._zone = zone
-        self._state = state
-        self.manifest = manifest
-        self._groups = groups or {}
-        self._budget_bytes = budget_bytes
-        self._expected = {e.shard_id: e for e in manifest.shards}
-        self._staged: dict[str, np.ndarray] = {}
-        self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
-        self._current: tuple[ShardSpec, ShardHasher, bytearray | None, list[bytes]] | None = None
-        self._received = 0
-        self._done = False
-
-    def __enter__(self) -> PushSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.abort()
-
-    @property
-    def site_id(self) -> str:
-        """The pushing site."""
-        return self.manifest.site_id
-
-    def _reject(self, code: str, reason: str) -> PushRejectedError:
-        # A refusal ends the push: what was staged before it can no longer be committed.
-        self.abort()
-        return PushRejectedError(
-            f"zone {self._zone.name}: site {self.site_id} round {self.manifest.round}: {reason}", code
-        )
-
-    def receive(self, shard_id: str, data: bytes, *, offset: int, dtype: str = "", shape: tuple[int, ...] = ()) -> None:
-        """Take one chunk of shard ``shard_id``. The first chunk (offset 0) carries dtype and shape."""
-        if self._done:
-            raise self._reject("state", "push already finished")
-        if self._current is None or self._current[0].shard_id != shard_id:
-            if self._current is not None:
-                raise self._reject("truncated", f"shard {self._current[0].shard_id} ended after {self._received} bytes")
-            self._start(shard_id, dtype, shape, offset)
-        assert self._current is not None
-        spec, hasher, buffer, parts = self._current
-        if offset != self._received:
-            raise self._reject("offset", f"shard {shard_id}: chunk at offset {offset}, expected {self._received}")
-        if self._received + len(data) > spec.nbytes:
-            raise self._reject("shape", f"shard {shard_id}: more than the plan's {spec.nbytes} bytes")
-        hasher.update(data)
-        if buffer is None:
-            parts.append(data)
-        else:
-            memoryview(buffer)[self._received : self._received + len(data)] = data
-        self._received += len(data)
-        if self._received == spec.nbytes:
-            self._finish_shard()
-
-    def _start(self, shard_id: str, dtype: str, shape: tuple[int, ...], offset: int) -> None:
-        if shard_id in self._staged:
-            raise self._reject("duplicate", f"shard {shard_id} sent twice")
-        if shard_id not in self._state.plan:
-            raise self._reject("unknown-shard", f"shard {shard_id} is not in the round's shard plan")
-        if shard_id not in self._expected:
-            raise self._reject("unknown-shard", f"shard {shard_id} is not listed in the manifest")
-        if offset != 0:
-            raise self._reject("offset", f"shard {shard_id} starts at offset {offset}, expected 0")
-        spec = self._state.plan.shard(shard_id)
-        entry = self._expected[shard_id]
-        if entry.encrypted:  # ciphertext bytes travel as a (1, n) uint8 array
-            spec = ShardSpec(shard_id, spec.tensor, slice(0, 1), slice(0, entry.nbytes), "uint8")
-        try:
-            dtype_ok = bool(dtype) and np.dtype(dtype) == np.dtype(spec.dtype)
-        except TypeError:
-            dtype_ok = False
-        if not dtype_ok:
-            raise self._reject("dtype", f"shard {shard_id} has dtype {dtype or '?'}, the plan says {spec.dtype}")
-        if tuple(shape) != spec.shape:
-            raise self._reject("shape", f"shard {shard_id} has shape {tuple(shape)}, the plan says {spec.shape}")
-        hasher = ShardHasher(spec.dtype, spec.shape)
-        # One-chunk shards keep the received bytes as they are (no copy); larger ones
-        # are assembled in a buffer of the final size.
-        buffer = None if spec.nbytes <= self._zone.chunk_hint else bytearray(spec.nbytes)
-        self._current = (spec, hasher, buffer, [])
-        self._received = 0
-
-    def _finish_shard(self) -> None:
-        assert self._current is not None
-        spec, hasher, buffer, parts = self._current
-        self._current = None
-        self._received = 0
-        entry = self._expected[spec.shard_id]
-        if hasher.hexdigest() != entry.digest:
-            raise self._reject("digest", f"shard {spec.shard_id}: digest does not match the manifest")
-        raw = buffer if buffer is not None else (parts[0] if len(parts) == 1 else b"".join(parts))
-        values = np.frombuffer(raw, dtype=spec.dtype).reshape(spec.shape)
-        if entry.encrypted:
-            context = self._zone.he_context
-            if context is None:
-                raise self._reject(
-                    "encryption", f"shard {spec.shard_id} is encrypted but this zone has no CKKS context"
-                )
-            try:
-                self._ciphertexts[spec.shard_id] = EncryptedSum(context).load(spec.shard_id, bytes(raw))
-            except IntegrityError as exc:
-                raise self._reject("encryption", str(exc)) from None
-        elif not all_finite(values):
-            raise self._reject("non-finite", f"shard {spec.shard_id} contains NaN or infinite values")
-        self._staged[spec.shard_id] = values
-
-    def commit(self) -> PushReceipt:
-        """Check the push is complete, then fold it into the round's sums."""
-        if self._current is not None:
-            raise self._reject("truncated", f"shard {self._current[0].shard_id} is incomplete")
-        missing = [sid for sid in self._expected if sid not in self._staged]
-        if missing:
-            raise self._reject("missing", f"{len(missing)} shard(s) of the manifest never arrived, e.g. {missing[0]}")
-        receipt = self._zone._commit(self._state, self.manifest, self._staged, self._groups, self._ciphertexts)
-        self._done = True
-        self._release()
-        return receipt
-
-    def abort(self) -> None:
-        """Drop everything staged; nothing of this push is counted."""
-        if not self._done:
-            self._done = True
-            self._staged.clear()
-            with self._zone._lock:
-                self._state.pushing.discard(self.site_id)
-        self._release()
-
-    def _release(self) -> None:
-        self._staged = {}
-        self._ciphertexts = {}
-        self._current = None
-        if self._budget_bytes:
-            self._zone._budget.release(self._budget_bytes)
-            if self._budget_bytes >= _TRIM_BYTES:
-                trim_heap()
-            self._budget_bytes = 0
+__all__ = ["ZoneAggregator"]
 
 
 class ZoneAggregator:
@@ -350,7 +106,7 @@ class ZoneAggregator:
         self._store = LocalShardStore(store_dir) if store_dir is not None else None
         self._latest: dict[str, tuple[AggregateSummary, dict[str, np.ndarray], dict[str, list[str]]]] = {}
         self._latest_round = -1
-        self._rounds: dict[int, _OpenRound] = {}
+        self._rounds: dict[int, OpenRound] = {}
         self._summaries: dict[tuple[int, str], AggregateSummary] = {}
         self._closed: set[int] = set()
         self._lock = threading.Lock()
@@ -376,7 +132,7 @@ class ZoneAggregator:
         with self._lock:
             if spec.round in self._rounds or spec.round in self._closed:
                 raise ZoneError(f"zone {self.name}: round {spec.round} was already opened")
-            self._rounds[spec.round] = _OpenRound(spec, plan)
+            self._rounds[spec.round] = OpenRound(spec, plan)
 
     def begin_push(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
@@ -445,7 +201,7 @@ class ZoneAggregator:
 
     def _commit(
         self,
-        state: _OpenRound,
+        state: OpenRound,
         manifest: Manifest,
         staged: dict[str, np.ndarray],
         groups: dict[str, str],
@@ -565,7 +321,7 @@ class ZoneAggregator:
         )
         return len(partial.entries)
 
-    def _forward(self, state: _OpenRound, forward_to: tuple[str, str] | None) -> None:
+    def _forward(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
         acc = state.groups.get("global", ShardAccumulator())
         enc = state.encrypted.get("global")
         if not len(acc) and not enc:
@@ -767,46 +523,3 @@ def _as_bytes_array(data: bytes) -> np.ndarray:
 
 def _aggregate_key(round: int, group: str) -> str:
     return f"aggregate-{round:06d}-{group.replace('/', '-').replace('+', '_')}"
-
-
-def assemble_frames(
-    frames: Iterator[tuple[str, bytes, int, str, tuple[int, ...]]], expected: dict[str, int]
-) -> dict[str, np.ndarray]:
-    """Reassemble streamed chunks ``(shard_id, data, offset, dtype, shape)`` into arrays.
-
-    ``expected`` gives each shard's byte count; chunks must be contiguous, in order,
-    one shard after another. Raises :class:`PushRejectedError` on anything else.
-    """
-    out: dict[str, np.ndarray] = {}
-    current: tuple[str, bytearray, str, tuple[int, ...]] | None = None
-    filled = 0
-
-    def finish() -> None:
-        assert current is not None
-        sid, buf, dtype, shape = current
-        if filled != len(buf):
-            raise PushRejectedError(f"shard {sid} ended after {filled} of {len(buf)} bytes", "truncated")
-        try:
-            out[sid] = np.frombuffer(bytes(buf), dtype=np.dtype(dtype)).reshape(shape)
-        except (TypeError, ValueError) as exc:
-            raise PushRejectedError(f"shard {sid}: {exc}", "dtype") from None
-
-    for sid, data, offset, dtype, shape in frames:
-        if current is None or current[0] != sid:
-            if current is not None:
-                finish()
-            if sid in out or sid not in expected:
-                raise PushRejectedError(f"shard {sid} is unexpected or sent twice", "unknown-shard")
-            if offset != 0:
-                raise PushRejectedError(f"shard {sid} starts at offset {offset}", "offset")
-            current, filled = (sid, bytearray(expected[sid]), dtype, shape), 0
-        if offset != filled or filled + len(data) > len(current[1]):
-            raise PushRejectedError(f"shard {sid}: chunk at offset {offset} does not fit", "offset")
-        current[1][filled : filled + len(data)] = data
-        filled += len(data)
-    if current is not None:
-        finish()
-    missing = set(expected) - set(out)
-    if missing:
-        raise PushRejectedError(f"{len(missing)} partial sum(s) never arrived, e.g. {sorted(missing)[0]}", "missing")
-    return out

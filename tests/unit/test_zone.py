@@ -18,7 +18,8 @@ import pytest
 from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ShardError, ZoneError
 from fedshard.integrity import merkle_root, shard_digest
 from fedshard.runtime.rounds import RoundSpec
-from fedshard.runtime.zone import ByteBudget, PushSession, ZoneAggregator
+from fedshard.runtime.zone import ZoneAggregator
+from fedshard.runtime.zone_push import ByteBudget, PushSession
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
 from tests import zone_helpers

@@ -6,11 +6,12 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from fedshard.errors import PushRejectedError
 from fedshard.integrity import ShardEntry
 from fedshard.runtime.rounds import DEFAULT_GROUP, AggregateSummary
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
 
-__all__ = ["CHUNK_BYTES", "GRPC_OPTIONS", "chunks", "header_to_summary", "summary_to_header"]
+__all__ = ["CHUNK_BYTES", "GRPC_OPTIONS", "assemble_frames", "chunks", "header_to_summary", "summary_to_header"]
 
 CHUNK_BYTES = 1 << 20
 _MAX_MESSAGE = CHUNK_BYTES + (1 << 20)  # a chunk plus room for its header fields
@@ -60,3 +61,46 @@ def header_to_summary(header: pb.AggregateHeader) -> AggregateSummary:
         shards=tuple(ShardEntry(s.shard_id, s.digest, s.nbytes) for s in header.shards),
         group=header.group or DEFAULT_GROUP,
     )
+
+
+def assemble_frames(
+    frames: Iterator[tuple[str, bytes, int, str, tuple[int, ...]]], expected: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """Reassemble streamed chunks ``(shard_id, data, offset, dtype, shape)`` into arrays.
+
+    ``expected`` gives each shard's byte count; chunks must be contiguous, in order,
+    one shard after another. Raises :class:`PushRejectedError` on anything else.
+    """
+    out: dict[str, np.ndarray] = {}
+    current: tuple[str, bytearray, str, tuple[int, ...]] | None = None
+    filled = 0
+
+    def finish() -> None:
+        assert current is not None
+        sid, buf, dtype, shape = current
+        if filled != len(buf):
+            raise PushRejectedError(f"shard {sid} ended after {filled} of {len(buf)} bytes", "truncated")
+        try:
+            out[sid] = np.frombuffer(bytes(buf), dtype=np.dtype(dtype)).reshape(shape)
+        except (TypeError, ValueError) as exc:
+            raise PushRejectedError(f"shard {sid}: {exc}", "dtype") from None
+
+    for sid, data, offset, dtype, shape in frames:
+        if current is None or current[0] != sid:
+            if current is not None:
+                finish()
+            if sid in out or sid not in expected:
+                raise PushRejectedError(f"shard {sid} is unexpected or sent twice", "unknown-shard")
+            if offset != 0:
+                raise PushRejectedError(f"shard {sid} starts at offset {offset}", "offset")
+            current, filled = (sid, bytearray(expected[sid]), dtype, shape), 0
+        if offset != filled or filled + len(data) > len(current[1]):
+            raise PushRejectedError(f"shard {sid}: chunk at offset {offset} does not fit", "offset")
+        current[1][filled : filled + len(data)] = data
+        filled += len(data)
+    if current is not None:
+        finish()
+    missing = set(expected) - set(out)
+    if missing:
+        raise PushRejectedError(f"{len(missing)} partial sum(s) never arrived, e.g. {sorted(missing)[0]}", "missing")
+    return out

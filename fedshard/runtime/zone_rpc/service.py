@@ -26,10 +26,10 @@ from fedshard.errors import (
 )
 from fedshard.integrity import Manifest
 from fedshard.runtime.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
-from fedshard.runtime.zone import ZoneAggregator, assemble_frames
+from fedshard.runtime.zone import ZoneAggregator
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
 from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
-from fedshard.runtime.zone_rpc.convert import GRPC_OPTIONS, chunks, summary_to_header
+from fedshard.runtime.zone_rpc.convert import GRPC_OPTIONS, assemble_frames, chunks, summary_to_header
 
 __all__ = ["ZoneService", "serve"]
 
