@@ -204,14 +204,20 @@ def round_spec(round: int, plan: Any, sites: Sequence[str]) -> Any:
 
 # zone server in its own process ----------------------------------------------------------------
 class ZoneServerProcess:
-    """A zone gRPC server on 127.0.0.1 in a child process (no shared GIL with the client)."""
+    """A zone gRPC server on 127.0.0.1 in a child process (no shared GIL with the client);
+    with ``tls`` (a ``fedshard.crypto.tls.TlsFiles``) it requires mutual TLS."""
 
     def __init__(
-        self, staging_bytes: int = 256 << 20, max_workers: int = 16, env: dict[str, str] | None = None
+        self,
+        staging_bytes: int = 256 << 20,
+        max_workers: int = 16,
+        env: dict[str, str] | None = None,
+        tls: Any = None,
     ) -> None:
         self.staging_bytes = staging_bytes
         self.max_workers = max_workers
         self.extra_env = dict(env or {})
+        self.tls = tls
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
         self.pid = 0
@@ -222,16 +228,19 @@ class ZoneServerProcess:
 
     def __enter__(self) -> ZoneServerProcess:
         env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONUNBUFFERED="1", **self.extra_env)
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "serve",
+            "--staging-bytes",
+            str(self.staging_bytes),
+            "--max-workers",
+            str(self.max_workers),
+        ]
+        if self.tls is not None:
+            argv += ["--cert", str(self.tls.cert), "--key", str(self.tls.key), "--ca", str(self.tls.ca)]
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "serve",
-                "--staging-bytes",
-                str(self.staging_bytes),
-                "--max-workers",
-                str(self.max_workers),
-            ],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -259,12 +268,12 @@ class ZoneServerProcess:
             self.proc.wait()
 
 
-def _serve_forever(staging_bytes: int, max_workers: int) -> None:
+def _serve_forever(staging_bytes: int, max_workers: int, tls: Any = None) -> None:
     from fedshard.runtime.zone import ZoneAggregator
     from fedshard.runtime.zone_rpc.service import serve
 
     zone = ZoneAggregator(ZONE, "bench", staging_bytes=staging_bytes)
-    server, port = serve(zone, "127.0.0.1:0", max_workers=max_workers)
+    server, port = serve(zone, "127.0.0.1:0", max_workers=max_workers, tls=tls)
     print(f"PORT {port} PID {os.getpid()}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin
     server.stop(grace=None)
@@ -410,12 +419,20 @@ def write_section(name: str, body: str, path: Path | None = None) -> Path:
 def _main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="run a zone gRPC server until stdin closes")
+    s = sub.add_parser("serve", help="run a zone gRPC server (mutual TLS with --cert/--key/--ca) until stdin closes")
     s.add_argument("--staging-bytes", type=int, default=256 << 20)
     s.add_argument("--max-workers", type=int, default=16)
+    s.add_argument("--cert", type=Path)
+    s.add_argument("--key", type=Path)
+    s.add_argument("--ca", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "serve":
-        _serve_forever(args.staging_bytes, args.max_workers)
+        tls = None
+        if args.cert is not None:
+            from fedshard.crypto.tls import TlsFiles
+
+            tls = TlsFiles(args.cert, args.key, args.ca)
+        _serve_forever(args.staging_bytes, args.max_workers, tls)
 
 
 if __name__ == "__main__":

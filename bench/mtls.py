@@ -2,10 +2,9 @@
 
 A throwaway federation PKI is made in a temporary folder with ``fedshard.crypto.pki``
 (``init_ca``; ``issue_zone`` for the zone, hosts 127.0.0.1 and localhost; ``issue_site``
-for the site). Two zone servers run, each in its own process on 127.0.0.1 (started by
-this script as ``python bench/mtls.py serve [--cert --key --ca]``, the same code as
-``_common.ZoneServerProcess`` plus TLS): one plain text (``serve(zone, addr)``), one
-requiring mutual TLS (``serve(zone, addr, tls=TlsFiles(...))``; it also checks on every
+for the site). Two zone servers run, each in its own process on 127.0.0.1
+(``_common.ZoneServerProcess``, ``tls=`` for the second): one plain text
+(``serve(zone, addr)``), one requiring mutual TLS (``serve(zone, addr, tls=TlsFiles(...))``; it also checks on every
 push that the caller's certificate names the manifest's site). Each client
 (``GrpcZoneClient(endpoint, tls=...)``) keeps one channel open, so the TLS handshake
 is paid once, in the warm-up.
@@ -22,9 +21,6 @@ update (25 M+ float32 values, tile 256x256, 1 MiB chunks), ``close_round``,
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,50 +45,6 @@ SITE = "site-0"
 PLAIN, MTLS = "plain text", "mutual TLS"
 CONFIGS = [PLAIN, MTLS]
 TILE = (256, 256)
-
-
-class TlsZoneServerProcess(c.ZoneServerProcess):
-    """``_common.ZoneServerProcess``, with mutual TLS when ``tls`` is given."""
-
-    def __init__(self, tls: TlsFiles | None = None, staging_bytes: int = 256 << 20, max_workers: int = 16) -> None:
-        super().__init__(staging_bytes=staging_bytes, max_workers=max_workers)
-        self.tls = tls
-
-    def __enter__(self) -> TlsZoneServerProcess:
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "serve",
-            "--staging-bytes",
-            str(self.staging_bytes),
-            "--max-workers",
-            str(self.max_workers),
-        ]
-        if self.tls is not None:
-            argv += ["--cert", str(self.tls.cert), "--key", str(self.tls.key), "--ca", str(self.tls.ca)]
-        env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONUNBUFFERED="1", **self.extra_env)
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=c.REPO, env=env
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        m = re.match(r"PORT (\d+) PID (\d+)", line)
-        if not m:
-            self.proc.kill()
-            raise RuntimeError(f"zone server did not start: {line!r}")
-        self.port, self.pid = int(m.group(1)), int(m.group(2))
-        return self
-
-
-def _serve_forever(staging_bytes: int, max_workers: int, tls: TlsFiles | None) -> None:
-    from fedshard.runtime.zone import ZoneAggregator
-    from fedshard.runtime.zone_rpc.service import serve
-
-    zone = ZoneAggregator(c.ZONE, "EU", staging_bytes=staging_bytes)
-    server, port = serve(zone, "127.0.0.1:0", max_workers=max_workers, tls=tls)
-    print(f"PORT {port} PID {os.getpid()}", flush=True)
-    sys.stdin.read()  # until the parent closes our stdin
-    server.stop(grace=None)
 
 
 def make_pki(root: Path) -> tuple[TlsFiles, TlsFiles]:
@@ -133,23 +85,12 @@ def _noise_note(push_lo: float, push_hi: float, fetch_lo: float, fetch_hi: float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd")
-    s = sub.add_parser("serve", help="run a zone gRPC server (mutual TLS with --cert/--key/--ca) until stdin closes")
-    s.add_argument("--staging-bytes", type=int, default=256 << 20)
-    s.add_argument("--max-workers", type=int, default=16)
-    s.add_argument("--cert", type=Path)
-    s.add_argument("--key", type=Path)
-    s.add_argument("--ca", type=Path)
     c.add_output_args(parser)
     parser.add_argument(
         "--runs", type=int, default=None, help="timed rounds per configuration (default 25; 5 with --quick)"
     )
     parser.add_argument("--values", type=int, default=None, help="float32 values in the update (default 25 M)")
     args = parser.parse_args(argv)
-    if args.cmd == "serve":
-        tls = TlsFiles(args.cert, args.key, args.ca) if args.cert else None
-        _serve_forever(args.staging_bytes, args.max_workers, tls)
-        return 0
     runs = args.runs or (5 if args.quick else 25)
     target = args.values or (1_000_000 if args.quick else 25_000_000)
 
@@ -166,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[float]]] = {cfg: {k: [] for k in keys} for cfg in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="fedshard-bench-pki-") as tmp:
         zone_tls, site_tls = make_pki(Path(tmp))
-        with TlsZoneServerProcess() as plain_server, TlsZoneServerProcess(zone_tls) as tls_server:
+        with c.ZoneServerProcess() as plain_server, c.ZoneServerProcess(tls=zone_tls) as tls_server:
             servers = {PLAIN: plain_server, MTLS: tls_server}
             client_tls = {PLAIN: None, MTLS: site_tls}
             procs = {cfg: psutil.Process(srv.pid) for cfg, srv in servers.items()}
