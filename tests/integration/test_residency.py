@@ -18,7 +18,7 @@ from fedshard.crypto.signing import public_key_bytes
 from fedshard.errors import PushRejectedError, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.residency.audit import verify_audit_log
-from fedshard.runtime.assembly import grpc_connector, make_site, make_zone, running_zones
+from fedshard.runtime.assembly import make_site, make_zone, running_zones
 from fedshard.runtime.coordinator import Coordinator, RunResult
 from fedshard.runtime.inprocess import InProcessSiteGateway
 from fedshard.runtime.rounds import PartialEntry, PartialSum, RoundSpec
@@ -26,6 +26,7 @@ from fedshard.runtime.routing import FederationRouting
 from fedshard.runtime.zone import ZoneAggregator
 from fedshard.runtime.zone_rpc import zone_pb2 as pb
 from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
+from fedshard.runtime.zone_rpc.client import GrpcZoneClient
 from fedshard.runtime.zone_rpc.service import serve
 from fedshard.store import LocalShardStore
 
@@ -48,23 +49,34 @@ def _config(rounds: int = 2, reducing_zone: str | None = "eu-central") -> Federa
     )
 
 
+Models = dict[str, dict[str, np.ndarray]]
+
+
+def _run_federation(config: FederationConfig, tmp: Path) -> tuple[RunResult, Models, dict[str, dict]]:
+    """Run ``config`` with in-process sites and gRPC zones under ``tmp``: the result, every
+    site's final shards, and what each zone reports of itself."""
+    routing = FederationRouting(config)
+    with running_zones(config, tmp / "zones") as endpoints:
+        sites = {s.id: make_site(config, s.id, tmp / "sites", routing) for s in config.sites}
+        gateway = InProcessSiteGateway(sites)
+        zones = {n: GrpcZoneClient(ep) for n, ep in endpoints.items()}
+        try:
+            result = Coordinator(config, gateway, zones, endpoints).run()
+            details = {n: z.details() for n, z in zones.items()}
+        finally:
+            gateway.close()
+            for z in zones.values():
+                z.close()
+    models = {s.id: LocalShardStore(tmp / "sites" / s.id).load("current")[1] for s in config.sites}
+    return result, models, details
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[FederationConfig, RunResult, Path, dict]:
     """One two-round federation over three zones; what it left on disk."""
     tmp = tmp_path_factory.mktemp("residency")
     config = _config()
-    routing = FederationRouting(config)
-    with running_zones(config, tmp / "zones") as endpoints:
-        sites = {s.id: make_site(config, s.id, tmp / "sites", routing) for s in config.sites}
-        gateway = InProcessSiteGateway(sites)
-        zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
-        try:
-            result = Coordinator(config, gateway, zones, endpoints).run()
-            details = {n: z.details() for n, z in zones.items()}  # type: ignore[attr-defined]
-        finally:
-            gateway.close()
-            for z in zones.values():
-                z.close()
+    result, _, details = _run_federation(config, tmp)
     return config, result, tmp, details
 
 
@@ -309,7 +321,6 @@ def test_policy_that_would_not_serve_a_site_its_own_aggregate_fails_at_load() ->
 def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_path: Path) -> None:
     from fedshard.crypto.pki import init_ca, issue_site, issue_zone
     from fedshard.crypto.tls import TlsFiles
-    from fedshard.runtime.zone_rpc.client import GrpcZoneClient
 
     config = _config()
     routing = FederationRouting(config)
@@ -367,22 +378,6 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
 # --- CKKS-encrypted shards ride the same routes ---------------------------------------------
 
 
-def _run_federation(config: FederationConfig, tmp: Path) -> tuple[RunResult, dict[str, dict[str, np.ndarray]]]:
-    routing = FederationRouting(config)
-    with running_zones(config, tmp / "zones") as endpoints:
-        sites = {s.id: make_site(config, s.id, tmp / "sites", routing) for s in config.sites}
-        gateway = InProcessSiteGateway(sites)
-        zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
-        try:
-            result = Coordinator(config, gateway, zones, endpoints).run()
-        finally:
-            gateway.close()
-            for z in zones.values():
-                z.close()
-    models = {s: LocalShardStore(tmp / "sites" / s).load("current")[1] for s, _ in SITES}
-    return result, models
-
-
 def test_encrypted_personal_shards_give_the_plaintext_model_within_quantisation(tmp_path: Path) -> None:
     from fedshard.crypto.he import he_init
 
@@ -392,8 +387,8 @@ def test_encrypted_personal_shards_give_the_plaintext_model_within_quantisation(
     data["residency"]["encrypt"] = ["personal"]
     data["he"] = {"keys": str(tmp_path / "keys"), "value_range": 1.0, "max_sites": 8}
     encrypted = FederationConfig.model_validate(data)
-    plain_result, plain_models = _run_federation(plain, tmp_path / "plain")
-    he_result, he_models = _run_federation(encrypted, tmp_path / "he")
+    plain_result, plain_models, _ = _run_federation(plain, tmp_path / "plain")
+    he_result, he_models, _ = _run_federation(encrypted, tmp_path / "he")
     assert he_result.stopped_reason == "" and len(he_result.rounds) == 2
     assert he_result.groups == plain_result.groups
     for site, shards in plain_models.items():
@@ -459,7 +454,7 @@ def test_distributed_noise_needs_every_shard_encrypted_and_enough_sites(tmp_path
 
 def test_distributed_noise_runs_and_zones_refuse_to_publish_too_few_shares(tmp_path: Path) -> None:
     config = _he_config(tmp_path, distributed_over=2)
-    result, _ = _run_federation(config, tmp_path / "run")
+    result, _, _ = _run_federation(config, tmp_path / "run")
     assert result.stopped_reason == "" and len(result.rounds) == 1
     # every site accounted the aggregate's σ = 1, not its own share σ/√2
     spent = {site: p["epsilon_update"] for site, p in result.privacy.items()}
