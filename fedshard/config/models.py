@@ -196,7 +196,7 @@ class FederationConfig(_Model):
                     f"privacy.update_level.distributed_over is {distributed} but federation.min_sites is "
                     f"{self.federation.min_sites}: rounds with fewer sites would carry less noise than accounted"
                 )
-        if self.residency.encrypt != "none" and len(self.sites) > self.he.max_sites:
+        if self.residency.encrypting and len(self.sites) > self.he.max_sites:
             raise ValueError(
                 f"{len(self.sites)} sites but he.max_sites is {self.he.max_sites}: encrypted sums would overflow; "
                 "raise he.max_sites"

@@ -226,6 +226,11 @@ class ResidencyConfig(_Model):
                 _check_class(item, in_list=True)
         return v
 
+    @property
+    def encrypting(self) -> bool:
+        """True if any shard class leaves sites CKKS-encrypted."""
+        return self.encrypt != "none"
+
     def encrypts(self, shard_class: str) -> bool:
         """True if shards of ``shard_class`` leave sites CKKS-encrypted."""
         return self.encrypt == "all" or (isinstance(self.encrypt, list) and shard_class in self.encrypt)

@@ -53,6 +53,7 @@ __all__ = [
     "EncryptedSum",
     "HeCodec",
     "he_init",
+    "load_ciphertexts",
     "load_context",
 ]
 
@@ -270,6 +271,18 @@ def _encrypt_in_worker(slots: np.ndarray) -> bytes:
     return _encrypt_slots(_WORKER_CONTEXT, slots)
 
 
+def load_ciphertexts(context: Any, shard_id: str, data: bytes) -> list[Any]:
+    """Parse one encrypted shard under ``context``; :class:`IntegrityError` if it is not
+    ciphertext of this federation's context."""
+    ts = _tenseal()
+    try:
+        return [ts.ckks_vector_from(context, b) for b in split(data)]
+    except IntegrityError:
+        raise
+    except Exception:
+        raise IntegrityError(f"shard {shard_id}: not a ciphertext of this federation's context") from None
+
+
 def split(data: bytes) -> list[bytes]:
     """The serialized ciphertexts of an encrypted shard."""
     out, pos = [], 0
@@ -298,20 +311,10 @@ class EncryptedSum:
         self._ctx = context
         self._sums: dict[str, list[Any]] = {}
 
-    def load(self, shard_id: str, data: bytes) -> list[Any]:
-        """Parse one encrypted shard; :class:`IntegrityError` if it is not ciphertext of this context."""
-        ts = _tenseal()
-        try:
-            return [ts.ckks_vector_from(self._ctx, b) for b in split(data)]
-        except IntegrityError:
-            raise
-        except Exception:
-            raise IntegrityError(f"shard {shard_id}: not a ciphertext of this federation's context") from None
-
     def add(self, shard_id: str, data: bytes | list[Any]) -> None:
         """Fold one encrypted shard (or an encrypted partial sum, or its :meth:`load`-ed
         ciphertexts) into ``shard_id``'s sum."""
-        vectors = self.load(shard_id, data) if isinstance(data, bytes | bytearray) else data
+        vectors = load_ciphertexts(self._ctx, shard_id, data) if isinstance(data, bytes | bytearray) else data
         current = self._sums.get(shard_id)
         if current is None:
             self._sums[shard_id] = vectors

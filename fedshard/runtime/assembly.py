@@ -92,7 +92,7 @@ def make_site(
 
         signing_key = load_signing_key(key_file)
     he = None
-    if config.residency.encrypt != "none":
+    if config.residency.encrypting:
         keys = he_keys(config)
         value_range, max_sites = config.he.value_range, config.he.max_sites
 
@@ -183,7 +183,7 @@ def make_zone(
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
     he_context = None
-    if routing is not None and routing.config.residency.encrypt != "none":
+    if routing is not None and routing.config.residency.encrypting:
         from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
 
         he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)

@@ -340,6 +340,7 @@ class Coordinator:
             self._abort(rnd, opened)
             raise
         t = self.config.training
+        weight_scale = float(max(i.num_examples for i in self._nodes.values()))
         instructions = {
             node: TrainInstruction(
                 round=rnd,
@@ -353,7 +354,7 @@ class Coordinator:
                 seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
                 privacy=self._privacy_plan(self._nodes[node].site_id),
                 apply=self._apply_rule,
-                weight_scale=float(max(i.num_examples for i in self._nodes.values())),
+                weight_scale=weight_scale,
             )
             for node in selected
         }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fedshard.errors import IntegrityError
 from fedshard.integrity.manifest import ShardEntry
@@ -84,7 +84,7 @@ class PartialSum:
     zone: str
     round: int
     token: str
-    entries: tuple[PartialEntry, ...] = field(default=())
+    entries: tuple[PartialEntry, ...] = ()
 
     def to_bytes(self) -> bytes:
         """Canonical JSON."""

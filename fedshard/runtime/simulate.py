@@ -70,7 +70,7 @@ def simulate(
         )
     check_privacy(config)
     out.mkdir(parents=True, exist_ok=True)
-    if config.residency.encrypt != "none" and config.he.keys is None:
+    if config.residency.encrypting and config.he.keys is None:
         from fedshard.crypto.he import he_init
 
         he_init(out / "keys")  # the run's own CKKS contexts: secret for the sites, public for the zones

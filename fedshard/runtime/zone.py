@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshard.aggregation import ShardAccumulator, all_finite
-from fedshard.crypto.he import EncryptedSum
+from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import (
     AggregateNotFoundError,
     FedshardError,
@@ -297,7 +297,7 @@ class ZoneAggregator:
                     raise reject(exc.code, str(exc)) from None
             try:
                 parsed = {
-                    e.shard_id: EncryptedSum(self.he_context).load(e.shard_id, sums[e.shard_id].tobytes())
+                    e.shard_id: load_ciphertexts(self.he_context, e.shard_id, sums[e.shard_id].tobytes())
                     for e in partial.entries
                     if e.encrypted
                 }
@@ -331,8 +331,9 @@ class ZoneAggregator:
                 f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to"
             )
         contributors = state.contributors.get("global", {})
-        sums = {sid: total for sid, (total, _) in acc.partial_sums().items()}
-        weights = {sid: weight for sid, (_, weight) in acc.partial_sums().items()}
+        totals = acc.partial_sums()
+        sums = {sid: total for sid, (total, _) in totals.items()}
+        weights = {sid: weight for sid, (_, weight) in totals.items()}
         if enc is not None:
             sums.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
         entries = tuple(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshard.aggregation import all_finite
-from fedshard.crypto.he import EncryptedSum
+from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import IntegrityError, PushRejectedError
 from fedshard.integrity import Manifest, ShardHasher
 from fedshard.runtime.heap import trim_heap
@@ -166,7 +166,7 @@ class PushSession:
                     "encryption", f"shard {spec.shard_id} is encrypted but this zone has no CKKS context"
                 )
             try:
-                self._ciphertexts[spec.shard_id] = EncryptedSum(context).load(spec.shard_id, bytes(raw))
+                self._ciphertexts[spec.shard_id] = load_ciphertexts(context, spec.shard_id, bytes(raw))
             except IntegrityError as exc:
                 raise self._reject("encryption", str(exc)) from None
         elif not all_finite(values):
