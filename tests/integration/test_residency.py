@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedshard.config import FederationConfig
 from fedshard.crypto.signing import public_key_bytes
-from fedshard.errors import PushRejectedError, ResidencyViolationError, ZoneError
+from fedshard.errors import ConfigError, PushRejectedError, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.residency.audit import verify_audit_log
 from fedshard.runtime.assembly import make_site, make_zone, running_zones
@@ -298,7 +298,7 @@ def test_a_zone_without_a_reducing_zone_to_forward_to_cannot_close_with_global_s
     us = made["us-east"]
     shards = _update(routing)
     us.push(_manifest(routing, "us-a", "us-east", shards), TOKEN, shards)
-    with pytest.raises(Exception, match="no reducing zone to forward them to"):
+    with pytest.raises(ZoneError, match="no reducing zone to forward them to"):
         us.close_round(1)
 
 
@@ -311,7 +311,7 @@ def test_policy_that_would_not_serve_a_site_its_own_aggregate_fails_at_load() ->
         ]
     }
     routing = FederationRouting(FederationConfig.model_validate(data))
-    with pytest.raises(Exception, match=r"sg-a \(SG\) could never receive the aggregate of its own shard"):
+    with pytest.raises(ConfigError, match=r"sg-a \(SG\) could never receive the aggregate of its own shard"):
         routing.check()
 
 
