@@ -16,6 +16,9 @@ builtin exception that matches it, so callers can catch either::
     │   └── BudgetExhaustedError(PermissionError)  the round would overrun the site's (ε, δ) budget
     ├── ResidencyViolationError(PermissionError)  a shard may not go to, or be held in, the zone asked
     ├── StoreError(OSError)                  the on-prem store (or privacy ledger) is missing or corrupt
+    │   ├── ShardIntegrityError(IntegrityError)  a stored shard was tampered with, swapped, rolled back or truncated
+    │   ├── ShardNotFoundError(LookupError)  the store holds no shard of that id
+    │   └── StoreKeyError(PermissionError)   the store's key-encryption key is missing, wrong or retired
     └── PkiError(PermissionError)            a certificate or key is missing, invalid, untrusted or expired
 
 Messages name the bad value and say how to fix it; they are one line, because the
@@ -28,6 +31,7 @@ __all__ = [
     "AggregateNotFoundError",
     "BudgetExhaustedError",
     "ConfigError",
+    "DeployError",
     "FedshardError",
     "IntegrityError",
     "PkiError",
@@ -36,7 +40,10 @@ __all__ = [
     "ResidencyViolationError",
     "RoundError",
     "ShardError",
+    "ShardIntegrityError",
+    "ShardNotFoundError",
     "StoreError",
+    "StoreKeyError",
     "TaskError",
     "ZoneError",
 ]
@@ -103,9 +110,38 @@ class ResidencyViolationError(FedshardError, PermissionError):
     """Residency policy forbids sending a shard to, or holding it in, the zone or region asked."""
 
 
+class DeployError(FedshardError, RuntimeError):
+    """A deployment step failed: a SuperLink, SuperNode or zone process, or a ``flwr`` call."""
+
+
 class StoreError(FedshardError, OSError):
     """The on-prem store is missing, unreadable or corrupt."""
 
 
 class PkiError(FedshardError, PermissionError):
     """A certificate or key is missing, invalid, not issued by the federation CA, or expired."""
+
+
+class ShardIntegrityError(StoreError, IntegrityError):
+    """A stored shard failed its checks on read (tampered, swapped, rolled back or truncated).
+
+    Parameters
+    ----------
+    shard_id:
+        The shard whose stored copy is bad; the rest of the store is unaffected.
+    reason:
+        One-line description, naming the shard and what is wrong.
+    """
+
+    def __init__(self, shard_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.shard_id = shard_id
+        self.reason = reason
+
+
+class ShardNotFoundError(StoreError, LookupError):
+    """The store holds no shard of the requested id."""
+
+
+class StoreKeyError(StoreError, PermissionError):
+    """The store's key-encryption key is missing, not the store's, or retired by a rotation."""

@@ -6,6 +6,8 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
 ``config``      path of the federation YAML
 ``zones``       JSON ``{zone name: endpoint}`` (default: endpoints from the config)
 ``events``      path of the JSON-lines event log (default: ``events.jsonl``)
+``zone-tls``    JSON ``{"cert", "key", "ca"}``: the certificate the coordinator shows zones
+                (mutual TLS; empty: plain text)
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def create_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         from fedshard.config import load_federation
-        from fedshard.runtime.assembly import grpc_connector
+        from fedshard.crypto.tls import TlsFiles
+        from fedshard.runtime.assembly import tls_connector
         from fedshard.runtime.coordinator import Coordinator
         from fedshard.runtime.events import EventLog
         from fedshard.runtime.flower.grid import FlowerSiteGateway
@@ -39,7 +42,9 @@ def create_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
         )
         events = EventLog(str(settings.get("events", "events.jsonl")))
         gateway = FlowerSiteGateway(grid, min_nodes=len(config.sites), wait_s=config.federation.round_timeout_s)
-        zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
+        tls = TlsFiles(**json.loads(str(settings["zone-tls"]))) if settings.get("zone-tls") else None
+        connect = tls_connector(tls)
+        zones = {name: connect(name, ep) for name, ep in endpoints.items()}
         try:
             result = Coordinator(config, gateway, zones, endpoints, events).run()
             events.on_stop(result.stopped_reason)

@@ -1,4 +1,4 @@
-"""``fedshard``: simulate a federation, run a zone.
+"""``fedshard``: simulate a federation, deploy one (aggregator, sites, zones), manage keys.
 
 Errors a user can cause are printed as one line (``error: …``) with exit code 2;
 nothing else of the traceback is shown.
@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from fedshard.cli.budget import budget_app
+from fedshard.cli.deploy import aggregator_app, keys_init, site_app
 from fedshard.cli.route import route_app
 from fedshard.cli.security import audit_app, keys_app, pki_app
 from fedshard.errors import FedshardError
@@ -28,7 +29,13 @@ if TYPE_CHECKING:
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="fedshard: federated learning over gradient shards.")
+# Never print locals in tracebacks: they may hold keys.
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="fedshard: federated learning over gradient shards.",
+)
 zone_app = typer.Typer(no_args_is_help=True, help="Run zone aggregators (the data plane).")
 app.add_typer(zone_app, name="zone")
 app.add_typer(budget_app, name="budget")
@@ -36,6 +43,9 @@ app.add_typer(route_app, name="route")
 app.add_typer(pki_app, name="pki")
 app.add_typer(audit_app, name="audit")
 app.add_typer(keys_app, name="keys")
+app.add_typer(aggregator_app, name="aggregator")
+app.add_typer(site_app, name="site")
+keys_app.command("init")(keys_init)
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -123,6 +133,11 @@ def zone_up(
     if store is not None:
         zc = zc.model_copy(update={"store": store})
     tls = _tls_files(cert, key, ca, insecure)
+    if cfg.residency.encrypting:  # a zone gets the public CKKS context only, never the secret one
+        from fedshard.deploy.aggregator import check_public_context
+        from fedshard.runtime.assembly import he_keys
+
+        check_public_context(he_keys(cfg))
     routing = FederationRouting(cfg)
     routing.check()
     keys = load_site_keys(site_keys) if site_keys is not None else None

@@ -1,5 +1,6 @@
 """Configuration: pydantic models (every default in one place) and YAML loading."""
 
+from fedshard.config.deployment import AggregatorDeployment, SiteDeployment
 from fedshard.config.loader import load_federation, load_model, load_site, parse_model
 from fedshard.config.models import (
     FederationConfig,
@@ -17,6 +18,8 @@ from fedshard.config.privacy import BudgetConfig, PrivacyConfig, RecordDPConfig,
 from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
 
 __all__ = [
+    "AggregatorDeployment",
+    "SiteDeployment",
     "BudgetConfig",
     "PrivacyConfig",
     "RecordDPConfig",

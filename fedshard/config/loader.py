@@ -8,6 +8,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from fedshard.config.deployment import resolve_paths
 from fedshard.config.models import FederationConfig, SiteLocalConfig
 from fedshard.errors import ConfigError
 
@@ -59,12 +60,20 @@ def load_model(model: type[M], path: str | Path) -> M:
 
 
 def load_federation(path: str | Path) -> FederationConfig:
-    """Load and validate a federation config file."""
-    return load_model(FederationConfig, path)
+    """Load and validate a federation config file; paths in ``deployment`` are resolved against its folder."""
+    config = load_model(FederationConfig, path)
+    if config.deployment is None:
+        return config
+    deployment = resolve_paths(config.deployment, Path(path).parent, ("keys", "state_dir"))
+    return config.model_copy(update={"deployment": deployment})
 
 
 def load_site(path: str | Path) -> SiteLocalConfig:
-    """Load a site's own config; its ``state_dir`` is resolved against the file's folder."""
+    """Load a site's own config; its paths (``state_dir``, ``deployment``) are resolved against the file's folder."""
     config = load_model(SiteLocalConfig, path)
-    state_dir = (Path(path).parent / config.site.state_dir).resolve()
-    return config.model_copy(update={"site": config.site.model_copy(update={"state_dir": state_dir})})
+    base = Path(path).parent
+    state_dir = (base / config.site.state_dir).resolve()
+    update: dict[str, object] = {"site": config.site.model_copy(update={"state_dir": state_dir})}
+    if config.deployment is not None:
+        update["deployment"] = resolve_paths(config.deployment, base, ("federation", "keys"))
+    return config.model_copy(update=update)

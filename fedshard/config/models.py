@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fedshard.config.deployment import AggregatorDeployment, SiteDeployment
 from fedshard.config.privacy import BudgetConfig, PrivacyConfig
 from fedshard.config.residency import ResidencyConfig
 
@@ -140,6 +141,7 @@ class SiteLocalConfig(_Model):
     """A site's own config file."""
 
     site: SiteLocalSettings
+    deployment: SiteDeployment | None = Field(None, description="how the site joins a deployed federation")
 
 
 class FederationConfig(_Model):
@@ -155,6 +157,7 @@ class FederationConfig(_Model):
     zones: list[ZoneConfig] = Field(min_length=1)
     reducing_zone: Name | None = Field(None, description="the zone that reduces shards allowed to leave their region")
     sites: list[SiteConfig] = Field(min_length=1)
+    deployment: AggregatorDeployment | None = Field(None, description="the aggregator host (`fedshard aggregator up`)")
 
     @model_validator(mode="after")
     def _consistent(self) -> FederationConfig:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedshard.config import FederationConfig, ZoneConfig
+from fedshard.config import BudgetConfig, FederationConfig, ZoneConfig
 from fedshard.errors import ConfigError, PrivacyError
 from fedshard.runtime.channels import ZoneClient, ZoneConnector
 from fedshard.runtime.site import Site
@@ -32,6 +32,7 @@ __all__ = [
     "grpc_connector",
     "he_keys",
     "load_site_keys",
+    "make_deployed_site",
     "make_site",
     "make_zone",
     "running_zones",
@@ -78,28 +79,81 @@ def make_site(
     The site routes by ``routing`` (computed from ``config`` when not given) and signs
     its manifests with ``state_root/site_id/signing.key`` when that file exists.
     """
+    state_dir = Path(state_root) / site_id
+    he_dir = he_keys(config) if config.residency.encrypting else None
+    return _site(config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, routing=routing)
+
+
+def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
+    """The :class:`Site` a deployed SuperNode runs, from the site's own config file.
+
+    The federation config, state folder and keys (TLS certificate for the zones,
+    manifest-signing key, CKKS secret context) all come from that file and the bundle
+    it names; ``site_id`` and ``jurisdiction`` (from the SuperNode's node config), when
+    given, must agree with it. The site's own privacy cap and the aggregator's budget
+    both apply: the stricter wins.
+    """
+    from fedshard.config import load_federation, load_site
+    from fedshard.deploy.layout import SiteBundle
+
+    local = load_site(site_config)
+    if local.deployment is None:
+        raise ConfigError(f"{site_config}: no `deployment` section (federation, keys, superlink)")
+    me = local.site
+    for given, own, what in ((site_id, me.id, "site id"), (jurisdiction, me.jurisdiction, "jurisdiction")):
+        if given and given != own:
+            raise ConfigError(f"{site_config}: the SuperNode was started as {what} {given!r} but the file says {own!r}")
+    config = load_federation(local.deployment.federation)
+    try:
+        listed = config.site(me.id)
+    except KeyError:
+        raise ConfigError(f"{local.deployment.federation}: site {me.id!r} is not in the federation's sites") from None
+    if listed.jurisdiction != me.jurisdiction:
+        raise ConfigError(
+            f"{site_config}: jurisdiction {me.jurisdiction} differs from the federation's entry ({listed.jurisdiction})"
+        )
+    bundle = SiteBundle(local.deployment.keys)
+    tls = bundle.tls if local.deployment.tls else None
+    he_dir = bundle.he if config.residency.encrypting else None
+    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, cap=_stricter(listed.cap, me.cap))
+
+
+def _stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
+    if a is None or b is None:
+        return a or b
+    return BudgetConfig(epsilon=min(a.epsilon, b.epsilon), delta=min(a.delta, b.delta))
+
+
+def _site(
+    config: FederationConfig,
+    site_id: str,
+    state_dir: Path,
+    signing_key_file: Path,
+    he_dir: Path | None,
+    tls: TlsFiles | None,
+    *,
+    routing: FederationRouting | None = None,
+    cap: BudgetConfig | None = None,
+) -> Site:
     from fedshard.runtime.routing import FederationRouting
 
     routes = routing or FederationRouting(config)
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
-    state_dir = Path(state_root) / site.id
-    key_file = state_dir / SIGNING_KEY_FILE
     signing_key = None
-    if key_file.exists():
+    if signing_key_file.exists():
         from fedshard.crypto.signing import load_signing_key
 
-        signing_key = load_signing_key(key_file)
+        signing_key = load_signing_key(signing_key_file)
     he = None
-    if config.residency.encrypting:
-        keys = he_keys(config)
+    if he_dir is not None:
         value_range, max_sites = config.he.value_range, config.he.max_sites
 
         def he() -> HeCodec:
             from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
 
-            return HeCodec(load_context(keys / SECRET_CONTEXT_FILE, secret=True), value_range, max_sites)
+            return HeCodec(load_context(he_dir / SECRET_CONTEXT_FILE, secret=True), value_range, max_sites)
 
     return Site(
         site.id,
@@ -109,8 +163,8 @@ def make_site(
         tile=config.sharding.tile,
         seed=config.federation.seed,
         state_dir=state_dir,
-        connect=grpc_connector,
-        privacy=SitePrivacy(site.id, state_dir, cap=site.cap),
+        connect=tls_connector(tls),
+        privacy=SitePrivacy(site.id, state_dir, cap=cap if cap is not None else site.cap),
         dp_layers=dp_layers(config),
         routing=lambda: routes.site(site_id),
         signing_key=signing_key,

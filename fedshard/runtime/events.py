@@ -4,6 +4,7 @@ reports progress to whoever displays it, and the run's permanent record."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _write(self, event: dict[str, Any]) -> None:
+        event = {**event, "at": round(time.time(), 3)}  # wall clock, for per-round timings
         with self.path.open("a") as fh:
             fh.write(json.dumps(event, sort_keys=True) + "\n")
             fh.flush()
@@ -83,6 +85,6 @@ def replay(path: str | Path) -> RunResult:
 
 def round_from_event(event: dict[str, Any]) -> RoundResult:
     """Rebuild a RoundResult from its event."""
-    fields = {k: v for k, v in event.items() if k != "event"}
+    fields = {k: v for k, v in event.items() if k not in ("event", "at")}
     fields["sites"] = tuple(fields["sites"])
     return RoundResult(**fields)

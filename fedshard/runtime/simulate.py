@@ -159,7 +159,7 @@ def build_summary(
     result: RunResult,
     engine: str,
     zones: list[dict[str, Any]],
-    centralized_accuracy: float,
+    centralized_accuracy: float | None,
     elapsed_s: float,
 ) -> dict[str, Any]:
     """The ``summary.json`` contract (see README)."""

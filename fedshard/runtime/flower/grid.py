@@ -13,6 +13,7 @@ from fedshard.runtime.flower.records import REPLIES, clean_reason, pack, unpack
 from fedshard.runtime.messages import MessageKind, SiteFailure
 
 if TYPE_CHECKING:
+    from flwr.app import Message
     from flwr.serverapp import Grid
 
 __all__ = ["FlowerSiteGateway"]
@@ -29,12 +30,15 @@ class FlowerSiteGateway:
         How many nodes to wait for before the first message.
     wait_s:
         How long to wait for them.
+    poll_s:
+        First pause between pulls for replies (it grows to 1 s while none arrive).
     """
 
-    def __init__(self, grid: Grid, min_nodes: int, wait_s: float = 120.0) -> None:
+    def __init__(self, grid: Grid, min_nodes: int, wait_s: float = 120.0, poll_s: float = 0.05) -> None:
         self.grid = grid
         self.min_nodes = min_nodes
         self.wait_s = wait_s
+        self.poll_s = poll_s
 
     def nodes(self) -> list[str]:
         """Connected node ids (waits until ``min_nodes`` are connected)."""
@@ -53,22 +57,47 @@ class FlowerSiteGateway:
     def send(
         self, kind: MessageKind, messages: Mapping[str, BaseModel], timeout: float
     ) -> dict[str, BaseModel | SiteFailure]:
-        """Send one message per node; replies keyed by node id."""
+        """Send one message per node; replies keyed by node id.
+
+        Pushes all messages, then pulls replies with a short, growing poll interval
+        (Flower's ``send_and_receive`` sleeps 3 s between pulls, which would add up to
+        3 s to every message of every round). Replies are matched to nodes by the id of
+        the message they answer: an error reply the SuperLink writes itself (the node went
+        offline) comes from the SuperLink's own node id, not the site's.
+        """
         from flwr.app import Message
 
-        out_messages = [
-            Message(content=pack(msg), dst_node_id=int(node), message_type=kind.value) for node, msg in messages.items()
-        ]
+        out = {
+            node: Message(content=pack(msg), dst_node_id=int(node), message_type=kind.value)
+            for node, msg in messages.items()
+        }
         results: dict[str, BaseModel | SiteFailure] = {
             node: SiteFailure(reason=f"no reply within {timeout:.0f}s") for node in messages
         }
-        for reply in self.grid.send_and_receive(out_messages, timeout=timeout):
-            node = str(reply.metadata.src_node_id)
-            if reply.has_error():
-                results[node] = SiteFailure(reason=clean_reason(reply.error.reason or "unknown error"))
-                continue
-            try:
-                results[node] = unpack(reply, REPLIES[kind])
-            except (KeyError, TypeError, ValidationError) as exc:
-                results[node] = SiteFailure(reason=f"malformed reply: {exc}")
+        pushed = list(self.grid.push_messages(list(out.values())))
+        node_of = {msg.metadata.message_id: node for node, msg in out.items()}
+        node_of.update({mid: node for mid, node in zip(pushed, out, strict=False) if mid})
+        pending = {mid for mid in pushed if mid}
+        deadline = time.monotonic() + timeout
+        pause = self.poll_s
+        while pending and time.monotonic() < deadline:
+            replies = list(self.grid.pull_messages(pending))
+            for reply in replies:
+                answered = reply.metadata.reply_to_message_id
+                pending.discard(answered)
+                node = node_of.get(answered)
+                if node is not None:
+                    results[node] = self._read(kind, reply)
+            if pending:
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = self.poll_s if replies else min(pause * 1.5, 1.0)
         return results
+
+    @staticmethod
+    def _read(kind: MessageKind, reply: Message) -> BaseModel | SiteFailure:
+        if reply.has_error():
+            return SiteFailure(reason=clean_reason(reply.error.reason or "unknown error"))
+        try:
+            return unpack(reply, REPLIES[kind])
+        except (KeyError, TypeError, ValidationError) as exc:
+            return SiteFailure(reason=f"malformed reply: {exc}")

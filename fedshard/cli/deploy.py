@@ -1,0 +1,176 @@
+"""``fedshard keys init``, ``fedshard aggregator up|status`` and ``fedshard site up``: a
+federation deployed as separate processes (see README, "Run across machines")."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from fedshard.errors import DeployError, FedshardError
+
+__all__ = ["aggregator_app", "keys_init", "site_app"]
+
+aggregator_app = typer.Typer(no_args_is_help=True, help="The aggregator host: SuperLink, zones, the run.")
+site_app = typer.Typer(no_args_is_help=True, help="A site host: its SuperNode.")
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The aggregator's config (federation + deployment)")]
+Insecure = Annotated[
+    bool, typer.Option("--insecure", help="No TLS, no SuperNode authentication (loopback/test networks only)")
+]
+
+_INSECURE = (
+    "WARNING: --insecure: SuperLink, SuperNodes and zones run WITHOUT TLS or SuperNode authentication; "
+    "anyone who reaches the ports can join or read the control plane. Use this only on a test network."
+)
+
+
+def keys_init(
+    config: ConfigOpt,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for every key (default: the config's deployment.keys)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing key files")] = False,
+) -> None:
+    """Provision a whole federation: CA, SuperLink and zone certificates, per-site bundles
+    (client certificate, SuperNode key, signing key, CKKS secret context)."""
+    from fedshard.config import load_federation
+    from fedshard.deploy.keys import provision
+
+    cfg = load_federation(config)
+    target = out if out is not None else (cfg.deployment.keys if cfg.deployment else Path("keys"))
+    report = provision(cfg, target, force=force)
+    layout = report.layout
+    if cfg.deployment is not None and target.resolve() != cfg.deployment.keys:
+        console.print(f"[yellow]note:[/] the config's deployment.keys is {cfg.deployment.keys}; point it here")
+    console.print(f"wrote {len(report.files)} files under {layout.root}", highlight=False)
+    console.print(f"  {layout.ca_dir}/ca.key      the CA's key: move it offline", highlight=False)
+    console.print(f"  {layout.aggregator.root}/  stays on the aggregator host", highlight=False)
+    console.print(f"  {layout.root / 'sites'}/<site>/  hand each site its own folder, nothing else", highlight=False)
+
+
+def _on_signals(handler: object) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: handler())  # type: ignore[operator]
+
+
+@aggregator_app.command("up")
+def aggregator_up(config: ConfigOpt, insecure: Insecure = False) -> None:
+    """Start the SuperLink and this host's zones, wait for the sites, run the federation.
+
+    Ctrl-C (or SIGTERM) stops the run and every process this command started.
+    """
+    from fedshard.cli.progress import zones_table
+    from fedshard.config import load_federation
+    from fedshard.deploy.aggregator import AggregatorHost
+    from fedshard.deploy.status import render_status
+
+    cfg = load_federation(config)
+    host = AggregatorHost(cfg, insecure=insecure)
+    if insecure:
+        err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
+    _on_signals(host.request_stop)
+    with Live(console=console, refresh_per_second=2, transient=False) as live:
+        host.on_change = lambda state: live.update(render_status(cfg, state))
+        try:
+            summary = host.up()
+        finally:
+            live.update(render_status(cfg, host.state))
+    if summary.get("rounds"):
+        console.print(zones_table(summary))
+        console.print(f"final accuracy {summary['final_accuracy']:.4f}, model version {summary['model_version']}")
+    console.print(f"run folder: {host.run_dir}", highlight=False)
+    if summary:
+        console.print(f"summary:    {host.run_dir / 'summary.json'}", highlight=False)
+    if host.state.phase == "stopped":
+        console.print("stopped before the run finished; sites keep their state and rejoin the next run")
+        raise typer.Exit(130)
+    if summary.get("stopped_reason"):
+        raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")
+
+
+@aggregator_app.command("status")
+def aggregator_status(config: ConfigOpt) -> None:
+    """Print the aggregator's status once (sites connected, round, ε per site, zones)."""
+    from fedshard.config import load_federation
+    from fedshard.deploy.aggregator import check_aggregator_config
+    from fedshard.deploy.status import read_state, render_status
+
+    cfg = load_federation(config)
+    dep = check_aggregator_config(cfg, insecure=True)
+    state = read_state(dep.state_dir)
+    console.print(render_status(cfg, state))
+    if state.run_dir:
+        console.print(f"run folder: {state.run_dir}", highlight=False)
+
+
+@site_app.command("up")
+def site_up(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The site's own config (configs/sites/<site>.yaml)")],
+    insecure: Insecure = False,
+    retry_s: Annotated[
+        float, typer.Option("--retry-s", help="Keep retrying this long while the SuperLink refuses or is down")
+    ] = 300.0,
+) -> None:
+    """Start this site's SuperNode; it takes part in every round until interrupted.
+
+    The site's data, shards, privacy ledger and secret keys stay in its own folders.
+    """
+    from fedshard.deploy.processes import spawn
+    from fedshard.deploy.site import plan_site
+
+    launch = plan_site(config, insecure=insecure)
+    if insecure:
+        err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
+    site = launch.config.site
+    assert launch.config.deployment is not None
+    superlink = launch.config.deployment.superlink
+    stopping = threading.Event()
+    _on_signals(stopping.set)
+    console.print(
+        f"site [cyan]{site.id}[/] ({site.jurisdiction}) → SuperLink {superlink}; "
+        f"state {site.state_dir}; log {launch.log}",
+        highlight=False,
+    )
+    sys.stdout.flush()
+    deadline = time.monotonic() + retry_s
+    while True:
+        child = spawn(f"SuperNode {site.id}", launch.command, launch.log, launch.env)
+        started = time.monotonic()
+        while child.alive() and not stopping.is_set():
+            stopping.wait(0.5)
+        if stopping.is_set():
+            child.stop()
+            console.print(f"site {site.id} stopped; its shards and ledger are in {site.state_dir}", highlight=False)
+            return
+        reason = _reason(child.tail(12))
+        # A SuperNode that ran a while lost its SuperLink; one that never connected may not be
+        # registered yet (the aggregator registers keys as it starts): retry until retry_s.
+        if time.monotonic() - started > 60:
+            deadline = time.monotonic() + retry_s
+        if time.monotonic() >= deadline:
+            raise DeployError(
+                f"the SuperNode of {site.id} could not join {superlink} (code {child.popen.returncode}): {reason}. "
+                "Is the aggregator up, and was this site's key registered (fedshard keys init; aggregator up)?"
+            )
+        err_console.print(f"[yellow]SuperNode exited ({reason}); retrying in 5s[/]", highlight=False)
+        if stopping.wait(5.0):
+            return
+
+
+def _reason(log_tail: str) -> str:
+    """The useful part of a SuperNode's exit log (Flower prints the cause after 'Exit Code')."""
+    parts = [p for p in log_tail.split(" | ") if p and not p.startswith(("INFO", "\x1b[92mINFO"))]
+    for i, part in enumerate(parts):
+        if "Exit Code" in part:
+            return " ".join(parts[i + 1 : i + 3]) or part
+    return log_tail

@@ -1,0 +1,350 @@
+"""``fedshard aggregator up``: the aggregator host of a deployed federation.
+
+Starts this host's zones (``fedshard zone up``, mutual TLS) and Flower's SuperLink (TLS,
+SuperNode authentication), registers the sites' SuperNode keys, waits until
+``federation.min_sites`` sites are connected, submits the fedshard app (ServerApp =
+Coordinator) and follows the run until it ends or is interrupted; then stops its
+children and writes ``summary.json`` in the run's folder.
+
+State on this host (``deployment.state_dir``)::
+
+    status.json              what `aggregator status` prints
+    superlink.db, flwr/      the SuperLink's database; the flwr CLI's connection and installed apps
+    app/                     the app bundle submitted to the SuperLink
+    logs/                    superlink.log, zone-<name>.log
+    run-<time>/              federation.yaml (as run), events.jsonl, summary.json, zones/<name>/ (aggregates, audit log)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedshard.config import AggregatorDeployment, FederationConfig
+from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
+from fedshard.deploy.layout import AggregatorKeys, KeysLayout
+from fedshard.deploy.processes import Child, spawn, wait_for_port
+from fedshard.deploy.status import HostState, write_state
+from fedshard.errors import ConfigError, DeployError, FedshardError
+
+__all__ = ["AggregatorHost", "check_aggregator_config", "check_public_context", "he_folder"]
+
+_FINISHED = ("finished:completed", "finished:failed", "finished:stopped")
+
+
+def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> AggregatorDeployment:
+    """Refuse, with one line each, a config the aggregator must not run with.
+
+    TLS off without ``--insecure``; a zone endpoint with port 0 (sites must know where
+    to dial); hosted zones that do not exist; a CKKS secret context on the aggregator
+    host; keys ``fedshard keys init`` did not write.
+    """
+    dep = config.deployment
+    if dep is None:
+        raise ConfigError(
+            "the config has no `deployment` section (keys, state_dir, superlink); see configs/aggregator.yaml"
+        )
+    if not dep.tls and not insecure:
+        raise ConfigError(
+            "deployment.tls is false: pass --insecure to run without TLS and SuperNode authentication "
+            "(test networks only)"
+        )
+    names = [z.name for z in config.zones]
+    for name in dep.zones or []:
+        if name not in names:
+            raise ConfigError(f"deployment.zones names {name!r}, which is not one of the zones ({', '.join(names)})")
+    for zone in config.zones:
+        if zone.endpoint.endswith(":0"):
+            raise ConfigError(f"zone {zone.name}: endpoint {zone.endpoint} has port 0; give the port sites should dial")
+    keys = KeysLayout(dep.keys).aggregator
+    if config.residency.encrypting:
+        check_public_context(he_folder(config, keys))
+    if dep.tls and not insecure:
+        hosted = dep.zones or names
+        needed = [keys.ca, keys.superlink.cert, keys.superlink.key, keys.site_keys]
+        needed += [p for z in hosted for p in (keys.zone(z).cert, keys.zone(z).key)]
+        needed += [keys.supernode_key(s.id) for s in config.sites]
+        missing = [p for p in needed if not p.exists()]
+        if missing:
+            raise ConfigError(
+                f"{missing[0]} is missing ({len(missing)} key file(s) in all): run "
+                f"`fedshard keys init --config <this config> --out {dep.keys}` first"
+            )
+    return dep
+
+
+def he_folder(config: FederationConfig, keys: AggregatorKeys) -> Path:
+    """Where the zones' public CKKS context is: ``he.keys`` when set, else the aggregator's keys."""
+    return config.he.keys if config.he.keys is not None else keys.he
+
+
+def check_public_context(folder: Path) -> None:
+    """Refuse a folder of CKKS contexts that holds the secret one, or lacks the public one."""
+    from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE
+
+    if (folder / SECRET_CONTEXT_FILE).exists():
+        raise ConfigError(
+            f"{folder / SECRET_CONTEXT_FILE}: the aggregator host must not hold the CKKS secret context "
+            "(zones would be able to decrypt); keep only public.ctx there and give secret.ctx to the sites"
+        )
+    if not (folder / PUBLIC_CONTEXT_FILE).exists():
+        raise ConfigError(f"{folder / PUBLIC_CONTEXT_FILE} is missing: run `fedshard keys init` (or set he.keys)")
+
+
+@dataclass
+class AggregatorHost:
+    """Runs the aggregator side of a deployed federation.
+
+    Parameters
+    ----------
+    config:
+        The federation config with its ``deployment`` section (paths already resolved).
+    insecure:
+        Run without TLS and SuperNode authentication.
+    on_change:
+        Called with the :class:`HostState` whenever it changes (the live display).
+    """
+
+    config: FederationConfig
+    insecure: bool = False
+    on_change: Callable[[HostState], None] = lambda state: None
+    poll_s: float = 1.0
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    state: HostState = field(default_factory=HostState)
+    children: list[Child] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.dep = check_aggregator_config(self.config, insecure=self.insecure)
+        self.tls = self.dep.tls and not self.insecure
+        self.keys = KeysLayout(self.dep.keys).aggregator
+        self.state_dir = self.dep.state_dir
+        self.run_dir = self.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
+        while self.run_dir.exists():  # two starts within a second
+            self.run_dir = self.run_dir.with_name(self.run_dir.name + "+")
+        self.flwr = FlowerCli(self.state_dir / "flwr")
+        self.env = flower_env(self.state_dir / "flwr")
+        self._config_path = self.run_dir / "federation.yaml"
+
+    # lifecycle -------------------------------------------------------------------------------
+    def up(self) -> dict[str, Any]:
+        """Start everything, run the federation once, stop everything; the run's summary."""
+        try:
+            if not self.start():
+                return self._finish("stopped", time.perf_counter())
+            return self.run()
+        except BaseException as exc:
+            self._update(phase="failed", message=f"[red]{exc}[/]" if str(exc) else "")
+            raise
+        finally:
+            self.stop_children()
+
+    def start(self) -> bool:
+        """Start the zones and the SuperLink, register the sites, wait for ``min_sites`` of them;
+        False when asked to stop meanwhile. Call :meth:`stop_children` in any case."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir()
+        self._update(superlink=self.dep.superlink, run_dir=str(self.run_dir))
+        self._write_config()
+        self._start_zones()
+        self._start_superlink()
+        self._register_sites()
+        return self._wait_for_sites()
+
+    def run(self) -> dict[str, Any]:
+        """Submit the fedshard run (once per :meth:`start`: zones keep one run's rounds) and
+        follow it to its end; its summary."""
+        if self.state.run_id is not None:
+            raise DeployError("this aggregator already ran its federation; start it again for another run")
+        started = time.perf_counter()
+        self._submit()
+        return self._finish(self._follow(), started)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`up` to stop (signal handlers call this)."""
+        self.stop_requested.set()
+
+    def stop_children(self) -> None:
+        """Stop the SuperLink first (it stops the run's ServerApp), then the zones."""
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+
+    # steps --------------------------------------------------------------------------------------
+    def _update(self, **changes: Any) -> None:
+        for key, value in changes.items():
+            setattr(self.state, key, value)
+        write_state(self.state_dir, self.state)
+        self.on_change(self.state)
+
+    def _write_config(self) -> None:
+        """The config as the zones and the ServerApp use it: absolute paths, zone stores under
+        the state folder, the public CKKS context."""
+        he = self.config.he
+        if self.config.residency.encrypting:
+            he = he.model_copy(update={"keys": he_folder(self.config, self.keys).resolve()})
+        zones = [z.model_copy(update={"store": (self.run_dir / "zones" / z.name).resolve()}) for z in self.config.zones]
+        effective = self.config.model_copy(update={"he": he, "zones": zones})
+        self._config_path.write_text(yaml.safe_dump(effective.model_dump(mode="json"), sort_keys=False))
+
+    def _start_zones(self) -> None:
+        hosted = [z for z in self.config.zones if z.name in (self.dep.zones or [z.name for z in self.config.zones])]
+        for zone in hosted:
+            cmd = [console_script("fedshard"), "zone", "up", "--config", str(self._config_path), "--zone", zone.name]
+            if self.tls:
+                tls = self.keys.zone(zone.name)
+                cmd += ["--cert", str(tls.cert), "--key", str(tls.key), "--ca", str(tls.ca)]
+                cmd += ["--site-keys", str(self.keys.site_keys)]
+            else:
+                cmd += ["--insecure"]
+            child = spawn(f"zone {zone.name}", cmd, self.state_dir / "logs" / f"zone-{zone.name}.log", self.env)
+            self.children.append(child)
+            self.state.zones[zone.name] = {"endpoint": zone.endpoint, "pid": child.pid, "log": str(child.log)}
+        for zone, child in zip(hosted, self.children, strict=True):
+            host, port = zone.endpoint.rsplit(":", 1)
+            wait_for_port(child, host, int(port), timeout=60)
+        self._update()
+
+    def _start_superlink(self) -> None:
+        tls = (self.keys.superlink.cert, self.keys.superlink.key, self.keys.ca) if self.tls else None
+        cmd = superlink_command(
+            listen=self.dep.listen, port=self.dep.superlink_port, database=self.state_dir / "superlink.db", tls=tls
+        )
+        child = spawn("SuperLink", cmd, self.state_dir / "logs" / "superlink.log", self.env)
+        self.children.append(child)
+        wait_for_port(child, self.dep.listen, self.dep.superlink_port, timeout=60)
+        write_connection(self.flwr.flwr_home, self.dep.superlink, self.keys.ca if self.tls else None)
+        self._update(superlink_pid=child.pid)
+
+    def _register_sites(self) -> None:
+        """Register every site's SuperNode key (only registered SuperNodes may connect)."""
+        if not self.tls:
+            return
+        known_file = self.state_dir / "nodes.json"
+        nodes: dict[str, str] = json.loads(known_file.read_text()) if known_file.exists() else {}
+        for site in self.config.sites:
+            node_id = self.flwr.register(self.keys.supernode_key(site.id))
+            if node_id is not None:
+                nodes = {n: s for n, s in nodes.items() if s != site.id} | {node_id: site.id}
+        known_file.write_text(json.dumps(nodes, indent=2) + "\n")
+        self._update(nodes=nodes)
+
+    def _check_children(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                raise DeployError(
+                    f"{child.name} exited (code {child.popen.returncode}): {child.tail()} (log: {child.log})"
+                )
+
+    def poll_nodes(self) -> int:
+        """Refresh which SuperNodes are online; how many are."""
+        online = [n.node_id for n in self.flwr.nodes() if n.online]
+        self._update(online=online, checked_at=time.time())
+        return len(online)
+
+    def _wait_for_sites(self) -> bool:
+        """Wait for ``federation.min_sites`` connected sites; False when asked to stop."""
+        need = self.config.federation.min_sites
+        self._update(phase="waiting for sites", message=f"waiting for {need} sites to connect to {self.dep.superlink}")
+        deadline = time.monotonic() + self.dep.wait_s
+        while not self.stop_requested.is_set():
+            self._check_children()
+            if self.poll_nodes() >= need:
+                self._update(message="")
+                return True
+            if time.monotonic() > deadline:
+                raise DeployError(
+                    f"only {len(self.state.online)} of {need} sites connected within {self.dep.wait_s:.0f}s; "
+                    f"are their SuperNodes running (`fedshard site up`) and pointed at {self.dep.superlink}?"
+                )
+            self.stop_requested.wait(2.0)
+        return False
+
+    def _submit(self) -> None:
+        from fedshard.deploy.app import build_app, write_run_config
+
+        app = build_app(self.state_dir / "app")
+        settings = {
+            "config": str(self._config_path),
+            "zones": json.dumps({z.name: z.endpoint for z in self.config.zones}),
+            "events": str(self.run_dir / "events.jsonl"),
+            "zone-tls": json.dumps(
+                {"cert": str(self.keys.superlink.cert), "key": str(self.keys.superlink.key), "ca": str(self.keys.ca)}
+            )
+            if self.tls
+            else "",
+        }
+        run_id = self.flwr.submit(app, write_run_config(self.run_dir / "run-config.toml", settings))
+        self._update(phase="running", run_id=run_id)
+
+    def _follow(self) -> str:
+        """Wait for the run to end (its stop event, or Flower saying it finished); the final phase."""
+        from fedshard.runtime.events import EventLog
+
+        events = EventLog(self.run_dir / "events.jsonl")
+        offset, last_check = 0, 0.0
+        assert self.state.run_id is not None
+        while not self.stop_requested.is_set():
+            self._check_children()
+            batch, offset = events.read(offset)
+            if batch:
+                self._update()
+            if any(e["event"] == "stop" for e in batch):
+                return "finished"
+            if time.monotonic() - last_check > 5.0:
+                last_check = time.monotonic()
+                self.poll_nodes()
+                status = self.flwr.run_status(self.state.run_id)
+                if status in _FINISHED:
+                    time.sleep(0.5)  # the stop event may land just after Flower's status
+                    if any(e["event"] == "stop" for e in events.read(offset)[0]):
+                        return "finished"
+                    raise DeployError(
+                        f"run {self.state.run_id} ended ({status}) without finishing; "
+                        f"see `flwr log {self.state.run_id}` with FLWR_HOME={self.flwr.flwr_home}"
+                    )
+            self.stop_requested.wait(self.poll_s)
+        self._update(message="stopping: the run is interrupted")
+        with contextlib.suppress(DeployError):  # the SuperLink going down stops the run anyway
+            self.flwr.stop(self.state.run_id)
+        return "stopped"
+
+    def _finish(self, phase: str, started: float) -> dict[str, Any]:
+        """Write ``summary.json`` from the events so far (if the run assembled); record the phase."""
+        summary: dict[str, Any] = {}
+        events = self.run_dir / "events.jsonl"
+        if events.exists():
+            from fedshard.runtime.events import replay
+            from fedshard.runtime.simulate import build_summary
+
+            try:
+                result = replay(events)
+            except FedshardError:  # the run never assembled its sites: nothing to summarise
+                result = None
+            if result is not None:
+                summary = build_summary(
+                    self.config, result, "deployment", self._zone_details(), None, time.perf_counter() - started
+                )
+                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self._update(phase=phase)
+        return summary
+
+    def _zone_details(self) -> list[dict[str, Any]]:
+        from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+
+        tls = self.keys.superlink if self.tls else None
+        out = []
+        for name, zone in self.state.zones.items():
+            try:
+                with GrpcZoneClient(zone["endpoint"], timeout=10, tls=tls) as client:
+                    out.append({"endpoint": zone["endpoint"], **client.details()})
+            except Exception as exc:
+                out.append({"name": name, "endpoint": zone["endpoint"], "error": str(exc)})
+        return out

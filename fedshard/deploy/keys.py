@@ -1,0 +1,113 @@
+"""``fedshard keys init``: every key a deployed federation needs, in one step.
+
+Reuses the PKI (:mod:`fedshard.crypto.pki`), signing and CKKS helpers; adds the
+SuperNode authentication keys Flower's SuperLink checks. Every file is written once,
+atomically, with restrictive permissions; without ``force`` nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedshard.config import FederationConfig
+from fedshard.crypto._files import CERT_MODE, KEY_MODE, refuse_existing, write_files
+from fedshard.deploy.layout import KeysLayout
+from fedshard.errors import ConfigError
+
+__all__ = ["ProvisionReport", "generate_supernode_key", "provision"]
+
+
+@dataclass
+class ProvisionReport:
+    """What :func:`provision` wrote."""
+
+    layout: KeysLayout
+    files: list[Path] = field(default_factory=list)
+
+
+def generate_supernode_key(private_path: Path, public_path: Path, *, force: bool = False) -> None:
+    """A SuperNode authentication key pair: EC P-384, private key in OpenSSH format (``0600``),
+    public key as one OpenSSH line (what ``flwr supernode register`` takes)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption())
+    public = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH) + b"\n"
+    write_files([(private_path, private, KEY_MODE), (public_path, public, CERT_MODE)], force)
+
+
+def _superlink_hosts(config: FederationConfig) -> tuple[str, ...]:
+    assert config.deployment is not None
+    hosts = ["localhost", "127.0.0.1", config.deployment.superlink_host, *config.deployment.hosts]
+    return tuple(dict.fromkeys(hosts))
+
+
+def _zone_hosts(endpoint: str) -> tuple[str, ...]:
+    host = endpoint.rsplit(":", 1)[0].strip("[]")
+    return tuple(dict.fromkeys(["localhost", "127.0.0.1", *([host] if host not in ("0.0.0.0", "::") else [])]))
+
+
+def provision(config: FederationConfig, out: Path, *, force: bool = False) -> ProvisionReport:
+    """Write the federation's keys under ``out`` (see :mod:`fedshard.deploy.layout`).
+
+    Raises
+    ------
+    ConfigError
+        The config has no ``deployment`` section.
+    PkiError
+        A file exists and ``force`` is false (nothing is written then), or a file cannot be written.
+    """
+    from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, he_init
+    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_site, issue_zone
+    from fedshard.crypto.signing import generate_signing_key, public_key_path
+
+    if config.deployment is None:
+        raise ConfigError("the config has no `deployment` section; see configs/aggregator.yaml")
+    layout = KeysLayout(Path(out))
+    agg = layout.aggregator
+    encrypting = config.residency.encrypting
+    planned = [layout.ca_dir / CA_CERT_FILE, layout.ca_dir / CA_KEY_FILE, agg.ca, agg.superlink.cert, agg.superlink.key]
+    for zone in config.zones:
+        planned += [agg.zone(zone.name).cert, agg.zone(zone.name).key]
+    for site in config.sites:
+        bundle = layout.site(site.id)
+        planned += [bundle.tls.cert, bundle.tls.key, bundle.supernode_key, bundle.signing_key]
+        planned += [agg.site_keys / f"{site.id}.pub", agg.supernode_key(site.id)]
+        if encrypting:
+            planned.append(bundle.he / SECRET_CONTEXT_FILE)
+    if encrypting:
+        planned.append(agg.he / PUBLIC_CONTEXT_FILE)
+    refuse_existing(planned, force)  # all or nothing: check before the first write
+
+    report = ProvisionReport(layout)
+    ca = init_ca(layout.ca_dir, f"{config.federation.name} federation CA", force=force)
+    ca_pem = ca.cert.read_bytes()
+    write_files([(agg.ca, ca_pem, CERT_MODE)], force)
+    region = next(z.region for z in config.zones if z.name == (config.reducing_zone or config.zones[0].name))
+    issue_zone(layout.ca_dir, "superlink", region, agg.root, hosts=_superlink_hosts(config), force=force)
+    for zone in config.zones:
+        issue_zone(
+            layout.ca_dir, zone.name, zone.region, agg.root / "zones", hosts=_zone_hosts(zone.endpoint), force=force
+        )
+    secret_ctx = b""
+    if encrypting:
+        with tempfile.TemporaryDirectory(dir=layout.root) as tmp:
+            secret_path, public_path = he_init(tmp)
+            secret_ctx = secret_path.read_bytes()
+            write_files([(agg.he / PUBLIC_CONTEXT_FILE, public_path.read_bytes(), CERT_MODE)], force)
+    for site in config.sites:
+        bundle = layout.site(site.id)
+        issue_site(layout.ca_dir, site.id, site.jurisdiction, bundle.root, force=force)
+        write_files([(bundle.root / "ca.pem", ca_pem, CERT_MODE)], force)
+        generate_supernode_key(bundle.supernode_key, agg.supernode_key(site.id), force=force)
+        generate_signing_key(bundle.signing_key, force=force)
+        write_files(
+            [(agg.site_keys / f"{site.id}.pub", public_key_path(bundle.signing_key).read_bytes(), CERT_MODE)], force
+        )
+        if encrypting:  # every site holds the one CKKS secret key; zones only the public context
+            write_files([(bundle.he / SECRET_CONTEXT_FILE, secret_ctx, KEY_MODE)], force)
+    report.files = sorted(p for p in layout.root.rglob("*") if p.is_file())
+    return report

@@ -1,0 +1,130 @@
+"""The aggregator's status: what ``aggregator up`` shows live and ``aggregator status`` prints once.
+
+``aggregator up`` keeps ``<state_dir>/status.json`` current (its processes, the run, the
+sites the SuperLink sees); the rounds and each site's ε come from the run's event log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+
+from fedshard.config import FederationConfig
+from fedshard.errors import DeployError
+
+__all__ = ["STATUS_FILE", "HostState", "render_status", "read_state", "write_state"]
+
+STATUS_FILE = "status.json"
+
+
+@dataclass
+class HostState:
+    """What ``aggregator up`` records about itself in ``status.json``."""
+
+    phase: str = "starting"  # starting, waiting for sites, running, finished, stopped, failed
+    pid: int = field(default_factory=os.getpid)
+    superlink: str = ""
+    superlink_pid: int | None = None
+    zones: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> endpoint, pid, log
+    run_id: str | None = None
+    run_dir: str | None = None
+    nodes: dict[str, str] = field(default_factory=dict)  # node id -> site id (registered keys)
+    online: list[str] = field(default_factory=list)  # node ids online at the last check
+    checked_at: float = 0.0
+    message: str = ""
+
+
+def write_state(state_dir: Path, state: HostState) -> None:
+    """Replace ``status.json`` atomically."""
+    tmp = state_dir / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    os.replace(tmp, state_dir / STATUS_FILE)
+
+
+def read_state(state_dir: Path) -> HostState:
+    """The last recorded state; :class:`DeployError` if the aggregator never ran here."""
+    path = state_dir / STATUS_FILE
+    try:
+        return HostState(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise DeployError(f"no aggregator has run with state folder {state_dir} (no {STATUS_FILE})") from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise DeployError(f"{path} is unreadable ({exc}); start the aggregator again") from None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _events(run_dir: str | None) -> list[dict[str, Any]]:
+    if not run_dir:
+        return []
+    from fedshard.runtime.events import EventLog
+
+    with contextlib.suppress(OSError, ValueError):
+        return EventLog(Path(run_dir) / "events.jsonl").read()[0]
+    return []
+
+
+def render_status(config: FederationConfig, state: HostState) -> RenderableType:
+    """Sites connected, round, ε per site and zones, as a rich renderable."""
+    events = _events(state.run_dir)
+    rounds = [e for e in events if e["event"] == "round"]
+    privacy: dict[str, dict[str, Any]] = rounds[-1].get("privacy", {}) if rounds else {}
+    if not privacy:
+        starts = [e for e in events if e["event"] == "start"]
+        for site in starts[-1]["sites"] if starts else []:
+            if site.get("privacy"):
+                privacy[site["site_id"]] = site["privacy"]
+    running = _alive(state.pid)
+    phase = (
+        state.phase if running or state.phase in ("finished", "stopped", "failed") else f"not running ({state.phase})"
+    )
+    site_of_node = state.nodes
+    online_sites = {site_of_node.get(n, n) for n in state.online}
+    age = f", checked {time.time() - state.checked_at:.0f}s ago" if state.checked_at else ""
+    head = (
+        f"[bold]{config.federation.name}[/]  aggregator [cyan]{phase}[/]  SuperLink {state.superlink}  "
+        f"run {state.run_id or '-'}  round {len(rounds)}/{config.federation.rounds}"
+    )
+    if rounds:
+        head += f"  accuracy {rounds[-1]['accuracy']:.4f}"
+    sites = Table(title=f"Sites ({len(online_sites & {s.id for s in config.sites})} connected{age})")
+    for column in ("site", "jurisdiction", "connected", "ε spent / budget", "status"):
+        sites.add_column(column)
+    for s in config.sites:
+        p = privacy.get(s.id)
+        eps = f"{p['epsilon_spent']:.2f} / {p['epsilon_budget']:g}" if p else "-"
+        sites.add_row(
+            s.id,
+            s.jurisdiction,
+            "[green]yes[/]" if s.id in online_sites else "[red]no[/]",
+            eps,
+            str(p["status"]) if p else "-",
+        )
+    zones = Table(title="Zones on this host")
+    for column in ("zone", "region", "endpoint", "process"):
+        zones.add_column(column)
+    regions = {z.name: z.region for z in config.zones}
+    for name, z in state.zones.items():
+        zones.add_row(name, regions.get(name, "?"), str(z.get("endpoint")), "up" if _alive(z.get("pid")) else "down")
+    parts: list[RenderableType] = [head, sites, zones]
+    if state.message:
+        parts.append(state.message)
+    return Group(*parts)

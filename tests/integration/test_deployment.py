@@ -1,0 +1,217 @@
+"""A deployed federation: `fedshard keys init`, `aggregator up` and `site up` as separate
+processes on loopback (Flower SuperLink + SuperNodes with TLS and SuperNode
+authentication, three zones with mutual TLS), record-level DP, encrypted personal
+shards, residency routing; a site that is not registered is refused; a site killed
+mid-run leaves the others going and rejoins when restarted."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fedshard.config import load_federation
+from fedshard.deploy.keys import generate_supernode_key, provision
+from fedshard.deploy.loopback import free_ports, write_loopback_layout
+from fedshard.deploy.processes import descendants
+
+ROOT = Path(__file__).resolve().parents[2]
+FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
+SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS="200")
+    return env
+
+
+def _fedshard(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FEDSHARD, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*FEDSHARD, *args], cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def write_layout(root: Path, *, rounds: int, tls: bool = True) -> dict[str, Path]:
+    """The shipped configs/aggregator.yaml and configs/sites/*.yaml on free ports, under ``root``."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["federation"].update(rounds=rounds, round_timeout_s=90)
+        data["deployment"].update(wait_s=240)
+
+    return write_loopback_layout(ROOT / "configs", root, edit=edit, tls=tls)
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    paths = write_layout(tmp_path, rounds=3)
+    provision(load_federation(paths["aggregator"]), tmp_path / "keys")
+    yield paths
+
+
+def _events(root: Path) -> list[dict[str, Any]]:
+    runs = sorted((root / "runs" / "aggregator").glob("run-*/events.jsonl"))
+    if not runs:
+        return []
+    return [json.loads(line) for line in runs[-1].read_text().splitlines() if line.strip()]
+
+
+def _wait(predicate: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if procs[0].poll() is not None:
+            break
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
+    tmp_path: Path, layout: dict[str, Path]
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    aggregator = _start(["aggregator", "up", "--config", str(layout["aggregator"])], tmp_path, logs / "agg.log")
+    procs = [aggregator]
+    sites: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for site in SITES:
+            sites[site] = _start(["site", "up", "--config", str(layout[site])], tmp_path, logs / f"{site}.log")
+        procs += list(sites.values())
+
+        # An impostor: a valid site config and certificate, but a SuperNode key nobody registered.
+        rogue = tmp_path / "rogue-keys" / "mayo-rochester"
+        bundle = tmp_path / "keys" / "sites" / "mayo-rochester"
+        rogue.mkdir(parents=True)
+        for f in bundle.rglob("*"):
+            if f.is_file():
+                (rogue / f.relative_to(bundle)).parent.mkdir(parents=True, exist_ok=True)
+                (rogue / f.relative_to(bundle)).write_bytes(f.read_bytes())
+        (rogue / "supernode.key").unlink()
+        generate_supernode_key(rogue / "supernode.key", tmp_path / "rogue.pub")
+        rogue_cfg = yaml.safe_load(layout["mayo-rochester"].read_text())
+        rogue_cfg["deployment"].update(keys=str(rogue), port=free_ports(1)[0])
+        rogue_cfg["site"]["state_dir"] = str(tmp_path / "rogue-state")
+        rogue_file = layout["mayo-rochester"].with_name("rogue.yaml")  # beside the others: same relative paths
+        rogue_file.write_text(yaml.safe_dump(rogue_cfg))
+        _wait(lambda: len(_events(tmp_path)) >= 1, 300, "the run to start", procs)
+        refused = _fedshard("site", "up", "--config", str(rogue_file), "--retry-s", "0", cwd=tmp_path)
+        assert refused.returncode == 2
+        assert "could not join" in refused.stderr and "registered" in refused.stderr
+
+        # Crash one site once round 1 is in; restart it a little later.
+        _wait(lambda: any(e["event"] == "round" for e in _events(tmp_path)), 400, "round 1", procs)
+        _kill_tree(sites["sgh-singapore"])
+        sites["sgh-singapore"].wait(10)
+        time.sleep(5)
+        sites["sgh-singapore"] = _start(
+            ["site", "up", "--config", str(layout["sgh-singapore"])], tmp_path, logs / "sgh-singapore.log"
+        )
+        procs.append(sites["sgh-singapore"])
+
+        aggregator.wait(900)
+        out = (logs / "agg.log").read_text()
+        assert aggregator.returncode == 0, out[-3000:]
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                _kill_tree(proc)
+
+    run_dir = next((tmp_path / "runs" / "aggregator").glob("run-*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["engine"] == "deployment" and summary["rounds"] == 3 and not summary["stopped_reason"]
+    history = summary["history"]
+    # the crashed site missed a round, the others went on, and it rejoined
+    missed = [h["round"] for h in history if "sgh-singapore" not in h["sites"]]
+    assert missed and all(len(h["sites"]) >= 3 for h in history)
+    assert "sgh-singapore" in history[-1]["sites"], history
+    # learning happened (the majority class is 63 % of the data), within every site's budget
+    assert summary["final_accuracy"] >= 0.75
+    for site in summary["sites"]:
+        assert 0 < site["epsilon_spent"] <= site["epsilon_budget"] <= 8.0
+    # residency: EU personal shards only in the EU zone; personal shards travelled encrypted
+    zones = {z["name"]: z for z in summary["zones"]}
+    assert zones["eu-central"]["shards_by_class"]["personal from EU"] > 0
+    assert not any("from EU" in key for name in ("us-east", "sg-central") for key in zones[name]["shards_by_class"])
+    assert all(z["refused"] == 0 for z in zones.values())
+    # the site's ledger survived the crash: it records every round it took part in
+    ledger_rounds = [h["round"] for h in history if "sgh-singapore" in h["sites"]]
+    site_summary = {s["id"]: s for s in summary["sites"]}["sgh-singapore"]
+    assert site_summary["rounds_participated"] == len(ledger_rounds)
+    # the status command reads the same state once
+    status = _fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
+    assert status.returncode == 0 and "finished" in status.stdout and "round 3/3" in status.stdout
+
+
+def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) -> None:
+    paths = write_layout(tmp_path, rounds=1)
+    config = load_federation(paths["aggregator"])
+    report = provision(config, tmp_path / "keys")
+    secret = [p for p in report.files if p.suffix in (".key",) or p.name == "secret.ctx"]
+    assert secret and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in secret)
+    agg = tmp_path / "keys" / "aggregator"
+    assert not list(agg.rglob("secret.ctx")) and not list(agg.rglob("signing.key"))
+    assert (agg / "he" / "public.ctx").exists()
+    for site in SITES:
+        bundle = tmp_path / "keys" / "sites" / site
+        names = {p.name for p in bundle.rglob("*") if p.is_file()}
+        assert names == {
+            "ca.pem",
+            f"{site}.pem",
+            f"{site}.key",
+            "supernode.key",
+            "signing.key",
+            "signing.key.pub",
+            "secret.ctx",
+        }
+        assert (agg / "supernodes" / f"{site}.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
+    before = {p: p.read_bytes() for p in report.files}
+    proc = _fedshard(
+        "keys", "init", "--config", str(paths["aggregator"]), "--out", str(tmp_path / "keys"), cwd=tmp_path
+    )
+    assert proc.returncode == 2 and "already exists: pass --force" in proc.stderr
+    assert all(p.read_bytes() == data for p, data in before.items())
+
+
+def test_unsafe_deployments_are_refused_with_one_line(tmp_path: Path) -> None:
+    paths = write_layout(tmp_path, rounds=1, tls=False)
+    proc = _fedshard("aggregator", "up", "--config", str(paths["aggregator"]), cwd=tmp_path)
+    assert proc.returncode == 2 and "pass --insecure" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = _fedshard("site", "up", "--config", str(paths["mayo-rochester"]), cwd=tmp_path)
+    assert proc.returncode == 2 and "pass --insecure" in proc.stderr
+
+    tls = write_layout(tmp_path / "tls", rounds=1)
+    provision(load_federation(tls["aggregator"]), tmp_path / "tls" / "keys")
+    leaked = tmp_path / "tls" / "keys" / "aggregator" / "he" / "secret.ctx"
+    leaked.write_bytes((tmp_path / "tls" / "keys" / "sites" / "ap-hp-paris" / "he" / "secret.ctx").read_bytes())
+    proc = _fedshard("aggregator", "up", "--config", str(tls["aggregator"]), cwd=tmp_path)
+    assert proc.returncode == 2 and "must not hold the CKKS secret context" in proc.stderr
+    assert not (tmp_path / "tls" / "runs").exists()  # refused before anything started or was written
