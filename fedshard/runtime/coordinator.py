@@ -199,18 +199,21 @@ class Coordinator:
         )
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
         infos: dict[str, SiteInfo] = {}
+        failures: dict[str, str] = {}
         for node, reply in replies.items():
             if isinstance(reply, SiteInfo):
                 infos[node] = reply
             else:
-                log.warning("node %s did not answer the query: %s", node, getattr(reply, "reason", reply))
+                failures[node] = str(getattr(reply, "reason", reply))
+                log.warning("node %s did not answer the query: %s", node, failures[node])
         known = {s.id for s in self.config.sites}
         for node, info in list(infos.items()):
             if info.site_id not in known:
                 log.warning("site %r is not in the federation config; ignored", info.site_id)
                 del infos[node]
         if not infos:
-            raise RoundError("no site answered; check that the sites are running and reachable")
+            reasons = "; ".join(f"node {n}: {r}" for n, r in sorted(failures.items())[:3])
+            raise RoundError(f"no site answered; check that the sites are running and reachable ({reasons})")
         votes: dict[tuple[str, str], int] = {}
         for info in infos.values():
             key = (info.plan_digest, info.genesis_version)

@@ -1,0 +1,223 @@
+"""Per-round wall time of a deployed federation: plain Flower FedAvg vs fedshard.
+
+One loopback deployment, the shipped example layout (``configs/aggregator.yaml``: four
+hospitals, three zones, TLS and SuperNode authentication on) on free ports; the same
+task and model (breast cancer, MLP 30-64-32-2), the same local training (epochs, batch
+size, learning rate), every site training and evaluating every round:
+
+* **Flower FedAvg**: ``bench/flower_fedavg`` (Flower's ``FedAvg`` strategy; weights travel
+  through the SuperLink), submitted to the SuperLink and SuperNodes that fedshard's
+  ``aggregator up`` / ``site up`` started for the plaintext run;
+* **fedshard plaintext**: the fedshard app on the same SuperLink and SuperNodes right
+  after it (privacy off, no encryption; shards to the three zones by residency policy,
+  signed manifests, version chain);
+* **fedshard DP + HE + residency**: ``configs/aggregator.yaml`` as shipped (record-level
+  DP-SGD with Opacus, personal shards CKKS-encrypted, regional aggregates), on a fresh
+  deployment (the sites' federation config differs); the privacy budget is raised so that
+  no site runs out during the benchmark.
+
+A round's wall time is the time between consecutive round ends as the ServerApp records
+them (Flower: its ``evaluate_fn`` hook after each round's train + evaluate; fedshard: the
+round events). The first round (app installation, first imports) is dropped; medians of
+the others. ``--quick``: 3 rounds each (2 timed).
+
+    .venv/bin/python bench/deploy_overhead.py [--rounds N] [--quick] [--output FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import REPO, add_output_args, fmt, print_table, publish
+
+from fedshard.config import load_federation
+from fedshard.deploy.aggregator import AggregatorHost
+from fedshard.deploy.app import write_run_config
+from fedshard.deploy.keys import provision
+from fedshard.deploy.loopback import write_loopback_layout
+
+SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
+
+
+def _plaintext(rounds: int) -> Callable[[dict[str, Any]], None]:
+    def edit(data: dict[str, Any]) -> None:
+        data["federation"]["rounds"] = rounds
+        data["privacy"] = {}
+        data["residency"] = {"encrypt": "none"}
+
+    return edit
+
+
+def _full(rounds: int) -> Callable[[dict[str, Any]], None]:
+    def edit(data: dict[str, Any]) -> None:
+        data["federation"]["rounds"] = rounds
+        data["privacy"]["budget"] = {"epsilon": 16.0, "delta": 1.0e-5}  # time, not utility, is measured here
+
+    return edit
+
+
+class Deployment:
+    """An aggregator host and four site SuperNodes (``fedshard site up``) under ``root``."""
+
+    def __init__(self, root: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+        self.root = root
+        self.paths = write_loopback_layout(REPO / "configs", root, edit=edit)
+        for site in SITES:  # the sites' own caps follow the raised budget
+            text = self.paths[site].read_text().replace("epsilon: 8.0", "epsilon: 16.0")
+            self.paths[site].write_text(text)
+        self.config = load_federation(self.paths["aggregator"])
+        provision(self.config, root / "keys")
+        self.host = AggregatorHost(self.config)
+        self.sites: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Deployment:
+        env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
+        for site in SITES:
+            log = (self.root / f"{site}.log").open("ab")
+            self.sites.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "fedshard.cli.main", "site", "up", "--config", str(self.paths[site])],
+                    cwd=self.root,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        if not self.host.start():
+            raise RuntimeError("stopped while waiting for the sites")
+        while len(self.host.state.online) < len(SITES):  # every site, not only min_sites
+            time.sleep(2)
+            self.host.poll_nodes()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.host.stop_children()
+        for proc in self.sites:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.sites:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def flower_round_times(self) -> tuple[list[float], float]:
+        """Run plain Flower FedAvg on this deployment; per-round wall times and final accuracy."""
+        times = self.root / "flower-times.jsonl"
+        config = self.root / "flower-run.toml"
+        write_run_config(config, {"config": str(self.paths["aggregator"]), "times": str(times)})
+        run_id = self.host.flwr.submit(REPO / "bench" / "flower_fedavg", config)
+        while self.host.flwr.run_status(run_id) not in ("finished:completed", "finished:failed", "finished:stopped"):
+            time.sleep(2)
+        lines = [json.loads(line) for line in times.read_text().splitlines()]
+        marks = [x["at"] for x in lines if "round" in x]
+        done = next(x for x in lines if x.get("done"))
+        last = done["metrics"][str(max(int(r) for r in done["metrics"]))]
+        return [b - a for a, b in itertools.pairwise(marks)], float(last["accuracy"])
+
+    def fedshard_round_times(self) -> tuple[list[float], float]:
+        """Run fedshard on this deployment; per-round wall times and final accuracy."""
+        summary = self.host.run()
+        events = [json.loads(line) for line in (self.host.run_dir / "events.jsonl").read_text().splitlines()]
+        if not summary or summary["stopped_reason"]:
+            reason = summary.get("stopped_reason") or [e.get("reason") for e in events if e["event"] == "stop"]
+            raise RuntimeError(f"the fedshard run in {self.host.run_dir} did not complete: {reason}")
+        marks = [e["at"] for e in events if e["event"] in ("start", "round")]
+        return [b - a for a, b in itertools.pairwise(marks)], float(summary["final_accuracy"])
+
+
+def _import_seconds(statement: str, runs: int = 3) -> float:
+    """Median wall time of a fresh interpreter running ``statement`` (what each ClientApp process pays)."""
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", statement], check=True, capture_output=True)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per system (the first is not timed)")
+    parser.add_argument(
+        "--systems", nargs="+", default=["plain", "full"], choices=["plain", "full"], help="deployments to run"
+    )
+    add_output_args(parser)
+    args = parser.parse_args()
+    rounds = 3 if args.quick else args.rounds
+    results: dict[str, tuple[list[float], float]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="fedshard-deploy-bench-"))
+    if "plain" in args.systems:
+        with Deployment(tmp / "plain", _plaintext(rounds)) as plain:
+            results["Flower FedAvg"] = plain.flower_round_times()
+            results["fedshard plaintext"] = plain.fedshard_round_times()
+    if "full" in args.systems:
+        with Deployment(tmp / "full", _full(rounds)) as full:
+            results["fedshard DP + HE + residency"] = full.fedshard_round_times()
+    shutil.rmtree(tmp)  # kept when a run fails, for its logs
+    imports = {
+        "python": _import_seconds("pass"),
+        "flwr ClientApp": _import_seconds("import flwr.clientapp"),
+        "+ torch": _import_seconds("import flwr.clientapp, torch"),
+        "+ fedshard site (torch, opacus, tenseal, grpc)": _import_seconds(
+            "import clients.client_app; from fedshard.runtime.assembly import make_deployed_site; "
+            "import opacus, tenseal, grpc"
+        ),
+    }
+    base = statistics.median(results["Flower FedAvg"][0][1:]) if "Flower FedAvg" in results else float("nan")
+    headers = ["system", "rounds timed", "median s/round", "min", "max", "vs Flower", "final accuracy"]
+    rows = []
+    for name, (times, accuracy) in results.items():
+        timed = times[1:]
+        med = statistics.median(timed)
+        rows.append(
+            [
+                name,
+                str(len(timed)),
+                fmt(med, 2),
+                fmt(min(timed), 2),
+                fmt(max(timed), 2),
+                f"{med / base:.2f}×",
+                f"{accuracy:.4f}",
+            ]
+        )
+    print_table("Per-round wall time on one loopback deployment", headers, rows)
+    print({k: round(v, 2) for k, v in imports.items()})
+    notes = [
+        "",
+        "Fresh-interpreter start-up that every Flower message pays at every site (Flower starts one ClientApp "
+        "process per message; two messages per site and round): "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in imports.items())
+        + ".",
+    ]
+    publish(
+        args,
+        "deploy_overhead",
+        "Deployment: per-round wall time, plain Flower vs fedshard (issue 6)",
+        f"{rounds} rounds per system, the first dropped; medians of the rest; same deployment for Flower and "
+        "fedshard plaintext, a second one for DP + HE + residency",
+        None,
+        notes,
+        headers,
+        rows,
+        "see the note in the issue / below",
+    )
+
+
+if __name__ == "__main__":
+    main()

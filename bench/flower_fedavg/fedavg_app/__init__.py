@@ -1,0 +1,1 @@
+"""Plain Flower FedAvg on fedshard's example task (benchmark baseline)."""
