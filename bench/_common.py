@@ -280,6 +280,17 @@ def _serve_forever(staging_bytes: int, max_workers: int, tls: Any = None) -> Non
 
 
 # output --------------------------------------------------------------------------------------
+def machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has used so far (/proc/stat: all but idle, iowait and
+    steal; 0 if unavailable)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + fields[4] + (fields[7] if len(fields) > 7 else 0)
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_ticks() -> tuple[int, int]:
     """``(steal, total)`` CPU ticks of the machine so far, from /proc/stat (zeros if unavailable)."""
     try:

@@ -137,27 +137,16 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system + pool_workers_cpu()
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds every process of the machine has used so far (/proc/stat: all but idle, iowait and
-    steal; 0 if unavailable)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + fields[4] + (fields[7] if len(fields) > 7 else 0)
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 class OtherLoad:
     """CPU time that other processes took while this benchmark ran: machine busy time minus ours."""
 
     def __init__(self) -> None:
-        self.t0, self.busy0, self.own0 = time.perf_counter(), machine_busy_seconds(), cpu_seconds()
+        self.t0, self.busy0, self.own0 = time.perf_counter(), c.machine_busy_seconds(), cpu_seconds()
 
     def cores(self) -> float:
         """Cores other processes kept busy on average since this object was made."""
         wall = time.perf_counter() - self.t0
-        others = machine_busy_seconds() - self.busy0 - (cpu_seconds() - self.own0)
+        others = c.machine_busy_seconds() - self.busy0 - (cpu_seconds() - self.own0)
         return max(0.0, others) / wall if wall > 0 else 0.0
 
 

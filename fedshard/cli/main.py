@@ -22,6 +22,7 @@ from fedshard.cli.budget import budget_app
 from fedshard.cli.deploy import aggregator_app, keys_init, site_app
 from fedshard.cli.route import route_app
 from fedshard.cli.security import audit_app, keys_app, pki_app
+from fedshard.cli.store import keys_rotate, store_app, verify_store
 from fedshard.errors import FedshardError
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(site_app, name="site")
 keys_app.command("init")(keys_init)
+keys_app.command("rotate")(keys_rotate)
+app.add_typer(store_app, name="store")
+app.command("verify")(verify_store)
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)

@@ -14,7 +14,9 @@ __all__ = ["audit_app", "keys_app", "pki_app"]
 
 pki_app = typer.Typer(no_args_is_help=True, help="The federation PKI: CA, zone and site certificates.")
 audit_app = typer.Typer(no_args_is_help=True, help="Zone audit logs (append-only, hash-chained).")
-keys_app = typer.Typer(no_args_is_help=True, help="Federation keys: CKKS contexts for encrypted shards.")
+keys_app = typer.Typer(
+    no_args_is_help=True, help="Keys: provision a federation, CKKS contexts, rotate a shard store's key."
+)
 console = Console()
 
 Force = Annotated[bool, typer.Option("--force", help="Overwrite existing files")]

@@ -1,5 +1,100 @@
-"""On-prem and zone-side shard storage."""
+"""On-prem and zone-side shard storage.
+
+* :class:`LocalShardStore`: named ``.npz`` snapshots (what the Site and zones use today).
+* :class:`ShardStore` (protocol) and :class:`SealedShardStore`: the site's encrypted
+  shard store, on a :class:`Backend` (a local folder by default, or any fsspec URL),
+  with hot/cold tiering (:mod:`~fedshard.store.quantize`, :mod:`~fedshard.store.tiering`),
+  resumable key rotation (:mod:`~fedshard.store.rotation`), a prefetching layer-by-layer
+  loader (:mod:`~fedshard.store.prefetch`) and whole-store checks (:mod:`~fedshard.store.verify`).
+
+Only :class:`LocalShardStore` is imported eagerly: every Flower message starts a fresh
+ClientApp process that imports this package, and the sealed store pulls in
+cryptography; the other names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fedshard.store.local import LocalShardStore
 
-__all__ = ["LocalShardStore"]
+if TYPE_CHECKING:
+    from fedshard.store.backend import Backend, ObjectStat, backend_for
+    from fedshard.store.fsspec_backend import FsspecBackend
+    from fedshard.store.local_dir import LocalDirBackend
+    from fedshard.store.model_io import LoadReport, ModelRecord, load_module, record_model, write_tensors
+    from fedshard.store.prefetch import Layer, PrefetchLoader, layers_of
+    from fedshard.store.protocol import ShardStat, ShardStore, Tier
+    from fedshard.store.quantize import ColdFormat
+    from fedshard.store.rotation import RotationReport, rotate_keys
+    from fedshard.store.sealed_store import SealedShardStore
+    from fedshard.store.tiering import StoreStats, TierReport, parse_age
+    from fedshard.store.verify import VerifyReport, check_store
+
+__all__ = [
+    "Backend",
+    "ColdFormat",
+    "FsspecBackend",
+    "Layer",
+    "LoadReport",
+    "LocalDirBackend",
+    "LocalShardStore",
+    "ModelRecord",
+    "ObjectStat",
+    "PrefetchLoader",
+    "RotationReport",
+    "SealedShardStore",
+    "ShardStat",
+    "ShardStore",
+    "StoreStats",
+    "Tier",
+    "TierReport",
+    "VerifyReport",
+    "backend_for",
+    "check_store",
+    "layers_of",
+    "load_module",
+    "parse_age",
+    "record_model",
+    "rotate_keys",
+    "write_tensors",
+]
+
+_HOME = {
+    "Backend": "backend",
+    "ObjectStat": "backend",
+    "backend_for": "backend",
+    "FsspecBackend": "fsspec_backend",
+    "LocalDirBackend": "local_dir",
+    "LoadReport": "model_io",
+    "ModelRecord": "model_io",
+    "load_module": "model_io",
+    "record_model": "model_io",
+    "write_tensors": "model_io",
+    "Layer": "prefetch",
+    "PrefetchLoader": "prefetch",
+    "layers_of": "prefetch",
+    "ShardStat": "protocol",
+    "ShardStore": "protocol",
+    "Tier": "protocol",
+    "ColdFormat": "quantize",
+    "RotationReport": "rotation",
+    "rotate_keys": "rotation",
+    "SealedShardStore": "sealed_store",
+    "StoreStats": "tiering",
+    "TierReport": "tiering",
+    "parse_age": "tiering",
+    "VerifyReport": "verify",
+    "check_store": "verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the sealed store's names on first use (see the module docstring)."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

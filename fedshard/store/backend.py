@@ -1,0 +1,91 @@
+"""Where a shard store's bytes live: the :class:`Backend` protocol.
+
+A backend holds named byte objects (``catalog``, ``blobs/3f/…v2``) and knows nothing
+of shards, keys or formats. What the store needs from it:
+
+* ``write`` is **atomic**: after a crash the name holds the old bytes or the new
+  ones, never a mix or a prefix;
+* ``read`` returns exactly what was written (or ``None``: no such object);
+* temporary objects of interrupted writes are listed by ``temporaries`` and removed
+  by ``remove_temporaries``, never seen by ``list``.
+
+Backends: :class:`~fedshard.store.local_dir.LocalDirBackend` (the default; a local
+folder, fsync'd) and :class:`~fedshard.store.fsspec_backend.FsspecBackend` (any fsspec
+URL: ``memory://``, ``s3://``, a local path, …). :func:`backend_for` picks one.
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = ["TMP_PREFIX", "Backend", "ObjectStat", "backend_for"]
+
+TMP_PREFIX = ".tmp/"  # temporaries of in-progress writes, under the store's root
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStat:
+    """Name and size in bytes of one stored object."""
+
+    name: str
+    size: int
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Named byte objects with atomic writes (see the module docstring)."""
+
+    @property
+    def location(self) -> str:
+        """Where the objects are, for messages (a folder or a URL)."""
+        ...
+
+    @property
+    def local_root(self) -> Path | None:
+        """The local folder holding the objects, if any (a KEK file must not be inside it)."""
+        ...
+
+    def write(self, name: str, data: bytes | memoryview) -> None:
+        """Store ``data`` under ``name`` atomically, replacing what was there."""
+        ...
+
+    def read(self, name: str) -> bytes | None:
+        """The bytes stored under ``name``, or ``None`` if there is no such object."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove ``name``; no error if it does not exist."""
+        ...
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        """Names of the stored objects starting with ``prefix``, sorted (temporaries excluded)."""
+        ...
+
+    def stat(self, name: str) -> ObjectStat | None:
+        """Size of ``name``, or ``None`` if there is no such object."""
+        ...
+
+    def temporaries(self) -> builtins.list[str]:
+        """Names of the temporaries left by interrupted writes."""
+        ...
+
+    def remove_temporaries(self) -> int:
+        """Delete the temporaries of interrupted writes (only while nothing writes); return how many."""
+        ...
+
+
+def backend_for(location: str | Path | Backend) -> Backend:
+    """The backend for ``location``: a :class:`Backend` as is, a URL (``scheme://…``) through
+    fsspec, anything else a local folder (the default backend)."""
+    if isinstance(location, Backend):
+        return location
+    if isinstance(location, str) and "://" in location:
+        from fedshard.store.fsspec_backend import FsspecBackend
+
+        return FsspecBackend(location)
+    from fedshard.store.local_dir import LocalDirBackend
+
+    return LocalDirBackend(Path(location))

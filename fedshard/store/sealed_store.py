@@ -1,0 +1,471 @@
+"""The site's shard store: every shard encrypted at rest, verified on read, tiered hot/cold.
+
+:class:`SealedShardStore` implements :class:`~fedshard.store.protocol.ShardStore` on a
+:class:`~fedshard.store.backend.Backend`. Objects on the backend::
+
+    catalog                   index + metadata of generation g: replacing it is the commit
+    keys/<g>                  the data keys of generation g, sealed under the KEK
+    blobs/<h2>/<h>.v<n>       version n of one shard (h = SHA-256 of its id), write-once
+    access                    last read times (advisory)
+    rotation                  journal of an interrupted key rotation, if any
+    .tmp/…                    temporaries of interrupted writes
+
+A write seals the shard under a fresh data key into a *new* blob, then commits (key
+table, then catalog: :mod:`fedshard.store.catalog`); the superseded blob is deleted
+only after the commit. A crash at any point
+leaves the previous version readable (its blob and its key are still what the
+catalog names). A read checks, in order: the blob exists and is whole, it is this
+store's, this shard's and this version's (swap and rollback), the AES-GCM tag (any
+other change), then the SHA-256 shard digest the catalog records for it.
+
+The store holds the data keys in memory while it is open. One writer at a time;
+reads may run in threads (the prefetching loader does), alongside no writer.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedshard.crypto.at_rest import NONCE_BYTES, TAG_BYTES, Kek, check_key_location, new_data_key
+from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError, StoreKeyError
+from fedshard.integrity.digest import shard_digest
+from fedshard.store.access import AccessLog, Clock, system_clock
+from fedshard.store.backend import Backend, backend_for
+from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, catalog_header, keys_header, keys_name
+from fedshard.store.protocol import ShardStat, ShardStore, Tier
+from fedshard.store.quantize import ColdFormat, decode, encodable, encode
+from fedshard.store.rotation import pending_rotation
+from fedshard.store.shard_blob import FULL, BlobHeader, decode_payload, open_blob, seal_blob
+from fedshard.store.tiering import StoreStats, TierReport, store_stats
+
+__all__ = ["SealedShardStore", "blob_name"]
+
+_BLOBS = "blobs/"
+log = logging.getLogger(__name__)
+_NUMERIC_KINDS = "biufc"
+
+
+def blob_name(shard_id: str, version: int) -> str:
+    """The backend name of version ``version`` of ``shard_id``."""
+    h = hashlib.sha256(shard_id.encode()).hexdigest()[:32]
+    return f"{_BLOBS}{h[:2]}/{h}.v{version}"
+
+
+def _normalise(shard_id: str, array: Any) -> np.ndarray:
+    if not isinstance(shard_id, str) or not shard_id or len(shard_id) > 1024 or "\x00" in shard_id:
+        raise StoreError(f"invalid shard id {shard_id!r}: a non-empty string of at most 1024 characters")
+    values = np.asarray(array)
+    if values.dtype.kind not in _NUMERIC_KINDS:
+        raise StoreError(f"shard {shard_id}: cannot store dtype {values.dtype}; shards are numeric arrays")
+    if values.dtype.byteorder == ">":
+        values = values.astype(values.dtype.newbyteorder("<"))
+    return values if values.flags.c_contiguous else values.copy(order="C")
+
+
+class SealedShardStore:
+    """An encrypted, tiered shard store (see the module docstring). Use :meth:`open` or :meth:`create`.
+
+    Parameters
+    ----------
+    backend:
+        Where the objects live.
+    catalog:
+        The authenticated catalog.
+    kek:
+        The store's key-encryption key.
+    clock:
+        Time source for write and access times.
+    """
+
+    def __init__(self, backend: Backend, catalog: Catalog, kek: Kek, clock: Clock = system_clock) -> None:
+        self.backend = backend
+        self._cat = catalog
+        self._kek = kek
+        self.clock = clock
+        self._access = AccessLog(backend, clock)
+        self._depth = 0
+        self._fresh: list[str] = []  # blobs written by the open batch
+        self._garbage: list[str] = []  # blobs the open batch supersedes
+
+    # opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, location: str | Path | Backend, kek: Kek, *, clock: Clock = system_clock, create: bool = False
+    ) -> SealedShardStore:
+        """Open the store at ``location`` (a folder, an fsspec URL or a backend) with its KEK.
+
+        Parameters
+        ----------
+        create:
+            Create an empty store if there is none.
+
+        Raises
+        ------
+        StoreError
+            No store there (and not ``create``), or its catalog is corrupt or altered.
+        StoreKeyError
+            ``kek`` is not the store's key, is retired, or its file is inside the store.
+        """
+        backend = backend_for(location)
+        check_key_location(kek.source, backend.local_root)
+        raw = backend.read(CATALOG)
+        if raw is None:
+            if not create:
+                raise StoreError(f"no shard store at {backend.location} (no catalog there)")
+            store = cls(backend, Catalog(store_id=uuid.uuid4().hex, kek_id=kek.kek_id), kek, clock)
+            store._commit()
+            return store
+        generation = int(catalog_header(raw)["generation"])
+        raw_keys = backend.read(keys_name(generation))
+        if raw_keys is None:
+            name = keys_name(generation)
+            raise StoreError(f"the key table of store {backend.location} ({name}) is missing; restore it from a backup")
+        journal = pending_rotation(backend)
+        if journal is not None and journal["to"] == kek.kek_id and keys_header(raw_keys)["kek"] == journal["from"]:
+            raise StoreKeyError(
+                f"a key rotation to key {kek.kek_id} was interrupted before it committed: finish it with "
+                f"`fedshard keys rotate --store {backend.location} --key-file OLD --new-key-file NEW` "
+                "(or open the store with the old key)"
+            )
+        return cls(backend, Catalog.unseal(raw, raw_keys, kek), kek, clock)
+
+    @classmethod
+    def create(cls, location: str | Path | Backend, kek: Kek, *, clock: Clock = system_clock) -> SealedShardStore:
+        """Create a new, empty store at ``location``; refuse if one exists there."""
+        backend = backend_for(location)
+        if backend.read(CATALOG) is not None:
+            raise StoreError(f"a shard store already exists at {backend.location}")
+        return cls.open(backend, kek, clock=clock, create=True)
+
+    @property
+    def store_id(self) -> str:
+        """The store's random id (bound into every shard's authenticated header)."""
+        return self._cat.store_id
+
+    @property
+    def kek_id(self) -> str:
+        """Id of the KEK that seals the store."""
+        return self._cat.kek_id
+
+    @property
+    def generation(self) -> int:
+        """Number of commits so far."""
+        return self._cat.generation
+
+    @property
+    def location(self) -> str:
+        """The backend's location."""
+        return self.backend.location
+
+    # commits ---------------------------------------------------------------------------------
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group writes into one commit: all of them become visible together, or none.
+
+        If the block raises, the store is as before it (blobs written meanwhile are removed).
+        """
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        saved = (dict(self._cat.entries), dict(self._cat.keys), dict(self._cat.meta))
+        self._depth = 1
+        try:
+            yield
+            self._depth = 0
+            self._commit()
+        except BaseException:
+            self._depth = 0
+            self._cat.entries, self._cat.keys, self._cat.meta = saved
+            for name in self._fresh:
+                with suppress(OSError):
+                    self.backend.delete(name)
+            self._fresh, self._garbage = [], []
+            raise
+
+    def _commit(self) -> None:
+        self._cat.generation += 1
+        table = keys_name(self._cat.generation)
+        try:
+            catalog, keys = self._cat.seal(self._kek)
+            self.backend.write(table, keys)
+            self.backend.write(CATALOG, catalog)  # the commit
+        except BaseException:
+            if self._landed():
+                log.warning(
+                    "store %s: commit %d landed although its write reported an error",
+                    self.location,
+                    self._cat.generation,
+                )
+            else:
+                self._cat.generation -= 1
+                with suppress(OSError):
+                    self.backend.delete(table)
+                raise
+        self._garbage.append(keys_name(self._cat.generation - 1))
+        for name in self._garbage:
+            with suppress(OSError):
+                self.backend.delete(name)
+        self._fresh, self._garbage = [], []
+
+    def _landed(self) -> bool:
+        """True if the catalog on the backend is the generation being committed (a write that
+        failed after its rename, e.g. in the folder's fsync): then nothing may be rolled back."""
+        try:
+            raw = self.backend.read(CATALOG)
+            return raw is not None and int(catalog_header(raw)["generation"]) == self._cat.generation
+        except (OSError, ValueError):
+            return False
+
+    # writing ------------------------------------------------------------------------------------
+    def _write(self, shard_id: str, values: np.ndarray, fmt: ColdFormat | None, source_digest: str | None) -> None:
+        old = self._cat.entries.get(shard_id)
+        version = old.version + 1 if old else 1
+        data_key, nonce = new_data_key(), os.urandom(NONCE_BYTES)
+        err_max = err_sq = ref_sq = 0.0
+        if fmt is None:
+            payload: bytes | memoryview = values.reshape(-1).view(np.uint8).data
+            digest = shard_digest(values)
+        else:
+            payload = encode(values, fmt)
+            decoded = decode(payload, fmt, values.size).astype(values.dtype, copy=False).reshape(values.shape)
+            diff = decoded.astype(np.float64) - values
+            err_max = float(np.abs(diff).max()) if diff.size else 0.0
+            err_sq = float(np.dot(diff.reshape(-1), diff.reshape(-1)))
+            flat = values.reshape(-1).astype(np.float64)
+            ref_sq = float(np.dot(flat, flat))
+            digest = shard_digest(decoded)
+        header = BlobHeader(
+            store_id=self.store_id,
+            shard_id=shard_id,
+            version=version,
+            encoding=FULL if fmt is None else fmt.value,
+            dtype=values.dtype.str,
+            shape=tuple(int(d) for d in values.shape),
+            nonce=nonce,
+            length=len(payload) + TAG_BYTES,
+        )
+        blob = seal_blob(header, payload, data_key)
+        name = blob_name(shard_id, version)
+        self._fresh.append(name)
+        self.backend.write(name, blob)
+        if old is not None:
+            self._garbage.append(blob_name(shard_id, old.version))
+        self._cat.entries[shard_id] = CatalogEntry(
+            version=version,
+            encoding=header.encoding,
+            digest=digest,
+            source_digest=source_digest or digest,
+            stored_bytes=len(blob),
+            logical_bytes=int(values.nbytes),
+            values=int(values.size),
+            written_at=self.clock(),
+            err_max=err_max,
+            err_sq=err_sq,
+            ref_sq=ref_sq,
+        )
+        self._cat.keys[shard_id] = data_key
+
+    def put(self, shard_id: str, array: np.ndarray) -> ShardStat:
+        """Store ``array`` as the next version of ``shard_id`` at full precision (hot tier).
+
+        Atomic: after a crash the shard reads as this version or the previous one.
+        """
+        values = _normalise(shard_id, array)
+        with self.batch():
+            self._write(shard_id, values, None, None)
+        return self.stat(shard_id)
+
+    def put_many(self, shards: Mapping[str, np.ndarray]) -> list[ShardStat]:
+        """Store several shards (hot) in one atomic commit."""
+        with self.batch():
+            for sid, array in shards.items():
+                self._write(sid, _normalise(sid, array), None, None)
+        return [self.stat(sid) for sid in shards]
+
+    def delete(self, shard_id: str) -> None:
+        """Remove ``shard_id`` (its blob goes after the commit)."""
+        entry = self._entry(shard_id)
+        with self.batch():
+            del self._cat.entries[shard_id]
+            del self._cat.keys[shard_id]
+            self._garbage.append(blob_name(shard_id, entry.version))
+        self._access.forget([shard_id])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Set metadata ``key`` (JSON) in the catalog, atomically."""
+        with self.batch():
+            self._cat.meta[key] = value
+
+    # reading --------------------------------------------------------------------------------------
+    def _entry(self, shard_id: str) -> CatalogEntry:
+        try:
+            return self._cat.entries[shard_id]
+        except KeyError:
+            raise ShardNotFoundError(f"no shard {shard_id!r} in store {self.location}") from None
+
+    def get(self, shard_id: str, *, touch: bool = True) -> np.ndarray:
+        """The values of ``shard_id`` (dequantised if cold), verified.
+
+        Raises
+        ------
+        ShardNotFoundError
+            The store holds no such shard.
+        ShardIntegrityError
+            Its stored file is missing, truncated, swapped, rolled back or altered, or its
+            values do not match the catalog's digest. Other shards are unaffected.
+        """
+        entry = self._entry(shard_id)
+        data_key = self._cat.keys[shard_id]
+        name = blob_name(shard_id, entry.version)
+        raw = self.backend.read(name)
+        if raw is None:
+            raise ShardIntegrityError(shard_id, f"shard {shard_id}: its stored file {name} is missing")
+        header, plain = open_blob(
+            raw, data_key, store_id=self.store_id, shard_id=shard_id, version=entry.version, name=name
+        )
+        if header.encoding != entry.encoding:
+            raise ShardIntegrityError(
+                shard_id, f"shard {shard_id}: stored as {header.encoding}, the catalog says {entry.encoding}"
+            )
+        values = decode_payload(header, plain)
+        if shard_digest(values) != entry.digest:
+            raise ShardIntegrityError(shard_id, f"shard {shard_id}: its values do not match the catalog's digest")
+        if touch:
+            self._access.touch(shard_id)
+        return values
+
+    def get_many(self, shard_ids: Iterable[str]) -> dict[str, np.ndarray]:
+        """``{shard_id: values}`` for each id (see :meth:`get`)."""
+        return {sid: self.get(sid) for sid in shard_ids}
+
+    def list(self) -> builtins.list[str]:
+        """Ids of the stored shards, sorted."""
+        return sorted(self._cat.entries)
+
+    def __len__(self) -> int:
+        return len(self._cat.entries)
+
+    def __contains__(self, shard_id: object) -> bool:
+        return shard_id in self._cat.entries
+
+    def last_access(self, shard_id: str) -> float:
+        """Time of the last read or write of ``shard_id``."""
+        entry = self._entry(shard_id)
+        read = self._access.last_read(shard_id)
+        return entry.written_at if read is None else max(read, entry.written_at)
+
+    def stat(self, shard_id: str) -> ShardStat:
+        """What the store records of ``shard_id``."""
+        e = self._entry(shard_id)
+        return ShardStat(
+            shard_id=shard_id,
+            version=e.version,
+            tier=Tier.COLD if e.cold else Tier.HOT,
+            encoding=e.encoding,
+            digest=e.digest,
+            source_digest=e.source_digest,
+            stored_bytes=e.stored_bytes,
+            logical_bytes=e.logical_bytes,
+            written_at=e.written_at,
+            last_access=self.last_access(shard_id),
+        )
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        """Metadata ``key`` from the catalog, or ``default``."""
+        return self._cat.meta.get(key, default)
+
+    # tiering ------------------------------------------------------------------------------------------
+    def tier(self, older_than: float, fmt: ColdFormat = ColdFormat.INT8) -> TierReport:
+        """Move hot shards not read or written for ``older_than`` seconds to the cold tier in ``fmt``.
+
+        One commit for all of them. Shards that are not finite float32/float64 values stay
+        hot (listed as skipped); shards that fail their read checks are left as they are
+        (listed as damaged: see ``fedshard verify``). The full-precision digest is kept as
+        each moved shard's source digest.
+        """
+        cutoff = self.clock() - older_than
+        moved: list[str] = []
+        skipped: list[str] = []
+        damaged: list[str] = []
+        before = after = 0
+        with self.batch():
+            for sid, entry in list(self._cat.entries.items()):
+                if entry.cold or self.last_access(sid) > cutoff:
+                    continue
+                try:
+                    values = self.get(sid, touch=False)
+                except ShardIntegrityError:
+                    damaged.append(sid)
+                    continue
+                if not encodable(values):
+                    skipped.append(sid)
+                    continue
+                self._write(sid, values, fmt, entry.source_digest)
+                moved.append(sid)
+                before += entry.stored_bytes
+                after += self._cat.entries[sid].stored_bytes
+        self.vacuum()
+        self._access.flush()
+        return TierReport(fmt.value, moved, skipped, damaged, before, after)
+
+    def stats(self) -> StoreStats:
+        """Shards and bytes per tier, and the measured error per cold format."""
+        return store_stats(self._cat.entries.values())
+
+    def entries(self) -> dict[str, CatalogEntry]:
+        """A copy of the catalog's index."""
+        return dict(self._cat.entries)
+
+    # housekeeping ---------------------------------------------------------------------------------------
+    def orphans(self) -> builtins.list[str]:
+        """Blobs and key tables the catalog does not name (left by crashes between a write and its cleanup)."""
+        named = {blob_name(sid, e.version) for sid, e in self._cat.entries.items()}
+        named.add(keys_name(self._cat.generation))
+        return [n for n in self.backend.list(_BLOBS) + self.backend.list(KEYS_PREFIX) if n not in named]
+
+    def vacuum(self) -> int:
+        """Delete orphan blobs and temporaries of interrupted writes; return how many.
+
+        Only while no other process writes the store.
+        """
+        orphans = self.orphans()
+        for name in orphans:
+            self.backend.delete(name)
+        return len(orphans) + self.backend.remove_temporaries()
+
+    def flush(self) -> None:
+        """Save access times."""
+        self._access.flush()
+
+    def close(self) -> None:
+        """Save access times (the store stays usable)."""
+        self.flush()
+
+    def __enter__(self) -> SealedShardStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SealedShardStore({self.location!r}, {len(self)} shards, kek={self.kek_id})"
+
+
+if TYPE_CHECKING:  # mypy checks that the store implements the protocol
+
+    def _implements(store: SealedShardStore) -> ShardStore:
+        return store
