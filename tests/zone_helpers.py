@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from fedshard.integrity import Manifest, build_manifest
@@ -33,3 +36,13 @@ def manifest_for(
     return build_manifest(
         site_id=site, round=round, plan_digest=plan.digest, base_version=base, zone=zone, weight=weight, shards=shards
     )
+
+
+def site_model(state_root: Path, site_id: str) -> tuple[dict[str, Any], Shards]:
+    """What a site built by ``make_site(config, site_id, state_root)`` saved: its encrypted
+    shard store, opened with the site's key (kept beside ``state_root``, never inside it)."""
+    from fedshard.runtime.assembly import STORE_KEYS_DIR
+    from fedshard.runtime.site_store import SealedModelStore, site_kek
+
+    kek = site_kek(state_root.parent / STORE_KEYS_DIR / f"{site_id}.kek", create=False)
+    return SealedModelStore(state_root / site_id / "shards", kek).load()

@@ -25,6 +25,7 @@ __all__ = [
     "SiteConfig",
     "SiteLocalConfig",
     "SiteLocalSettings",
+    "StoreConfig",
     "TaskConfig",
     "TrainingConfig",
     "ZoneConfig",
@@ -116,6 +117,13 @@ class HeConfig(_Model):
     max_sites: int = Field(16, ge=2, le=1024, description="most sites one encrypted sum may hold (sets headroom)")
 
 
+class StoreConfig(_Model):
+    """How sites keep their parameter shards on-premise (see fedshard.runtime.site_store)."""
+
+    encrypt: bool = Field(True, description="AES-256-GCM per shard under the site's key-encryption key")
+    lookahead: int = Field(2, ge=0, le=64, description="layers the loader decrypts ahead of the one in use")
+
+
 class SiteConfig(_Model):
     """One site of the federation, as the aggregator knows it."""
 
@@ -154,6 +162,7 @@ class FederationConfig(_Model):
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     residency: ResidencyConfig = Field(default_factory=ResidencyConfig)
     he: HeConfig = Field(default_factory=HeConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     zones: list[ZoneConfig] = Field(min_length=1)
     reducing_zone: Name | None = Field(None, description="the zone that reduces shards allowed to leave their region")
     sites: list[SiteConfig] = Field(min_length=1)

@@ -60,6 +60,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
     PkiError
         A file exists and ``force`` is false (nothing is written then), or a file cannot be written.
     """
+    from fedshard.crypto.at_rest import Kek
     from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, he_init
     from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_site, issue_zone
     from fedshard.crypto.signing import generate_signing_key, public_key_path
@@ -74,7 +75,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
         planned += [agg.zone(zone.name).cert, agg.zone(zone.name).key]
     for site in config.sites:
         bundle = layout.site(site.id)
-        planned += [bundle.tls.cert, bundle.tls.key, bundle.supernode_key, bundle.signing_key]
+        planned += [bundle.tls.cert, bundle.tls.key, bundle.supernode_key, bundle.signing_key, bundle.store_kek]
         planned += [agg.site_keys / f"{site.id}.pub", agg.supernode_key(site.id)]
         if encrypting:
             planned.append(bundle.he / SECRET_CONTEXT_FILE)
@@ -107,6 +108,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
         write_files(
             [(agg.site_keys / f"{site.id}.pub", public_key_path(bundle.signing_key).read_bytes(), CERT_MODE)], force
         )
+        write_files([(bundle.store_kek, Kek.generate().to_text().encode(), KEY_MODE)], force)
         if encrypting:  # every site holds the one CKKS secret key; zones only the public context
             write_files([(bundle.he / SECRET_CONTEXT_FILE, secret_ctx, KEY_MODE)], force)
     report.files = sorted(p for p in layout.root.rglob("*") if p.is_file())

@@ -17,6 +17,7 @@
         supernode.key          SuperNode authentication private key (OpenSSH, EC P-384)
         signing.key(.pub)      Ed25519 manifest-signing key
         he/secret.ctx          CKKS context with the secret key (when residency.encrypt is on)
+        store.kek              key-encryption key of the site's on-prem shard store
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ class SiteBundle:
     def he(self) -> Path:
         """Folder of the secret CKKS context."""
         return self.root / "he"
+
+    @property
+    def store_kek(self) -> Path:
+        """The key-encryption key of the site's shard store."""
+        return self.root / "store.kek"
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ def plan_site(site_config: Path, *, insecure: bool = False) -> SiteLaunch:
     tls = dep.tls and not insecure
     bundle = SiteBundle(dep.keys)
     needed = [bundle.signing_key]
+    if config.store.encrypt:
+        needed.append(bundle.store_kek)
     if tls:
         needed += [bundle.tls.ca, bundle.tls.cert, bundle.tls.key, bundle.supernode_key]
     if config.residency.encrypting:

@@ -16,6 +16,7 @@ from fedshard.errors import ConfigError, PrivacyError
 from fedshard.runtime.channels import ZoneClient, ZoneConnector
 from fedshard.runtime.site import Site
 from fedshard.runtime.site_privacy import SitePrivacy
+from fedshard.runtime.site_store import ModelStore, SnapshotModelStore
 from fedshard.runtime.task import Partition, build_initial_model, load_task
 from fedshard.runtime.zone import ZoneAggregator
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AUDIT_FILE",
     "SIGNING_KEY_FILE",
+    "STORE_KEYS_DIR",
     "check_privacy",
     "dp_layers",
     "grpc_connector",
@@ -38,6 +40,8 @@ __all__ = [
     "running_zones",
 ]
 
+STORE_KEYS_DIR = "store-keys"
+"""Beside ``state_root`` (never inside a site's folder): each simulated site's store key, ``<site>.kek``."""
 SIGNING_KEY_FILE = "signing.key"
 """A site's manifest-signing key, in its state folder (public key beside it, ``.pub``)."""
 AUDIT_FILE = "audit.jsonl"
@@ -81,7 +85,9 @@ def make_site(
     """
     state_dir = Path(state_root) / site_id
     he_dir = he_keys(config) if config.residency.encrypting else None
-    return _site(config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, routing=routing)
+    kek_file = Path(state_root).parent / STORE_KEYS_DIR / f"{site_id}.kek"
+    store = _model_store(config, state_dir, kek_file, create_key=True)
+    return _site(config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, store, routing=routing)
 
 
 def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
@@ -115,7 +121,18 @@ def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: st
     bundle = SiteBundle(local.deployment.keys)
     tls = bundle.tls if local.deployment.tls else None
     he_dir = bundle.he if config.residency.encrypting else None
-    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, cap=_stricter(listed.cap, me.cap))
+    store = _model_store(config, me.state_dir, bundle.store_kek, create_key=False)
+    cap = _stricter(listed.cap, me.cap)
+    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=cap)
+
+
+def _model_store(config: FederationConfig, state_dir: Path, kek_file: Path, *, create_key: bool) -> ModelStore:
+    """The site's model store: encrypted under the key in ``kek_file`` unless ``store.encrypt`` is off."""
+    if not config.store.encrypt:
+        return SnapshotModelStore(state_dir)
+    from fedshard.runtime.site_store import SealedModelStore, site_kek
+
+    return SealedModelStore(state_dir / "shards", site_kek(kek_file, create=create_key), config.store.lookahead)
 
 
 def _stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
@@ -131,6 +148,7 @@ def _site(
     signing_key_file: Path,
     he_dir: Path | None,
     tls: TlsFiles | None,
+    store: ModelStore,
     *,
     routing: FederationRouting | None = None,
     cap: BudgetConfig | None = None,
@@ -169,6 +187,7 @@ def _site(
         routing=lambda: routes.site(site_id),
         signing_key=signing_key,
         he=he,
+        store=store,
     )
 
 

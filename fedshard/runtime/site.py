@@ -42,9 +42,9 @@ from fedshard.runtime.messages import (
 from fedshard.runtime.rounds import DEFAULT_GROUP
 from fedshard.runtime.routing import SiteRouting, view_key
 from fedshard.runtime.site_privacy import SitePrivacy
+from fedshard.runtime.site_store import ModelStore, SnapshotModelStore
 from fedshard.runtime.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 from fedshard.sharding import ShardPlan
-from fedshard.store import LocalShardStore
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +56,6 @@ __all__ = ["Site"]
 
 log = logging.getLogger(__name__)
 
-_CURRENT = "current"
 _OPT = "optimizer/"  # prefix of server-optimiser state in the snapshot
 
 
@@ -111,6 +110,9 @@ class Site:
         With record-level DP: ``"fix"`` replaces layers DP-SGD cannot train (every
         site does the same, so they share the model), ``"check"`` refuses them, ``"keep"``
         (DP off) leaves the model as the task builds it.
+    store:
+        Where the model lives between messages (default: a plaintext snapshot in
+        ``state_dir``; deployments and the demo use the encrypted store).
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class Site:
         routing: Callable[[], SiteRouting] | None = None,
         signing_key: Ed25519PrivateKey | None = None,
         he: Callable[[], HeCodec] | None = None,
+        store: ModelStore | None = None,
     ) -> None:
         self.site_id = site_id
         self.jurisdiction = jurisdiction
@@ -136,7 +139,7 @@ class Site:
         self.partition = partition
         self.tile = tile
         self.seed = seed
-        self.store = LocalShardStore(state_dir)
+        self.store: ModelStore = store if store is not None else SnapshotModelStore(Path(state_dir))
         self._connect = connect
         self.privacy = privacy or SitePrivacy(site_id, Path(state_dir))
         if dp_layers not in ("keep", "check", "fix"):
@@ -201,8 +204,8 @@ class Site:
         return SiteRouting(routes, "")
 
     def _load_state(self) -> tuple[ShardPlan, _ModelState]:
-        if self.store.exists(_CURRENT):
-            meta, stored = self.store.load(_CURRENT)
+        if self.store.exists():
+            meta, stored = self.store.load(self._plan)
             plan = self._plan or ShardPlan.from_json(meta["plan"])
             self._plan = plan
             shards = {k: v for k, v in stored.items() if not k.startswith(_OPT)}
@@ -231,7 +234,7 @@ class Site:
         }
         arrays = dict(state.shards)
         arrays.update({_OPT + k: v for k, v in state.optimizer.items()})
-        self.store.save(_CURRENT, arrays, meta)
+        self.store.save(arrays, meta)
 
     def _catch_up(
         self, history: list[AppliedRound], zones: dict[str, str], rule: ApplyRule

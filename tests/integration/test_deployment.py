@@ -175,7 +175,7 @@ def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) 
     paths = write_layout(tmp_path, rounds=1)
     config = load_federation(paths["aggregator"])
     report = provision(config, tmp_path / "keys")
-    secret = [p for p in report.files if p.suffix in (".key",) or p.name == "secret.ctx"]
+    secret = [p for p in report.files if p.suffix in (".key", ".kek") or p.name == "secret.ctx"]
     assert secret and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in secret)
     agg = tmp_path / "keys" / "aggregator"
     assert not list(agg.rglob("secret.ctx")) and not list(agg.rglob("signing.key"))
@@ -191,6 +191,7 @@ def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) 
             "signing.key",
             "signing.key.pub",
             "secret.ctx",
+            "store.kek",
         }
         assert (agg / "supernodes" / f"{site}.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
     before = {p: p.read_bytes() for p in report.files}

@@ -29,6 +29,7 @@ from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
 from fedshard.runtime.zone_rpc.client import GrpcZoneClient
 from fedshard.runtime.zone_rpc.service import serve
 from fedshard.store import LocalShardStore
+from tests.zone_helpers import site_model
 
 SITES = [("eu-a", "EU"), ("eu-b", "EU"), ("us-a", "US"), ("sg-a", "SG")]
 ZONES = [("eu-central", "EU"), ("us-east", "US"), ("sg-central", "SG")]
@@ -67,7 +68,7 @@ def _run_federation(config: FederationConfig, tmp: Path) -> tuple[RunResult, Mod
             gateway.close()
             for z in zones.values():
                 z.close()
-    models = {s.id: LocalShardStore(tmp / "sites" / s.id).load("current")[1] for s in config.sites}
+    models = {s.id: site_model(tmp / "sites", s.id)[1] for s in config.sites}
     return result, models, details
 
 
@@ -118,7 +119,7 @@ def test_eu_personal_shards_are_received_and_stored_only_in_the_eu(run) -> None:
 def test_groups_share_global_layers_and_keep_their_regional_ones(run) -> None:
     config, _, tmp, _ = run
     personal = {sid for sid, c in FederationRouting(config).classes.items() if c.shard_class == "personal"}
-    models = {s: LocalShardStore(tmp / "sites" / s).load("current")[1] for s, _ in SITES}
+    models = {s: site_model(tmp / "sites", s)[1] for s, _ in SITES}
     for sid in models["eu-a"]:
         if sid.startswith("optimizer/"):
             continue

@@ -26,6 +26,7 @@ from fedshard.runtime.messages import (
 )
 from fedshard.runtime.site import Site
 from fedshard.store import LocalShardStore
+from tests.zone_helpers import site_model
 
 
 def _config(n_sites: int = 3, rounds: int = 3, min_sites: int = 2) -> FederationConfig:
@@ -77,8 +78,7 @@ def test_rounds_extend_the_version_chain_from_zone_aggregates(federation) -> Non
         assert version == r.version
     assert result.version == version
     # every site holds the same parameters, at that version
-    stores = [LocalShardStore(tmp_path / "sites" / s) for s in sites]
-    metas_shards = [st.load("current") for st in stores]
+    metas_shards = [site_model(tmp_path / "sites", s) for s in sites]
     assert {m["version"] for m, _ in metas_shards} == {version}
     first = metas_shards[0][1]
     for _, shards in metas_shards[1:]:
@@ -92,7 +92,7 @@ def test_genesis_is_shared_and_recomputable(federation) -> None:
     _, _, sites, _ = federation
     site = sites["s0"]
     info = site.query(QueryRequest())
-    _, shards = site.store.load("current")
+    _, shards = site.store.load()
     root = merkle_root({sid: shard_digest(a) for sid, a in shards.items()})
     assert info.genesis_version == genesis_version(info.plan_digest, root)
     assert {s.query(QueryRequest()).genesis_version for s in sites.values()} == {info.genesis_version}
@@ -189,7 +189,7 @@ def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(fed
     assert not report.ok
     assert "coordinator announced" in report.reason
     # nothing was applied: the site is still at genesis
-    meta, _ = sites["s2"].store.load("current")
+    meta, _ = sites["s2"].store.load()
     assert meta["applied_round"] == 0 and meta["version"] == result.genesis_version
 
 
@@ -205,7 +205,7 @@ def test_server_optimisers_keep_every_site_on_the_same_model(tmp_path: Path, kin
     with running_zones(config, tmp_path / "zones") as endpoints:
         sites = {s.id: make_site(config, s.id, tmp_path / "sites") for s in config.sites}
         result = _run(config, endpoints, sites)
-        snapshots = [LocalShardStore(tmp_path / "sites" / s).load("current") for s in sites]
+        snapshots = [site_model(tmp_path / "sites", s) for s in sites]
         assert {meta["rule"] for meta, _ in snapshots} == {f"{kind}:lr=0.5,b1=0.9,b2=0.99,tau=0.001"}
         first = snapshots[0][1]
         assert any(k.startswith("optimizer/m:") for k in first)
