@@ -132,16 +132,21 @@ class AggregatorHost:
         self.flwr = FlowerCli(self.state_dir / "flwr")
         self.env = flower_env(self.state_dir / "flwr")
         self._config_path = self.run_dir / "federation.yaml"
+        self._started = time.perf_counter()  # reset when the run is submitted: summary.json's elapsed_s
 
     # lifecycle -------------------------------------------------------------------------------
     def up(self) -> dict[str, Any]:
         """Start everything, run the federation once, stop everything; the run's summary."""
         try:
             if not self.start():
-                return self._finish("stopped", time.perf_counter())
+                return self._finish("stopped")
             return self.run()
         except BaseException as exc:
-            self._update(phase="failed", message=f"[red]{exc}[/]" if str(exc) else "")
+            self.state.message = f"[red]{exc}[/]" if str(exc) else ""
+            if self.run_dir.exists():
+                with contextlib.suppress(Exception):  # what the run got to, if it assembled
+                    self._finish("failed")
+            self._update(phase="failed")
             raise
         finally:
             self.stop_children()
@@ -163,9 +168,9 @@ class AggregatorHost:
         follow it to its end; its summary."""
         if self.state.run_id is not None:
             raise DeployError("this aggregator already ran its federation; start it again for another run")
-        started = time.perf_counter()
+        self._started = time.perf_counter()
         self._submit()
-        return self._finish(self._follow(), started)
+        return self._finish(self._follow())
 
     def request_stop(self) -> None:
         """Ask :meth:`up` to stop (signal handlers call this)."""
@@ -316,7 +321,7 @@ class AggregatorHost:
             self.flwr.stop(self.state.run_id)
         return "stopped"
 
-    def _finish(self, phase: str, started: float) -> dict[str, Any]:
+    def _finish(self, phase: str) -> dict[str, Any]:
         """Write ``summary.json`` from the events so far (if the run assembled); record the phase."""
         summary: dict[str, Any] = {}
         events = self.run_dir / "events.jsonl"
@@ -330,7 +335,7 @@ class AggregatorHost:
                 result = None
             if result is not None:
                 summary = build_summary(
-                    self.config, result, "deployment", self._zone_details(), None, time.perf_counter() - started
+                    self.config, result, "deployment", self._zone_details(), None, time.perf_counter() - self._started
                 )
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self._update(phase=phase)
