@@ -1,7 +1,14 @@
 """Configuration: pydantic models (every default in one place) and YAML loading."""
 
 from fedshard.config.deployment import AggregatorDeployment, SiteDeployment
-from fedshard.config.loader import load_federation, load_model, load_site, parse_model
+from fedshard.config.loader import (
+    DeployedSite,
+    load_deployed_site,
+    load_federation,
+    load_model,
+    load_site,
+    parse_model,
+)
 from fedshard.config.models import (
     FederationConfig,
     FederationSettings,
@@ -42,6 +49,8 @@ __all__ = [
     "TaskConfig",
     "TrainingConfig",
     "ZoneConfig",
+    "DeployedSite",
+    "load_deployed_site",
     "load_federation",
     "load_model",
     "load_site",

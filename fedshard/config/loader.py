@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedshard.config.deployment import resolve_paths
-from fedshard.config.models import FederationConfig, SiteLocalConfig
+from fedshard.config.models import FederationConfig, SiteConfig, SiteLocalConfig
 from fedshard.errors import ConfigError
 
-__all__ = ["load_federation", "load_model", "load_site", "parse_model"]
+__all__ = ["DeployedSite", "load_deployed_site", "load_federation", "load_model", "load_site", "parse_model"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -77,3 +77,32 @@ def load_site(path: str | Path) -> SiteLocalConfig:
     if config.deployment is not None:
         update["deployment"] = resolve_paths(config.deployment, base, ("federation", "keys"))
     return config.model_copy(update=update)
+
+
+class DeployedSite(NamedTuple):
+    """A deployed site's own config, its copy of the federation config, and its entry there."""
+
+    local: SiteLocalConfig
+    federation: FederationConfig
+    listed: SiteConfig
+
+
+def load_deployed_site(path: str | Path) -> DeployedSite:
+    """Load a site's own config with a ``deployment`` section and the federation config it
+    names; the federation must list the site, with the same jurisdiction."""
+    local = load_site(path)
+    if local.deployment is None:
+        raise ConfigError(f"{path}: no `deployment` section (federation, keys, superlink, port)")
+    federation = load_federation(local.deployment.federation)
+    try:
+        listed = federation.site(local.site.id)
+    except KeyError:
+        raise ConfigError(
+            f"{local.deployment.federation}: site {local.site.id!r} is not in the federation's sites"
+        ) from None
+    if listed.jurisdiction != local.site.jurisdiction:
+        raise ConfigError(
+            f"{path}: jurisdiction {local.site.jurisdiction} differs from the federation's entry "
+            f"({listed.jurisdiction})"
+        )
+    return DeployedSite(local, federation, listed)

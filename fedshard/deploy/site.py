@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedshard.config import SiteLocalConfig, load_federation, load_site
+from fedshard.config import SiteLocalConfig, load_deployed_site
 from fedshard.deploy.flower import flower_env, supernode_command
 from fedshard.deploy.layout import SiteBundle
 from fedshard.errors import ConfigError
@@ -32,23 +32,12 @@ class SiteLaunch:
 
 def plan_site(site_config: Path, *, insecure: bool = False) -> SiteLaunch:
     """Check the site's config and keys and build its SuperNode command (one-line errors)."""
-    local = load_site(site_config)
+    local, config, _ = load_deployed_site(site_config)
     dep = local.deployment
-    if dep is None:
-        raise ConfigError(f"{site_config}: no `deployment` section (federation, keys, superlink, port)")
+    assert dep is not None  # load_deployed_site checked it
     if not dep.tls and not insecure:
         raise ConfigError(
             f"{site_config}: deployment.tls is false: pass --insecure to run without TLS (test networks only)"
-        )
-    config = load_federation(dep.federation)  # the site's copy: it must name this site
-    try:
-        listed = config.site(local.site.id)
-    except KeyError:
-        raise ConfigError(f"{dep.federation}: site {local.site.id!r} is not in the federation's sites") from None
-    if listed.jurisdiction != local.site.jurisdiction:
-        raise ConfigError(
-            f"{site_config}: jurisdiction {local.site.jurisdiction} differs from the federation's entry "
-            f"({listed.jurisdiction})"
         )
     tls = dep.tls and not insecure
     bundle = SiteBundle(dep.keys)

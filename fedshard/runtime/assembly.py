@@ -99,25 +99,15 @@ def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: st
     given, must agree with it. The site's own privacy cap and the aggregator's budget
     both apply: the stricter wins.
     """
-    from fedshard.config import load_federation, load_site
+    from fedshard.config import load_deployed_site
     from fedshard.deploy.layout import SiteBundle
 
-    local = load_site(site_config)
-    if local.deployment is None:
-        raise ConfigError(f"{site_config}: no `deployment` section (federation, keys, superlink)")
+    local, config, listed = load_deployed_site(site_config)
+    assert local.deployment is not None  # load_deployed_site checked it
     me = local.site
     for given, own, what in ((site_id, me.id, "site id"), (jurisdiction, me.jurisdiction, "jurisdiction")):
         if given and given != own:
             raise ConfigError(f"{site_config}: the SuperNode was started as {what} {given!r} but the file says {own!r}")
-    config = load_federation(local.deployment.federation)
-    try:
-        listed = config.site(me.id)
-    except KeyError:
-        raise ConfigError(f"{local.deployment.federation}: site {me.id!r} is not in the federation's sites") from None
-    if listed.jurisdiction != me.jurisdiction:
-        raise ConfigError(
-            f"{site_config}: jurisdiction {me.jurisdiction} differs from the federation's entry ({listed.jurisdiction})"
-        )
     bundle = SiteBundle(local.deployment.keys)
     tls = bundle.tls if local.deployment.tls else None
     he_dir = bundle.he if config.residency.encrypting else None

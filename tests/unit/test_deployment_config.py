@@ -79,3 +79,19 @@ def test_app_bundle_is_a_valid_flower_app(tmp_path: Path) -> None:
     assert not list(app.rglob("__pycache__"))
     overrides = write_run_config(tmp_path / "run.toml", {"config": "/x/f.yaml", "zones": '{"eu": "h:1"}'})
     assert tomllib.loads(overrides.read_text()) == {"config": "/x/f.yaml", "zones": '{"eu": "h:1"}'}
+
+
+def test_a_site_whose_file_disagrees_with_the_federation_is_refused(tmp_path: Path) -> None:
+    from fedshard.config import load_deployed_site
+
+    site = yaml.safe_load((ROOT / "configs" / "sites" / "mayo-rochester.yaml").read_text())
+    site["deployment"]["federation"] = str(ROOT / "configs" / "aggregator.yaml")
+    site["site"]["jurisdiction"] = "EU"
+    path = tmp_path / "mayo.yaml"
+    path.write_text(yaml.safe_dump(site))
+    with pytest.raises(ConfigError, match="jurisdiction EU differs from the federation's entry \\(US\\)"):
+        load_deployed_site(path)
+    site["site"].update(id="unknown-hospital", jurisdiction="US")
+    path.write_text(yaml.safe_dump(site))
+    with pytest.raises(ConfigError, match="'unknown-hospital' is not in the federation's sites"):
+        load_deployed_site(path)
