@@ -170,9 +170,9 @@ class FlowerCli:
             raise DeployError(f"`flwr {' '.join(args)}` did not answer within {self.timeout:.0f}s") from None
         reply = _last_json(done.stdout)
         if reply is None or not reply.get("success", False):
-            message = (reply or {}).get("error-message") or (done.stderr or done.stdout).strip().splitlines()[-1:]
-            text = message if isinstance(message, str) else " ".join(message)
-            raise DeployError(f"`flwr {args[0]} {args[1] if len(args) > 1 else ''}` failed: {text.strip()}")
+            output = (done.stderr or done.stdout).strip().splitlines()
+            message = str((reply or {}).get("error-message") or (output[-1] if output else "no output"))
+            raise DeployError(f"`flwr {' '.join(args[:2])}` failed: {message.strip()}")
         return reply
 
     def register(self, public_key: Path) -> str | None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from fedshard.config import FederationConfig, parse_model
+
 __all__ = ["free_ports", "write_loopback_layout"]
 
 
@@ -45,15 +47,14 @@ def write_loopback_layout(
     for zone, port in zip(data["zones"], ports, strict=False):
         zone["endpoint"] = f"127.0.0.1:{port}"
     data["deployment"].update(superlink=f"127.0.0.1:{superlink}", tls=tls)
+    private = parse_model(FederationConfig, data, "aggregator.yaml").privacy.enabled
     (root / "configs" / "sites").mkdir(parents=True)
     paths = {"aggregator": root / "configs" / "aggregator.yaml"}
     paths["aggregator"].write_text(yaml.safe_dump(data, sort_keys=False))
     for (site, file), port in zip(site_files.items(), ports[len(data["zones"]) :], strict=True):
         site_data = yaml.safe_load(file.read_text())
         site_data["deployment"].update(superlink=f"127.0.0.1:{superlink}", port=port, tls=tls)
-        if not data.get("privacy", {}).get("record_level", {}).get("enabled") and not data.get("privacy", {}).get(
-            "update_level", {}
-        ).get("enabled"):
+        if not private:
             site_data["site"].pop("cap", None)  # no DP mechanism: no cap either
         paths[site] = root / "configs" / "sites" / f"{site}.yaml"
         paths[site].write_text(yaml.safe_dump(site_data, sort_keys=False))
