@@ -36,9 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check fedshard server clients tests bench
 	$(BIN)/ruff format --check fedshard server clients tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. fedshard/runtime/zone_rpc/zone.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. fedshard/zone/rpc/zone.proto
 
 bench: $(STAMP)
 	$(BIN)/python bench/zone_accumulate.py

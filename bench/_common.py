@@ -197,7 +197,7 @@ def manifest_for_site(manifest: Any, site_id: str, round: int | None = None) -> 
 
 
 def round_spec(round: int, plan: Any, sites: Sequence[str]) -> Any:
-    from fedshard.runtime.rounds import RoundSpec
+    from fedshard.protocol.rounds import RoundSpec
 
     return RoundSpec(round, f"token-{round}", plan.to_json(), BASE_VERSION, tuple(sites))
 
@@ -269,8 +269,8 @@ class ZoneServerProcess:
 
 
 def _serve_forever(staging_bytes: int, max_workers: int, tls: Any = None) -> None:
-    from fedshard.runtime.zone import ZoneAggregator
-    from fedshard.runtime.zone_rpc.service import serve
+    from fedshard.zone.aggregator import ZoneAggregator
+    from fedshard.zone.rpc.service import serve
 
     zone = ZoneAggregator(ZONE, "bench", staging_bytes=staging_bytes)
     server, port = serve(zone, "127.0.0.1:0", max_workers=max_workers, tls=tls)

@@ -177,8 +177,7 @@ def main() -> None:
         "flwr ClientApp": _import_seconds("import flwr.clientapp"),
         "+ torch": _import_seconds("import flwr.clientapp, torch"),
         "+ fedshard site (torch, opacus, tenseal, grpc)": _import_seconds(
-            "import clients.client_app; from fedshard.runtime.assembly import make_deployed_site; "
-            "import opacus, tenseal, grpc"
+            "import clients.client_app; from fedshard.assembly import make_deployed_site; import opacus, tenseal, grpc"
         ),
     }
     base = statistics.median(results["Flower FedAvg"][0][1:]) if "Flower FedAvg" in results else float("nan")

@@ -4,14 +4,14 @@ Breast-cancer diagnosis (``clients/tasks/breast_cancer.py``), 5 non-IID sites (t
 training part sorted by mean radius and cut into 5 contiguous slices), record-level
 DP-SGD at every site with a per-site budget ε ∈ {1, 3, 8}, δ = 1e-5, σ calibrated by
 each site so that its planned rounds spend exactly its budget (``noise_multiplier``
-left empty). Every federation is a real one: ``fedshard.runtime.simulate.simulate``
+left empty). Every federation is a real one: ``fedshard.simulate.run.simulate``
 with a gRPC zone on loopback, sites in process.
 
 Repetitions: repeated stratified 5-fold cross-validation (``--seeds`` shuffles × 5
 folds). On every test fold the same data is used by
 
 * ``central``: the non-private reference, one model trained on the union of the five
-  sites' training data (``fedshard.runtime.baseline.centralized_baseline``);
+  sites' training data (``fedshard.simulate.baseline.centralized_baseline``);
 * ``dp``: the DP federation with the settings chosen on validation data (``DP``), at
   every ε;
 * ``naive``: the naive DP federation (30 rounds, batch 16, lr 0.1, clip 1.0, FedAvg)
@@ -242,7 +242,7 @@ def _memoise_calibration() -> None:
     changes no result. Every call is also recorded in ``_CALIBRATIONS`` (which σ the
     sites used).
     """
-    import fedshard.runtime.site_privacy as site_privacy
+    import fedshard.site.privacy as site_privacy
 
     memo: dict[tuple[Any, ...], float] = {}
     original = site_privacy.calibrate_noise
@@ -346,7 +346,7 @@ class Outcome:
 
 
 def run_central(s: Central, seed: int, fold: int, validation: bool) -> Outcome:
-    from fedshard.runtime.baseline import centralized_baseline
+    from fedshard.simulate.baseline import centralized_baseline
 
     _quiet()
     t0 = time.perf_counter()
@@ -357,7 +357,7 @@ def run_central(s: Central, seed: int, fold: int, validation: bool) -> Outcome:
 
 
 def run_federated(s: Federated, epsilon: float, seed: int, fold: int, validation: bool) -> Outcome:
-    from fedshard.runtime.simulate import simulate
+    from fedshard.simulate.run import simulate
 
     _quiet()
     _memoise_calibration()
@@ -380,7 +380,7 @@ def run_federated(s: Federated, epsilon: float, seed: int, fold: int, validation
 
 @functools.cache
 def _num_test(hidden: tuple[int, ...], seed: int, fold: int, validation: bool) -> int:
-    from fedshard.runtime.task import Partition, load_task
+    from fedshard.task import Partition, load_task
 
     task = load_task(TASK, _task_options(hidden, seed, fold, validation, 0.9, None))
     return task.load_data(Partition(None, SITES, seed)).num_test

@@ -35,10 +35,10 @@ import _common as c
 
 from fedshard.crypto.pki import init_ca, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
-from fedshard.runtime.zone_rpc import zone_pb2 as pb
-from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
-from fedshard.runtime.zone_rpc.convert import GRPC_OPTIONS
+from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.convert import GRPC_OPTIONS
 
 SECTION = "mtls"
 SITE = "site-0"

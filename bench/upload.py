@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
 
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.client import GrpcZoneClient
 
 SECTION = "upload"
 TILES = [(256, 256), (1024, 1024)]

@@ -42,9 +42,9 @@ import _common as c
 
 from fedshard.aggregation import ShardAccumulator, all_finite
 from fedshard.integrity import ShardHasher
-from fedshard.runtime.zone import ZoneAggregator
-from fedshard.runtime.zone_rpc import zone_pb2 as pb
-from fedshard.runtime.zone_rpc.convert import CHUNK_BYTES, chunks
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc.convert import CHUNK_BYTES, chunks
 
 SECTION = "zone_accumulate"
 WEIGHT = 3.0

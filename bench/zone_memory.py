@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
 
-from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
-from fedshard.runtime.zone_rpc.convert import GRPC_OPTIONS
+from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.convert import GRPC_OPTIONS
 
 SECTION = "zone_memory"
 SAMPLE_S = 0.020

@@ -1,61 +1,10 @@
-"""The Flower ServerApp: fedshard's Coordinator driven over Flower's Grid.
+"""Flower ServerApp entry point (``serverapp = "server.server_app:app"``).
 
-Run settings (``run_config`` under ``flwr run``, or the defaults given to
-:func:`create_server_app` by ``fedshard simulate --engine flower``):
-
-``config``      path of the federation YAML
-``zones``       JSON ``{zone name: endpoint}`` (default: endpoints from the config)
-``events``      path of the JSON-lines event log (default: ``events.jsonl``)
-``zone-tls``    JSON ``{"cert", "key", "ca"}``: the certificate the coordinator shows zones
-                (mutual TLS; empty: plain text)
+The app itself is built in the library (:mod:`fedshard.transports.flower.server_app`).
 """
 
-from __future__ import annotations
+from fedshard.transports.flower.server_app import create_server_app
 
-import json
-from collections.abc import Mapping
-from typing import Any
-
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
-
-__all__ = ["app", "create_server_app"]
-
-
-def create_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
-    """A ServerApp whose settings are ``defaults`` overridden by the run config."""
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        from fedshard.config import load_federation
-        from fedshard.crypto.tls import TlsFiles
-        from fedshard.runtime.assembly import tls_connector
-        from fedshard.runtime.coordinator import Coordinator
-        from fedshard.runtime.events import EventLog
-        from fedshard.runtime.flower.grid import FlowerSiteGateway
-
-        settings = {**(defaults or {}), **dict(context.run_config)}
-        config = load_federation(str(settings["config"]))
-        endpoints = (
-            json.loads(str(settings["zones"])) if settings.get("zones") else {z.name: z.endpoint for z in config.zones}
-        )
-        events = EventLog(str(settings.get("events", "events.jsonl")))
-        gateway = FlowerSiteGateway(grid, min_nodes=len(config.sites), wait_s=config.federation.round_timeout_s)
-        tls = TlsFiles(**json.loads(str(settings["zone-tls"]))) if settings.get("zone-tls") else None
-        connect = tls_connector(tls)
-        zones = {name: connect(name, ep) for name, ep in endpoints.items()}
-        try:
-            result = Coordinator(config, gateway, zones, endpoints, events).run()
-            events.on_stop(result.stopped_reason)
-        except Exception as exc:
-            events.on_stop(str(exc))
-            raise
-        finally:
-            for zone in zones.values():
-                zone.close()
-
-    return server_app
-
+__all__ = ["app"]
 
 app = create_server_app()

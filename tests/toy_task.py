@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedshard.runtime.task import Metrics, Partition, TaskData, TrainSettings
+from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 
 
 class ToyTask:

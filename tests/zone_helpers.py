@@ -41,8 +41,8 @@ def manifest_for(
 def site_model(state_root: Path, site_id: str) -> tuple[dict[str, Any], Shards]:
     """What a site built by ``make_site(config, site_id, state_root)`` saved: its encrypted
     shard store, opened with the site's key (kept beside ``state_root``, never inside it)."""
-    from fedshard.runtime.assembly import STORE_KEYS_DIR
-    from fedshard.runtime.site_store import SealedModelStore, site_kek
+    from fedshard.assembly import STORE_KEYS_DIR
+    from fedshard.site.model_store import SealedModelStore, site_kek
 
     kek = site_kek(state_root.parent / STORE_KEYS_DIR / f"{site_id}.kek", create=False)
     return SealedModelStore(state_root / site_id / "shards", kek).load()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedshard.runtime.task import Metrics, Partition, TaskData, TrainSettings
+from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 
 __all__ = ["BreastCancerTask", "task"]
 

@@ -22,7 +22,7 @@ def ledger_summary(site_config: Path) -> dict[str, Any]:
     """A site's budget, read from its own ledger (the authoritative record)."""
     from fedshard.config import load_site
     from fedshard.privacy.ledger import Budget, PrivacyLedger
-    from fedshard.runtime.site_privacy import LEDGER_FILE
+    from fedshard.site.privacy import LEDGER_FILE
 
     site = load_site(site_config).site
     cap = Budget(site.cap.epsilon, site.cap.delta) if site.cap is not None else None

@@ -75,8 +75,8 @@ def simulate(
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
     from fedshard.cli.progress import RoundProgress, results_table, zones_table
     from fedshard.config import load_federation
-    from fedshard.runtime.simulate import Engine, with_rounds
-    from fedshard.runtime.simulate import simulate as run
+    from fedshard.simulate.run import Engine, with_rounds
+    from fedshard.simulate.run import simulate as run
 
     try:
         chosen = Engine(engine)
@@ -123,10 +123,10 @@ def zone_up(
     forwards partial sums of global shards to the reducing zone, and records every
     decision in ``audit.jsonl`` in its store (check it with ``fedshard audit verify``).
     """
+    from fedshard.assembly import load_site_keys, make_zone
     from fedshard.config import load_federation
-    from fedshard.runtime.assembly import load_site_keys, make_zone
-    from fedshard.runtime.routing import FederationRouting
-    from fedshard.runtime.zone_rpc.service import serve
+    from fedshard.routing import FederationRouting
+    from fedshard.zone.rpc.service import serve
 
     cfg = load_federation(config)
     matches = [z for z in cfg.zones if z.name == zone]
@@ -138,8 +138,8 @@ def zone_up(
         zc = zc.model_copy(update={"store": store})
     tls = _tls_files(cert, key, ca, insecure)
     if cfg.residency.encrypting:  # a zone gets the public CKKS context only, never the secret one
+        from fedshard.assembly import he_keys
         from fedshard.deploy.aggregator import check_public_context
-        from fedshard.runtime.assembly import he_keys
 
         check_public_context(he_keys(cfg))
     routing = FederationRouting(cfg)

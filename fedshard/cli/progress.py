@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedshard.runtime.coordinator import RoundResult
-from fedshard.runtime.messages import SiteInfo
+from fedshard.coordinator.coordinator import RoundResult
+from fedshard.protocol.messages import SiteInfo
 
 __all__ = ["RoundProgress", "format_bytes", "results_table"]
 
@@ -25,7 +25,7 @@ def format_bytes(n: float) -> str:
 
 
 class RoundProgress:
-    """A :class:`~fedshard.runtime.coordinator.RoundObserver` that shows a progress bar
+    """A :class:`~fedshard.coordinator.coordinator.RoundObserver` that shows a progress bar
     and one line per finished round (accuracy, loss, bytes sent)."""
 
     def __init__(self, console: Console | None = None) -> None:

@@ -22,13 +22,14 @@ from fedshard.config.models import (
     TrainingConfig,
     ZoneConfig,
 )
-from fedshard.config.privacy import BudgetConfig, PrivacyConfig, RecordDPConfig, UpdateDPConfig
+from fedshard.config.privacy import BudgetConfig, LayerPolicy, PrivacyConfig, RecordDPConfig, UpdateDPConfig
 from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
 
 __all__ = [
     "AggregatorDeployment",
     "SiteDeployment",
     "BudgetConfig",
+    "LayerPolicy",
     "PrivacyConfig",
     "RecordDPConfig",
     "UpdateDPConfig",

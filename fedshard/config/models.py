@@ -118,7 +118,7 @@ class HeConfig(_Model):
 
 
 class StoreConfig(_Model):
-    """How sites keep their parameter shards on-premise (see fedshard.runtime.site_store)."""
+    """How sites keep their parameter shards on-premise (see fedshard.site.model_store)."""
 
     encrypt: bool = Field(True, description="AES-256-GCM per shard under the site's key-encryption key")
     lookahead: int = Field(2, ge=0, le=64, description="layers the loader decrypts ahead of the one in use")

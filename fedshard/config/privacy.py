@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["BudgetConfig", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig"]
+__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig"]
+
+
+class LayerPolicy(StrEnum):
+    """What building the model does with layers DP-SGD cannot train (BatchNorm, …)."""
+
+    KEEP = "keep"
+    """Leave the model as the task builds it (record-level DP off)."""
+    CHECK = "check"
+    """Refuse such layers."""
+    FIX = "fix"
+    """Replace them (BatchNorm → GroupNorm)."""
 
 
 class _Model(BaseModel):
@@ -73,6 +85,13 @@ class PrivacyConfig(_Model):
     def enabled(self) -> bool:
         """True if any DP mechanism is on."""
         return self.record_level.enabled or self.update_level.enabled
+
+    @property
+    def layer_policy(self) -> LayerPolicy:
+        """How the initial model treats layers DP-SGD cannot train (see ``build_initial_model``)."""
+        if not self.record_level.enabled:
+            return LayerPolicy.KEEP
+        return LayerPolicy.FIX if self.record_level.fix_incompatible_layers else LayerPolicy.CHECK
 
     @model_validator(mode="after")
     def _budget_when_enabled(self) -> PrivacyConfig:

@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 
 from fedshard.config import AggregatorDeployment, FederationConfig
+from fedshard.config.layout import AggregatorKeys, KeysLayout
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
-from fedshard.deploy.layout import AggregatorKeys, KeysLayout
 from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.status import HostState, write_state
 from fedshard.errors import ConfigError, DeployError, FedshardError
@@ -291,7 +291,7 @@ class AggregatorHost:
 
     def _follow(self) -> str:
         """Wait for the run to end (its stop event, or Flower saying it finished); the final phase."""
-        from fedshard.runtime.events import EventLog
+        from fedshard.coordinator.events import EventLog
 
         events = EventLog(self.run_dir / "events.jsonl")
         offset, last_check = 0, 0.0
@@ -326,8 +326,8 @@ class AggregatorHost:
         summary: dict[str, Any] = {}
         events = self.run_dir / "events.jsonl"
         if events.exists():
-            from fedshard.runtime.events import replay
-            from fedshard.runtime.simulate import build_summary
+            from fedshard.coordinator.events import replay
+            from fedshard.simulate.run import build_summary
 
             try:
                 result = replay(events)
@@ -342,7 +342,7 @@ class AggregatorHost:
         return summary
 
     def _zone_details(self) -> list[dict[str, Any]]:
-        from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+        from fedshard.zone.rpc.client import GrpcZoneClient
 
         tls = self.keys.superlink if self.tls else None
         out = []

@@ -8,10 +8,13 @@ installed, and SuperLinks run with ``--disable-runtime-dependency-installation``
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+
+from fedshard.errors import DeployError
 
 __all__ = ["APP_NAME", "build_app", "write_run_config"]
 
@@ -42,20 +45,26 @@ RUN_CONFIG_KEYS = ("config", "zones", "events", "zone-tls", "state-root")
 
 def build_app(dest: Path) -> Path:
     """Write the app bundle's folder at ``dest`` (replacing an older one); returns ``dest``."""
-    import clients
-    import server
     from fedshard import __version__
 
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in (server, clients):
-        source = Path(package.__file__ or "").parent
-        shutil.copytree(source, dest / source.name, ignore=ignore)
+    for package in ("server", "clients"):
+        shutil.copytree(_source_folder(package), dest / package, ignore=ignore)
     config = "\n".join(f'{key} = ""' for key in RUN_CONFIG_KEYS)
     (dest / "pyproject.toml").write_text(_PYPROJECT.format(name=APP_NAME, version=__version__, config=config))
     return dest
+
+
+def _source_folder(package: str) -> Path:
+    """Where the entry-point package ``package`` lies, found without importing it (the
+    library never imports its entry points)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DeployError(f"cannot find the {package}/ package to bundle; install fedshard from its source tree")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def write_run_config(path: Path, settings: Mapping[str, str]) -> Path:

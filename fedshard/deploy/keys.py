@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedshard.config import FederationConfig
+from fedshard.config.layout import KeysLayout
 from fedshard.crypto._files import CERT_MODE, KEY_MODE, refuse_existing, write_files
-from fedshard.deploy.layout import KeysLayout
 from fedshard.errors import ConfigError
 
 __all__ = ["ProvisionReport", "generate_supernode_key", "provision"]
@@ -51,7 +51,7 @@ def _zone_hosts(endpoint: str) -> tuple[str, ...]:
 
 
 def provision(config: FederationConfig, out: Path, *, force: bool = False) -> ProvisionReport:
-    """Write the federation's keys under ``out`` (see :mod:`fedshard.deploy.layout`).
+    """Write the federation's keys under ``out`` (see :mod:`fedshard.config.layout`).
 
     Raises
     ------

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedshard.config import SiteLocalConfig, load_deployed_site
+from fedshard.config.layout import SiteBundle
 from fedshard.deploy.flower import flower_env, supernode_command
-from fedshard.deploy.layout import SiteBundle
 from fedshard.errors import ConfigError
 
 __all__ = ["SiteLaunch", "plan_site"]

@@ -75,7 +75,7 @@ def _alive(pid: int | None) -> bool:
 def _events(run_dir: str | None) -> list[dict[str, Any]]:
     if not run_dir:
         return []
-    from fedshard.runtime.events import EventLog
+    from fedshard.coordinator.events import EventLog
 
     with contextlib.suppress(OSError, ValueError):
         return EventLog(Path(run_dir) / "events.jsonl").read()[0]

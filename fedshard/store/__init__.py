@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from fedshard.store.local import LocalShardStore
 
 if TYPE_CHECKING:
-    from fedshard.store.backend import Backend, ObjectStat, backend_for
+    from fedshard.store.backend import Backend, ObjectStat
     from fedshard.store.fsspec_backend import FsspecBackend
     from fedshard.store.local_dir import LocalDirBackend
+    from fedshard.store.location import backend_for
     from fedshard.store.model_io import LoadReport, ModelRecord, load_module, record_model, write_tensors
     from fedshard.store.prefetch import Layer, PrefetchLoader, layers_of
     from fedshard.store.protocol import ShardStat, ShardStore, Tier
@@ -64,7 +65,7 @@ __all__ = [
 _HOME = {
     "Backend": "backend",
     "ObjectStat": "backend",
-    "backend_for": "backend",
+    "backend_for": "location",
     "FsspecBackend": "fsspec_backend",
     "LocalDirBackend": "local_dir",
     "LoadReport": "model_io",

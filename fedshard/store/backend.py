@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["TMP_PREFIX", "Backend", "ObjectStat", "backend_for"]
+__all__ = ["TMP_PREFIX", "Backend", "ObjectStat"]
 
 TMP_PREFIX = ".tmp/"  # temporaries of in-progress writes, under the store's root
 
@@ -75,17 +75,3 @@ class Backend(Protocol):
     def remove_temporaries(self) -> int:
         """Delete the temporaries of interrupted writes (only while nothing writes); return how many."""
         ...
-
-
-def backend_for(location: str | Path | Backend) -> Backend:
-    """The backend for ``location``: a :class:`Backend` as is, a URL (``scheme://…``) through
-    fsspec, anything else a local folder (the default backend)."""
-    if isinstance(location, Backend):
-        return location
-    if isinstance(location, str) and "://" in location:
-        from fedshard.store.fsspec_backend import FsspecBackend
-
-        return FsspecBackend(location)
-    from fedshard.store.local_dir import LocalDirBackend
-
-    return LocalDirBackend(Path(location))

@@ -40,8 +40,9 @@ from fedshard.crypto.at_rest import NONCE_BYTES, TAG_BYTES, Kek, check_key_locat
 from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError, StoreKeyError
 from fedshard.integrity.digest import shard_digest
 from fedshard.store.access import AccessLog, Clock, system_clock
-from fedshard.store.backend import Backend, backend_for
+from fedshard.store.backend import Backend
 from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, catalog_header, keys_header, keys_name
+from fedshard.store.location import backend_for
 from fedshard.store.protocol import ShardStat, ShardStore, Tier
 from fedshard.store.quantize import ColdFormat, decode, encodable, encode
 from fedshard.store.rotation import pending_rotation

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from fedshard.runtime.zone import ZoneAggregator
-from fedshard.runtime.zone_rpc import zone_pb2_grpc
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
-from fedshard.runtime.zone_rpc.service import serve
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc import zone_pb2_grpc
+from fedshard.zone.rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.service import serve
 
 GRPC_ZONE_NAME = "eu-1"
 GRPC_ZONE_REGION = "EU"

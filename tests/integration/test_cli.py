@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.client import GrpcZoneClient
 
 ROOT = Path(__file__).resolve().parents[2]
 FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]

@@ -13,7 +13,7 @@ import pytest
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
 from fedshard.privacy.ledger import PrivacyLedger
-from fedshard.runtime.simulate import simulate
+from fedshard.simulate.run import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,11 +97,11 @@ def test_a_site_killed_between_reserve_and_commit_counts_the_round_as_spent(tmp_
         """
         import json, sys
         from fedshard.config import FederationConfig
-        from fedshard.runtime.assembly import make_site, running_zones, grpc_connector
-        from fedshard.runtime.messages import QueryRequest, TrainInstruction
-        from fedshard.runtime.coordinator import Coordinator
-        from fedshard.runtime.inprocess import InProcessSiteGateway
-        from fedshard.runtime.rounds import RoundSpec
+        from fedshard.assembly import make_site, running_zones, grpc_connector
+        from fedshard.protocol.messages import QueryRequest, TrainInstruction
+        from fedshard.coordinator.coordinator import Coordinator
+        from fedshard.transports.inprocess import InProcessSiteGateway
+        from fedshard.protocol.rounds import RoundSpec
 
         config = FederationConfig.model_validate_json(open(sys.argv[1]).read())
         crash = sys.argv[3] == "crash"

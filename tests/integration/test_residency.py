@@ -13,22 +13,22 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedshard.assembly import make_site, make_zone, running_zones
 from fedshard.config import FederationConfig
+from fedshard.coordinator.coordinator import Coordinator, RunResult
 from fedshard.crypto.signing import public_key_bytes
 from fedshard.errors import ConfigError, PushRejectedError, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
+from fedshard.protocol.rounds import PartialEntry, PartialSum, RoundSpec
 from fedshard.residency.audit import verify_audit_log
-from fedshard.runtime.assembly import make_site, make_zone, running_zones
-from fedshard.runtime.coordinator import Coordinator, RunResult
-from fedshard.runtime.inprocess import InProcessSiteGateway
-from fedshard.runtime.rounds import PartialEntry, PartialSum, RoundSpec
-from fedshard.runtime.routing import FederationRouting
-from fedshard.runtime.zone import ZoneAggregator
-from fedshard.runtime.zone_rpc import zone_pb2 as pb
-from fedshard.runtime.zone_rpc import zone_pb2_grpc as pb_grpc
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
-from fedshard.runtime.zone_rpc.service import serve
+from fedshard.routing import FederationRouting
 from fedshard.store import LocalShardStore
+from fedshard.transports.inprocess import InProcessSiteGateway
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.service import serve
 from tests.zone_helpers import site_model
 
 SITES = [("eu-a", "EU"), ("eu-b", "EU"), ("us-a", "US"), ("sg-a", "SG")]

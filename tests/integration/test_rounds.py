@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
+from fedshard.assembly import grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig
+from fedshard.coordinator.coordinator import Coordinator
 from fedshard.errors import ZoneError
 from fedshard.integrity import genesis_version, merkle_root, next_version, shard_digest
-from fedshard.runtime.assembly import grpc_connector, make_site, running_zones
-from fedshard.runtime.coordinator import Coordinator
-from fedshard.runtime.inprocess import InProcessSiteGateway
-from fedshard.runtime.messages import (
+from fedshard.protocol.messages import (
     AppliedRound,
     MessageKind,
     PublishedAggregate,
@@ -24,8 +23,9 @@ from fedshard.runtime.messages import (
     TrainInstruction,
     TrainReport,
 )
-from fedshard.runtime.site import Site
+from fedshard.site.site import Site
 from fedshard.store import LocalShardStore
+from fedshard.transports.inprocess import InProcessSiteGateway
 from tests.zone_helpers import site_model
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedshard.assembly import grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig
-from fedshard.runtime.assembly import grpc_connector, make_site, running_zones
-from fedshard.runtime.coordinator import Coordinator, RunResult
-from fedshard.runtime.inprocess import InProcessSiteGateway
-from fedshard.runtime.site import Site
+from fedshard.coordinator.coordinator import Coordinator, RunResult
+from fedshard.site.site import Site
 from fedshard.store.verify import check_store
+from fedshard.transports.inprocess import InProcessSiteGateway
 from tests.zone_helpers import site_model
 
 
@@ -56,7 +56,7 @@ def test_site_model_is_sealed_at_rest_and_verifiable(tmp_path: Path) -> None:
     assert not any(p.suffix == ".kek" for p in files)
     assert (tmp_path / "store-keys" / "s0.kek").stat().st_mode & 0o777 == 0o600
     # the store's own check agrees with the model version the site recorded
-    from fedshard.runtime.site_store import site_kek
+    from fedshard.site.model_store import site_kek
     from fedshard.store.sealed_store import SealedShardStore
 
     store = SealedShardStore.open(

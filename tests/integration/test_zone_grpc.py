@@ -18,13 +18,13 @@ import pytest
 
 from fedshard.errors import AggregateNotFoundError, PushRejectedError, ZoneError
 from fedshard.integrity import Manifest, merkle_root, shard_digest
-from fedshard.runtime.rounds import RoundSpec
-from fedshard.runtime.zone import ZoneAggregator
-from fedshard.runtime.zone_rpc import zone_pb2 as pb
-from fedshard.runtime.zone_rpc import zone_pb2_grpc
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
-from fedshard.runtime.zone_rpc.convert import chunks
+from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc import zone_pb2_grpc
+from fedshard.zone.rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.convert import chunks
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, random_update
 

@@ -11,11 +11,11 @@ import pytest
 from fedshard.crypto.pki import init_ca, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import PushRejectedError, ZoneError
-from fedshard.runtime.rounds import RoundSpec
-from fedshard.runtime.zone import ZoneAggregator
-from fedshard.runtime.zone_rpc.client import GrpcZoneClient
-from fedshard.runtime.zone_rpc.service import serve
+from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc.client import GrpcZoneClient
+from fedshard.zone.rpc.service import serve
 from tests.zone_helpers import BASE, TOKEN, manifest_for, random_update
 
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32)}, tile=(4, 4))

@@ -9,9 +9,9 @@ import pytest
 from flwr.app import Error, Message
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedshard.runtime.flower.grid import FlowerSiteGateway
-from fedshard.runtime.flower.records import pack
-from fedshard.runtime.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
+from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
+from fedshard.transports.flower.grid import FlowerSiteGateway
+from fedshard.transports.flower.records import pack
 
 SUPERLINK_NODE_ID = 1  # the node id of replies the SuperLink writes itself
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedshard.crypto.he import EncryptedSum, HeCodec, he_init, load_context, split
 from fedshard.errors import ConfigError, IntegrityError, PkiError, ZoneError
-from fedshard.runtime.zone import ZoneAggregator
+from fedshard.zone.aggregator import ZoneAggregator
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import yaml
 
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
-from fedshard.runtime.routing import explain_routes
+from fedshard.routing import explain_routes
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 

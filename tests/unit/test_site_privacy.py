@@ -10,8 +10,8 @@ from fedshard.config import BudgetConfig
 from fedshard.errors import ConfigError
 from fedshard.privacy.accountant import AccountantKind, epsilon
 from fedshard.privacy.events import Guarantee
-from fedshard.runtime.messages import PrivacyPlan, RecordPlan, UpdatePlan
-from fedshard.runtime.site_privacy import SitePrivacy
+from fedshard.protocol.messages import PrivacyPlan, RecordPlan, UpdatePlan
+from fedshard.site.privacy import SitePrivacy
 
 
 def _plan(eps: float = 3.0, delta: float = 1e-5, sigma: float | None = 1.5, update: bool = False) -> PrivacyPlan:

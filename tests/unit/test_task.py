@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedshard.errors import TaskError
-from fedshard.runtime.task import Partition, Task, load_task
+from fedshard.task import Partition, Task, load_task
 
 
 def test_factory_is_called_with_options() -> None:

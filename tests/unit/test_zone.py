@@ -1,4 +1,4 @@
-"""Unit tests of :class:`fedshard.runtime.zone.ZoneAggregator`, driven directly (no network).
+"""Unit tests of :class:`fedshard.zone.aggregator.ZoneAggregator`, driven directly (no network).
 
 Every refused push must raise :class:`PushRejectedError` and leave nothing behind:
 each refusal test ends with :func:`assert_only_good_counted`, which has another site
@@ -17,11 +17,11 @@ import pytest
 
 from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ShardError, ZoneError
 from fedshard.integrity import merkle_root, shard_digest
-from fedshard.runtime.rounds import RoundSpec
-from fedshard.runtime.zone import ZoneAggregator
-from fedshard.runtime.zone_push import ByteBudget, PushSession
+from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.push import ByteBudget, PushSession
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, random_update
 
@@ -627,6 +627,6 @@ def test_zone_busy_when_staging_budget_is_full() -> None:
 def test_trim_heap_works_where_glibc_is_the_allocator() -> None:
     import platform
 
-    from fedshard.runtime.heap import trim_heap
+    from fedshard.zone.heap import trim_heap
 
     assert trim_heap() is (platform.libc_ver()[0] == "glibc")

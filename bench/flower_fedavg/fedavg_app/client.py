@@ -12,7 +12,7 @@ def _setup(context: Context):  # type: ignore[no-untyped-def]
     import torch
 
     from fedshard.config import load_federation, load_site
-    from fedshard.runtime.task import Partition, load_task
+    from fedshard.task import Partition, load_task
 
     local = load_site(str(context.node_config["site-config"]))
     assert local.deployment is not None
@@ -25,7 +25,7 @@ def _setup(context: Context):  # type: ignore[no-untyped-def]
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    from fedshard.runtime.task import TrainSettings
+    from fedshard.task import TrainSettings
 
     config, task, model, data = _setup(context)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())

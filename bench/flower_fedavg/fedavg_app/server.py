@@ -17,7 +17,7 @@ def main(grid: Grid, context: Context) -> None:
     from flwr.serverapp.strategy import FedAvg
 
     from fedshard.config import load_federation
-    from fedshard.runtime.task import load_task
+    from fedshard.task import load_task
 
     config = load_federation(str(context.run_config["config"]))
     times = str(context.run_config["times"])

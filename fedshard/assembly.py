@@ -1,0 +1,290 @@
+"""Building the runtime parts of a federation from its config.
+
+Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and the
+``fedshard zone up`` command all assemble sites and zones here, the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedshard.config import BudgetConfig, FederationConfig, LayerPolicy, ZoneConfig
+from fedshard.errors import ConfigError, PrivacyError
+from fedshard.protocol.channels import ZoneClient, ZoneConnector
+from fedshard.site.model_store import ModelStore, SnapshotModelStore
+from fedshard.site.privacy import SitePrivacy
+from fedshard.site.site import Site
+from fedshard.task import Partition, build_initial_model, load_task
+from fedshard.zone.aggregator import ZoneAggregator
+
+if TYPE_CHECKING:
+    from fedshard.crypto.he import HeCodec
+    from fedshard.crypto.tls import TlsFiles
+    from fedshard.routing import FederationRouting
+
+__all__ = [
+    "AUDIT_FILE",
+    "SIGNING_KEY_FILE",
+    "STORE_KEYS_DIR",
+    "check_privacy",
+    "grpc_connector",
+    "he_keys",
+    "load_site_keys",
+    "make_deployed_site",
+    "make_site",
+    "make_zone",
+    "running_zones",
+]
+
+STORE_KEYS_DIR = "store-keys"
+"""Beside ``state_root`` (never inside a site's folder): each simulated site's store key, ``<site>.kek``."""
+SIGNING_KEY_FILE = "signing.key"
+"""A site's manifest-signing key, in its state folder (public key beside it, ``.pub``)."""
+AUDIT_FILE = "audit.jsonl"
+"""A zone's audit log, in its store folder."""
+
+
+def grpc_connector(name: str, endpoint: str) -> ZoneClient:
+    """Zone client over gRPC (the data plane of every real run)."""
+    from fedshard.zone.rpc.client import GrpcZoneClient
+
+    return GrpcZoneClient(endpoint)
+
+
+def tls_connector(tls: TlsFiles | None) -> ZoneConnector:
+    """Zone clients over gRPC, with mutual TLS when ``tls`` is given."""
+    from fedshard.zone.rpc.client import GrpcZoneClient
+
+    def connect(name: str, endpoint: str) -> ZoneClient:
+        return GrpcZoneClient(endpoint, tls=tls)
+
+    return connect
+
+
+def load_site_keys(folder: str | Path) -> dict[str, bytes]:
+    """Sites' manifest-signing public keys from ``<site id>.pub`` files (hex) in ``folder``."""
+    from fedshard.crypto.signing import load_public_key, public_key_bytes
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"site key folder {folder} does not exist")
+    return {p.name[: -len(".pub")]: public_key_bytes(load_public_key(p.read_bytes())) for p in folder.glob("*.pub")}
+
+
+def make_site(
+    config: FederationConfig, site_id: str, state_root: str | Path, routing: FederationRouting | None = None
+) -> Site:
+    """The :class:`Site` for ``site_id``, keeping its state under ``state_root/site_id``.
+
+    The site routes by ``routing`` (computed from ``config`` when not given) and signs
+    its manifests with ``state_root/site_id/signing.key`` when that file exists.
+    """
+    state_dir = Path(state_root) / site_id
+    he_dir = he_keys(config) if config.residency.encrypting else None
+    kek_file = Path(state_root).parent / STORE_KEYS_DIR / f"{site_id}.kek"
+    store = _model_store(config, state_dir, kek_file, create_key=True)
+    return _site(config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, store, routing=routing)
+
+
+def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
+    """The :class:`Site` a deployed SuperNode runs, from the site's own config file.
+
+    The federation config, state folder and keys (TLS certificate for the zones,
+    manifest-signing key, CKKS secret context) all come from that file and the bundle
+    it names; ``site_id`` and ``jurisdiction`` (from the SuperNode's node config), when
+    given, must agree with it. The site's own privacy cap and the aggregator's budget
+    both apply: the stricter wins.
+    """
+    from fedshard.config import load_deployed_site
+    from fedshard.config.layout import SiteBundle
+
+    local, config, listed = load_deployed_site(site_config)
+    assert local.deployment is not None  # load_deployed_site checked it
+    me = local.site
+    for given, own, what in ((site_id, me.id, "site id"), (jurisdiction, me.jurisdiction, "jurisdiction")):
+        if given and given != own:
+            raise ConfigError(f"{site_config}: the SuperNode was started as {what} {given!r} but the file says {own!r}")
+    bundle = SiteBundle(local.deployment.keys)
+    tls = bundle.tls if local.deployment.tls else None
+    he_dir = bundle.he if config.residency.encrypting else None
+    store = _model_store(config, me.state_dir, bundle.store_kek, create_key=False)
+    cap = _stricter(listed.cap, me.cap)
+    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=cap)
+
+
+def _model_store(config: FederationConfig, state_dir: Path, kek_file: Path, *, create_key: bool) -> ModelStore:
+    """The site's model store: encrypted under the key in ``kek_file`` unless ``store.encrypt`` is off."""
+    if not config.store.encrypt:
+        return SnapshotModelStore(state_dir)
+    from fedshard.site.model_store import SealedModelStore, site_kek
+
+    return SealedModelStore(state_dir / "shards", site_kek(kek_file, create=create_key), config.store.lookahead)
+
+
+def _stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
+    if a is None or b is None:
+        return a or b
+    return BudgetConfig(epsilon=min(a.epsilon, b.epsilon), delta=min(a.delta, b.delta))
+
+
+def _site(
+    config: FederationConfig,
+    site_id: str,
+    state_dir: Path,
+    signing_key_file: Path,
+    he_dir: Path | None,
+    tls: TlsFiles | None,
+    store: ModelStore,
+    *,
+    routing: FederationRouting | None = None,
+    cap: BudgetConfig | None = None,
+) -> Site:
+    from fedshard.routing import FederationRouting
+
+    routes = routing or FederationRouting(config)
+    site = config.site(site_id)
+    task = load_task(config.task.target, dict(config.task.options))
+    partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
+    signing_key = None
+    if signing_key_file.exists():
+        from fedshard.crypto.signing import load_signing_key
+
+        signing_key = load_signing_key(signing_key_file)
+    he = None
+    if he_dir is not None:
+        value_range, max_sites = config.he.value_range, config.he.max_sites
+
+        def he() -> HeCodec:
+            from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
+
+            return HeCodec(load_context(he_dir / SECRET_CONTEXT_FILE, secret=True), value_range, max_sites)
+
+    return Site(
+        site.id,
+        site.jurisdiction,
+        task,
+        partition,
+        tile=config.sharding.tile,
+        seed=config.federation.seed,
+        state_dir=state_dir,
+        connect=tls_connector(tls),
+        privacy=SitePrivacy(site.id, state_dir, cap=cap if cap is not None else site.cap),
+        dp_layers=config.privacy.layer_policy,
+        routing=lambda: routes.site(site_id),
+        signing_key=signing_key,
+        he=he,
+        store=store,
+    )
+
+
+def he_keys(config: FederationConfig) -> Path:
+    """The folder of the federation's CKKS contexts (``he.keys``)."""
+    if config.he.keys is None:
+        raise ConfigError(
+            "residency.encrypt names shard classes to encrypt but he.keys is empty; "
+            "make the contexts with `fedshard keys he-init --out DIR` and set he.keys: DIR"
+        )
+    return config.he.keys
+
+
+def check_privacy(config: FederationConfig) -> None:
+    """Refuse, before anything runs, a site whose δ exceeds 1/(its number of records),
+    and a model DP-SGD cannot train when its layers may not be replaced.
+
+    Sites check these themselves too; checking here turns a refusal in round 1 into a
+    one-line error when the config is loaded.
+    """
+    if not config.privacy.enabled:
+        return
+    task = load_task(config.task.target, dict(config.task.options))
+    record = config.privacy.record_level
+    if record.enabled and not record.fix_incompatible_layers:
+        try:
+            build_initial_model(task, config.federation.seed, LayerPolicy.CHECK)
+        except PrivacyError as exc:
+            raise ConfigError(f"privacy.record_level: {exc}") from None
+    for site in config.sites:
+        budget = config.budget_of(site.id)
+        assert budget is not None
+        delta = min(budget.delta, site.cap.delta) if site.cap is not None else budget.delta
+        partition = Partition(config.partition_of(site.id), config.num_partitions, config.federation.seed)
+        records = task.load_data(partition).num_train
+        if records and delta > 1.0 / records:
+            raise ConfigError(
+                f"site {site.id}: privacy δ={delta:g} is larger than 1/(its {records} records) = {1.0 / records:.3g}; "
+                f"choose δ ≤ {1.0 / records:.3g}"
+            )
+
+
+def make_zone(
+    zone: ZoneConfig,
+    store_root: str | Path | None = None,
+    *,
+    routing: FederationRouting | None = None,
+    site_keys: Mapping[str, bytes] | None = None,
+    tls: TlsFiles | None = None,
+) -> ZoneAggregator:
+    """The aggregator for ``zone``; its store (and audit log) is ``zone.store`` or ``store_root/name``.
+
+    With ``routing`` the zone enforces the federation's residency policy; with
+    ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
+    presents when it forwards partial sums to the reducing zone.
+    """
+    from fedshard.residency.audit import AuditLog
+
+    store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
+    he_context = None
+    if routing is not None and routing.config.residency.encrypting:
+        from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
+
+        he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)
+    audit = None
+    if store is not None:
+        Path(store).mkdir(parents=True, exist_ok=True)
+        audit = AuditLog(Path(store) / AUDIT_FILE)
+    return ZoneAggregator(
+        zone.name,
+        zone.region,
+        store_dir=store,
+        staging_bytes=zone.staging_mb << 20,
+        residency=routing.zone_policy(zone.name, site_keys) if routing is not None else None,
+        audit=audit,
+        connect=tls_connector(tls),
+        he_context=he_context,
+    )
+
+
+@contextlib.contextmanager
+def running_zones(
+    config: FederationConfig,
+    store_root: str | Path | None = None,
+    site_keys: Mapping[str, bytes] | None = None,
+) -> Iterator[dict[str, str]]:
+    """Start every configured zone as a gRPC server in this process, enforcing the
+    federation's residency policy; yields endpoints.
+
+    Port 0 in a zone's endpoint picks a free port.
+    """
+    from fedshard.routing import FederationRouting
+    from fedshard.zone.rpc.service import serve
+
+    routing = FederationRouting(config)
+    routing.check()
+    servers, zones = [], []
+    endpoints: dict[str, str] = {}
+    try:
+        for zc in config.zones:
+            host = zc.endpoint.rsplit(":", 1)[0]
+            zones.append(make_zone(zc, store_root, routing=routing, site_keys=site_keys))
+            server, port = serve(zones[-1], zc.endpoint)
+            servers.append(server)
+            endpoints[zc.name] = f"{host}:{port}"
+        yield endpoints
+    finally:
+        for server in servers:
+            server.stop(grace=1.0).wait()
+        for zone in zones:
+            zone.close()

@@ -1,0 +1,8 @@
+"""The coordinator: drives rounds over a :class:`~fedshard.protocol.channels.SiteGateway`
+and the zones' lifecycle calls. It sees metadata only, never parameters or updates.
+
+``coordinator``  selection, round driving, one version chain per residency group
+``events``       the JSON-lines event log a run writes (and replays for status and summaries)
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,467 @@
+"""The Coordinator: drives rounds over metadata only.
+
+It selects sites, opens the round at every zone, tells the selected sites to train,
+waits (with a timeout and a minimum-sites rule), closes the round (the other zones
+first, so that they forward their partial sums of global shards to the reducing
+zone, then the reducing zone), extends each residency group's model-version chain,
+and has sites evaluate. It never sees parameters or updates: those go from sites
+straight to zones.
+
+Sites whose shards end up in the same aggregates form a **residency group** (for
+example, EU sites share regional EU aggregates of their personal layers, while
+everyone shares the global ones). Each group has its own model and version chain;
+the run's ``version`` combines them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fedshard.config import FederationConfig
+from fedshard.errors import FedshardError, RoundError
+from fedshard.integrity import merkle_root, next_version
+from fedshard.protocol.channels import SiteGateway, ZoneClient
+from fedshard.protocol.messages import (
+    AppliedRound,
+    ApplyRule,
+    EvaluateInstruction,
+    EvaluateReport,
+    MessageKind,
+    PrivacyPlan,
+    PrivacyReport,
+    PublishedAggregate,
+    QueryRequest,
+    RecordPlan,
+    SiteFailure,
+    SiteInfo,
+    TrainInstruction,
+    TrainReport,
+    UpdatePlan,
+)
+from fedshard.protocol.rounds import AggregateSummary, RoundSpec, derive_seed
+from fedshard.sharding import ShardPlan
+
+__all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult", "combine_versions", "residency_groups"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """What one round produced (metadata only)."""
+
+    round: int
+    version: str
+    merkle_root: str
+    sites: tuple[str, ...]
+    refused: dict[str, str]
+    train_loss: float
+    accuracy: float
+    loss: float
+    bytes_up: int
+    privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # site id -> PrivacyReport fields
+    versions: dict[str, str] = field(default_factory=dict)  # residency group -> its model version
+    roots: dict[str, str] = field(default_factory=dict)  # residency group -> root of what it applied
+    aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published
+
+
+@dataclass
+class RunResult:
+    """A whole run."""
+
+    sites: list[SiteInfo]
+    genesis_version: str
+    version: str
+    rounds: list[RoundResult] = field(default_factory=list)
+    stopped_reason: str = ""
+    groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
+
+    @property
+    def privacy(self) -> dict[str, dict[str, Any]]:
+        """Each site's privacy as last reported (at discovery, then after each round)."""
+        latest = {s.site_id: s.privacy.model_dump() for s in self.sites if s.privacy is not None}
+        for r in self.rounds:
+            latest.update(r.privacy)
+        return latest
+
+
+@dataclass
+class _Group:
+    """Sites that apply the same aggregates (a residency group), and their model's history."""
+
+    view: dict[str, list[str]]  # "zone|group" -> shard ids
+    sites: list[str]
+    version: str
+    history: list[AppliedRound] = field(default_factory=list)
+
+    def applied_root(self, published: Mapping[str, AggregateSummary]) -> str:
+        """Root over the shards this group applies from the round's aggregates."""
+        digests: dict[str, str] = {}
+        for key, shard_ids in self.view.items():
+            summary = published.get(key)
+            if summary is None:
+                continue
+            entries = {e.shard_id: e.digest for e in summary.shards}
+            digests.update({sid: entries[sid] for sid in shard_ids if sid in entries})
+        return merkle_root(digests)
+
+
+def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
+    """Sites that apply the same aggregates, by group name (their jurisdictions, joined by ``+``)."""
+    by_view: dict[str, list[SiteInfo]] = {}
+    for info in sorted(sites, key=lambda i: i.site_id):
+        by_view.setdefault(json.dumps(info.view, sort_keys=True), []).append(info)
+    groups: dict[str, list[SiteInfo]] = {}
+    for members in by_view.values():
+        name = "+".join(sorted({m.jurisdiction for m in members}))
+        while name in groups:
+            name += "'"
+        groups[name] = members
+    return groups
+
+
+def combine_versions(versions: Mapping[str, str]) -> str:
+    """One version for the whole federation: the only group's, or a digest over all groups'."""
+    if len(versions) == 1:
+        return next(iter(versions.values()))
+    return hashlib.sha256(json.dumps(dict(sorted(versions.items()))).encode()).hexdigest()
+
+
+class RoundObserver(Protocol):
+    """Receives progress events (progress display, event log)."""
+
+    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
+        """The federation is assembled."""
+        ...
+
+    def on_round(self, result: RoundResult) -> None:
+        """A round finished."""
+        ...
+
+
+class Coordinator:
+    """Runs a federation's rounds.
+
+    Parameters
+    ----------
+    config:
+        The federation config.
+    sites:
+        Control-plane gateway to the sites.
+    zones:
+        Zone clients by zone name (the coordinator only opens and closes rounds).
+    endpoints:
+        Zone endpoints by zone name, as sites should reach them.
+    observer:
+        Optional progress observer.
+    """
+
+    def __init__(
+        self,
+        config: FederationConfig,
+        sites: SiteGateway,
+        zones: Mapping[str, ZoneClient],
+        endpoints: Mapping[str, str],
+        observer: RoundObserver | None = None,
+    ) -> None:
+        self.config = config
+        self.sites = sites
+        self.zones = dict(zones)
+        self.endpoints = dict(endpoints)
+        self.observer = observer
+        self._rng = random.Random(config.federation.seed)
+        self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
+        self._groups: dict[str, _Group] = {}  # residency group name -> group
+        self._group_of: dict[str, str] = {}  # site id -> group name
+        self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
+        self._apply_rule = ApplyRule(**config.training.server_optimizer.model_dump())
+        self._plan_json = ""
+
+    @property
+    def _timeout(self) -> float:
+        return self.config.federation.round_timeout_s
+
+    # assembly --------------------------------------------------------------------------------
+    def discover(self) -> RunResult:
+        """Ask every connected site who it is; keep those that share the plan and genesis."""
+        nodes = self.sites.nodes()
+        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites}
+        query = QueryRequest(
+            privacy={site: plan for site, plan in plans.items() if plan is not None}, zones=self.endpoints
+        )
+        replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
+        infos: dict[str, SiteInfo] = {}
+        failures: dict[str, str] = {}
+        for node, reply in replies.items():
+            if isinstance(reply, SiteInfo):
+                infos[node] = reply
+            else:
+                failures[node] = str(getattr(reply, "reason", reply))
+                log.warning("node %s did not answer the query: %s", node, failures[node])
+        known = {s.id for s in self.config.sites}
+        for node, info in list(infos.items()):
+            if info.site_id not in known:
+                log.warning("site %r is not in the federation config; ignored", info.site_id)
+                del infos[node]
+        if not infos:
+            reasons = "; ".join(f"node {n}: {r}" for n, r in sorted(failures.items())[:3])
+            raise RoundError(f"no site answered; check that the sites are running and reachable ({reasons})")
+        votes: dict[tuple[str, str], int] = {}
+        for info in infos.values():
+            key = (info.plan_digest, info.genesis_version)
+            votes[key] = votes.get(key, 0) + 1
+        plan_digest, genesis = max(votes, key=lambda k: votes[k])
+        for node, info in list(infos.items()):
+            if (info.plan_digest, info.genesis_version) != (plan_digest, genesis):
+                log.warning("site %s starts from a different model (plan or seed differs); excluded", info.site_id)
+                del infos[node]
+        self._nodes = infos
+        self._privacy = {i.site_id: i.privacy for i in infos.values() if i.privacy is not None}
+        # The plan (names, shapes, dtypes; no values) is what zones check frames against.
+        plan_json = next(i.plan_json for i in infos.values())
+        if ShardPlan.from_json(plan_json).digest != plan_digest:
+            raise RoundError("the sites' shard plan does not match its digest")
+        self._plan_json = plan_json
+        self._form_groups(genesis)
+        return RunResult(
+            sites=sorted(infos.values(), key=lambda s: s.site_id),
+            genesis_version=genesis,
+            version=genesis,
+            groups={name: list(g.sites) for name, g in sorted(self._groups.items())},
+        )
+
+    def _form_groups(self, genesis: str) -> None:
+        """Group sites by the aggregates they apply (their views)."""
+        self._groups, self._group_of = {}, {}
+        for name, members in residency_groups(list(self._nodes.values())).items():
+            self._groups[name] = _Group(dict(members[0].view), [m.site_id for m in members], genesis)
+            self._group_of.update({m.site_id: name for m in members})
+        if len(self._groups) > 1:
+            log.info(
+                "residency groups: %s",
+                "; ".join(f"{n}: {', '.join(g.sites)}" for n, g in sorted(self._groups.items())),
+            )
+
+    def _group(self, node: str) -> _Group:
+        return self._groups[self._group_of[self._nodes[node].site_id]]
+
+    # rounds ------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Discover the sites, run every configured round, return the result.
+
+        A round that cannot proceed (too few sites, version disagreement) stops the
+        federation: the result then holds the rounds completed and ``stopped_reason``.
+        """
+        result = self.discover()
+        if self.observer is not None:
+            self.observer.on_start(result.sites, self.config.federation.rounds, result.genesis_version)
+        for rnd in range(1, self.config.federation.rounds + 1):
+            try:
+                round_result = self.run_round(rnd, result.version)
+            except RoundError as exc:
+                log.info("federation stopped: %s", exc)
+                result.stopped_reason = str(exc)
+                return result
+            result.version = round_result.version
+            result.rounds.append(round_result)
+            if self.observer is not None:
+                self.observer.on_round(round_result)
+        return result
+
+    def _privacy_plan(self, site_id: str) -> PrivacyPlan | None:
+        """The privacy the aggregator asks of a site (None when DP is off)."""
+        p = self.config.privacy
+        if not p.enabled:
+            return None
+        budget = self.config.budget_of(site_id)
+        assert budget is not None  # validated: a budget exists whenever DP is on
+        t = self.config.training
+        record = p.record_level
+        return PrivacyPlan(
+            accountant=record.accountant,
+            epsilon=budget.epsilon,
+            delta=budget.delta,
+            batch_size=t.batch_size,
+            epochs=t.local_epochs,
+            record=RecordPlan(
+                noise_multiplier=record.noise_multiplier,
+                max_grad_norm=record.max_grad_norm,
+                planned_rounds=math.ceil(self.config.federation.rounds * self.config.federation.sample_fraction),
+            )
+            if record.enabled
+            else None,
+            update=UpdatePlan(
+                clip_norm=p.update_level.clip_norm,
+                noise_multiplier=p.update_level.noise_multiplier,
+                noise_share=p.update_level.noise_share,
+            )
+            if p.update_level.enabled
+            else None,
+        )
+
+    def _select(self, rnd: int) -> list[str]:
+        """Sample the round's sites among those that can still afford a round."""
+        fed = self.config.federation
+        nodes = sorted(self._nodes, key=lambda n: self._nodes[n].site_id)
+        eligible = [n for n in nodes if self._can_afford(self._nodes[n].site_id)]
+        if len(eligible) < fed.min_sites:
+            spent = sorted(self._nodes[n].site_id for n in nodes if n not in eligible)
+            why = f"; privacy budget exhausted: {', '.join(spent)}" if spent else ""
+            raise RoundError(
+                f"round {rnd}: only {len(eligible)} site(s) can still take part, "
+                f"federation.min_sites is {fed.min_sites}{why}"
+            )
+        k = max(fed.min_sites, math.ceil(fed.sample_fraction * len(eligible)))
+        return sorted(self._rng.sample(eligible, min(k, len(eligible))))
+
+    def _can_afford(self, site_id: str) -> bool:
+        report = self._privacy.get(site_id)
+        return report is None or report.can_afford_next
+
+    def run_round(self, rnd: int, version: str) -> RoundResult:
+        """Run round ``rnd``; ``version`` is the federation's version before it."""
+        fed = self.config.federation
+        selected = self._select(rnd)
+        token = secrets.token_hex(16)
+        site_ids = tuple(self._nodes[n].site_id for n in selected)
+        versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
+        spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())))
+        opened = []
+        try:
+            for name, zone in self.zones.items():
+                zone.open_round(spec)
+                opened.append(name)
+        except FedshardError:
+            self._abort(rnd, opened)
+            raise
+        t = self.config.training
+        weight_scale = float(max(i.num_examples for i in self._nodes.values()))
+        instructions = {
+            node: TrainInstruction(
+                round=rnd,
+                token=token,
+                base_version=self._group(node).version,
+                history=list(self._group(node).history),
+                zones=self.endpoints,
+                epochs=t.local_epochs,
+                batch_size=t.batch_size,
+                learning_rate=t.learning_rate,
+                seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
+                privacy=self._privacy_plan(self._nodes[node].site_id),
+                apply=self._apply_rule,
+                weight_scale=weight_scale,
+            )
+            for node in selected
+        }
+        replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
+        reports: list[TrainReport] = []
+        refused: dict[str, str] = {}
+        for node, reply in replies.items():
+            site_id = self._nodes[node].site_id
+            if isinstance(reply, TrainReport) and reply.privacy is not None:
+                self._privacy[site_id] = reply.privacy
+            if isinstance(reply, TrainReport) and reply.ok:
+                reports.append(reply)
+            else:
+                refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
+                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
+        if len(reports) < fed.min_sites:
+            self._abort(rnd, list(self.zones))
+            details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))
+            raise RoundError(
+                f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
+                f"(federation.min_sites is {fed.min_sites}). {details}"
+            )
+        published = self._close(rnd)
+        counted = {s for summary in published.values() for s in summary.sites}
+        if not counted:
+            raise RoundError(f"round {rnd}: the zones counted no update")
+        announced = [
+            PublishedAggregate(zone=s.zone, group=s.group, merkle_root=s.merkle_root) for s in published.values()
+        ]
+        roots = {}
+        for name, group in sorted(self._groups.items()):
+            roots[name] = root = group.applied_root(published)
+            group.version = next_version(group.version, root)
+            group.history.append(AppliedRound(round=rnd, merkle_root=root, aggregates=announced))
+        accuracy, loss = self._evaluate(rnd)
+        ok = [r for r in reports if r.site_id in counted]
+        weight = sum(r.num_examples for r in ok) or 1
+        group_versions = {name: g.version for name, g in sorted(self._groups.items())}
+        return RoundResult(
+            round=rnd,
+            version=combine_versions(group_versions),
+            merkle_root=merkle_root({f"{s.zone}|{s.group}": s.merkle_root for s in published.values()}),
+            sites=tuple(sorted(counted)),
+            refused=refused,
+            train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
+            accuracy=accuracy,
+            loss=loss,
+            bytes_up=sum(r.bytes_up for r in ok),
+            privacy={site: report.model_dump() for site, report in sorted(self._privacy.items())},
+            versions=group_versions,
+            roots=roots,
+            aggregates=[
+                {"zone": s.zone, "group": s.group, "shards": len(s.shards), "sites": list(s.sites)}
+                for s in published.values()
+            ],
+        )
+
+    def _abort(self, rnd: int, zones: list[str]) -> None:
+        for name in zones:
+            try:
+                self.zones[name].abort_round(rnd)
+            except FedshardError as exc:
+                log.warning("round %d: zone %s could not abort: %s", rnd, name, exc)
+
+    def _close(self, rnd: int) -> dict[str, AggregateSummary]:
+        """Close the round at every zone, the reducing zone last; summaries by ``zone|group``."""
+        reducer = self.config.reducing_zone
+        forward_to = (reducer, self.endpoints[reducer]) if reducer is not None else None
+        order = sorted(self.zones, key=lambda name: (name == reducer, name))
+        published: dict[str, AggregateSummary] = {}
+        for name in order:
+            try:
+                summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
+            except FedshardError as exc:
+                self._abort(rnd, list(self.zones))
+                raise RoundError(f"round {rnd}: zone {name} could not close the round: {exc}") from None
+            published.update({f"{s.zone}|{s.group}": s for s in summaries})
+        return published
+
+    def _evaluate(self, rnd: int) -> tuple[float, float]:
+        """Every site applies its aggregates and evaluates; weighted accuracy and loss."""
+        messages = {
+            node: EvaluateInstruction(
+                round=rnd,
+                version=self._group(node).version,
+                history=list(self._group(node).history),
+                zones=self.endpoints,
+                apply=self._apply_rule,
+            )
+            for node in self._nodes
+        }
+        replies = self.sites.send(MessageKind.EVALUATE, messages, self._timeout)
+        reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
+        for node, reply in replies.items():
+            if not isinstance(reply, EvaluateReport):
+                log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)
+        expected = {self._nodes[n].site_id: self._group(n).version for n in self._nodes}
+        disagree = [r.site_id for r in reports if r.version != expected.get(r.site_id)]
+        if disagree:
+            raise RoundError(f"round {rnd}: sites {', '.join(disagree)} report a different model version")
+        n = sum(r.num_examples for r in reports)
+        if n == 0:
+            return float("nan"), float("nan")
+        return (
+            sum(r.accuracy * r.num_examples for r in reports) / n,
+            sum(r.loss * r.num_examples for r in reports) / n,
+        )

@@ -1,0 +1,90 @@
+"""Run events as JSON lines: how a coordinator running elsewhere (a Flower ServerApp)
+reports progress to whoever displays it, and the run's permanent record."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from fedshard.coordinator.coordinator import RoundResult, RunResult, residency_groups
+from fedshard.errors import RoundError
+from fedshard.protocol.messages import SiteInfo
+
+__all__ = ["EventLog", "replay", "round_from_event"]
+
+
+class EventLog:
+    """A :class:`~fedshard.coordinator.coordinator.RoundObserver` appending to ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, event: dict[str, Any]) -> None:
+        event = {**event, "at": round(time.time(), 3)}  # wall clock, for per-round timings
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(event, sort_keys=True) + "\n")
+            fh.flush()
+
+    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
+        """Record the assembled federation."""
+        self._write(
+            {
+                "event": "start",
+                "rounds": rounds,
+                "genesis_version": genesis_version,
+                "sites": [s.model_dump() for s in sites],
+            }
+        )
+
+    def on_round(self, result: RoundResult) -> None:
+        """Record one finished round."""
+        self._write({"event": "round", **asdict(result)})
+
+    def on_stop(self, reason: str) -> None:
+        """Record the end of the run (empty reason: completed)."""
+        self._write({"event": "stop", "reason": reason})
+
+    def read(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Events written since byte ``offset``; returns them and the new offset."""
+        if not self.path.exists():
+            return [], offset
+        with self.path.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        events = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        return events, offset + len(complete)
+
+
+def replay(path: str | Path) -> RunResult:
+    """Rebuild the result of the run recorded in ``path`` (its last start onwards)."""
+    events, _ = EventLog(path).read()
+    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+    if not starts:
+        raise RoundError(f"{path}: the run never assembled its sites (no start event)")
+    start = events[starts[-1]]
+    sites = [SiteInfo(**s) for s in start["sites"]]
+    result = RunResult(
+        sites=sites,
+        genesis_version=start["genesis_version"],
+        version=start["genesis_version"],
+        groups={name: [m.site_id for m in members] for name, members in sorted(residency_groups(sites).items())},
+    )
+    for event in events[starts[-1] + 1 :]:
+        if event["event"] == "round":
+            result.rounds.append(round_from_event(event))
+            result.version = result.rounds[-1].version
+        elif event["event"] == "stop":
+            result.stopped_reason = event["reason"]
+    return result
+
+
+def round_from_event(event: dict[str, Any]) -> RoundResult:
+    """Rebuild a RoundResult from its event."""
+    fields = {k: v for k, v in event.items() if k not in ("event", "at")}
+    fields["sites"] = tuple(fields["sites"])
+    return RoundResult(**fields)

@@ -1,0 +1,11 @@
+"""What the roles say to each other, free of any transport.
+
+``messages``   the control-plane messages (coordinator ↔ site) and their kinds
+``rounds``     round specs, push receipts, aggregate summaries, partial sums (coordinator/site ↔ zone)
+``channels``   the channel protocols the roles depend on: :class:`SiteGateway`, :class:`ZoneClient`
+
+Transports (in-process, Flower, gRPC) implement the channels; the coordinator, sites
+and zones only ever see these types.
+"""
+
+__all__: list[str] = []

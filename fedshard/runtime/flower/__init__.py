@@ -1,6 +1,0 @@
-"""Flower adapters: the coordinator over Flower's Grid, sites as ClientApp handlers.
-
-Control-plane messages travel as one ``ConfigRecord`` named ``fedshard`` whose
-``payload`` is the JSON of a :mod:`fedshard.runtime.messages` model. Only metadata
-goes through Flower; shards go to zones over gRPC.
-"""

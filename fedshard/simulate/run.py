@@ -1,0 +1,198 @@
+"""``fedshard simulate``: a whole federation on one machine.
+
+Zones are real gRPC servers on loopback in both engines. With ``inprocess`` the
+sites are objects in this process; with ``flower`` they are ClientApps on Flower's
+simulation engine (Ray) and the coordinator is the ServerApp.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedshard.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, make_site, running_zones
+from fedshard.config import FederationConfig
+from fedshard.coordinator.coordinator import Coordinator, RoundObserver, RunResult
+from fedshard.coordinator.events import EventLog
+from fedshard.errors import ConfigError
+from fedshard.protocol.messages import SiteInfo
+from fedshard.simulate.baseline import centralized_baseline
+from fedshard.transports.inprocess import InProcessSiteGateway
+
+__all__ = ["Engine", "build_summary", "simulate", "with_rounds"]
+
+
+class Engine(StrEnum):
+    """Where the sites run."""
+
+    INPROCESS = "inprocess"
+    FLOWER = "flower"
+
+
+def with_rounds(config: FederationConfig, rounds: int | None) -> FederationConfig:
+    """``config`` with ``federation.rounds`` replaced (when ``rounds`` is given)."""
+    if rounds is None:
+        return config
+    data = config.model_dump(mode="json")
+    data["federation"]["rounds"] = rounds
+    return FederationConfig.model_validate(data)
+
+
+class _Fanout:
+    def __init__(self, *observers: RoundObserver | None) -> None:
+        self._observers = [o for o in observers if o is not None]
+
+    def on_start(self, sites: Any, rounds: int, genesis_version: str) -> None:
+        for o in self._observers:
+            o.on_start(sites, rounds, genesis_version)
+
+    def on_round(self, result: Any) -> None:
+        for o in self._observers:
+            o.on_round(result)
+
+
+def simulate(
+    config: FederationConfig,
+    out: str | Path,
+    engine: Engine = Engine.INPROCESS,
+    observer: RoundObserver | None = None,
+) -> dict[str, Any]:
+    """Run ``config`` on one machine, write ``out/summary.json``, return the summary."""
+    out = Path(out)
+    if (out / "events.jsonl").exists() or (out / "sites").exists():
+        raise ConfigError(
+            f"{out} already holds a run (its sites' shards and ledgers); choose another --out, nothing was changed"
+        )
+    check_privacy(config)
+    out.mkdir(parents=True, exist_ok=True)
+    if config.residency.encrypting and config.he.keys is None:
+        from fedshard.crypto.he import he_init
+
+        he_init(out / "keys")  # the run's own CKKS contexts: secret for the sites, public for the zones
+        config = config.model_copy(update={"he": config.he.model_copy(update={"keys": (out / "keys").resolve()})})
+    config_path = out / "federation.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    events = EventLog(out / "events.jsonl")
+    started = time.perf_counter()
+    site_keys = _signing_keys(config, out / "sites")
+    with running_zones(config, out / "zones", site_keys) as endpoints:
+        if engine is Engine.INPROCESS:
+            result = _run_inprocess(config, out, endpoints, _Fanout(events, observer))
+            events.on_stop(result.stopped_reason)
+        else:
+            from fedshard.simulate.flower import run_flower_simulation
+
+            result = run_flower_simulation(config_path, out, endpoints, events, observer)
+        zones = _zone_details(endpoints)
+    elapsed = time.perf_counter() - started
+    baseline = centralized_baseline(config)
+    summary = build_summary(config, result, engine.value, zones, baseline.accuracy or 0.0, elapsed)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _signing_keys(config: FederationConfig, sites_root: Path) -> dict[str, bytes]:
+    """A manifest-signing key in every site's folder; the public keys, for the zones."""
+    from fedshard.crypto.signing import generate_signing_key
+
+    keys = {}
+    for s in config.sites:
+        folder = sites_root / s.id
+        folder.mkdir(parents=True, exist_ok=True)
+        keys[s.id] = generate_signing_key(folder / SIGNING_KEY_FILE)
+    return keys
+
+
+def _zone_details(endpoints: dict[str, str]) -> list[dict[str, Any]]:
+    """Each zone's counters, residency role and audit head, as it reports them."""
+    from fedshard.zone.rpc.client import GrpcZoneClient
+
+    out = []
+    for endpoint in endpoints.values():
+        with GrpcZoneClient(endpoint, timeout=30) as client:
+            out.append({"endpoint": endpoint, **client.details()})
+    return out
+
+
+def _run_inprocess(
+    config: FederationConfig, out: Path, endpoints: dict[str, str], observer: RoundObserver
+) -> RunResult:
+    from fedshard.routing import FederationRouting
+
+    routing = FederationRouting(config)
+    sites = {s.id: make_site(config, s.id, out / "sites", routing) for s in config.sites}
+    gateway = InProcessSiteGateway(sites)
+    zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
+    try:
+        return Coordinator(config, gateway, zones, endpoints, observer).run()
+    finally:
+        gateway.close()
+        for z in zones.values():
+            z.close()
+
+
+def _site_summary(site: SiteInfo, privacy: dict[str, Any] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": site.site_id, "jurisdiction": site.jurisdiction, "examples": site.num_examples}
+    if privacy is not None:
+        entry.update(
+            epsilon_budget=privacy["epsilon_budget"],
+            epsilon_spent=privacy["epsilon_spent"],
+            epsilon_record=privacy["epsilon_record"],
+            epsilon_update=privacy["epsilon_update"],
+            delta=privacy["delta"],
+            rounds_participated=privacy["rounds_participated"],
+            status=privacy["status"],
+            projected_rounds_left=privacy["projected_rounds_left"],
+        )
+        if privacy.get("note"):
+            entry["note"] = privacy["note"]
+    return entry
+
+
+def build_summary(
+    config: FederationConfig,
+    result: RunResult,
+    engine: str,
+    zones: list[dict[str, Any]],
+    centralized_accuracy: float | None,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """The ``summary.json`` contract (see README)."""
+    last = result.rounds[-1] if result.rounds else None
+    return {
+        "federation": config.federation.name,
+        "engine": engine,
+        "rounds": len(result.rounds),
+        "final_accuracy": last.accuracy if last else None,
+        "final_loss": last.loss if last else None,
+        "centralized_accuracy": centralized_accuracy,
+        "model_version": result.version,
+        "genesis_version": result.genesis_version,
+        "elapsed_s": round(elapsed_s, 3),
+        "history": [
+            {
+                "round": r.round,
+                "accuracy": r.accuracy,
+                "loss": r.loss,
+                "train_loss": r.train_loss,
+                "bytes_up": r.bytes_up,
+                "sites": list(r.sites),
+                "refused": r.refused,
+                "merkle_root": r.merkle_root,
+                "model_version": r.version,
+                "group_versions": r.versions,
+                "group_roots": r.roots,
+                "aggregates": r.aggregates,
+            }
+            for r in result.rounds
+        ],
+        "sites": [_site_summary(s, result.privacy.get(s.site_id)) for s in result.sites],
+        "residency_groups": result.groups,
+        "zones": zones,
+        "stopped_reason": result.stopped_reason,
+    }

@@ -1,0 +1,11 @@
+"""A site: its model held once per process, local training, update DP, routing,
+sealing, signing, pushing, and applying aggregates.
+
+``site``         the :class:`Site` role: handles the coordinator's messages
+``privacy``      the site's privacy ledger and what each round may spend
+``model_store``  where the site keeps its parameter shards between messages (sealed store or snapshot)
+
+Nothing heavy is imported here: Flower may start a fresh process per message.
+"""
+
+__all__: list[str] = []

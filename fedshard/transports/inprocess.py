@@ -1,0 +1,100 @@
+"""In-process adapters: sites called directly, zones called directly (no network).
+
+The embedded demo uses :class:`InProcessSiteGateway` with real gRPC zones; unit
+tests may also use :class:`InProcessZoneClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import numpy as np
+from pydantic import BaseModel
+
+from fedshard.errors import FedshardError
+from fedshard.integrity import Manifest
+from fedshard.protocol.messages import MessageKind, SiteFailure
+from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
+from fedshard.site.site import Site
+from fedshard.zone.aggregator import ZoneAggregator
+
+__all__ = ["InProcessSiteGateway", "InProcessZoneClient"]
+
+
+class InProcessZoneClient:
+    """A :class:`~fedshard.protocol.channels.ZoneClient` that calls a ZoneAggregator directly."""
+
+    def __init__(self, zone: ZoneAggregator) -> None:
+        self.zone = zone
+
+    def open_round(self, spec: RoundSpec) -> None:
+        """See :class:`ZoneClient`."""
+        self.zone.open_round(spec)
+
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
+        """See :class:`ZoneClient`."""
+        return self.zone.push(manifest, token, dict(shards))
+
+    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
+        """See :class:`ZoneClient`."""
+        return self.zone.close_round(round, forward_to)
+
+    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
+        """See :class:`ZoneClient`."""
+        return self.zone.receive_partial(partial, dict(sums))
+
+    def abort_round(self, round: int) -> None:
+        """See :class:`ZoneClient`."""
+        self.zone.abort_round(round)
+
+    def fetch_aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """See :class:`ZoneClient`."""
+        residency = self.zone.residency
+        jurisdiction = residency.jurisdictions.get(site_id) if residency is not None else None
+        return self.zone.aggregate(round, group, jurisdiction=jurisdiction)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class InProcessSiteGateway:
+    """A :class:`~fedshard.protocol.channels.SiteGateway` over Site objects in this process.
+
+    Sites run in a thread pool so that a slow site hits the timeout like a remote one.
+    """
+
+    def __init__(self, sites: Mapping[str, Site], max_workers: int = 1) -> None:
+        self._sites = dict(sites)
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="site")
+
+    def nodes(self) -> list[str]:
+        """See :class:`SiteGateway`."""
+        return list(self._sites)
+
+    def send(
+        self, kind: MessageKind, messages: Mapping[str, BaseModel], timeout: float
+    ) -> dict[str, BaseModel | SiteFailure]:
+        """See :class:`SiteGateway`."""
+        futures = {node: self._pool.submit(self._sites[node].handle, kind, msg) for node, msg in messages.items()}
+        wait(futures.values(), timeout=timeout)
+        out: dict[str, BaseModel | SiteFailure] = {}
+        for node, fut in futures.items():
+            if not fut.done():
+                fut.cancel()
+                out[node] = SiteFailure(reason=f"no reply within {timeout:.0f}s")
+                continue
+            exc = fut.exception()
+            if exc is None:
+                out[node] = fut.result()
+            elif isinstance(exc, FedshardError):
+                out[node] = SiteFailure(reason=str(exc))
+            else:
+                out[node] = SiteFailure(reason=f"{type(exc).__name__}: {exc}")
+        return out
+
+    def close(self) -> None:
+        """Stop the worker threads."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

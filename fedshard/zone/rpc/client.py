@@ -1,0 +1,201 @@
+"""Client of a zone's gRPC service, used by sites (push, fetch) and the coordinator
+(open, close). Implements :class:`fedshard.protocol.channels.ZoneClient`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import grpc
+import numpy as np
+
+from fedshard.crypto.tls import TlsFiles
+from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
+from fedshard.integrity import Manifest, ShardHasher, merkle_root
+from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
+from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunks, header_to_summary
+
+__all__ = ["GrpcZoneClient"]
+
+
+class GrpcZoneClient:
+    """Talks to one zone over gRPC.
+
+    Parameters
+    ----------
+    endpoint:
+        ``host:port`` of the zone.
+    timeout:
+        Seconds allowed for each call.
+    tls:
+        This party's certificate, key and the federation CA, for mutual TLS.
+    """
+
+    def __init__(
+        self, endpoint: str, timeout: float = 300.0, chunk_bytes: int = CHUNK_BYTES, tls: TlsFiles | None = None
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.chunk_bytes = chunk_bytes
+        if tls is None:
+            self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(endpoint, tls.channel(), options=GRPC_OPTIONS)
+        self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> GrpcZoneClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _error(self, exc: grpc.RpcError) -> ZoneError:
+        code = exc.code()
+        details = exc.details() or str(code)
+        if code in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.ALREADY_EXISTS,
+        ):
+            return PushRejectedError(details, code.name.lower())
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return PushRejectedError(details, "residency" if "residency" in details else "permission_denied")
+        if code == grpc.StatusCode.NOT_FOUND:
+            return AggregateNotFoundError(details)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return ZoneError(f"zone at {self.endpoint} is unreachable ({details}); is `fedshard zone up` running?")
+        return ZoneError(f"zone at {self.endpoint}: {code.name}: {details}")
+
+    def info(self) -> tuple[str, str]:
+        """``(name, region)`` of the zone."""
+        reply = self._info()
+        return reply.name, reply.region
+
+    def details(self) -> dict[str, Any]:
+        """The zone's counters, residency role and audit head (see ``ZoneAggregator.info``)."""
+        reply = self._info()
+        return dict(json.loads(reply.info_json)) if reply.info_json else {"name": reply.name, "region": reply.region}
+
+    def _info(self) -> pb.InfoReply:
+        try:
+            reply: pb.InfoReply = self._stub.Info(pb.InfoRequest(), timeout=self.timeout)
+            return reply
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the zone's channel is connected."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise ZoneError(f"zone at {self.endpoint} did not come up within {timeout:.0f}s") from None
+
+    def open_round(self, spec: RoundSpec) -> None:
+        """Ask the zone to accept pushes for ``spec.round``."""
+        request = pb.OpenRoundRequest(
+            round=spec.round,
+            token=spec.token,
+            plan_json=spec.plan_json,
+            base_version=spec.base_version,
+            sites=list(spec.sites),
+            base_versions=dict(spec.base_versions),
+        )
+        try:
+            self._stub.OpenRound(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
+        """Stream the manifest then the shards; raises :class:`PushRejectedError` if refused."""
+
+        def frames() -> Iterator[pb.PushFrame]:
+            yield pb.PushFrame(header=pb.PushHeader(manifest=manifest.to_bytes(), round_token=token))
+            for chunk in chunks(shards, self.chunk_bytes):
+                yield pb.PushFrame(chunk=chunk)
+
+        try:
+            reply = self._stub.Push(frames(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes)
+
+    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
+        """Close ``round``; the summaries of the aggregates it published (one per group).
+
+        ``forward_to`` is the reducing zone's ``(name, endpoint)``.
+        """
+        zone, endpoint = forward_to or ("", "")
+        request = pb.CloseRoundRequest(round=round, forward_zone=zone, forward_endpoint=endpoint)
+        try:
+            reply = self._stub.CloseRound(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return [header_to_summary(h) for h in reply.aggregates]
+
+    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
+        """Send partial sums to the reducing zone; the number of shards it folded in."""
+
+        def frames() -> Iterator[pb.PushFrame]:
+            yield pb.PushFrame(header=pb.PushHeader(manifest=partial.to_bytes(), round_token=partial.token))
+            for chunk in chunks(sums, self.chunk_bytes):
+                yield pb.PushFrame(chunk=chunk)
+
+        try:
+            reply = self._stub.Forward(frames(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return int(reply.shards)
+
+    def abort_round(self, round: int) -> None:
+        """Discard ``round`` at the zone."""
+        try:
+            self._stub.CloseRound(pb.CloseRoundRequest(round=round, abort=True), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def fetch_aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """Download aggregate ``group`` of ``round``; every shard digest and the root are verified.
+
+        ``site_id`` says who asks (the zone checks that the policy lets that site's
+        jurisdiction receive it; under mTLS the certificate says who asks).
+        """
+        summary: AggregateSummary | None = None
+        shards: dict[str, np.ndarray] = {}
+        buffers: dict[str, tuple[bytearray, str, tuple[int, ...]]] = {}
+        request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
+        try:
+            for frame in self._stub.FetchAggregate(request, timeout=self.timeout):
+                if frame.WhichOneof("frame") == "header":
+                    summary = header_to_summary(frame.header)
+                    continue
+                c = frame.chunk
+                if c.offset == 0:
+                    buffers[c.shard_id] = (bytearray(), c.dtype, tuple(c.shape))
+                buffers[c.shard_id][0].extend(c.data)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        if summary is None:
+            raise ZoneError(f"zone at {self.endpoint} sent no aggregate header for round {round}")
+        expected = {e.shard_id: e.digest for e in summary.shards}
+        for shard_id, (raw, dtype, shape) in buffers.items():
+            hasher = ShardHasher(dtype, shape)
+            hasher.update(raw)
+            if expected.get(shard_id) != hasher.hexdigest():
+                raise IntegrityError(
+                    f"aggregate shard {shard_id} of round {round} from zone {summary.zone} fails its digest"
+                )
+            shards[shard_id] = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
+        if set(shards) != set(expected) or merkle_root(expected) != summary.merkle_root:
+            raise IntegrityError(
+                f"aggregate of round {round} from zone {summary.zone} is incomplete or fails its Merkle root"
+            )
+        return summary, shards

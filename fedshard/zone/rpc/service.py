@@ -1,0 +1,211 @@
+"""The zone's gRPC service: maps the wire protocol onto :class:`ZoneAggregator`.
+
+Errors become gRPC status codes with the one-line reason as details; nothing else
+(no traceback, no internal state) leaves the zone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+
+from fedshard.crypto.identity import Identity, Role
+from fedshard.crypto.tls import TlsFiles, peer_identity
+from fedshard.errors import (
+    AggregateNotFoundError,
+    FedshardError,
+    IntegrityError,
+    PkiError,
+    PushRejectedError,
+    ResidencyViolationError,
+    ZoneError,
+)
+from fedshard.integrity import Manifest
+from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.convert import GRPC_OPTIONS, assemble_frames, chunks, summary_to_header
+
+__all__ = ["ZoneService", "serve"]
+
+log = logging.getLogger(__name__)
+
+_PRECONDITION_CODES = {"round", "token", "site", "version", "plan", "zone", "state"}
+_PERMISSION_CODES = {"identity", "residency", "policy", "class", "signature", "encryption"}
+
+
+def _status(error: FedshardError) -> grpc.StatusCode:
+    if isinstance(error, ResidencyViolationError):
+        return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(error, PushRejectedError):
+        if error.code in _PERMISSION_CODES:
+            return grpc.StatusCode.PERMISSION_DENIED
+        if error.code == "duplicate":
+            return grpc.StatusCode.ALREADY_EXISTS
+        if error.code in _PRECONDITION_CODES:
+            return grpc.StatusCode.FAILED_PRECONDITION
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, AggregateNotFoundError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(error, IntegrityError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, ZoneError) and "busy" in str(error):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ZoneService(pb_grpc.ZoneServicer):
+    """gRPC front of one zone aggregator.
+
+    With mTLS (``ca_pem`` given) a push is accepted only from the site its manifest
+    names: the caller's identity comes from its certificate, not from the request.
+    """
+
+    def __init__(self, zone: ZoneAggregator, push_timeout: float = 600.0, ca_pem: bytes | None = None) -> None:
+        self.zone = zone
+        self.push_timeout = push_timeout
+        self.ca_pem = ca_pem
+
+    def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> None:
+        log.info("zone %s refused: %s", self.zone.name, error)
+        context.abort(_status(error), str(error))
+
+    def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
+        spec = RoundSpec(
+            request.round,
+            request.token,
+            request.plan_json,
+            request.base_version,
+            tuple(request.sites),
+            tuple(sorted(request.base_versions.items())),
+        )
+        try:
+            self.zone.open_round(spec)
+        except FedshardError as exc:
+            self._fail(context, exc)
+        return pb.OpenRoundReply()
+
+    def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
+        try:
+            first = self._header(request_iterator, "a push must start with its manifest")
+            manifest = Manifest.from_bytes(first.header.manifest)
+            certified = self._check_caller(context, manifest.site_id)
+            with self.zone.begin_push(
+                manifest, first.header.round_token, self.push_timeout, certified=certified
+            ) as session:
+                for frame in request_iterator:
+                    if frame.WhichOneof("frame") != "chunk":
+                        raise PushRejectedError(f"zone {self.zone.name}: manifest sent twice in one push", "protocol")
+                    c = frame.chunk
+                    session.receive(c.shard_id, c.data, offset=c.offset, dtype=c.dtype, shape=tuple(c.shape))
+                receipt = session.commit()
+        except FedshardError as exc:
+            self._fail(context, exc)
+        return pb.PushReply(
+            zone=receipt.zone, round=receipt.round, site_id=receipt.site_id, shards=receipt.shards, bytes=receipt.bytes
+        )
+
+    def _header(self, frames: Iterator[pb.PushFrame], rule: str) -> pb.PushFrame:
+        first = next(frames, None)
+        if first is None or first.WhichOneof("frame") != "header":
+            raise PushRejectedError(f"zone {self.zone.name}: {rule}", "protocol")
+        return first
+
+    def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> str | None:
+        """Under mTLS: check the caller is ``site_id``; its certified jurisdiction."""
+        identity = self._caller(context, Role.SITE)
+        if identity is None:
+            return None
+        if identity.name != site_id:
+            raise PushRejectedError(
+                f"zone {self.zone.name}: manifest names site {site_id!r} but the caller's certificate is "
+                f"{identity.name!r}",
+                "identity",
+            )
+        return identity.jurisdiction_or_region
+
+    def _caller(self, context: grpc.ServicerContext, role: Role) -> Identity | None:
+        if self.ca_pem is None:
+            return None
+        try:
+            return peer_identity(context, self.ca_pem, role=role)
+        except PkiError as exc:
+            raise PushRejectedError(f"zone {self.zone.name}: {exc}", "identity") from None
+
+    def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
+        try:
+            first = self._header(request_iterator, "a forward must start with its header")
+            partial = PartialSum.from_bytes(first.header.manifest)
+            caller = self._caller(context, Role.ZONE)
+            expected = {e.shard_id: e.nbytes for e in partial.entries}
+            if sum(expected.values()) > self.zone.staging_limit:
+                raise PushRejectedError(f"zone {self.zone.name}: partial sums exceed the staging budget", "shape")
+            frames = (
+                (f.chunk.shard_id, f.chunk.data, f.chunk.offset, f.chunk.dtype, tuple(f.chunk.shape))
+                for f in request_iterator
+                if f.WhichOneof("frame") == "chunk"
+            )
+            sums = assemble_frames(frames, expected)
+            shards = self.zone.receive_partial(partial, sums, certified=caller.name if caller else None)
+        except FedshardError as exc:
+            self._fail(context, exc)
+        return pb.ForwardReply(shards=shards)
+
+    def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.CloseRoundReply:  # noqa: N802
+        try:
+            if request.abort:
+                self.zone.abort_round(request.round)
+                return pb.CloseRoundReply()
+            forward = (request.forward_zone, request.forward_endpoint) if request.forward_zone else None
+            summaries = self.zone.close_round(request.round, forward)
+            return pb.CloseRoundReply(aggregates=[summary_to_header(s) for s in summaries])
+        except FedshardError as exc:
+            self._fail(context, exc)
+            raise  # unreachable: abort raises
+
+    def FetchAggregate(  # noqa: N802
+        self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.AggregateFrame]:
+        try:
+            caller = self._caller(context, Role.SITE)
+            residency = self.zone.residency
+            if caller is not None:
+                jurisdiction: str | None = caller.jurisdiction_or_region
+            else:
+                jurisdiction = residency.jurisdictions.get(request.site_id) if residency is not None else None
+            summary, shards = self.zone.aggregate(
+                request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction
+            )
+        except FedshardError as exc:
+            self._fail(context, exc)
+            return
+        yield pb.AggregateFrame(header=summary_to_header(summary))
+        for chunk in chunks(shards):
+            yield pb.AggregateFrame(chunk=chunk)
+
+    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
+        info = json.dumps(self.zone.info(), sort_keys=True)
+        return pb.InfoReply(name=self.zone.name, region=self.zone.region, info_json=info)
+
+
+def serve(
+    zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int = 16, tls: TlsFiles | None = None
+) -> tuple[grpc.Server, int]:
+    """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
+
+    With ``tls`` the zone requires mutual TLS (client certificates signed by the
+    federation CA); without it the data plane is plain text, for loopback only.
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+    ca_pem = tls.read()[2] if tls is not None else None
+    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone, ca_pem=ca_pem), server)  # type: ignore[no-untyped-call]
+    port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
+    if port == 0:
+        raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")
+    server.start()
+    return server, port

@@ -1,0 +1,81 @@
+"""What a zone keeps per open round and over its life (sums by group, contributors, counters)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedshard.aggregation import ShardAccumulator
+from fedshard.crypto.he import EncryptedSum
+from fedshard.protocol.rounds import RoundSpec
+from fedshard.sharding import ShardPlan
+
+__all__ = ["OpenRound", "ZoneStats"]
+
+
+@dataclass
+class OpenRound:
+    """One open round at a zone: its spec and plan, running sums per aggregate group, who pushed."""
+
+    spec: RoundSpec
+    plan: ShardPlan
+    groups: dict[str, ShardAccumulator] = field(default_factory=dict)  # group -> running sums
+    encrypted: dict[str, EncryptedSum] = field(default_factory=dict)  # group -> ciphertext sums
+    contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
+    pushing: set[str] = field(default_factory=set)
+    counted: list[str] = field(default_factory=list)
+    forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
+
+    def fold(self, group: str, shard_id: str, sites: Iterable[str]) -> ShardAccumulator:
+        """The group's accumulator, noting ``sites`` as contributors of ``shard_id``."""
+        self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
+        acc = self.groups.get(group)
+        if acc is None:
+            acc = self.groups[group] = ShardAccumulator()
+        return acc
+
+    def fold_encrypted(self, group: str, shard_id: str, sites: Iterable[str], context: Any) -> EncryptedSum:
+        """The group's ciphertext sums, noting ``sites`` as contributors of ``shard_id``."""
+        self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
+        acc = self.encrypted.get(group)
+        if acc is None:
+            acc = self.encrypted[group] = EncryptedSum(context)
+        return acc
+
+    def group_names(self) -> list[str]:
+        """Groups that received anything, sorted."""
+        return sorted(set(self.groups) | set(self.encrypted))
+
+
+@dataclass
+class ZoneStats:
+    """What a zone has done since it started (shown in run summaries)."""
+
+    pushes: int = 0
+    refused: int = 0
+    bytes_received: int = 0
+    shards_by_class: collections.Counter[str] = field(default_factory=collections.Counter)  # "personal from EU"
+    forwarded_shards: int = 0
+    forwarded_bytes: int = 0
+    partials_received: int = 0
+    refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
+
+    def refuse(self, reason: str) -> None:
+        """Count a refusal and remember its reason."""
+        self.refused += 1
+        self.refusals = [*self.refusals[-19:], reason]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "pushes": self.pushes,
+            "refused": self.refused,
+            "bytes_received": self.bytes_received,
+            "shards_by_class": dict(sorted(self.shards_by_class.items())),
+            "forwarded_shards": self.forwarded_shards,
+            "forwarded_bytes": self.forwarded_bytes,
+            "partials_received": self.partials_received,
+            "refusals": list(self.refusals),
+        }

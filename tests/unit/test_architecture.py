@@ -1,0 +1,67 @@
+"""The dependency contracts (pyproject ``[tool.importlinter]``) hold, and they can fail.
+
+``lint-imports`` runs on the real tree, then on copies of it with one forbidden change
+each: the library importing an entry point, and an import cycle inside a package.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, check=False
+    )
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the source tree and its contracts, importable from ``tmp_path``."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package in ("fedshard", "server", "clients"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}\n")
+
+
+def test_the_tree_keeps_every_contract(tree: Path) -> None:
+    result = _lint(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 kept, 0 broken" in result.stdout
+
+
+def test_the_library_importing_an_entry_point_breaks_a_contract(tree: Path) -> None:
+    _append(tree / "fedshard" / "sharding" / "plan.py", "import clients  # noqa")
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert "fedshard.sharding.plan -> clients" in result.stdout
+
+
+def test_a_domain_package_importing_a_role_breaks_the_layers(tree: Path) -> None:
+    _append(tree / "fedshard" / "store" / "catalog.py", "import fedshard.site.site  # noqa")
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert "fedshard.store.catalog -> fedshard.site.site" in result.stdout
+
+
+def test_an_import_cycle_inside_a_package_breaks_a_contract(tree: Path) -> None:
+    # zone.push is imported by zone.aggregator; importing back closes a cycle
+    _append(tree / "fedshard" / "zone" / "push.py", "import fedshard.zone.aggregator  # noqa")
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert "No cycles are allowed in fedshard.zone" in result.stdout
