@@ -1,4 +1,7 @@
-"""The privacy ledger's file: schema, creation and checked opening (see :mod:`fedshard.privacy.ledger`)."""
+"""The privacy ledger's file: format version, schema and triggers, creation, checked opening.
+
+See :mod:`fedshard.privacy.ledger` for the stability contract these tables keep.
+"""
 
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ CREATE TRIGGER meta_budget_only_down BEFORE UPDATE ON meta
 
 
 def refuse(path: Path, problem: str) -> StoreError:
+    """The one-line error for a ledger file at ``path`` that cannot be used (``problem`` says why)."""
     problem = " ".join(problem.split())  # quick_check reports span lines; the CLI prints one
     return StoreError(f"privacy ledger {path} {problem}: check the path, or restore it from a backup; {DO_NOT_DELETE}")
 
