@@ -10,13 +10,14 @@
     rotation                  journal of an interrupted key rotation, if any
     .tmp/…                    temporaries of interrupted writes
 
-A write seals the shard under a fresh data key into a *new* blob, then commits (key
-table, then catalog: :mod:`fedshard.store.catalog`); the superseded blob is deleted
-only after the commit. A crash at any point
-leaves the previous version readable (its blob and its key are still what the
-catalog names). A read checks, in order: the blob exists and is whole, it is this
-store's, this shard's and this version's (swap and rollback), the AES-GCM tag (any
-other change), then the SHA-256 shard digest the catalog records for it.
+A write seals the shard under a fresh data key into a *new* blob
+(:func:`~fedshard.store.shard_io.seal_shard`), then commits (key table, then catalog:
+:class:`~fedshard.store.commit.Committer`, :mod:`fedshard.store.catalog`); the
+superseded blob is deleted only after the commit. A crash at any point leaves the
+previous version readable (its blob and its key are still what the catalog names). A
+read (:func:`~fedshard.store.shard_io.read_shard`) checks, in order: the blob exists and
+is whole, it is this store's, this shard's and this version's (swap and rollback), the
+AES-GCM tag (any other change), then the SHA-256 shard digest the catalog records for it.
 
 The store holds the data keys in memory while it is open. One writer at a time;
 reads may run in threads (the prefetching loader does), alongside no writer.
@@ -25,52 +26,27 @@ reads may run in threads (the prefetching loader does), alongside no writer.
 from __future__ import annotations
 
 import builtins
-import hashlib
-import logging
-import os
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.crypto.at_rest import NONCE_BYTES, TAG_BYTES, Kek, check_key_location, new_data_key
-from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError, StoreKeyError
-from fedshard.integrity.digest import shard_digest
+from fedshard.crypto.at_rest import Kek, check_key_location
+from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError
 from fedshard.store.access import AccessLog, Clock, system_clock
 from fedshard.store.backend import Backend
-from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, catalog_header, keys_header, keys_name
+from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, keys_name
+from fedshard.store.commit import Committer, read_catalog
 from fedshard.store.location import backend_for
 from fedshard.store.protocol import ShardStat, ShardStore, Tier
-from fedshard.store.quantize import ColdFormat, decode, encodable, encode
-from fedshard.store.rotation import pending_rotation
-from fedshard.store.shard_blob import FULL, BlobHeader, decode_payload, open_blob, seal_blob
+from fedshard.store.quantize import ColdFormat, encodable
+from fedshard.store.shard_io import BLOBS, blob_name, normalise, read_shard, seal_shard
 from fedshard.store.tiering import StoreStats, TierReport, store_stats
 
 __all__ = ["SealedShardStore", "blob_name"]
-
-_BLOBS = "blobs/"
-log = logging.getLogger(__name__)
-_NUMERIC_KINDS = "biufc"
-
-
-def blob_name(shard_id: str, version: int) -> str:
-    """The backend name of version ``version`` of ``shard_id``."""
-    h = hashlib.sha256(shard_id.encode()).hexdigest()[:32]
-    return f"{_BLOBS}{h[:2]}/{h}.v{version}"
-
-
-def _normalise(shard_id: str, array: Any) -> np.ndarray:
-    if not isinstance(shard_id, str) or not shard_id or len(shard_id) > 1024 or "\x00" in shard_id:
-        raise StoreError(f"invalid shard id {shard_id!r}: a non-empty string of at most 1024 characters")
-    values = np.asarray(array)
-    if values.dtype.kind not in _NUMERIC_KINDS:
-        raise StoreError(f"shard {shard_id}: cannot store dtype {values.dtype}; shards are numeric arrays")
-    if values.dtype.byteorder == ">":
-        values = values.astype(values.dtype.newbyteorder("<"))
-    return values if values.flags.c_contiguous else values.copy(order="C")
 
 
 class SealedShardStore:
@@ -91,12 +67,9 @@ class SealedShardStore:
     def __init__(self, backend: Backend, catalog: Catalog, kek: Kek, clock: Clock = system_clock) -> None:
         self.backend = backend
         self._cat = catalog
-        self._kek = kek
         self.clock = clock
         self._access = AccessLog(backend, clock)
-        self._depth = 0
-        self._fresh: list[str] = []  # blobs written by the open batch
-        self._garbage: list[str] = []  # blobs the open batch supersedes
+        self._tx = Committer(backend, catalog, kek)
 
     # opening -----------------------------------------------------------------------------
     @classmethod
@@ -119,26 +92,14 @@ class SealedShardStore:
         """
         backend = backend_for(location)
         check_key_location(kek.source, backend.local_root)
-        raw = backend.read(CATALOG)
-        if raw is None:
+        catalog = read_catalog(backend, kek)
+        if catalog is None:
             if not create:
                 raise StoreError(f"no shard store at {backend.location} (no catalog there)")
             store = cls(backend, Catalog(store_id=uuid.uuid4().hex, kek_id=kek.kek_id), kek, clock)
-            store._commit()
+            store._tx.commit()
             return store
-        generation = int(catalog_header(raw)["generation"])
-        raw_keys = backend.read(keys_name(generation))
-        if raw_keys is None:
-            name = keys_name(generation)
-            raise StoreError(f"the key table of store {backend.location} ({name}) is missing; restore it from a backup")
-        journal = pending_rotation(backend)
-        if journal is not None and journal["to"] == kek.kek_id and keys_header(raw_keys)["kek"] == journal["from"]:
-            raise StoreKeyError(
-                f"a key rotation to key {kek.kek_id} was interrupted before it committed: finish it with "
-                f"`fedshard keys rotate --store {backend.location} --key-file OLD --new-key-file NEW` "
-                "(or open the store with the old key)"
-            )
-        return cls(backend, Catalog.unseal(raw, raw_keys, kek), kek, clock)
+        return cls(backend, catalog, kek, clock)
 
     @classmethod
     def create(cls, location: str | Path | Backend, kek: Kek, *, clock: Clock = system_clock) -> SealedShardStore:
@@ -169,123 +130,31 @@ class SealedShardStore:
         return self.backend.location
 
     # commits ---------------------------------------------------------------------------------
-    @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> AbstractContextManager[None]:
         """Group writes into one commit: all of them become visible together, or none.
 
         If the block raises, the store is as before it (blobs written meanwhile are removed).
         """
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        saved = (dict(self._cat.entries), dict(self._cat.keys), dict(self._cat.meta))
-        self._depth = 1
-        try:
-            yield
-            self._depth = 0
-            self._commit()
-        except BaseException:
-            self._depth = 0
-            self._cat.entries, self._cat.keys, self._cat.meta = saved
-            for name in self._fresh:
-                with suppress(OSError):
-                    self.backend.delete(name)
-            self._fresh, self._garbage = [], []
-            raise
-
-    def _commit(self) -> None:
-        self._cat.generation += 1
-        table = keys_name(self._cat.generation)
-        try:
-            catalog, keys = self._cat.seal(self._kek)
-            self.backend.write(table, keys)
-            self.backend.write(CATALOG, catalog)  # the commit
-        except BaseException:
-            if self._landed():
-                log.warning(
-                    "store %s: commit %d landed although its write reported an error",
-                    self.location,
-                    self._cat.generation,
-                )
-            else:
-                self._cat.generation -= 1
-                with suppress(OSError):
-                    self.backend.delete(table)
-                raise
-        self._garbage.append(keys_name(self._cat.generation - 1))
-        for name in self._garbage:
-            with suppress(OSError):
-                self.backend.delete(name)
-        self._fresh, self._garbage = [], []
-
-    def _landed(self) -> bool:
-        """True if the catalog on the backend is the generation being committed (a write that
-        failed after its rename, e.g. in the folder's fsync): then nothing may be rolled back."""
-        try:
-            raw = self.backend.read(CATALOG)
-            return raw is not None and int(catalog_header(raw)["generation"]) == self._cat.generation
-        except (OSError, ValueError):
-            return False
+        return self._tx.batch()
 
     # writing ------------------------------------------------------------------------------------
     def _write(self, shard_id: str, values: np.ndarray, fmt: ColdFormat | None, source_digest: str | None) -> None:
         old = self._cat.entries.get(shard_id)
         version = old.version + 1 if old else 1
-        data_key, nonce = new_data_key(), os.urandom(NONCE_BYTES)
-        err_max = err_sq = ref_sq = 0.0
-        if fmt is None:
-            payload: bytes | memoryview = values.reshape(-1).view(np.uint8).data
-            digest = shard_digest(values)
-        else:
-            payload = encode(values, fmt)
-            decoded = decode(payload, fmt, values.size).astype(values.dtype, copy=False).reshape(values.shape)
-            diff = decoded.astype(np.float64) - values
-            err_max = float(np.abs(diff).max()) if diff.size else 0.0
-            err_sq = float(np.dot(diff.reshape(-1), diff.reshape(-1)))
-            flat = values.reshape(-1).astype(np.float64)
-            ref_sq = float(np.dot(flat, flat))
-            digest = shard_digest(decoded)
-        header = BlobHeader(
-            store_id=self.store_id,
-            shard_id=shard_id,
-            version=version,
-            encoding=FULL if fmt is None else fmt.value,
-            dtype=values.dtype.str,
-            shape=tuple(int(d) for d in values.shape),
-            nonce=nonce,
-            length=len(payload) + TAG_BYTES,
-        )
-        blob = seal_blob(header, payload, data_key)
-        name = blob_name(shard_id, version)
-        self._fresh.append(name)
-        self.backend.write(name, blob)
+        sealed = seal_shard(self.store_id, shard_id, version, values, fmt, source_digest, self.clock())
+        self._tx.wrote(sealed.name)
+        self.backend.write(sealed.name, sealed.blob)
         if old is not None:
-            self._garbage.append(blob_name(shard_id, old.version))
-        self._cat.entries[shard_id] = CatalogEntry(
-            version=version,
-            encoding=header.encoding,
-            digest=digest,
-            source_digest=source_digest or digest,
-            stored_bytes=len(blob),
-            logical_bytes=int(values.nbytes),
-            values=int(values.size),
-            written_at=self.clock(),
-            err_max=err_max,
-            err_sq=err_sq,
-            ref_sq=ref_sq,
-        )
-        self._cat.keys[shard_id] = data_key
+            self._tx.supersede(blob_name(shard_id, old.version))
+        self._cat.entries[shard_id] = sealed.entry
+        self._cat.keys[shard_id] = sealed.data_key
 
     def put(self, shard_id: str, array: np.ndarray) -> ShardStat:
         """Store ``array`` as the next version of ``shard_id`` at full precision (hot tier).
 
         Atomic: after a crash the shard reads as this version or the previous one.
         """
-        values = _normalise(shard_id, array)
+        values = normalise(shard_id, array)
         with self.batch():
             self._write(shard_id, values, None, None)
         return self.stat(shard_id)
@@ -294,7 +163,7 @@ class SealedShardStore:
         """Store several shards (hot) in one atomic commit."""
         with self.batch():
             for sid, array in shards.items():
-                self._write(sid, _normalise(sid, array), None, None)
+                self._write(sid, normalise(sid, array), None, None)
         return [self.stat(sid) for sid in shards]
 
     def delete(self, shard_id: str) -> None:
@@ -303,7 +172,7 @@ class SealedShardStore:
         with self.batch():
             del self._cat.entries[shard_id]
             del self._cat.keys[shard_id]
-            self._garbage.append(blob_name(shard_id, entry.version))
+            self._tx.supersede(blob_name(shard_id, entry.version))
         self._access.forget([shard_id])
 
     def set_meta(self, key: str, value: Any) -> None:
@@ -330,21 +199,7 @@ class SealedShardStore:
             values do not match the catalog's digest. Other shards are unaffected.
         """
         entry = self._entry(shard_id)
-        data_key = self._cat.keys[shard_id]
-        name = blob_name(shard_id, entry.version)
-        raw = self.backend.read(name)
-        if raw is None:
-            raise ShardIntegrityError(shard_id, f"shard {shard_id}: its stored file {name} is missing")
-        header, plain = open_blob(
-            raw, data_key, store_id=self.store_id, shard_id=shard_id, version=entry.version, name=name
-        )
-        if header.encoding != entry.encoding:
-            raise ShardIntegrityError(
-                shard_id, f"shard {shard_id}: stored as {header.encoding}, the catalog says {entry.encoding}"
-            )
-        values = decode_payload(header, plain)
-        if shard_digest(values) != entry.digest:
-            raise ShardIntegrityError(shard_id, f"shard {shard_id}: its values do not match the catalog's digest")
+        values = read_shard(self.backend, self.store_id, shard_id, entry, self._cat.keys[shard_id])
         if touch:
             self._access.touch(shard_id)
         return values
@@ -436,7 +291,7 @@ class SealedShardStore:
         """Blobs and key tables the catalog does not name (left by crashes between a write and its cleanup)."""
         named = {blob_name(sid, e.version) for sid, e in self._cat.entries.items()}
         named.add(keys_name(self._cat.generation))
-        return [n for n in self.backend.list(_BLOBS) + self.backend.list(KEYS_PREFIX) if n not in named]
+        return [n for n in self.backend.list(BLOBS) + self.backend.list(KEYS_PREFIX) if n not in named]
 
     def vacuum(self) -> int:
         """Delete orphan blobs and temporaries of interrupted writes; return how many.
