@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -49,8 +49,13 @@ class ShardStat:
     last_access: float
 
 
+@runtime_checkable
 class ShardStore(Protocol):
-    """Put, get, delete, list and stat shards; read and write small metadata."""
+    """Put, get, delete, list and stat shards; read and write small metadata.
+
+    Runtime-checkable: ``isinstance(x, ShardStore)`` tells whether ``x`` has every method
+    (not whether their signatures match; the contract tests check those).
+    """
 
     def put(self, shard_id: str, array: np.ndarray) -> ShardStat:
         """Store ``array`` as the next version of ``shard_id`` (hot, full precision), atomically."""

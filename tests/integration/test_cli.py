@@ -30,17 +30,40 @@ def _fedshard(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     return subprocess.run([*FEDSHARD, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def test_demo_reaches_the_target_accuracy_and_writes_the_summary(tmp_path: Path) -> None:
-    """The demo as `make demo` runs it: accuracy >= 0.93, summary.json per the contract."""
-    out = tmp_path / "run"
+DEMO_MODEL_VERSION = "3dba8a64f1175fe2f66a5d33d137ca0d567124674aeea78cc9b6a3cdad3f2b4a"
+"""The model version `make demo` ends with (README); a change that moves it must say why."""
+DEMO_FINAL_ACCURACY = 0.9561
+
+# CKKS is approximate: the encrypted demo's aggregates differ from the plaintext ones in
+# the low digits, so its metrics may drift a little from the plaintext run's (measured:
+# final accuracy equal, per-round loss within 0.015, per-round accuracy within 2 of the
+# 114 test records). An HE path that lost, doubled or garbled an aggregate moves them far more.
+HE_FINAL_ACCURACY_TOLERANCE = 0.01  # about one test record
+HE_ROUND_LOSS_TOLERANCE = 0.02
+HE_ROUND_ACCURACY_TOLERANCE = 0.03  # 3 test records
+
+
+@pytest.fixture(scope="module")
+def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """The demo as `make demo` runs it (run once for this module): ``(process, summary.json)``."""
+    out = tmp_path_factory.mktemp("demo") / "run"
     proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    return proc, json.loads((out / "summary.json").read_text())
+
+
+def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
+    plain_demo: tuple[subprocess.CompletedProcess[str], dict],
+) -> None:
+    """The demo as `make demo` runs it: accuracy >= 0.93, summary.json per the contract."""
+    proc, summary = plain_demo
     assert "central baseline" in proc.stdout
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 20
     assert isinstance(summary["final_accuracy"], float) and summary["final_accuracy"] >= 0.93
     assert isinstance(summary["centralized_accuracy"], float) and summary["centralized_accuracy"] >= 0.9
-    assert len(summary["model_version"]) == 64 and int(summary["model_version"], 16) >= 0
+    assert summary["model_version"] == DEMO_MODEL_VERSION
+    assert round(summary["final_accuracy"], 4) == DEMO_FINAL_ACCURACY
+    assert f"model version {DEMO_MODEL_VERSION}" in proc.stdout
     assert [h["round"] for h in summary["history"]] == list(range(1, 21))
     assert all(set(h) >= {"round", "accuracy", "loss", "bytes_up"} and h["bytes_up"] > 0 for h in summary["history"])
     assert sorted(s["jurisdiction"] for s in summary["sites"]) == ["EU", "EU", "SG", "US"]
@@ -59,11 +82,23 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(tmp_path: Path)
     }
 
 
-def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(tmp_path: Path) -> None:
+def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(
+    tmp_path: Path, plain_demo: tuple[subprocess.CompletedProcess[str], dict]
+) -> None:
+    """The HE demo trains the same model as the plaintext one, up to CKKS's approximation."""
     proc = _fedshard("simulate", "--config", "configs/demo-he.yaml", "--out", str(tmp_path / "he"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "he" / "summary.json").read_text())
-    assert summary["rounds"] == 20 and summary["final_accuracy"] >= 0.93
+    plain = plain_demo[1]
+    assert summary["rounds"] == plain["rounds"] == 20 and summary["final_accuracy"] >= 0.93
+    assert summary["final_accuracy"] == pytest.approx(plain["final_accuracy"], abs=HE_FINAL_ACCURACY_TOLERANCE)
+    assert [h["round"] for h in summary["history"]] == [h["round"] for h in plain["history"]]
+    for he_round, plain_round in zip(summary["history"], plain["history"], strict=True):
+        assert he_round["loss"] == pytest.approx(plain_round["loss"], abs=HE_ROUND_LOSS_TOLERANCE), he_round["round"]
+        assert he_round["accuracy"] == pytest.approx(plain_round["accuracy"], abs=HE_ROUND_ACCURACY_TOLERANCE)
+    # personal shards travelled as ciphertexts: had they gone in the clear, the run would
+    # reproduce the plaintext chain of versions bit for bit
+    assert summary["model_version"] != plain["model_version"]
     assert (tmp_path / "he" / "keys" / "public.ctx").exists()
     assert oct((tmp_path / "he" / "keys" / "secret.ctx").stat().st_mode & 0o777) == "0o600"
 

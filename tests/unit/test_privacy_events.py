@@ -77,8 +77,12 @@ def test_invalid_values_are_refused_with_one_line_naming_them(field: str, value:
 
 
 def test_boundaries_are_accepted() -> None:
-    DPEvent(Guarantee.UPDATE, 1e-6, 1.0, 1)
-    DPEvent(Guarantee.RECORD, 1e6, 1e-9, 10**9)
+    low = DPEvent(Guarantee.UPDATE, 1e-6, 1.0, 1)
+    high = DPEvent(Guarantee.RECORD, 1e6, 1e-9, 10**9)
+
+    assert (low.noise_multiplier, low.sample_rate, low.steps) == (1e-6, 1.0, 1)
+    assert (high.noise_multiplier, high.sample_rate, high.steps) == (1e6, 1e-9, 10**9)
+    assert DPEvent.from_dict(low.to_dict()) == low and DPEvent.from_dict(high.to_dict()) == high
 
 
 @pytest.mark.parametrize(

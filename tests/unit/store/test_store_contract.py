@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
+
 import numpy as np
 import pytest
 
@@ -19,6 +22,32 @@ def _blob(store: SealedShardStore, shard_id: str) -> str:
     return blob_name(shard_id, store.stat(shard_id).version)
 
 
+_PROTOCOL_METHODS = sorted(
+    name for name, value in vars(ShardStore).items() if inspect.isfunction(value) and not name.startswith("_")
+)
+
+
+def test_protocol_lists_the_store_methods() -> None:
+    assert _PROTOCOL_METHODS == ["delete", "get", "get_meta", "list", "put", "put_many", "set_meta", "stat"]
+
+
+@pytest.mark.parametrize("name", _PROTOCOL_METHODS)
+def test_sealed_store_method_has_the_protocol_signature(name: str) -> None:
+    """Same parameters (names, kinds, defaults) and the same types as ShardStore declares."""
+    want, got = getattr(ShardStore, name), getattr(SealedShardStore, name)
+    want_params = [(p.name, p.kind, p.default) for p in inspect.signature(want).parameters.values()]
+    got_params = [(p.name, p.kind, p.default) for p in inspect.signature(got).parameters.values()]
+    assert got_params == want_params
+    assert typing.get_type_hints(got) == typing.get_type_hints(want)
+
+
+@pytest.mark.parametrize("missing", _PROTOCOL_METHODS)
+def test_a_class_missing_a_method_is_not_a_shard_store(missing: str) -> None:
+    methods = {name: getattr(SealedShardStore, name) for name in _PROTOCOL_METHODS if name != missing}
+    assert isinstance(type("Complete", (), {**methods, missing: getattr(SealedShardStore, missing)})(), ShardStore)
+    assert not isinstance(type("Partial", (), methods)(), ShardStore)
+
+
 def _assert_same(got: np.ndarray, want: np.ndarray) -> None:
     assert got.dtype == want.dtype.newbyteorder("<") and got.shape == want.shape
     assert got.tobytes() == want.astype(want.dtype.newbyteorder("<")).tobytes()
@@ -28,8 +57,9 @@ class TestShardStoreContract:
     """Every backend must give the same behaviour through SealedShardStore."""
 
     def test_is_a_shard_store(self, backend: Backend, kek: Kek) -> None:
-        store: ShardStore = SealedShardStore.create(backend, kek)
-        assert isinstance(store, SealedShardStore)
+        store = SealedShardStore.create(backend, kek)
+        assert isinstance(store, ShardStore)
+        assert not isinstance(backend, ShardStore)  # the check tells stores from other objects
 
     def test_round_trip_of_dtypes_and_shapes(self, backend: Backend, kek: Kek, sample: dict[str, np.ndarray]) -> None:
         store = SealedShardStore.create(backend, kek)
