@@ -6,8 +6,10 @@
   manifests and round specs;
 * a zone server in a separate process (``ZoneServerProcess``), so that a benchmark's
   client and the zone do not share a GIL;
-* tables (rich when installed, plain text otherwise) and the per-benchmark section of
-  ``BENCHMARKS.md``, delimited by ``<!-- bench:NAME -->`` … ``<!-- /bench:NAME -->``.
+* one round of a single site through a zone's gRPC data plane (:func:`push_round`);
+* CPU accounting of the machine (other load, hypervisor steal);
+* publishing (re-exported from :mod:`_publish`, the one helper that prints the table,
+  writes a section of ``BENCHMARKS.md`` and the ``--json`` line).
 
 Run as ``python bench/_common.py serve --staging-bytes N`` it is the zone server used by
 ``ZoneServerProcess``: it prints ``PORT <n> PID <pid>`` and serves until its stdin closes.
@@ -17,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import math
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -32,13 +32,64 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = REPO / "BENCHMARKS.md"
-MD_HEADER = (
-    "# fedshard benchmarks\n\n"
-    "Every number below was produced by the command shown in its section, on the machine "
-    "described there; rerunning a benchmark replaces only its own section.\n"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _publish import (  # re-exported: every benchmark reaches them as _common's
+    BENCHMARKS_MD,
+    MD_HEADER,
+    REPO,
+    add_output_args,
+    command_line,
+    headline_json,
+    machine_description,
+    machine_line,
+    markdown_table,
+    output_path,
+    print_table,
+    publish,
+    section_header,
+    write_section,
 )
+
+__all__ = [
+    "BASE_VERSION",
+    "BENCHMARKS_MD",
+    "MB",
+    "MD_HEADER",
+    "REPO",
+    "ZONE",
+    "MiB",
+    "Stat",
+    "ZoneServerProcess",
+    "add_output_args",
+    "command_line",
+    "cpu_ticks",
+    "fmt",
+    "headline_json",
+    "machine_busy_seconds",
+    "machine_description",
+    "machine_line",
+    "make_manifest",
+    "make_plan",
+    "manifest_for_site",
+    "markdown_table",
+    "median_of",
+    "minor_faults",
+    "num_bytes",
+    "num_values",
+    "output_path",
+    "print_table",
+    "publish",
+    "PUSH_ROUND_KEYS",
+    "push_round",
+    "rotated",
+    "round_spec",
+    "section_header",
+    "steal_note",
+    "synthetic_update",
+    "timed",
+    "write_section",
+]
 
 MB = 1e6  # throughputs are in decimal MB/GB (10^6 / 10^9 bytes)
 MiB = 1 << 20
@@ -89,46 +140,6 @@ def rotated(items: Sequence[Any], rep: int) -> list[Any]:
 
 
 # machine ----------------------------------------------------------------------------------
-def machine_description() -> dict[str, str]:
-    """CPU model, cores, RAM, OS and the versions that matter for these benchmarks."""
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        ram = f"{psutil.virtual_memory().total / 2**30:.1f} GiB"
-    except ImportError:  # pragma: no cover
-        ram = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
-    import google.protobuf
-    import grpc
-    from google.protobuf.internal import api_implementation
-
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "ram": ram,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "grpcio": grpc.__version__,
-        "protobuf": f"{google.protobuf.__version__} ({api_implementation.Type()})",
-    }
-
-
-def machine_line(desc: dict[str, str] | None = None) -> str:
-    d = desc or machine_description()
-    return (
-        f"{d['cpu']}, {d['cores']} cores, {d['ram']} RAM, {d['os']}; Python {d['python']}, "
-        f"numpy {d['numpy']}, grpcio {d['grpcio']}, protobuf {d['protobuf']}"
-    )
-
-
 def minor_faults(pid: int | None = None) -> int:
     """Minor page faults of process ``pid`` (this process by default) so far, from /proc (0 if unavailable)."""
     try:
@@ -156,14 +167,17 @@ def synthetic_update(num_values: int, width: int = 1024, seed: int = 0) -> dict[
 
 
 def num_values(arrays: dict[str, np.ndarray]) -> int:
+    """Values in all of ``arrays``."""
     return sum(int(a.size) for a in arrays.values())
 
 
 def num_bytes(arrays: dict[str, np.ndarray]) -> int:
+    """Bytes of all of ``arrays``."""
     return sum(int(a.nbytes) for a in arrays.values())
 
 
 def make_plan(update: dict[str, np.ndarray], tile: tuple[int, int] = (256, 256)) -> Any:
+    """The ``ShardPlan`` of ``update`` for ``tile``."""
     from fedshard.sharding import ShardPlan
 
     return ShardPlan.from_state_dict(update, tile)
@@ -197,6 +211,7 @@ def manifest_for_site(manifest: Any, site_id: str, round: int | None = None) -> 
 
 
 def round_spec(round: int, plan: Any, sites: Sequence[str]) -> Any:
+    """The ``RoundSpec`` of round ``round`` of ``plan`` with ``sites`` selected."""
     from fedshard.protocol.rounds import RoundSpec
 
     return RoundSpec(round, f"token-{round}", plan.to_json(), BASE_VERSION, tuple(sites))
@@ -279,7 +294,61 @@ def _serve_forever(staging_bytes: int, max_workers: int, tls: Any = None) -> Non
     server.stop(grace=None)
 
 
-# output --------------------------------------------------------------------------------------
+# one site's round through the gRPC data plane ---------------------------------------------------
+PUSH_ROUND_KEYS = ("manifest", "push", "close", "fetch", "srv_cpu", "cli_cpu", "srv_flt", "cli_flt")
+
+
+def push_round(
+    coordinator: Any,
+    client: Any,
+    server_proc: Any,
+    plan: Any,
+    shards: dict[str, np.ndarray],
+    round_no: int,
+    site: str,
+) -> dict[str, float]:
+    """One round of one site on a zone server: open, build the manifest, push, close, fetch.
+
+    ``coordinator`` and ``client`` are ``GrpcZoneClient``s of the zone, ``server_proc`` its
+    ``psutil.Process``. Returns the seconds of ``manifest`` (``build_manifest``, not part of
+    the push), ``push``, ``close`` (``close_round``) and ``fetch`` (``fetch_aggregate``,
+    download and checks), and of each process during the push its CPU seconds
+    (``srv_cpu``, ``cli_cpu``) and minor page faults (``srv_flt``, ``cli_flt``).
+    """
+    nbytes = num_bytes(shards)
+    spec = round_spec(round_no, plan, [site])
+    coordinator.open_round(spec)
+    t0 = time.perf_counter()
+    manifest = make_manifest(plan, shards, site_id=site, round=round_no, weight=3.0)
+    t_manifest = time.perf_counter() - t0
+    srv0, cli0 = sum(server_proc.cpu_times()[:2]), time.process_time()
+    fs0, fc0 = minor_faults(server_proc.pid), minor_faults()
+    t1 = time.perf_counter()
+    receipt = client.push(manifest, spec.token, shards)
+    t2 = time.perf_counter()
+    srv1, cli1 = sum(server_proc.cpu_times()[:2]), time.process_time()
+    fs1, fc1 = minor_faults(server_proc.pid), minor_faults()
+    assert receipt.bytes == nbytes, receipt
+    t_close0 = time.perf_counter()
+    coordinator.close_round(round_no)
+    t3 = time.perf_counter()
+    summary, agg = client.fetch_aggregate(round_no)
+    t4 = time.perf_counter()
+    assert len(agg) == len(shards) and summary.sites == (site,)
+    del agg
+    return {
+        "manifest": t_manifest,
+        "push": t2 - t1,
+        "close": t3 - t_close0,
+        "fetch": t4 - t3,
+        "srv_cpu": srv1 - srv0,
+        "cli_cpu": cli1 - cli0,
+        "srv_flt": float(fs1 - fs0),
+        "cli_flt": float(fc1 - fc0),
+    }
+
+
+# CPU accounting -----------------------------------------------------------------------------------
 def machine_busy_seconds() -> float:
     """CPU seconds every process of the machine has used so far (/proc/stat: all but idle, iowait and
     steal; 0 if unavailable)."""
@@ -314,117 +383,8 @@ def steal_note(start: tuple[int, int]) -> str:
 
 
 def fmt(x: float, digits: int = 1) -> str:
+    """``x`` with thousands separators and ``digits`` decimals."""
     return f"{x:,.{digits}f}"
-
-
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print a table (rich if available)."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # pragma: no cover
-        print(f"\n{title}")
-        widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
-        print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths, strict=True)))
-        for r in rows:
-            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
-        return
-    table = Table(title=title)
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        table.add_row(*[str(c) for c in r])
-    Console(width=200).print(table)
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    align = "|".join("---" if i == 0 else "---:" for i in range(len(headers)))
-    out = ["| " + " | ".join(headers) + " |", f"|{align}|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def command_line() -> str:
-    """The command that ran this benchmark, as typed from the repository root."""
-    script = Path(sys.argv[0]).resolve()
-    try:
-        script_s = str(script.relative_to(REPO))
-    except ValueError:
-        script_s = str(script)
-    return " ".join([".venv/bin/python", script_s, *sys.argv[1:]])
-
-
-def section_header(title: str, runs: str, desc: dict[str, str] | None = None) -> str:
-    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    return (
-        f"## {title}\n\n"
-        f"- Command: `{command_line()}` (from the repository root)\n"
-        f"- Machine: {machine_line(desc)}\n"
-        f"- Date: {now}\n"
-        f"- Runs: {runs}\n"
-    )
-
-
-def add_output_args(parser: argparse.ArgumentParser) -> None:
-    """``--quick`` and ``--output``: the common command-line options of the benchmarks."""
-    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke test (< 20 s)")
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=None,
-        help="markdown file to write the section into (default: BENCHMARKS.md; with --quick, nothing "
-        "is written unless --output is given, so a smoke test never replaces real results)",
-    )
-
-
-def output_path(args: argparse.Namespace) -> Path | None:
-    if args.output is not None:
-        return Path(args.output)
-    return None if args.quick else BENCHMARKS_MD
-
-
-def publish(
-    args: argparse.Namespace,
-    name: str,
-    title: str,
-    runs: str,
-    desc: dict[str, str] | None,
-    notes: Sequence[str],
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    interpretation: str,
-) -> None:
-    """Write a benchmark's section (header, notes, table, interpretation) where ``args`` say."""
-    out = output_path(args)
-    if out is None:
-        return
-    body = "\n".join(
-        [
-            section_header(title, runs, desc),
-            *notes,
-            "",
-            markdown_table(headers, rows),
-            "",
-            f"**Interpretation.** {interpretation}",
-        ]
-    )
-    write_section(name, body, out)
-    print(f"\nwrote section '{name}' of {out}")
-
-
-def write_section(name: str, body: str, path: Path | None = None) -> Path:
-    """Put ``body`` into ``name``'s section of ``path`` (BENCHMARKS.md), replacing the old one."""
-    path = path or BENCHMARKS_MD
-    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    block = f"{start}\n{body.strip()}\n{end}"
-    text = path.read_text() if path.exists() else MD_HEADER
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-    return path
 
 
 def _main(argv: Sequence[str] | None = None) -> None:

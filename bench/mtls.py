@@ -15,7 +15,10 @@ update (25 M+ float32 values, tile 256x256, 1 MiB chunks), ``close_round``,
 ``fetch_aggregate`` (download + digest and Merkle-root checks). A new connection
 (channel, handshake, one ``Info`` call, on its own subchannel) is timed separately.
 
-    .venv/bin/python bench/mtls.py [--quick] [--runs N] [--values N] [--output FILE]
+    .venv/bin/python bench/mtls.py [--quick] [--json] [--runs N] [--values N] [--output FILE]
+
+``--json`` prints ``push_tls_vs_plain``, ``fetch_tls_vs_plain`` (mTLS / plain-text throughput, ratios
+of medians), ``push_mb_s``, ``fetch_mb_s`` and ``connect_ms`` (each as ``{"plain": …, "mtls": …}``).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
+import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +49,7 @@ SECTION = "mtls"
 SITE = "site-0"
 PLAIN, MTLS = "plain text", "mutual TLS"
 CONFIGS = [PLAIN, MTLS]
+JSON_KEYS = {PLAIN: "plain", MTLS: "mtls"}  # the configurations in --json
 TILE = (256, 256)
 
 
@@ -83,28 +89,24 @@ def _noise_note(push_lo: float, push_hi: float, fetch_lo: float, fetch_hi: float
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument(
         "--runs", type=int, default=None, help="timed rounds per configuration (default 25; 5 with --quick)"
     )
     parser.add_argument("--values", type=int, default=None, help="float32 values in the update (default 25 M)")
-    args = parser.parse_args(argv)
-    runs = args.runs or (5 if args.quick else 25)
-    target = args.values or (1_000_000 if args.quick else 25_000_000)
+    return parser.parse_args(argv)
 
-    desc = c.machine_description()
-    ticks0 = c.cpu_ticks()
-    update = c.synthetic_update(target)
-    plan = c.make_plan(update, TILE)
-    shards = plan.split(update)
-    n, nbytes = c.num_values(update), c.num_bytes(update)
-    del update
-    print(f"update: {n:,} float32 values ({nbytes / c.MB:.1f} MB); {runs} runs + 1 warm-up per config", flush=True)
 
-    keys = ("manifest", "push", "close", "fetch", "connect", "srv_cpu", "cli_cpu")
-    results: dict[str, dict[str, list[float]]] = {cfg: {k: [] for k in keys} for cfg in CONFIGS}
+Results = dict[str, dict[str, list[float]]]  # configuration -> measure -> one value per run
+
+
+def measure(plan: Any, shards: dict[str, np.ndarray], runs: int) -> Results:
+    """Rounds on a plain-text and an mTLS zone server, interleaved (one warm-up round each first)."""
+    keys = (*c.PUSH_ROUND_KEYS, "connect")
+    results: Results = {cfg: {k: [] for k in keys} for cfg in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="fedshard-bench-pki-") as tmp:
         zone_tls, site_tls = make_pki(Path(tmp))
         with c.ZoneServerProcess() as plain_server, c.ZoneServerProcess(tls=zone_tls) as tls_server:
@@ -121,35 +123,11 @@ def main(argv: list[str] | None = None) -> int:
 
             def one_round(cfg: str, record: bool) -> None:
                 round_no[cfg] += 1
-                rnd = round_no[cfg]
-                coordinator, client, server_proc = coordinators[cfg], clients[cfg], procs[cfg]
-                spec = c.round_spec(rnd, plan, [SITE])
-                coordinator.open_round(spec)
-                t0 = time.perf_counter()
-                manifest = c.make_manifest(plan, shards, site_id=SITE, round=rnd, weight=3.0)
-                t_manifest = time.perf_counter() - t0
-                srv0, cli0 = sum(server_proc.cpu_times()[:2]), time.process_time()
-                t1 = time.perf_counter()
-                receipt = client.push(manifest, spec.token, shards)
-                t2 = time.perf_counter()
-                srv1, cli1 = sum(server_proc.cpu_times()[:2]), time.process_time()
-                assert receipt.bytes == nbytes, receipt
-                coordinator.close_round(rnd)
-                t3 = time.perf_counter()
-                summary, agg = client.fetch_aggregate(rnd)
-                t4 = time.perf_counter()
-                assert len(agg) == len(shards) and summary.sites == (SITE,)
-                del agg
-                t_connect = connect_once(servers[cfg].endpoint, client_tls[cfg])
+                times = c.push_round(coordinators[cfg], clients[cfg], procs[cfg], plan, shards, round_no[cfg], SITE)
+                times["connect"] = connect_once(servers[cfg].endpoint, client_tls[cfg])
                 if record:
-                    r = results[cfg]
-                    r["manifest"].append(t_manifest)
-                    r["push"].append(t2 - t1)
-                    r["close"].append(t3 - t2)
-                    r["fetch"].append(t4 - t3)
-                    r["connect"].append(t_connect)
-                    r["srv_cpu"].append(srv1 - srv0)
-                    r["cli_cpu"].append(cli1 - cli0)
+                    for key, value in times.items():
+                        results[cfg][key].append(value)
 
             for cfg in CONFIGS:
                 one_round(cfg, record=False)
@@ -159,90 +137,136 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  run {rep + 1}/{runs} done", flush=True)
             for cl in [*coordinators.values(), *clients.values()]:
                 cl.close()
+    return results
 
-    def stat(cfg: str, key: str) -> c.Stat:
-        return c.Stat(results[cfg][key])
 
-    def rate(seconds: float) -> float:
-        return nbytes / seconds / c.MB
+class Figures:
+    """The measured figures of ``results`` for an update of ``nbytes`` bytes."""
 
-    def rates(cfg: str, key: str) -> str:
-        st = stat(cfg, key)
-        return f"{rate(st.median):,.0f} ({rate(st.max):,.0f}-{rate(st.min):,.0f})"
+    def __init__(self, results: Results, nbytes: int) -> None:
+        self.results = results
+        self.nbytes = nbytes
 
-    def paired(key: str) -> tuple[float, float, float]:
+    def stat(self, cfg: str, key: str) -> c.Stat:
+        """All runs of ``key`` in configuration ``cfg``."""
+        return c.Stat(self.results[cfg][key])
+
+    def rate(self, seconds: float) -> float:
+        """MB/s of the update moved in ``seconds``."""
+        return self.nbytes / seconds / c.MB
+
+    def rates(self, cfg: str, key: str) -> str:
+        """Median MB/s with the min-max over runs."""
+        st = self.stat(cfg, key)
+        return f"{self.rate(st.median):,.0f} ({self.rate(st.max):,.0f}-{self.rate(st.min):,.0f})"
+
+    def paired(self, key: str) -> tuple[float, float, float]:
         """mTLS / plain throughput: ratio of medians, and min-max of the per-run ratios."""
-        per_run = [p / t for p, t in zip(results[PLAIN][key], results[MTLS][key], strict=True)]
-        return stat(PLAIN, key).median / stat(MTLS, key).median, min(per_run), max(per_run)
+        per_run = [p / t for p, t in zip(self.results[PLAIN][key], self.results[MTLS][key], strict=True)]
+        return self.stat(PLAIN, key).median / self.stat(MTLS, key).median, min(per_run), max(per_run)
 
-    headers = [
-        "data plane",
-        "push MB/s (min-max)",
-        "push s",
-        "server CPU s/push",
-        "client CPU s/push",
-        "fetch MB/s (min-max)",
-        "fetch s",
-        "close s",
-        "manifest s",
-        "new connection ms",
-    ]
+
+HEADERS = [
+    "data plane",
+    "push MB/s (min-max)",
+    "push s",
+    "server CPU s/push",
+    "client CPU s/push",
+    "fetch MB/s (min-max)",
+    "fetch s",
+    "close s",
+    "manifest s",
+    "new connection ms",
+]
+
+
+def table(f: Figures) -> list[list[str]]:
+    """One row per data plane, then the mTLS / plain ratios."""
     rows = [
         [
             cfg,
-            rates(cfg, "push"),
-            f"{stat(cfg, 'push').median:.3f}",
-            f"{stat(cfg, 'srv_cpu').median:.2f}",
-            f"{stat(cfg, 'cli_cpu').median:.2f}",
-            rates(cfg, "fetch"),
-            f"{stat(cfg, 'fetch').median:.3f}",
-            f"{stat(cfg, 'close').median:.3f}",
-            f"{stat(cfg, 'manifest').median:.3f}",
-            f"{stat(cfg, 'connect').median * 1e3:,.1f}",
+            f.rates(cfg, "push"),
+            f"{f.stat(cfg, 'push').median:.3f}",
+            f"{f.stat(cfg, 'srv_cpu').median:.2f}",
+            f"{f.stat(cfg, 'cli_cpu').median:.2f}",
+            f.rates(cfg, "fetch"),
+            f"{f.stat(cfg, 'fetch').median:.3f}",
+            f"{f.stat(cfg, 'close').median:.3f}",
+            f"{f.stat(cfg, 'manifest').median:.3f}",
+            f"{f.stat(cfg, 'connect').median * 1e3:,.1f}",
         ]
         for cfg in CONFIGS
     ]
-    push_r, push_lo, push_hi = paired("push")
-    fetch_r, fetch_lo, fetch_hi = paired("fetch")
+    push_r, push_lo, push_hi = f.paired("push")
+    fetch_r, fetch_lo, fetch_hi = f.paired("fetch")
     rows.append(
         [
             "mTLS / plain",
             f"{push_r:.0%} ({push_lo:.0%}-{push_hi:.0%})",
             "",
-            f"{stat(MTLS, 'srv_cpu').median / stat(PLAIN, 'srv_cpu').median:.2f}x",
-            f"{stat(MTLS, 'cli_cpu').median / stat(PLAIN, 'cli_cpu').median:.2f}x",
+            f"{f.stat(MTLS, 'srv_cpu').median / f.stat(PLAIN, 'srv_cpu').median:.2f}x",
+            f"{f.stat(MTLS, 'cli_cpu').median / f.stat(PLAIN, 'cli_cpu').median:.2f}x",
             f"{fetch_r:.0%} ({fetch_lo:.0%}-{fetch_hi:.0%})",
             "",
             "",
             "",
-            f"{stat(MTLS, 'connect').median / stat(PLAIN, 'connect').median:.1f}x",
+            f"{f.stat(MTLS, 'connect').median / f.stat(PLAIN, 'connect').median:.1f}x",
         ]
     )
-    c.print_table(
-        f"gRPC data plane, mTLS vs plain text, {nbytes / c.MB:.1f} MB update, median of {runs}", headers, rows
-    )
+    return rows
 
-    extra_srv = stat(MTLS, "srv_cpu").median - stat(PLAIN, "srv_cpu").median
-    extra_cli = stat(MTLS, "cli_cpu").median - stat(PLAIN, "cli_cpu").median
+
+def interpretation(f: Figures) -> str:
+    """What the figures say, in words."""
+    push_r, push_lo, push_hi = f.paired("push")
+    fetch_r, fetch_lo, fetch_hi = f.paired("fetch")
+    extra_srv = f.stat(MTLS, "srv_cpu").median - f.stat(PLAIN, "srv_cpu").median
+    extra_cli = f.stat(MTLS, "cli_cpu").median - f.stat(PLAIN, "cli_cpu").median
     sentences = [
         f"With mutual TLS a push runs at {push_r:.0%} of the plain-text throughput "
-        f"({rate(stat(MTLS, 'push').median):,.0f} vs {rate(stat(PLAIN, 'push').median):,.0f} MB/s; per-run "
+        f"({f.rate(f.stat(MTLS, 'push').median):,.0f} vs {f.rate(f.stat(PLAIN, 'push').median):,.0f} MB/s; per-run "
         f"paired ratios {push_lo:.0%}-{push_hi:.0%}) and `fetch_aggregate` at {fetch_r:.0%} "
-        f"({rate(stat(MTLS, 'fetch').median):,.0f} vs {rate(stat(PLAIN, 'fetch').median):,.0f} MB/s; "
+        f"({f.rate(f.stat(MTLS, 'fetch').median):,.0f} vs {f.rate(f.stat(PLAIN, 'fetch').median):,.0f} MB/s; "
         f"{fetch_lo:.0%}-{fetch_hi:.0%})." + _noise_note(push_lo, push_hi, fetch_lo, fetch_hi),
-        f"CPU seconds per {nbytes / c.MB:.0f} MB push, mTLS minus plain text (differences of medians): zone "
+        f"CPU seconds per {f.nbytes / c.MB:.0f} MB push, mTLS minus plain text (differences of medians): zone "
         f"{extra_srv:+.3f} s, client {extra_cli:+.3f} s, for encrypting and authenticating every byte in gRPC's "
         "TLS stack (BoringSSL, TLS records of at most 16 KiB).",
         f"A new connection (TCP, the TLS handshake in which both sides verify the other's CA-signed certificate, "
-        f"one `Info` call) takes {stat(MTLS, 'connect').median * 1e3:,.1f} ms with mTLS against "
-        f"{stat(PLAIN, 'connect').median * 1e3:,.1f} ms in plain text; a site keeps its channel for the whole "
+        f"one `Info` call) takes {f.stat(MTLS, 'connect').median * 1e3:,.1f} ms with mTLS against "
+        f"{f.stat(PLAIN, 'connect').median * 1e3:,.1f} ms in plain text; a site keeps its channel for the whole "
         "run, so this is paid once, not per push.",
         "Both configurations ran in the same run, interleaved, on the same update, with the client and the two "
         "zone processes sharing this machine's cores; the ranges in brackets show the run-to-run noise.",
     ]
-    interp = " ".join(sentences)
-    print("\n" + interp)
+    return " ".join(sentences)
 
+
+def headline(f: Figures) -> dict[str, Any]:
+    """The ``--json`` figures (medians)."""
+    return {
+        "push_tls_vs_plain": f.paired("push")[0],
+        "fetch_tls_vs_plain": f.paired("fetch")[0],
+        "push_mb_s": {JSON_KEYS[cfg]: f.rate(f.stat(cfg, "push").median) for cfg in CONFIGS},
+        "fetch_mb_s": {JSON_KEYS[cfg]: f.rate(f.stat(cfg, "fetch").median) for cfg in CONFIGS},
+        "connect_ms": {JSON_KEYS[cfg]: f.stat(cfg, "connect").median * 1e3 for cfg in CONFIGS},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then publish (see the module docstring)."""
+    args = parse_args(argv)
+    runs = args.runs or (5 if args.quick else 25)
+    target = args.values or (1_000_000 if args.quick else 25_000_000)
+
+    desc = c.machine_description()
+    ticks0 = c.cpu_ticks()
+    update = c.synthetic_update(target)
+    plan = c.make_plan(update, TILE)
+    shards = plan.split(update)
+    n, nbytes = c.num_values(update), c.num_bytes(update)
+    del update
+    print(f"update: {n:,} float32 values ({nbytes / c.MB:.1f} MB); {runs} runs + 1 warm-up per config", flush=True)
+    figures = Figures(measure(plan, shards, runs), nbytes)
     c.publish(
         args,
         SECTION,
@@ -262,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
             "call returns.",
             c.steal_note(ticks0),
         ],
-        headers=headers,
-        rows=rows,
-        interpretation=interp,
+        headers=HEADERS,
+        rows=table(figures),
+        interpretation=interpretation(figures),
+        headline=headline(figures),
+        console_title=f"gRPC data plane, mTLS vs plain text, {nbytes / c.MB:.1f} MB update, median of {runs}",
     )
     return 0
 

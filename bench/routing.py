@@ -21,7 +21,11 @@ the same state of this shared machine), and reports medians:
 * ``digest``: ``fedshard.integrity.shard_digest`` of every shard of the plan, the
   SHA-256 work a site does for every update it sends (the manifest), as the yardstick.
 
-    .venv/bin/python bench/routing.py [--quick] [--runs N] [--output FILE]
+    .venv/bin/python bench/routing.py [--quick] [--json] [--runs N] [--output FILE]
+
+``--json`` prints, for the default 256x256 tile: ``params``, ``shards``, ``route_ms`` (the slowest
+origin's median), ``decisions_per_s`` (route), ``us_per_decision``, ``route_vs_digest`` (the largest
+ratio over origins, a fraction), ``classify_ms`` and ``all_local`` (every shard to its own region's zone).
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -138,122 +142,146 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument(
         "--runs", type=int, default=None, help="timed runs per measurement (default 31; 5 with --quick)"
     )
-    args = parser.parse_args(argv)
-    runs = args.runs or (5 if args.quick else 31)
-    shape = QUICK if args.quick else FULL
+    return parser.parse_args(argv)
 
-    desc = c.machine_description()
-    ticks0 = c.cpu_ticks()
-    desc["numpy"] += f", torch {torch.__version__}"
-    torch.manual_seed(0)
-    model = SyntheticModel(shape)
-    state = model.state_dict()
-    params = sum(int(t.numel()) for t in state.values())
-    print(f"model: {params:,} parameters in {len(state)} tensors; {runs} runs + 1 warm-up per measurement", flush=True)
 
-    config = ResidencyConfig()
-    classifier = SensitivityClassifier.from_config(config)
-    router = Router(Policy.from_config(config), ZONES, reducing_zone=REDUCING_ZONE)
+@dataclass
+class TileResult:
+    """What was measured for one tile."""
+
+    tile: tuple[int, int]
+    shards: int
+    mbytes: float
+    times: dict[str, c.Stat]
+    chosen: dict[str, Counter[str]]  # origin -> zone -> shards
+    classes: Counter[str] = field(default_factory=Counter)
+
+
+def measure_tile(
+    tile: tuple[int, int],
+    model: nn.Module,
+    state: dict[str, Any],
+    classifier: SensitivityClassifier,
+    router: Router,
+    runs: int,
+) -> TileResult:
+    """Classify, route (per origin), ``Policy.decide`` and digest the shards of ``state`` cut by ``tile``."""
     protection = ShardProtection()
+    plan = ShardPlan.from_state_dict(state, tile)
+    shards = plan.split(state)
+    classes: dict[str, Classification] = classifier.classify(plan, model)
 
-    headers = [
-        "tile",
-        "shards",
-        "origin",
-        "classify ms",
-        "route ms (min-max)",
-        "policy.decide alone ms",
-        "decisions/s (route)",
-        "decisions/s (classify+route)",
-        "digest ms",
-        "route / digest",
-        "classify+route / digest",
-        "zones chosen",
-    ]
-    rows: list[list[str]] = []
-    all_local = True
-    outliers = False
-    summary: dict[tuple[int, int], dict[str, float]] = {}
-    class_counts: dict[tuple[int, int], Counter[str]] = {}
-    for tile in TILES:
-        plan = ShardPlan.from_state_dict(state, tile)
-        shards = plan.split(state)
-        classes: dict[str, Classification] = classifier.classify(plan, model)
-        class_counts[tile] = Counter(cl.shard_class for cl in classes.values())
+    def digest_all() -> None:
+        for array in shards.values():
+            shard_digest(array)
 
-        def digest_all(shards: dict[str, np.ndarray] = shards) -> None:
-            for array in shards.values():
-                shard_digest(array)
+    def classify() -> None:
+        classifier.classify(plan, model)
 
-        def classify(plan: ShardPlan = plan) -> None:
-            classifier.classify(plan, model)
+    def route(origin: str) -> None:
+        router.route_plan(classes, origin, protection)
 
-        def route(classes: dict[str, Classification] = classes, origin: str = "EU") -> None:
-            router.route_plan(classes, origin, protection)
+    def decide(origin: str) -> None:
+        for cl in classes.values():
+            router.policy.decide(cl.shard_class, origin, protection)
 
-        def decide(classes: dict[str, Classification] = classes, origin: str = "EU") -> None:
-            for cl in classes.values():
-                router.policy.decide(cl.shard_class, origin, protection)
+    tasks: dict[str, Callable[[], None]] = {"classify": classify, "digest": digest_all}
+    for origin in ORIGINS:
+        tasks[f"route {origin}"] = functools.partial(route, origin)
+        tasks[f"decide {origin}"] = functools.partial(decide, origin)
+    times = interleaved(tasks, runs)
+    chosen = {origin: Counter(d.zone for d in router.route_plan(classes, origin, protection)) for origin in ORIGINS}
+    print(f"  tile {tile[0]}x{tile[1]}: {len(plan):,} shards done", flush=True)
+    return TileResult(
+        tile, len(plan), plan.nbytes / c.MB, times, chosen, Counter(cl.shard_class for cl in classes.values())
+    )
 
-        tasks: dict[str, Callable[[], None]] = {"classify": classify, "digest": digest_all}
+
+HEADERS = [
+    "tile",
+    "shards",
+    "origin",
+    "classify ms",
+    "route ms (min-max)",
+    "policy.decide alone ms",
+    "decisions/s (route)",
+    "decisions/s (classify+route)",
+    "digest ms",
+    "route / digest",
+    "classify+route / digest",
+    "zones chosen",
+]
+
+
+def table(results: list[TileResult]) -> list[list[str]]:
+    """One row per tile and origin."""
+    rows = []
+    for r in results:
+        t_classify, t_digest = r.times["classify"], r.times["digest"]
         for origin in ORIGINS:
-            tasks[f"route {origin}"] = functools.partial(route, origin=origin)
-            tasks[f"decide {origin}"] = functools.partial(decide, origin=origin)
-        times = interleaved(tasks, runs)
-        t_classify, t_digest = times["classify"], times["digest"]
-        route_ratios: list[float] = []
-        decide_shares: list[float] = []
-        per_decision: list[float] = []
-        for origin in ORIGINS:
-            chosen = Counter(d.zone for d in router.route_plan(classes, origin, protection))
-            all_local = all_local and set(chosen) == {LOCAL_ZONE[origin]}
-            t_route, t_decide = times[f"route {origin}"], times[f"decide {origin}"]
-            decide_shares.append(t_decide.median / t_route.median)
-            per_decision.append(t_route.median / len(plan))
-            outliers = outliers or t_route.max > 3 * t_route.median
-            n = len(plan)
+            t_route, t_decide = r.times[f"route {origin}"], r.times[f"decide {origin}"]
             both = t_classify.median + t_route.median
-            route_ratios.append(t_route.median / t_digest.median)
             rows.append(
                 [
-                    f"{tile[0]}x{tile[1]}",
-                    f"{n:,}",
+                    f"{r.tile[0]}x{r.tile[1]}",
+                    f"{r.shards:,}",
                     origin,
                     _ms(t_classify.median),
                     f"{_ms(t_route.median)} ({_ms(t_route.min)}-{_ms(t_route.max)})",
                     _ms(t_decide.median),
-                    f"{n / t_route.median:,.0f}",
-                    f"{n / both:,.0f}",
+                    f"{r.shards / t_route.median:,.0f}",
+                    f"{r.shards / both:,.0f}",
                     _ms(t_digest.median),
                     f"{t_route.median / t_digest.median:.2%}",
                     f"{both / t_digest.median:.2%}",
-                    ", ".join(f"{z} {k:,}" for z, k in sorted(chosen.items())),
+                    ", ".join(f"{z} {k:,}" for z, k in sorted(r.chosen[origin].items())),
                 ]
             )
-        summary[tile] = {
-            "shards": float(len(plan)),
-            "classify": t_classify.median,
-            "digest": t_digest.median,
-            "route_max_ratio": max(route_ratios),
-            "route_min_ratio": min(route_ratios),
-            "mbytes": plan.nbytes / c.MB,
-            "decide_share": statistics.median(decide_shares),
-            "us_per_decision": statistics.median(per_decision) * 1e6,
-        }
-        print(f"  tile {tile[0]}x{tile[1]}: {len(plan):,} shards done", flush=True)
+    return rows
 
-    c.print_table(f"Routing a {params / 1e6:.1f} M-parameter model, median of {runs}", headers, rows)
 
-    default = summary[TILES[0]]
-    fine = summary[TILES[-1]]
+def summary(r: TileResult) -> dict[str, float]:
+    """The figures of one tile the interpretation and ``--json`` use (medians; ratios over origins)."""
+    digest = r.times["digest"].median
+    routes = [r.times[f"route {origin}"].median for origin in ORIGINS]
+    decides = [r.times[f"decide {origin}"].median for origin in ORIGINS]
+    return {
+        "shards": float(r.shards),
+        "classify": r.times["classify"].median,
+        "digest": digest,
+        "route_max": max(routes),
+        "route_max_ratio": max(routes) / digest,
+        "route_min_ratio": min(routes) / digest,
+        "mbytes": r.mbytes,
+        "decide_share": statistics.median(d / t for d, t in zip(decides, routes, strict=True)),
+        "us_per_decision": statistics.median(t / r.shards for t in routes) * 1e6,
+    }
+
+
+def all_local(results: list[TileResult]) -> bool:
+    """Whether every shard went to the zone in the site's own region."""
+    return all(set(r.chosen[origin]) == {LOCAL_ZONE[origin]} for r in results for origin in ORIGINS)
+
+
+def outliers(results: list[TileResult]) -> bool:
+    """Whether some routing run took over three times the median."""
+    return any(
+        r.times[f"route {origin}"].max > 3 * r.times[f"route {origin}"].median for r in results for origin in ORIGINS
+    )
+
+
+def interpretation(results: list[TileResult], params: int) -> str:
+    """What the figures say, in words."""
+    default, fine = summary(results[0]), summary(results[-1])
     met = default["route_max_ratio"] < GOAL
-    counts = class_counts[TILES[0]]
+    counts = results[0].classes
     sentences = [
         f"Goal (routing a 10 M-parameter model must cost well under 1 % of a round's digest work): "
         f"{'met' if met else 'not met'}. With fedshard's default 256x256 tile the {params / 1e6:.1f} M-parameter "
@@ -285,18 +313,52 @@ def main(argv: list[str] | None = None) -> int:
         f"Classes at 256x256: {', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))} shards.",
         "Every shard went to the zone in the site's own region: the default policy keeps EU personal shards in the "
         "EU and lets everything else go anywhere, and the router prefers a zone in the site's own region."
-        if all_local
+        if all_local(results)
         else "Not every shard went to the zone in the site's own region (see the last column).",
     ]
-    if outliers:
+    if outliers(results):
         sentences.append(
             "The rare slow runs (maxima in brackets) are Python's full (generation-2) garbage collections: "
             f"routing a plan allocates a few objects per shard, and a full collection scans every object of the "
             f"process ({len(gc.get_objects()):,} here, torch's included); the medians leave them out."
         )
-    interp = " ".join(sentences)
-    print("\n" + interp)
+    return " ".join(sentences)
 
+
+def headline(results: list[TileResult], params: int) -> dict[str, Any]:
+    """The ``--json`` figures, for the default 256x256 tile (medians)."""
+    default = summary(results[0])
+    return {
+        "params": params,
+        "shards": int(default["shards"]),
+        "route_ms": default["route_max"] * 1e3,
+        "decisions_per_s": default["shards"] / default["route_max"],
+        "us_per_decision": default["us_per_decision"],
+        "route_vs_digest": default["route_max_ratio"],
+        "classify_ms": default["classify"] * 1e3,
+        "all_local": all_local(results),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then publish (see the module docstring)."""
+    args = parse_args(argv)
+    runs = args.runs or (5 if args.quick else 31)
+    shape = QUICK if args.quick else FULL
+
+    desc = c.machine_description()
+    ticks0 = c.cpu_ticks()
+    desc["numpy"] += f", torch {torch.__version__}"
+    torch.manual_seed(0)
+    model = SyntheticModel(shape)
+    state = model.state_dict()
+    params = sum(int(t.numel()) for t in state.values())
+    print(f"model: {params:,} parameters in {len(state)} tensors; {runs} runs + 1 warm-up per measurement", flush=True)
+
+    config = ResidencyConfig()
+    classifier = SensitivityClassifier.from_config(config)
+    router = Router(Policy.from_config(config), ZONES, reducing_zone=REDUCING_ZONE)
+    results = [measure_tile(tile, model, state, classifier, router, runs) for tile in TILES]
     c.publish(
         args,
         SECTION,
@@ -317,9 +379,11 @@ def main(argv: list[str] | None = None) -> int:
             "Decisions/s = shards / median time. Percentages are ratios of medians.",
             c.steal_note(ticks0),
         ],
-        headers=headers,
-        rows=rows,
-        interpretation=interp,
+        headers=HEADERS,
+        rows=table(results),
+        interpretation=interpretation(results, params),
+        headline=headline(results, params),
+        console_title=f"Routing a {params / 1e6:.1f} M-parameter model, median of {runs}",
     )
     return 0
 

@@ -13,16 +13,20 @@ Tile 256x256 makes 256 KiB shards (a chunk size above 256 KiB changes nothing);
 tile 1024x1024 makes 4 MiB shards, so the chunk size decides how many frames a shard
 takes, and shards above 1 MiB are reassembled in a buffer at the zone.
 
-    .venv/bin/python bench/upload.py [--quick] [--runs N] [--output FILE]
+    .venv/bin/python bench/upload.py [--quick] [--json] [--runs N] [--output FILE]
+
+``--json`` prints ``push_gb_s`` and ``fetch_gb_s`` (fedshard's defaults: 256x256 shards, 1 MiB
+chunks), ``best_push_gb_s`` (the fastest configuration) and ``manifest_s`` (medians).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,38 +38,31 @@ from fedshard.zone.rpc.client import GrpcZoneClient
 SECTION = "upload"
 TILES = [(256, 256), (1024, 1024)]
 CHUNKS = [256 << 10, 1 << 20, 4 << 20]
+DEFAULT = ((256, 256), 1 << 20)  # fedshard's default tile and chunk size: the headline configuration
+Config = tuple[tuple[int, int], int]  # (tile, chunk bytes)
 
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument(
         "--runs", type=int, default=None, help="timed pushes per configuration (default 7; 5 with --quick)"
     )
     parser.add_argument("--values", type=int, default=None, help="float32 values in the update (default 25 M)")
-    args = parser.parse_args(argv)
-    runs = args.runs or (5 if args.quick else 7)
-    target = args.values or (1_000_000 if args.quick else 25_000_000)
+    return parser.parse_args(argv)
 
-    desc = c.machine_description()
-    update = c.synthetic_update(target)
-    plans = {tile: c.make_plan(update, tile) for tile in TILES}
-    shard_sets = {tile: plans[tile].split(update) for tile in TILES}
-    n = c.num_values(update)
-    nbytes = c.num_bytes(update)
-    del update
+
+def measure(
+    plans: dict[tuple[int, int], Any], shard_sets: dict[tuple[int, int], dict[str, np.ndarray]], runs: int
+) -> dict[Config, dict[str, list[float]]]:
+    """Every configuration's rounds on one zone server, interleaved (one warm-up round each first)."""
     configs = [(tile, chunk) for tile in TILES for chunk in CHUNKS]
-    print(f"update: {n:,} float32 values ({nbytes / c.MB:.1f} MB); {runs} runs + 1 warm-up per config", flush=True)
-
-    results: dict[tuple[tuple[int, int], int], dict[str, list[float]]] = {
-        cfg: {k: [] for k in ("manifest", "push", "close", "fetch", "srv_cpu", "cli_cpu", "srv_flt", "cli_flt")}
-        for cfg in configs
-    }
-    frames_per_push: dict[tuple[tuple[int, int], int], int] = {}
+    results: dict[Config, dict[str, list[float]]] = {cfg: {k: [] for k in c.PUSH_ROUND_KEYS} for cfg in configs}
     with c.ZoneServerProcess() as server:
         server_proc = psutil.Process(server.pid)
         coordinator = GrpcZoneClient(server.endpoint)
@@ -73,41 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         clients = {chunk: GrpcZoneClient(server.endpoint, chunk_bytes=chunk) for chunk in CHUNKS}
         round_no = 0
 
-        def one_round(cfg: tuple[tuple[int, int], int], record: bool) -> None:
+        def one_round(cfg: Config, record: bool) -> None:
             nonlocal round_no
             tile, chunk = cfg
-            plan, shards, client = plans[tile], shard_sets[tile], clients[chunk]
             round_no += 1
-            spec = c.round_spec(round_no, plan, ["site-0"])
-            coordinator.open_round(spec)
-            t0 = time.perf_counter()
-            manifest = c.make_manifest(plan, shards, site_id="site-0", round=round_no, weight=3.0)
-            t_manifest = time.perf_counter() - t0
-            srv0, cli0 = sum(server_proc.cpu_times()[:2]), time.process_time()
-            fs0, fc0 = c.minor_faults(server.pid), c.minor_faults()
-            t1 = time.perf_counter()
-            receipt = client.push(manifest, spec.token, shards)
-            t2 = time.perf_counter()
-            srv1, cli1 = sum(server_proc.cpu_times()[:2]), time.process_time()
-            fs1, fc1 = c.minor_faults(server.pid), c.minor_faults()
-            assert receipt.bytes == nbytes, receipt
-            t_close0 = time.perf_counter()
-            coordinator.close_round(round_no)
-            t3 = time.perf_counter()
-            summary, agg = client.fetch_aggregate(round_no)
-            t4 = time.perf_counter()
-            assert len(agg) == len(shards) and summary.sites == ("site-0",)
-            del agg
+            times = c.push_round(
+                coordinator, clients[chunk], server_proc, plans[tile], shard_sets[tile], round_no, "site-0"
+            )
             if record:
-                r = results[cfg]
-                r["manifest"].append(t_manifest)
-                r["push"].append(t2 - t1)
-                r["close"].append(t3 - t_close0)
-                r["fetch"].append(t4 - t3)
-                r["srv_cpu"].append(srv1 - srv0)
-                r["cli_cpu"].append(cli1 - cli0)
-                r["srv_flt"].append(fs1 - fs0)
-                r["cli_flt"].append(fc1 - fc0)
+                for key, value in times.items():
+                    results[cfg][key].append(value)
 
         for cfg in configs:
             one_round(cfg, record=False)
@@ -115,65 +87,98 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in c.rotated(configs, rep):
                 one_round(cfg, record=True)
             print(f"  run {rep + 1}/{runs} done", flush=True)
-        for cfg in configs:
-            tile, chunk = cfg
-            frames_per_push[cfg] = sum(-(-a.nbytes // chunk) for a in shard_sets[tile].values())
         for cl in [coordinator, *clients.values()]:
             cl.close()
+    return results
 
-    headers = [
-        "shards",
-        "chunk",
-        "frames/push",
-        "push MB/s (min-max)",
-        "push s",
-        "server CPU s/push",
-        "client CPU s/push",
-        "page faults/push server / client",
-        "manifest s",
-        "close s",
-        "fetch MB/s (min-max)",
-    ]
+
+class Figures:
+    """The measured figures of ``results`` for an update of ``nbytes`` bytes cut as in ``shard_sets``."""
+
+    def __init__(
+        self,
+        results: dict[Config, dict[str, list[float]]],
+        nbytes: int,
+        shard_sets: dict[tuple[int, int], dict[str, np.ndarray]],
+    ) -> None:
+        self.results = results
+        self.nbytes = nbytes
+        self.configs = list(results)
+        self.frames_per_push = {
+            (tile, chunk): sum(-(-a.nbytes // chunk) for a in shard_sets[tile].values()) for tile, chunk in results
+        }
+
+    def med(self, cfg: Config, key: str) -> float:
+        """Median of ``key`` over the runs of ``cfg``."""
+        return c.Stat(self.results[cfg][key]).median
+
+    def mbs(self, cfg: Config, key: str = "push") -> float:
+        """Median MB/s of ``key`` (push or fetch) in ``cfg``."""
+        return self.nbytes / self.med(cfg, key) / c.MB
+
+    def best(self) -> tuple[float, str]:
+        """The highest median push MB/s and the configuration that reached it."""
+        best: tuple[float, str] = (0.0, "")
+        for cfg in self.configs:
+            if self.mbs(cfg) > best[0]:
+                best = (self.mbs(cfg), f"{label(cfg[0])} shards, {_size(cfg[1])} chunks")
+        return best
+
+
+def label(tile: tuple[int, int]) -> str:
+    """A tile and the size of its shards."""
+    return f"{tile[0]}x{tile[1]} ({_size(tile[0] * tile[1] * 4)})"
+
+
+HEADERS = [
+    "shards",
+    "chunk",
+    "frames/push",
+    "push MB/s (min-max)",
+    "push s",
+    "server CPU s/push",
+    "client CPU s/push",
+    "page faults/push server / client",
+    "manifest s",
+    "close s",
+    "fetch MB/s (min-max)",
+]
+
+
+def table(f: Figures) -> list[list[str]]:
+    """One row per configuration."""
     rows = []
-    best: tuple[float, str] = (0.0, "")
-    for cfg in configs:
+    nbytes = f.nbytes
+    for cfg in f.configs:
         tile, chunk = cfg
-        r = {k: c.Stat(v) for k, v in results[cfg].items()}
-        push_mbs = nbytes / r["push"].median / c.MB
-        fetch_mbs = nbytes / r["fetch"].median / c.MB
-        shard_bytes = tile[0] * tile[1] * 4
-        label = f"{tile[0]}x{tile[1]} ({_size(shard_bytes)})"
-        if push_mbs > best[0]:
-            best = (push_mbs, f"{label} shards, {_size(chunk)} chunks")
+        r = {k: c.Stat(v) for k, v in f.results[cfg].items()}
         rows.append(
             [
-                label,
+                label(tile),
                 _size(chunk),
-                str(frames_per_push[cfg] + 1),
-                f"{push_mbs:,.0f} ({nbytes / r['push'].max / c.MB:,.0f}-{nbytes / r['push'].min / c.MB:,.0f})",
+                str(f.frames_per_push[cfg] + 1),
+                f"{f.mbs(cfg):,.0f} ({nbytes / r['push'].max / c.MB:,.0f}-{nbytes / r['push'].min / c.MB:,.0f})",
                 f"{r['push'].median:.3f}",
                 f"{r['srv_cpu'].median:.2f}",
                 f"{r['cli_cpu'].median:.2f}",
                 f"{r['srv_flt'].median:,.0f} / {r['cli_flt'].median:,.0f}",
                 f"{r['manifest'].median:.3f}",
                 f"{r['close'].median:.3f}",
-                f"{fetch_mbs:,.0f} ({nbytes / r['fetch'].max / c.MB:,.0f}-{nbytes / r['fetch'].min / c.MB:,.0f})",
+                f"{f.mbs(cfg, 'fetch'):,.0f} ({nbytes / r['fetch'].max / c.MB:,.0f}-"
+                f"{nbytes / r['fetch'].min / c.MB:,.0f})",
             ]
         )
-    c.print_table(f"gRPC upload/download, {nbytes / c.MB:.1f} MB update, median of {runs}", headers, rows)
+    return rows
 
-    all_manifest = c.Stat([x for cfg in configs for x in results[cfg]["manifest"]])
 
-    def med(cfg: tuple[tuple[int, int], int], key: str) -> float:
-        return c.Stat(results[cfg][key]).median
-
-    def mbs(cfg: tuple[tuple[int, int], int]) -> float:
-        return nbytes / med(cfg, "push") / c.MB
-
+def interpretation(f: Figures) -> str:
+    """What the figures say, in words."""
+    configs, nbytes, med, mbs = f.configs, f.nbytes, f.med, f.mbs
+    best = f.best()
+    all_manifest = c.Stat([x for cfg in configs for x in f.results[cfg]["manifest"]])
     srv_share = [med(cfg, "srv_cpu") / med(cfg, "push") for cfg in configs]
     cli_share = [med(cfg, "cli_cpu") / med(cfg, "push") for cfg in configs]
-    small = [cfg for cfg in configs if cfg[0] == (256, 256)]
-    small_rates = [mbs(cfg) for cfg in small]
+    small_rates = [mbs(cfg) for cfg in configs if cfg[0] == (256, 256)]
     big1, big4 = ((1024, 1024), 1 << 20), ((1024, 1024), 4 << 20)
     sentences = [
         f"Best push throughput: {best[0]:,.0f} MB/s ({best[1]}).",
@@ -206,9 +211,34 @@ def main(argv: list[str] | None = None) -> int:
         "`fetch` serves the latest aggregate from the zone's memory, in 1 MiB chunks (the server's default, "
         "whatever the client's chunk size), and includes the client's digest and Merkle-root checks."
     )
-    interp = " ".join(sentences)
-    print("\n" + interp)
+    return " ".join(sentences)
 
+
+def headline(f: Figures) -> dict[str, Any]:
+    """The ``--json`` figures (medians; GB = 10^9 bytes)."""
+    return {
+        "push_gb_s": f.mbs(DEFAULT) / 1e3,
+        "fetch_gb_s": f.mbs(DEFAULT, "fetch") / 1e3,
+        "best_push_gb_s": f.best()[0] / 1e3,
+        "manifest_s": c.Stat([x for cfg in f.configs for x in f.results[cfg]["manifest"]]).median,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then publish (see the module docstring)."""
+    args = parse_args(argv)
+    runs = args.runs or (5 if args.quick else 7)
+    target = args.values or (1_000_000 if args.quick else 25_000_000)
+
+    desc = c.machine_description()
+    update = c.synthetic_update(target)
+    plans = {tile: c.make_plan(update, tile) for tile in TILES}
+    shard_sets = {tile: plans[tile].split(update) for tile in TILES}
+    n = c.num_values(update)
+    nbytes = c.num_bytes(update)
+    del update
+    print(f"update: {n:,} float32 values ({nbytes / c.MB:.1f} MB); {runs} runs + 1 warm-up per config", flush=True)
+    figures = Figures(measure(plans, shard_sets, runs), nbytes, shard_sets)
     c.publish(
         args,
         SECTION,
@@ -225,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             "`fetch_aggregate` download + verification; CPU columns = user+sys CPU seconds of each process "
             "during the push.",
         ],
-        headers=headers,
-        rows=rows,
-        interpretation=interp,
+        headers=HEADERS,
+        rows=table(figures),
+        interpretation=interpretation(figures),
+        headline=headline(figures),
+        console_title=f"gRPC upload/download, {nbytes / c.MB:.1f} MB update, median of {runs}",
     )
     return 0
 

@@ -13,7 +13,11 @@ the default 256 MB, and exactly one model's size (one push staged at a time). Th
 should need about the float64 sums (2x the float32 model) plus the staging budget, not
 20 models.
 
-    .venv/bin/python bench/zone_memory.py [--quick] [--runs N] [--sites N] [--output FILE]
+    .venv/bin/python bench/zone_memory.py [--quick] [--json] [--runs N] [--sites N] [--output FILE]
+
+``--json`` prints ``model_mb``, ``sites``, ``peak_rss_increase_mb`` and ``peak_vs_model`` (default
+staging budget), ``peak_rss_increase_model_budget_mb`` and ``peak_vs_model_model_budget`` (staging
+budget = model size) and ``peak_vs_all_sites`` (default budget; medians).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -39,6 +44,9 @@ from fedshard.zone.rpc.convert import GRPC_OPTIONS
 
 SECTION = "zone_memory"
 SAMPLE_S = 0.020
+DEFAULT = "default (256 MiB)"
+MODEL_BUDGET = "= model size"
+ARENA1 = {"MALLOC_ARENA_MAX": "1"}
 
 
 class SiteClient(GrpcZoneClient):
@@ -74,7 +82,9 @@ class RssSampler(threading.Thread):
         self.samples.append((time.perf_counter(), self.proc.memory_info().rss))
 
 
-def one_run(staging: int, env: dict[str, str], plan, shards, manifest, n_sites: int, round_no: int) -> dict[str, float]:
+def one_run(
+    staging: int, env: dict[str, str], plan: Any, shards: Any, manifest: Any, n_sites: int, round_no: int
+) -> dict[str, float]:
     """Fresh zone process, one round with ``n_sites`` concurrent pushes; RSS figures in bytes."""
     sites = [f"site-{i:02d}" for i in range(n_sites)]
     with c.ZoneServerProcess(staging_bytes=staging, max_workers=16, env=env) as server:
@@ -140,38 +150,31 @@ def one_run(staging: int, env: dict[str, str], plan, shards, manifest, n_sites: 
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument("--runs", type=int, default=None, help="runs per staging budget (default 5; 1 with --quick)")
     parser.add_argument("--sites", type=int, default=20, help="concurrent sites (default 20)")
     parser.add_argument("--values", type=int, default=None, help="float32 values in the update (default 25 M)")
-    args = parser.parse_args(argv)
-    runs = args.runs or (1 if args.quick else 5)
-    target = args.values or (1_000_000 if args.quick else 25_000_000)
-    n_sites = args.sites
+    return parser.parse_args(argv)
 
-    desc = c.machine_description()
-    update = c.synthetic_update(target)
-    plan = c.make_plan(update, (256, 256))
-    shards = plan.split(update)
-    del update
-    model = c.num_bytes(shards)
-    n = c.num_values(shards)
-    manifest = c.make_manifest(plan, shards, site_id="site-00", round=1, weight=3.0)
-    acc_bytes = 8 * n
-    arena1 = {"MALLOC_ARENA_MAX": "1"}
-    budgets: dict[str, tuple[int, dict[str, str]]] = {
-        "default (256 MiB)": (256 << 20, {}),
-        "= model size": (model, {}),
-        "default (256 MiB), MALLOC_ARENA_MAX=1": (256 << 20, arena1),
-        "= model size, MALLOC_ARENA_MAX=1": (model, arena1),
+
+def budgets_for(model: int) -> dict[str, tuple[int, dict[str, str]]]:
+    """The staging budgets measured (bytes, extra environment of the zone process)."""
+    return {
+        DEFAULT: (256 << 20, {}),
+        MODEL_BUDGET: (model, {}),
+        f"{DEFAULT}, MALLOC_ARENA_MAX=1": (256 << 20, ARENA1),
+        f"{MODEL_BUDGET}, MALLOC_ARENA_MAX=1": (model, ARENA1),
     }
-    print(
-        f"update: {n:,} float32 values ({model / c.MB:.1f} MB), {len(shards)} shards; {n_sites} sites; "
-        f"{runs} runs per budget, fresh zone process per run",
-        flush=True,
-    )
+
+
+def measure(
+    budgets: dict[str, tuple[int, dict[str, str]]], plan: Any, shards: Any, runs: int, n_sites: int
+) -> dict[str, list[dict[str, float]]]:
+    """``runs`` runs per budget, budgets interleaved, each in a fresh zone process."""
+    manifest = c.make_manifest(plan, shards, site_id="site-00", round=1, weight=3.0)
     results: dict[str, list[dict[str, float]]] = {k: [] for k in budgets}
     round_no = 0
     for rep in range(runs):
@@ -185,58 +188,86 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['baseline'] / c.MB:.0f} MB, pushes {r['push_s']:.1f} s",
                 flush=True,
             )
+    return results
 
-    def med(name: str, key: str) -> float:
-        return statistics.median(x[key] for x in results[name])
 
-    def rng(name: str, key: str) -> str:
-        v = [x[key] / c.MB for x in results[name]]
+class Figures:
+    """The measured figures of ``results`` for a model of ``model`` bytes (``n`` values) and ``n_sites`` sites."""
+
+    def __init__(
+        self,
+        results: dict[str, list[dict[str, float]]],
+        budgets: dict[str, tuple[int, dict[str, str]]],
+        model: int,
+        n: int,
+        n_sites: int,
+    ) -> None:
+        self.results, self.budgets = results, budgets
+        self.model, self.n, self.n_sites = model, n, n_sites
+
+    def med(self, name: str, key: str) -> float:
+        """Median of ``key`` over the runs of budget ``name``."""
+        return statistics.median(x[key] for x in self.results[name])
+
+    def rng(self, name: str, key: str) -> str:
+        """Min-max of ``key`` (bytes) over the runs of ``name``, in MB."""
+        v = [x[key] / c.MB for x in self.results[name]]
         return f"{min(v):,.0f}-{max(v):,.0f}"
 
-    headers = [
-        "staging budget",
-        "budget MB",
-        "baseline RSS MB",
-        "peak increase, pushes MB (min-max)",
-        "peak increase incl. close MB (min-max)",
-        "peak / model",
-        "peak / (20 x model)",
-        "pushes s",
-        "close s",
-        "all pushes in flight s",
-        "RSS samples (median / max gap ms)",
-        "TCP conns",
-    ]
+
+HEADERS = [
+    "staging budget",
+    "budget MB",
+    "baseline RSS MB",
+    "peak increase, pushes MB (min-max)",
+    "peak increase incl. close MB (min-max)",
+    "peak / model",
+    "peak / (20 x model)",
+    "pushes s",
+    "close s",
+    "all pushes in flight s",
+    "RSS samples (median / max gap ms)",
+    "TCP conns",
+]
+
+
+def table(f: Figures) -> list[list[str]]:
+    """One row per staging budget."""
     rows = []
-    for name, (budget, _) in budgets.items():
-        peak = med(name, "peak_all")
+    for name, (budget, _) in f.budgets.items():
+        peak = f.med(name, "peak_all")
         rows.append(
             [
                 name,
                 f"{budget / c.MB:,.1f}",
-                f"{med(name, 'baseline') / c.MB:,.0f}",
-                f"{med(name, 'peak_push') / c.MB:,.0f} ({rng(name, 'peak_push')})",
-                f"{peak / c.MB:,.0f} ({rng(name, 'peak_all')})",
-                f"{peak / model:.2f}x",
-                f"{peak / (n_sites * model):.0%}",
-                f"{med(name, 'push_s'):.1f}",
-                f"{med(name, 'close_s'):.2f}",
-                f"{med(name, 'overlap_s'):.2f}",
-                f"{med(name, 'samples'):,.0f} ({med(name, 'gap_median') * 1e3:.0f} / "
-                f"{max(x['gap_max'] for x in results[name]) * 1e3:.0f})",
-                f"{med(name, 'connections'):.0f}",
+                f"{f.med(name, 'baseline') / c.MB:,.0f}",
+                f"{f.med(name, 'peak_push') / c.MB:,.0f} ({f.rng(name, 'peak_push')})",
+                f"{peak / c.MB:,.0f} ({f.rng(name, 'peak_all')})",
+                f"{peak / f.model:.2f}x",
+                f"{peak / (f.n_sites * f.model):.0%}",
+                f"{f.med(name, 'push_s'):.1f}",
+                f"{f.med(name, 'close_s'):.2f}",
+                f"{f.med(name, 'overlap_s'):.2f}",
+                f"{f.med(name, 'samples'):,.0f} ({f.med(name, 'gap_median') * 1e3:.0f} / "
+                f"{max(x['gap_max'] for x in f.results[name]) * 1e3:.0f})",
+                f"{f.med(name, 'connections'):.0f}",
             ]
         )
-    c.print_table(f"zone memory, {n_sites} sites x {model / c.MB:.1f} MB, median of {runs}", headers, rows)
+    return rows
 
+
+def interpretation(f: Figures) -> str:
+    """What the figures say, in words."""
+    model, n_sites = f.model, f.n_sites
+    acc_bytes = 8 * f.n
     staged_default = int(min(256 << 20, n_sites * model) // model)
-    expect = {"default (256 MiB)": acc_bytes + staged_default * model, "= model size": acc_bytes + model}
-    peak = {name: med(name, "peak_all") for name in budgets}
+    expect = {DEFAULT: acc_bytes + staged_default * model, MODEL_BUDGET: acc_bytes + model}
+    peak = {name: f.med(name, "peak_all") for name in f.budgets}
     sentences = [
         f"The model is {model / c.MB:.1f} MB of float32 and the zone's float64 sums {acc_bytes / c.MB:.1f} MB (2x); "
         f"a zone that buffered all {n_sites} concurrent pushes would need {n_sites * model / c.MB:,.0f} MB more.",
     ]
-    for name in ("default (256 MiB)", "= model size"):
+    for name in (DEFAULT, MODEL_BUDGET):
         arena = f"{name}, MALLOC_ARENA_MAX=1"
         k = staged_default if name.startswith("default") else 1
         sentences.append(
@@ -247,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({peak[arena] / model:.1f}x)."
         )
     excess = min(
-        peak["default (256 MiB)"] - peak["default (256 MiB), MALLOC_ARENA_MAX=1"],
-        peak["= model size"] - peak["= model size, MALLOC_ARENA_MAX=1"],
+        peak[DEFAULT] - peak[f"{DEFAULT}, MALLOC_ARENA_MAX=1"],
+        peak[MODEL_BUDGET] - peak[f"{MODEL_BUDGET}, MALLOC_ARENA_MAX=1"],
     )
     if excess > 0.5 * model:
         sentences.append(
@@ -268,9 +299,44 @@ def main(argv: list[str] | None = None) -> int:
         f"The pushes overlapped ({n_sites} in flight together for the time shown), so this is the concurrent "
         "case; RSS is sampled, so a peak shorter than the largest sampling gap could be missed."
     )
-    interp = " ".join(sentences)
-    print("\n" + interp)
+    return " ".join(sentences)
 
+
+def headline(f: Figures) -> dict[str, Any]:
+    """The ``--json`` figures (medians; MB = 10^6 bytes)."""
+    default, model_budget = f.med(DEFAULT, "peak_all"), f.med(MODEL_BUDGET, "peak_all")
+    return {
+        "model_mb": f.model / c.MB,
+        "sites": f.n_sites,
+        "peak_rss_increase_mb": default / c.MB,
+        "peak_vs_model": default / f.model,
+        "peak_vs_all_sites": default / (f.n_sites * f.model),
+        "peak_rss_increase_model_budget_mb": model_budget / c.MB,
+        "peak_vs_model_model_budget": model_budget / f.model,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then publish (see the module docstring)."""
+    args = parse_args(argv)
+    runs = args.runs or (1 if args.quick else 5)
+    target = args.values or (1_000_000 if args.quick else 25_000_000)
+    n_sites = args.sites
+
+    desc = c.machine_description()
+    update = c.synthetic_update(target)
+    plan = c.make_plan(update, (256, 256))
+    shards = plan.split(update)
+    del update
+    model = c.num_bytes(shards)
+    n = c.num_values(shards)
+    budgets = budgets_for(model)
+    print(
+        f"update: {n:,} float32 values ({model / c.MB:.1f} MB), {len(shards)} shards; {n_sites} sites; "
+        f"{runs} runs per budget, fresh zone process per run",
+        flush=True,
+    )
+    figures = Figures(measure(budgets, plan, shards, runs, n_sites), budgets, model, n, n_sites)
     c.publish(
         args,
         SECTION,
@@ -285,9 +351,11 @@ def main(argv: list[str] | None = None) -> int:
             "`open_round`; RSS sampled every ~20 ms by a thread in the client process (psutil) until "
             "`close_round` returned.",
         ],
-        headers=headers,
-        rows=rows,
-        interpretation=interp,
+        headers=HEADERS,
+        rows=table(figures),
+        interpretation=interpretation(figures),
+        headline=headline(figures),
+        console_title=f"zone memory, {n_sites} sites x {model / c.MB:.1f} MB, median of {runs}",
     )
     return 0
 
