@@ -21,7 +21,11 @@ them (Flower: its ``evaluate_fn`` hook after each round's train + evaluate; feds
 round events). The first round (app installation, first imports) is dropped; medians of
 the others. ``--quick``: 3 rounds each (2 timed).
 
-    .venv/bin/python bench/deploy_overhead.py [--rounds N] [--quick] [--output FILE]
+    .venv/bin/python bench/deploy_overhead.py [--rounds N] [--quick] [--json] [--output FILE]
+
+``--json`` prints ``flower_round_s``, ``fedshard_round_s`` and ``private_round_s`` (DP + HE +
+residency; medians, ``null`` for a system not run), ``fedshard_vs_flower`` and ``private_vs_flower``
+(ratios of the medians) and ``client_process_start_s`` (interpreter + Flower + torch imports).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO, add_output_args, cpu_ticks, fmt, print_table, publish, steal_note
+from _common import REPO, add_output_args, cpu_ticks, fmt, publish, steal_note
 
 from fedshard.config import load_federation
 from fedshard.deploy.aggregator import AggregatorHost
@@ -52,6 +56,9 @@ from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout
 
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
+FLOWER, PLAIN, PRIVATE = "Flower FedAvg", "fedshard plaintext", "fedshard DP + HE + residency"
+SITE_IMPORTS = "+ fedshard site (torch, opacus, tenseal, grpc)"
+Results = dict[str, tuple[list[float], float]]  # system -> (per-round wall times, final accuracy)
 
 
 def _plaintext(rounds: int) -> Callable[[dict[str, Any]], None]:
@@ -151,7 +158,8 @@ def _import_seconds(statement: str, runs: int = 3) -> float:
     return statistics.median(out)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="rounds per system (the first is not timed)")
     parser.add_argument(
@@ -159,62 +167,80 @@ def main() -> None:
     )
     parser.add_argument("--note", action="append", default=[], help="a line to add to the published notes")
     add_output_args(parser)
-    args = parser.parse_args()
-    rounds = 3 if args.quick else args.rounds
-    results: dict[str, tuple[list[float], float]] = {}
-    ticks = cpu_ticks()
+    return parser.parse_args(argv)
+
+
+def measure(systems: list[str], rounds: int) -> Results:
+    """Per-round wall times and final accuracy of each system (deployments under a temporary folder)."""
+    results: Results = {}
     tmp = Path(tempfile.mkdtemp(prefix="fedshard-deploy-bench-"))
-    if "plain" in args.systems:
+    if "plain" in systems:
         with Deployment(tmp / "plain", _plaintext(rounds)) as plain:
-            results["Flower FedAvg"] = plain.flower_round_times()
-            results["fedshard plaintext"] = plain.fedshard_round_times()
-    if "full" in args.systems:
+            results[FLOWER] = plain.flower_round_times()
+            results[PLAIN] = plain.fedshard_round_times()
+    if "full" in systems:
         with Deployment(tmp / "full", _full(rounds)) as full:
-            results["fedshard DP + HE + residency"] = full.fedshard_round_times()
+            results[PRIVATE] = full.fedshard_round_times()
     shutil.rmtree(tmp)  # kept when a run fails, for its logs
-    imports = {
+    return results
+
+
+def import_costs() -> dict[str, float]:
+    """Seconds of a fresh interpreter that imports what a ClientApp process of each kind imports."""
+    return {
         "python": _import_seconds("pass"),
         "flwr ClientApp": _import_seconds("import flwr.clientapp"),
         "+ torch": _import_seconds("import flwr.clientapp, torch"),
-        "+ fedshard site (torch, opacus, tenseal, grpc)": _import_seconds(
+        SITE_IMPORTS: _import_seconds(
             "import clients.client_app; from fedshard.assembly import make_deployed_site; import opacus, tenseal, grpc"
         ),
     }
-    base = statistics.median(results["Flower FedAvg"][0][1:]) if "Flower FedAvg" in results else float("nan")
-    headers = ["system", "rounds timed", "median s/round", "min", "max", "vs Flower", "final accuracy"]
-    rows, ratios = [], {}
+
+
+HEADERS = ["system", "rounds timed", "median s/round", "min", "max", "vs Flower", "final accuracy"]
+
+
+def medians(results: Results) -> dict[str, float]:
+    """Median seconds per round of each system, the first round dropped."""
+    return {name: statistics.median(times[1:]) for name, (times, _) in results.items()}
+
+
+def ratios(results: Results) -> dict[str, float]:
+    """Each system's median per round over plain Flower's (NaN without a Flower run)."""
+    med = medians(results)
+    base = med.get(FLOWER, float("nan"))
+    return {name: m / base for name, m in med.items()}
+
+
+def table(results: Results) -> list[list[str]]:
+    """One row per system."""
+    med, ratio = medians(results), ratios(results)
+    rows = []
     for name, (times, accuracy) in results.items():
         timed = times[1:]
-        med = statistics.median(timed)
-        ratios[name] = med / base
         rows.append(
             [
                 name,
                 str(len(timed)),
-                fmt(med, 2),
+                fmt(med[name], 2),
                 fmt(min(timed), 2),
                 fmt(max(timed), 2),
-                f"{med / base:.2f}×",
+                f"{ratio[name]:.2f}×",
                 f"{accuracy:.4f}",
             ]
         )
-    print_table("Per-round wall time on one loopback deployment", headers, rows)
-    print({k: round(v, 2) for k, v in imports.items()})
+    return rows
+
+
+def interpretation(results: Results, imports: dict[str, float]) -> str:
+    """What the figures say, in words."""
+    ratio = ratios(results)
     per_message = imports["+ torch"]
-    ours = imports["+ fedshard site (torch, opacus, tenseal, grpc)"] - per_message
+    ours = imports[SITE_IMPORTS] - per_message
     messages = 2 * len(SITES)
-    notes = [
-        steal_note(ticks),
-        *(f"- {note}" for note in args.note),
-        "",
-        "Fresh-interpreter start-up that every Flower message pays at every site (Flower starts one ClientApp "
-        f"process per message; two messages per site and round, {messages} per round here): "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in imports.items())
-        + ".",
-    ]
-    plain = ratios.get("fedshard plaintext", float("nan"))
-    full = ratios.get("fedshard DP + HE + residency", float("nan"))
-    interpretation = (
+    plain = ratio.get(PLAIN, float("nan"))
+    full = ratio.get(PRIVATE, float("nan"))
+    return (
         f"fedshard plaintext takes {plain:.2f}× plain Flower's time per round (goal ≤ 1.1×: "
         f"{'met' if plain <= 1.1 else 'not met'}); with DP-SGD, CKKS-encrypted personal shards and residency "
         f"groups {full:.2f}×. Most of a round is process start-up: Flower runs every message in a fresh ClientApp "
@@ -225,6 +251,39 @@ def main() -> None:
         f"is shorter than Flower's. What remains ours: importing fedshard's modules (+{ours:.1f} s per message in "
         "the worst case, with Opacus and TenSEAL), and with DP + HE the DP-SGD steps and CKKS encryption."
     )
+
+
+def headline(results: Results, imports: dict[str, float]) -> dict[str, Any]:
+    """The ``--json`` figures (medians of the timed rounds; ``None`` for a system not run)."""
+    med, ratio = medians(results), ratios(results)
+    return {
+        "flower_round_s": med.get(FLOWER),
+        "fedshard_round_s": med.get(PLAIN),
+        "private_round_s": med.get(PRIVATE),
+        "fedshard_vs_flower": ratio.get(PLAIN),
+        "private_vs_flower": ratio.get(PRIVATE),
+        "client_process_start_s": imports["+ torch"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then publish (see the module docstring)."""
+    args = parse_args(argv)
+    rounds = 3 if args.quick else args.rounds
+    ticks = cpu_ticks()
+    results = measure(args.systems, rounds)
+    imports = import_costs()
+    print({k: round(v, 2) for k, v in imports.items()})
+    messages = 2 * len(SITES)
+    notes = [
+        steal_note(ticks),
+        *(f"- {note}" for note in args.note),
+        "",
+        "Fresh-interpreter start-up that every Flower message pays at every site (Flower starts one ClientApp "
+        f"process per message; two messages per site and round, {messages} per round here): "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in imports.items())
+        + ".",
+    ]
     publish(
         args,
         "deploy_overhead",
@@ -233,11 +292,14 @@ def main() -> None:
         "fedshard plaintext (back to back), a second one for DP + HE + residency",
         None,
         notes,
-        headers,
-        rows,
-        interpretation,
+        HEADERS,
+        table(results),
+        interpretation(results, imports),
+        headline=headline(results, imports),
+        console_title="Per-round wall time on one loopback deployment",
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

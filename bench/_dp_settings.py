@@ -1,0 +1,282 @@
+"""What ``bench/dp_accuracy.py`` trains (not a benchmark itself): settings, candidates, configs.
+
+* :class:`Central` (non-private training on the pooled data) and :class:`Federated` (DP
+  federated training) settings; the candidates ``--tune`` scores on validation data, and
+  the settings chosen from them (:data:`CENTRAL`, :data:`DP`), next to the issue's naive
+  set-up (:data:`NAIVE`, :data:`CENTRAL_DEMO`);
+* the ``FederationConfig`` of each run (:func:`dp_config`, :func:`central_config`);
+* the fixed parts of the published interpretations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "CANDIDATES",
+    "CENTRAL",
+    "CENTRAL_CANDIDATES",
+    "CENTRAL_DEMO",
+    "DELTA",
+    "DP",
+    "EPSILONS",
+    "FOLDS",
+    "GOAL_EPSILON",
+    "GOAL_GAP_PP",
+    "INTERPRETATION",
+    "NAIVE",
+    "SE_GOAL_PP",
+    "SITES",
+    "TASK",
+    "TUNE_SEED0",
+    "TUNING_INTERPRETATION",
+    "VALIDATION_FRACTION",
+    "Central",
+    "Federated",
+    "central_config",
+    "dp_config",
+    "task_options",
+]
+
+SITES = 5
+FOLDS = 5
+DELTA = 1e-5
+EPSILONS = (1.0, 3.0, 8.0)
+GOAL_EPSILON = 3.0
+GOAL_GAP_PP = 0.3
+SE_GOAL_PP = 0.3
+VALIDATION_FRACTION = 0.2
+TUNE_SEED0 = 100  # tuning shuffles use seeds 100, 101, …; test runs use 0, 1, …
+TASK = "clients.tasks.breast_cancer:task"
+
+
+@dataclasses.dataclass(frozen=True)
+class Central:
+    """Non-private training on the pooled data."""
+
+    name: str
+    hidden: tuple[int, ...]
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    momentum: float = 0.9
+    features: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        """The settings in words."""
+        return (
+            f"MLP {_arch(self.hidden, self.features)}, {self.epochs} epochs, batch {self.batch_size}, "
+            f"SGD lr {self.learning_rate:g} "
+            f"momentum {self.momentum:g}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Federated:
+    """DP federated training settings (what a FederationConfig says)."""
+
+    name: str
+    hidden: tuple[int, ...]
+    rounds: int
+    local_epochs: int
+    batch_size: int
+    learning_rate: float
+    max_grad_norm: float
+    server: tuple[str, float] = ("avg", 1.0)  # (kind, learning rate); betas and tau: the defaults below
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    momentum: float = 0.9
+    features: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        """The settings in words."""
+        kind, lr = self.server
+        if kind == "avg":
+            server = "FedAvg" if lr == 1.0 else f"FedAvg, server lr {lr:g}"
+        elif kind == "momentum":
+            server = f"server momentum β={self.beta1:g}, lr {lr:g}"
+        else:
+            server = f"server Adam lr {lr:g}, β=({self.beta1:g}, {self.beta2:g}), τ={self.tau:g}"
+        return (
+            f"MLP {_arch(self.hidden, self.features)}, {self.rounds} rounds × {self.local_epochs} "
+            "local epoch(s), batch "
+            f"{self.batch_size}, local SGD lr {self.learning_rate:g} momentum {self.momentum:g}, clip "
+            f"{self.max_grad_norm:g}, {server}"
+        )
+
+
+WORST = tuple(range(20, 30))
+FEATURE_GROUPS = {tuple(range(0, 10)): "mean", tuple(range(10, 20)): "SE", tuple(range(20, 30)): "worst"}
+
+
+def _arch(hidden: Sequence[int], features: tuple[int, ...] | None = None) -> str:
+    arch = "-".join(str(w) for w in (30 if features is None else len(features), *hidden, 2))
+    if features is None:
+        return arch
+    return (
+        f"{arch} on the {FEATURE_GROUPS[features]} features"
+        if features in FEATURE_GROUPS
+        else f"{arch} on features {features}"
+    )
+
+
+# The issue's naive set-up (the demo model).
+NAIVE = Federated("naive", (64, 32), rounds=30, local_epochs=1, batch_size=16, learning_rate=0.1, max_grad_norm=1.0)
+
+# What `simulate` reports as `centralized_accuracy` for the naive set-up: the demo model trained
+# non-privately with the naive settings (30 epochs = rounds × local epochs, batch 16, lr 0.1).
+CENTRAL_DEMO = Central("central-demo", (64, 32), epochs=30, batch_size=16, learning_rate=0.1)
+
+CENTRAL_CANDIDATES: tuple[Central, ...] = (
+    Central("c-mlp-lr0.1", (64, 32), 30, 16, 0.1),
+    Central("c-mlp-lr0.03", (64, 32), 30, 16, 0.03),
+    Central("c-mlp-lr0.01", (64, 32), 30, 16, 0.01),
+    Central("c-lin-lr0.1", (), 30, 16, 0.1),
+    Central("c-lin-lr0.03", (), 30, 16, 0.03),
+    Central("c-lin-lr0.01", (), 30, 16, 0.01),
+    # the 10 "worst" features (the data set's published grouping: mean, SE, worst)
+    Central("c-worst-lin-lr0.1-e100", (), 100, 16, 0.1, features=WORST),
+    Central("c-worst-lin-lr0.3-e30", (), 30, 16, 0.3, features=WORST),
+    Central("c-worst-h16-lr0.01-e100", (16,), 100, 16, 0.01, features=WORST),
+    Central("c-worst-mlp-lr0.01", (64, 32), 30, 16, 0.01, features=WORST),
+)
+_LIN_FULL = Federated("lin-full", (), 30, 1, 128, 1.0, 1.0)
+_ADAM = dataclasses.replace(_LIN_FULL, server=("adam", 0.05))
+CANDIDATES: tuple[Federated, ...] = (
+    NAIVE,
+    dataclasses.replace(NAIVE, name="naive-lin", hidden=()),
+    Federated("lin-b32-r20", (), 20, 1, 32, 0.1, 1.0),
+    dataclasses.replace(_LIN_FULL, name="lin-full-r30-lr1"),
+    dataclasses.replace(_LIN_FULL, name="lin-full-r30-lr3", learning_rate=3.0),
+    dataclasses.replace(_LIN_FULL, name="lin-full-r30-lr10", learning_rate=10.0),
+    dataclasses.replace(_LIN_FULL, name="lin-full-r30-adam", server=("adam", 0.05)),
+    dataclasses.replace(_LIN_FULL, name="lin-full-r30-mom", server=("momentum", 0.3)),
+    dataclasses.replace(_LIN_FULL, name="mlp-full-r30-lr1", hidden=(64, 32)),
+    # server Adam (post-processing of the aggregate), linear model, one full-batch step per round
+    dataclasses.replace(_ADAM, name="adam-lr0.02", server=("adam", 0.02)),
+    dataclasses.replace(_ADAM, name="adam-lr0.1", server=("adam", 0.1)),
+    dataclasses.replace(_ADAM, name="adam-lr0.2", server=("adam", 0.2)),
+    dataclasses.replace(_ADAM, name="adam-r15", rounds=15),
+    dataclasses.replace(_ADAM, name="adam-r60", rounds=60),
+    dataclasses.replace(_ADAM, name="adam-clip0.3", max_grad_norm=0.3),
+    dataclasses.replace(_ADAM, name="adam-clip3", max_grad_norm=3.0),
+    dataclasses.replace(_ADAM, name="adam-b37", batch_size=37),
+    dataclasses.replace(_ADAM, name="adam-mlp", hidden=(64, 32)),
+    dataclasses.replace(_LIN_FULL, name="mom-lr1", server=("momentum", 1.0)),
+    # the 10 "worst" features: fewer parameters, less noise; larger steps with smaller clipping
+    Federated("worst-r40-c0.3", (), 40, 1, 128, 30.0, 0.3, features=WORST),
+    Federated("worst-r40-c0.1", (), 40, 1, 128, 90.0, 0.1, features=WORST),
+    Federated("worst-r40-c1", (), 40, 1, 128, 3.0, 1.0, features=WORST),
+    Federated("worst-r30-c0.3", (), 30, 1, 128, 30.0, 0.3, features=WORST),
+    Federated("worst-r40-adam", (), 40, 1, 128, 1.0, 0.3, ("adam", 0.27), tau=0.1, features=WORST),
+    Federated("all-r40-c0.3", (), 40, 1, 128, 30.0, 0.3),
+)
+
+# Chosen on validation data with --tune (the dp_accuracy_tuning section of BENCHMARKS.md): the best
+# non-private reference (ties broken towards the simpler model) and the best DP candidate.
+CENTRAL = dataclasses.replace(next(s for s in CENTRAL_CANDIDATES if s.name == "c-worst-lin-lr0.1-e100"), name="central")
+DP = dataclasses.replace(next(s for s in CANDIDATES if s.name == "worst-r40-c0.3"), name="dp-tuned")
+
+
+INTERPRETATION = (
+    "Why the goal is out of reach with these levers: every site protects its own ~91 records and adds its own "
+    "noise, so the aggregate carries √5 times the noise that DP-SGD over the pooled data would need for the same "
+    "ε; with the tuned schedule (40 full-batch steps per site) ε = 3 needs σ ≈ 8.8, i.e. noise of std σ·C/n ≈ 0.1·C "
+    "per coordinate on a site's mean clipped gradient, of the order of the signal once most records are classified "
+    "correctly, and a constant step size cannot average it away. What moved the gap, on validation data (section "
+    "`dp_accuracy_tuning`, ε = 3): a linear model instead of the 30-64-32-2 MLP (fewer parameters to noise), one "
+    "full-batch step per round (q = 1, so no loss from Poisson batches of ~16) with a larger step, the 10 'worst' "
+    "features (22 parameters instead of 62), a smaller clipping bound (0.3) with a proportionally larger learning "
+    "rate, and 40 rather than 30 rounds. Server Adam and server momentum (post-processing of the aggregate) did not "
+    "beat FedAvg once its step size was tuned. Choosing the 'worst' features also made the non-private reference "
+    "stronger (it is the best non-private candidate on validation), so the gap is measured against the best model "
+    "we found, not the demo model."
+)
+TUNING_INTERPRETATION = (
+    "All DP candidates here stay 3-10 pp below the best non-private candidates on these validation splits (sites "
+    "hold ~73 records here, ~91 in the benchmark, so validation gaps are larger than test gaps). Ranked by "
+    "validation accuracy, the levers: the linear model beats the MLP under DP (naive 89.6 → naive-lin 92.3 %); "
+    "one full-batch step per round with a large local step (lin-full-r30-lr3, 93.8 %) beats 5-6 Poisson batches "
+    "per round (naive-lin, lin-b32-r20); server Adam (best 93.9 %) and server momentum (93.6 %) are no better than "
+    "tuned FedAvg; the 10 'worst' features help both the non-private models (98.2 % against 96.6 % with all 30) "
+    "and DP (94.4-95.1 % against 92.0 % for the same schedule on all features); with them, clipping at 0.3 with "
+    "lr 30 (95.1 %) edges out clip 1 / lr 3 (94.4 %) and clip 0.1 / lr 90 (94.6 %), and 40 rounds edge out 30 "
+    "(94.7 %); differences below ~1 pp are within noise here (SE ≈ 0.6 pp per candidate). Chosen: "
+    "`worst-r40-c0.3` (DP) and `c-worst-lin-lr0.1-e100` (non-private reference; it ties with "
+    "`c-worst-h16-lr0.01-e100`, the linear model is simpler)."
+)
+
+
+def task_options(
+    hidden: Sequence[int], seed: int, fold: int, validation: bool, momentum: float, features: Sequence[int] | None
+) -> dict[str, Any]:
+    """The breast-cancer task's options for one fold (and its validation split)."""
+    options: dict[str, Any] = {
+        "hidden": list(hidden),
+        "sort_feature": 0,
+        "folds": FOLDS,
+        "fold": fold,
+        "split_seed": seed,
+        "momentum": momentum,
+    }
+    if validation:
+        options["validation_fraction"] = VALIDATION_FRACTION
+    if features is not None:
+        options["features"] = list(features)
+    return options
+
+
+def dp_config(s: Federated, epsilon: float, seed: int, fold: int, validation: bool) -> Any:
+    """The ``FederationConfig`` of a DP federation with settings ``s`` at budget ``epsilon``."""
+    from fedshard.config import FederationConfig
+
+    kind, server_lr = s.server
+    return FederationConfig.model_validate(
+        {
+            "federation": {"name": "dp-accuracy", "seed": seed, "rounds": s.rounds, "min_sites": SITES},
+            "task": {
+                "target": TASK,
+                "options": task_options(s.hidden, seed, fold, validation, s.momentum, s.features),
+            },
+            "training": {
+                "local_epochs": s.local_epochs,
+                "batch_size": s.batch_size,
+                "learning_rate": s.learning_rate,
+                "server_optimizer": {
+                    "kind": kind,
+                    "learning_rate": server_lr,
+                    "beta1": s.beta1,
+                    "beta2": s.beta2,
+                    "tau": s.tau,
+                },
+            },
+            "privacy": {
+                "record_level": {"enabled": True, "noise_multiplier": None, "max_grad_norm": s.max_grad_norm},
+                "budget": {"epsilon": epsilon, "delta": DELTA},
+            },
+            "sharding": {"tile": [256, 256]},
+            "zones": [{"name": "bench-zone", "region": "EU", "endpoint": "127.0.0.1:0"}],
+            "sites": [{"id": f"site-{i}", "jurisdiction": "EU"} for i in range(SITES)],
+        }
+    )
+
+
+def central_config(s: Central, seed: int, fold: int, validation: bool) -> Any:
+    """The ``FederationConfig`` whose centralised baseline trains ``s`` on the pooled data."""
+    from fedshard.config import FederationConfig
+
+    return FederationConfig.model_validate(
+        {
+            "federation": {"name": "dp-accuracy-central", "seed": seed, "rounds": s.epochs, "min_sites": SITES},
+            "task": {
+                "target": TASK,
+                "options": task_options(s.hidden, seed, fold, validation, s.momentum, s.features),
+            },
+            "training": {"local_epochs": 1, "batch_size": s.batch_size, "learning_rate": s.learning_rate},
+            "zones": [{"name": "bench-zone", "region": "EU", "endpoint": "127.0.0.1:0"}],
+            "sites": [{"id": f"site-{i}", "jurisdiction": "EU"} for i in range(SITES)],
+        }
+    )
