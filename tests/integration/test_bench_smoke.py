@@ -1,10 +1,20 @@
-"""The benchmarks still run (in --quick mode, writing to a scratch file, never to BENCHMARKS.md)."""
+"""The benchmarks still run (in --quick mode, writing to a scratch file, never to BENCHMARKS.md).
+
+Each one prints its headline figures with ``--json`` as the last line of stdout; the test checks
+the figures are all there and plausible, and that the section the benchmark would write shows
+them as it rounds them.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,19 +23,300 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("name", ["zone_accumulate", "upload", "zone_memory", "dp_accuracy", "routing", "mtls", "he"])
-def test_benchmark_runs_in_quick_mode(name: str, tmp_path: Path) -> None:
+def _ms(ms: float) -> str:
+    """A duration as ``bench/store.py`` prints it, from milliseconds."""
+    return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def _row(section: str, first_cell: str) -> str:
+    """The table row of ``section`` whose first cell starts with ``first_cell``."""
+    rows = [line for line in section.splitlines() if line.startswith(f"| {first_cell}")]
+    assert rows, f"no row '{first_cell}' in the section"
+    return rows[0]
+
+
+def _cells(row: str) -> list[str]:
+    """The cells of a markdown table row, stripped."""
+    return [cell.strip() for cell in row.strip().strip("|").split(" | ")]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one benchmark's ``--quick --json`` run must show."""
+
+    keys: set[str]
+    plausible: Callable[[dict[str, Any]], None]
+    shown: Callable[[dict[str, Any], str], None]  # (headline, section): the section shows the figures
+
+
+def _zone_accumulate(h: dict[str, Any]) -> None:
+    for key in ("full_push", "decode_fold"):
+        assert 0 < h[f"{key}_vs_numpy_f32_add"] < 2 and 0 < h[f"{key}_vs_numpy_f64_add"] < 2
+    # the validated push does all of decode+fold's work and hashes, checks and stages every byte on top
+    assert h["full_push_vs_numpy_f32_add"] < h["decode_fold_vs_numpy_f32_add"]
+    assert 0 < h["full_push_gb_s"] < 100
+
+
+def _zone_accumulate_shown(h: dict[str, Any], section: str) -> None:
+    push, fold = _row(section, "zone push (validated) |"), _row(section, "decode+fold |")
+    assert f"| {h['full_push_vs_numpy_f32_add']:.0%} (" in push and f"| {h['full_push_gb_s']:.2f} |" in push
+    assert f"| {h['full_push_vs_numpy_f64_add']:.0%} (" in push
+    assert (
+        f"| {h['decode_fold_vs_numpy_f32_add']:.0%} (" in fold
+        and f"| {h['decode_fold_vs_numpy_f64_add']:.0%} (" in fold
+    )
+
+
+def _upload(h: dict[str, Any]) -> None:
+    assert 0 < h["push_gb_s"] <= h["best_push_gb_s"] < 100 and 0 < h["fetch_gb_s"] < 100
+    assert 0 < h["manifest_s"] < 60
+
+
+def _upload_shown(h: dict[str, Any], section: str) -> None:
+    default = _cells(_row(section, "256x256 (256 KiB) | 1 MiB |"))
+    assert default[3].startswith(f"{h['push_gb_s'] * 1e3:,.0f} (")  # push MB/s
+    assert default[10].startswith(f"{h['fetch_gb_s'] * 1e3:,.0f} (")  # fetch MB/s
+    assert f"Best push throughput: {h['best_push_gb_s'] * 1e3:,.0f} MB/s" in section
+    assert f"takes {h['manifest_s']:.3f} s" in section
+
+
+def _zone_memory(h: dict[str, Any]) -> None:
+    assert h["sites"] == 20 and 1 < h["model_mb"] < 10  # --quick: a ~4 MB update, 20 sites
+    for suffix in ("", "_model_budget"):
+        increase = h[f"peak_rss_increase{suffix}_mb"]
+        assert increase > 0 and h[f"peak_vs_model{suffix}"] == pytest.approx(increase / h["model_mb"])
+    assert h["peak_vs_all_sites"] == pytest.approx(h["peak_vs_model"] / h["sites"])
+
+
+def _zone_memory_shown(h: dict[str, Any], section: str) -> None:
+    assert f"({h['model_mb']:.1f} MB, MB = 10^6 bytes)" in section
+    default = _row(section, "default (256 MiB) |")
+    assert f"| {h['peak_rss_increase_mb']:,.0f} (" in default and f"| {h['peak_vs_model']:.2f}x |" in default
+    assert f"| {h['peak_vs_all_sites']:.0%} |" in default
+    model = _row(section, "= model size |")
+    assert f"| {h['peak_rss_increase_model_budget_mb']:,.0f} (" in model
+    assert f"| {h['peak_vs_model_model_budget']:.2f}x |" in model
+
+
+def _routing(h: dict[str, Any]) -> None:
+    assert h["params"] > 100_000 and h["shards"] > 10 and h["all_local"] is True
+    assert h["decisions_per_s"] == pytest.approx(h["shards"] / (h["route_ms"] / 1e3))
+    assert h["us_per_decision"] > 0 and h["classify_ms"] > 0 and 0 < h["route_vs_digest"] < 10
+
+
+def _routing_shown(h: dict[str, Any], section: str) -> None:
+    assert f"synthetic torch model, {h['params']:,} float32 parameters" in section
+    assert f"| 256x256 | {h['shards']:,} |" in section
+    assert f"| {h['decisions_per_s']:,.0f} |" in section and f"| {h['route_vs_digest']:.2%} |" in section
+    assert f"about {h['us_per_decision']:.1f} µs per decision" in section
+    assert f"Classification with the model takes {h['classify_ms']:,.2f} ms" in section
+
+
+def _mtls(h: dict[str, Any]) -> None:
+    assert 0 < h["push_tls_vs_plain"] < 3 and 0 < h["fetch_tls_vs_plain"] < 3
+    for key in ("push_mb_s", "fetch_mb_s", "connect_ms"):
+        assert set(h[key]) == {"plain", "mtls"} and all(v > 0 for v in h[key].values())
+    assert h["push_tls_vs_plain"] == pytest.approx(h["push_mb_s"]["mtls"] / h["push_mb_s"]["plain"])
+
+
+def _mtls_shown(h: dict[str, Any], section: str) -> None:
+    ratios = _row(section, "mTLS / plain |")
+    assert f"| {h['push_tls_vs_plain']:.0%} (" in ratios and f"| {h['fetch_tls_vs_plain']:.0%} (" in ratios
+    for key, first in (("plain", "plain text |"), ("mtls", "mutual TLS |")):
+        row = _cells(_row(section, first))
+        assert row[1].startswith(f"{h['push_mb_s'][key]:,.0f} (") and row[5].startswith(
+            f"{h['fetch_mb_s'][key]:,.0f} ("
+        )
+        assert row[9] == f"{h['connect_ms'][key]:,.1f}"
+
+
+def _he(h: dict[str, Any]) -> None:
+    assert h["values_per_site"] > 100_000
+    # two values per slot, one 60-bit prime kept: about 4x float32 (NVFlare-style ~14x)
+    assert 3.5 < h["ckks_bytes_per_f32"] <= 5.0 < h["nvflare_bytes_per_f32"]
+    assert 0 < h["max_abs_error"] <= h["error_bound"] * (1 + 1e-9)
+    assert h["encrypt_m_values_s"] > 0 and h["fold_m_values_s"] > 0 and h["decrypt_m_values_s"] > 0
+    assert h["round_vs_plaintext"] > 1 and h["critical_path_vs_plaintext"] > 1 and h["pool_startup_s"] > 0
+
+
+def _he_shown(h: dict[str, Any], section: str) -> None:
+    fedshard = _row(section, f"{h['values_per_site'] / 1e3:.0f} k | fedshard |")
+    assert f"| {h['ckks_bytes_per_f32']:.2f}x |" in fedshard and f"| {h['max_abs_error']:.2e} |" in fedshard
+    assert f"| {h['round_vs_plaintext']:,.1f}x |" in fedshard
+    assert f"| {h['nvflare_bytes_per_f32']:.2f}x |" in _row(section, f"{h['values_per_site'] / 1e3:.0f} k | NVFlare")
+    assert f"= {h['error_bound']:.2e} on the mean" in section and "respected" in section
+    assert f"is a one-off of {h['pool_startup_s']:.2f} s" in section
+
+
+def _store(h: dict[str, Any]) -> None:
+    assert 0 < h["warm_read_p50_ms"] <= h["warm_read_p99_ms"]
+    fractions = h["cold_bytes_fraction"]
+    assert set(fractions) == set(h["cold_read_p99_ms"]) == set(h["cold_relative_rms"]) == {"fp8", "int8", "int4"}
+    assert 0 < fractions["int4"] < fractions["int8"] < 0.5 and h["cold_within_bound"] is True
+    assert h["rotation_keys_per_s"] > 0 and h["model_params"] > 1_000_000
+    assert h["load_s"] > 0 and h["load_prefetch_s"] > 0 and h["safetensors_load_model_s"] > 0
+
+
+def _store_shown(h: dict[str, Any], section: str) -> None:
+    warm = _row(section, "warm read")
+    assert f"p50 {_ms(h['warm_read_p50_ms'])}, p99 {_ms(h['warm_read_p99_ms'])}" in warm
+    for fmt, p99 in h["cold_read_p99_ms"].items():
+        assert f"p99 {_ms(p99)}" in _row(section, f"cold read, {fmt} tile")
+        assert f"({h['cold_bytes_fraction'][fmt]:.1%}, saves" in _row(section, f"cold tier {fmt}")
+    assert f"{h['rotation_keys_per_s'] / 1e6:.2f} M keys/s" in _row(section, "key rotation")
+    params = f"{h['model_params'] / 1e6:.1f} M-param model"
+    assert f"| {h['load_s']:.3f} s (" in _row(section, f"load {params}: store, no prefetch")
+    assert f"| {h['safetensors_load_model_s']:.3f} s (" in _row(section, f"load {params}: safetensors load_model")
+
+
+def _dp_accuracy(h: dict[str, Any]) -> None:
+    # --quick: 1 shuffle x 2 folds of the 569 records, ε = 3 only
+    assert h["folds"] == 2 and 200 < h["test_predictions"] < 250 and set(h["fed_vs_central_pp_by_epsilon"]) == {"3"}
+    assert h["fed_vs_central_pp_by_epsilon"]["3"] == h["fed_vs_central_pp"]
+    assert -100 < h["fed_vs_central_pp"] < 100 and -100 < h["naive_vs_central_pp"] < 100
+    assert h["fed_vs_central_se_pp"] >= 0 and h["budget_respected"] is True
+
+
+def _dp_accuracy_shown(h: dict[str, Any], section: str) -> None:
+    dp = _row(section, "dp-tuned (DP federated) | 3 |")
+    assert f"| {h['fed_vs_central_pp']:+.2f} ± {h['fed_vs_central_se_pp']:.2f} |" in dp
+    assert f"| {h['test_predictions']:,} |" in dp
+    assert f"| {h['naive_vs_central_pp']:+.2f} ± " in _row(section, "naive (DP federated) | 3 |")
+    assert "every site spent at most its budget: yes" in section
+
+
+EXPECT: dict[str, Expect] = {
+    "zone_accumulate": Expect(
+        {
+            "full_push_vs_numpy_f32_add",
+            "full_push_vs_numpy_f64_add",
+            "decode_fold_vs_numpy_f32_add",
+            "decode_fold_vs_numpy_f64_add",
+            "full_push_gb_s",
+        },
+        _zone_accumulate,
+        _zone_accumulate_shown,
+    ),
+    "upload": Expect({"push_gb_s", "fetch_gb_s", "best_push_gb_s", "manifest_s"}, _upload, _upload_shown),
+    "zone_memory": Expect(
+        {
+            "model_mb",
+            "sites",
+            "peak_rss_increase_mb",
+            "peak_vs_model",
+            "peak_vs_all_sites",
+            "peak_rss_increase_model_budget_mb",
+            "peak_vs_model_model_budget",
+        },
+        _zone_memory,
+        _zone_memory_shown,
+    ),
+    "dp_accuracy": Expect(
+        {
+            "fed_vs_central_pp",
+            "fed_vs_central_se_pp",
+            "fed_vs_central_pp_by_epsilon",
+            "naive_vs_central_pp",
+            "test_predictions",
+            "folds",
+            "budget_respected",
+        },
+        _dp_accuracy,
+        _dp_accuracy_shown,
+    ),
+    "routing": Expect(
+        {
+            "params",
+            "shards",
+            "route_ms",
+            "decisions_per_s",
+            "us_per_decision",
+            "route_vs_digest",
+            "classify_ms",
+            "all_local",
+        },
+        _routing,
+        _routing_shown,
+    ),
+    "mtls": Expect(
+        {"push_tls_vs_plain", "fetch_tls_vs_plain", "push_mb_s", "fetch_mb_s", "connect_ms"}, _mtls, _mtls_shown
+    ),
+    "he": Expect(
+        {
+            "values_per_site",
+            "ckks_bytes_per_f32",
+            "nvflare_bytes_per_f32",
+            "encrypt_m_values_s",
+            "nvflare_encrypt_m_values_s",
+            "fold_m_values_s",
+            "decrypt_m_values_s",
+            "max_abs_error",
+            "error_bound",
+            "round_vs_plaintext",
+            "critical_path_vs_plaintext",
+            "pool_startup_s",
+        },
+        _he,
+        _he_shown,
+    ),
+    "store": Expect(
+        {
+            "warm_read_p50_ms",
+            "warm_read_p99_ms",
+            "cold_read_p99_ms",
+            "rotation_keys_per_s",
+            "cold_bytes_fraction",
+            "cold_relative_rms",
+            "cold_within_bound",
+            "model_params",
+            "load_s",
+            "load_prefetch_s",
+            "safetensors_load_model_s",
+        },
+        _store,
+        _store_shown,
+    ),
+}
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+@pytest.mark.parametrize("name", list(EXPECT))
+def test_benchmark_runs_in_quick_mode_and_prints_its_headline(name: str, tmp_path: Path) -> None:
     out = tmp_path / "BENCH.md"
     before = (ROOT / "BENCHMARKS.md").read_bytes()
     proc = subprocess.run(
-        [sys.executable, f"bench/{name}.py", "--quick", "--output", str(out)],
+        [sys.executable, f"bench/{name}.py", "--quick", "--json", "--output", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    headline = json.loads(proc.stdout.rstrip("\n").rsplit("\n", 1)[-1])
+    expect = EXPECT[name]
+    assert isinstance(headline, dict) and set(headline) == expect.keys
+    assert all(math.isfinite(x) for x in _numbers(headline)), headline
+    expect.plausible(headline)
     text = out.read_text()
-    assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text
-    assert "| " in text  # a results table
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    assert start in text and end in text
+    section = text.split(start, 1)[1].split(end, 1)[0]
+    assert "**Interpretation.**" in section
+    expect.shown(headline, section)
+    assert (ROOT / "BENCHMARKS.md").read_bytes() == before
+
+
+def test_a_quick_run_writes_no_section_without_output(tmp_path: Path) -> None:
+    """--quick never replaces real results: without --output nothing is written, and --json still prints."""
+    before = (ROOT / "BENCHMARKS.md").read_bytes()
+    proc = subprocess.run(
+        [sys.executable, "bench/routing.py", "--quick", "--json"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "wrote section" not in proc.stdout
+    assert set(json.loads(proc.stdout.splitlines()[-1])) == EXPECT["routing"].keys
     assert (ROOT / "BENCHMARKS.md").read_bytes() == before
