@@ -37,6 +37,7 @@ from fedshard.errors import (
     FedshardError,
     IntegrityError,
     PushRejectedError,
+    RefusalCode,
     ResidencyViolationError,
     ZoneError,
 )
@@ -127,11 +128,12 @@ class ZoneAggregator:
             if unknown:
                 raise ZoneError(
                     f"zone {self.name}: the round's shard plan has shard {unknown[0]} that this zone's "
-                    "classification does not know (zone and sites run different models or configs)"
+                    "classification does not know (zone and sites run different models or configs)",
+                    RefusalCode.INVALID,
                 )
         with self._lock:
             if spec.round in self._rounds or spec.round in self._closed:
-                raise ZoneError(f"zone {self.name}: round {spec.round} was already opened")
+                raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
             self._rounds[spec.round] = OpenRound(spec, plan)
 
     def begin_push(
@@ -143,11 +145,11 @@ class ZoneAggregator:
         residency checks use it rather than anything the request says.
         """
 
-        def reject(code: str, reason: str) -> PushRejectedError:
+        def reject(code: RefusalCode, reason: str) -> PushRejectedError:
             self.stats.refuse(reason)
             self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
             return PushRejectedError(
-                f"zone {self.name}: site {manifest.site_id} round {manifest.round}: {reason}", code
+                f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
             )
 
         groups: dict[str, str] = {}
@@ -155,35 +157,37 @@ class ZoneAggregator:
             state = self._rounds.get(manifest.round)
             if state is None:
                 closed = manifest.round in self._closed
-                raise reject("round", "round is closed" if closed else "round is not open at this zone")
+                raise reject(RefusalCode.ROUND, "round is closed" if closed else "round is not open at this zone")
             if token != state.spec.token:
-                raise reject("token", "round token does not match (stale or replayed push)")
+                raise reject(RefusalCode.TOKEN, "round token does not match (stale or replayed push)")
             if manifest.site_id not in state.spec.sites:
-                raise reject("site", "site was not selected for this round")
+                raise reject(RefusalCode.SITE, "site was not selected for this round")
             if manifest.site_id in state.pushing or manifest.site_id in state.counted:
-                raise reject("duplicate", "site already pushed in this round")
+                raise reject(RefusalCode.DUPLICATE, "site already pushed in this round")
             if manifest.plan_digest != state.plan.digest:
-                raise reject("plan", "manifest's shard plan differs from the round's")
+                raise reject(RefusalCode.PLAN, "manifest's shard plan differs from the round's")
             expected = state.spec.version_for(manifest.site_id)
             if manifest.base_version != expected:
                 raise reject(
-                    "version",
+                    RefusalCode.VERSION,
                     f"update computed from model version {manifest.base_version[:12]}…, round expects {expected[:12]}…",
                 )
             if manifest.zone != self.name:
-                raise reject("zone", f"manifest is addressed to zone {manifest.zone!r}")
+                raise reject(RefusalCode.ZONE, f"manifest is addressed to zone {manifest.zone!r}")
             for entry in manifest.shards:
                 if entry.shard_id not in state.plan:
-                    raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
+                    raise reject(RefusalCode.UNKNOWN_SHARD, f"shard {entry.shard_id} is not in the round's shard plan")
                 planned = state.plan.shard(entry.shard_id).nbytes
                 if entry.encrypted:
                     if not 0 < entry.nbytes <= 64 * planned + (1 << 20):
                         raise reject(
-                            "shape", f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible"
+                            RefusalCode.SHAPE,
+                            f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible",
                         )
                 elif entry.nbytes != planned:
                     raise reject(
-                        "shape", f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}"
+                        RefusalCode.SHAPE,
+                        f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}",
                     )
             if self.residency is not None:
                 try:
@@ -196,7 +200,7 @@ class ZoneAggregator:
         if not self._budget.acquire(need, timeout):
             with self._lock:
                 state.pushing.discard(manifest.site_id)
-            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry")
+            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
         return PushSession(self, state, manifest, need, groups)
 
     def fold_push(
@@ -210,7 +214,11 @@ class ZoneAggregator:
         """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`)."""
         with self._lock:
             if self._rounds.get(manifest.round) is not state:
-                raise PushRejectedError(f"zone {self.name}: round {manifest.round} closed during the push", "round")
+                raise PushRejectedError(
+                    f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: "
+                    "the round closed during the push",
+                    RefusalCode.ROUND,
+                )
             for shard_id, values in staged.items():
                 group = groups.get(shard_id, DEFAULT_GROUP)
                 site = (manifest.site_id,)
@@ -264,42 +272,47 @@ class ZoneAggregator:
         if any shard may not be reduced here.
         """
 
-        def reject(code: str, reason: str) -> PushRejectedError:
+        def reject(code: RefusalCode, reason: str) -> PushRejectedError:
             self.stats.refuse(reason)
             self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
-            return PushRejectedError(f"zone {self.name}: partial sum from zone {partial.zone}: {reason}", code)
+            return PushRejectedError(
+                f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
+            )
 
         if certified is not None and certified != partial.zone:
-            raise reject("identity", f"the caller's certificate names zone {certified!r}")
+            raise reject(RefusalCode.IDENTITY, f"the caller's certificate names zone {certified!r}")
         with self._lock:
             state = self._rounds.get(partial.round)
             if state is None:
-                raise reject("round", f"round {partial.round} is not open at this zone")
+                raise reject(RefusalCode.ROUND, f"round {partial.round} is not open at this zone")
             if partial.token != state.spec.token:
-                raise reject("token", "round token does not match")
+                raise reject(RefusalCode.TOKEN, "round token does not match")
             if partial.zone in state.forwarded_from:
-                raise reject("duplicate", "this zone already forwarded its partial sums for the round")
+                raise reject(RefusalCode.DUPLICATE, "this zone already forwarded its partial sums for the round")
             if self.residency is None:
-                raise reject("residency", "this zone has no residency policy, so it reduces nothing globally")
+                raise reject(RefusalCode.RESIDENCY, "this zone has no residency policy, so it reduces nothing globally")
             listed = {e.shard_id: e for e in partial.entries}
             if set(listed) != set(sums):
-                raise reject("missing", "the partial sums sent differ from the ones listed")
+                raise reject(RefusalCode.MISSING, "the partial sums sent differ from the ones listed")
             for entry in partial.entries:
                 if entry.shard_id not in state.plan:
-                    raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
+                    raise reject(RefusalCode.UNKNOWN_SHARD, f"shard {entry.shard_id} is not in the round's shard plan")
                 spec = state.plan.shard(entry.shard_id)
                 arr = sums[entry.shard_id]
                 if entry.encrypted:
                     if arr.dtype != np.uint8 or arr.shape != (1, entry.nbytes) or self.he_context is None:
                         raise reject(
-                            "encryption", f"shard {entry.shard_id}: not an encrypted partial sum this zone sums"
+                            RefusalCode.ENCRYPTION,
+                            f"shard {entry.shard_id}: not an encrypted partial sum this zone sums",
                         )
                 elif arr.dtype != np.float64 or arr.shape != spec.shape:
-                    raise reject("shape", f"shard {entry.shard_id}: partial sums are float64 of shape {spec.shape}")
+                    raise reject(
+                        RefusalCode.SHAPE, f"shard {entry.shard_id}: partial sums are float64 of shape {spec.shape}"
+                    )
                 if shard_digest(arr) != entry.digest:
-                    raise reject("digest", f"shard {entry.shard_id}: digest does not match the header")
+                    raise reject(RefusalCode.DIGEST, f"shard {entry.shard_id}: digest does not match the header")
                 if not (entry.weight > 0 and all_finite(arr)) and not entry.encrypted:
-                    raise reject("non-finite", f"shard {entry.shard_id}: non-finite values or weight")
+                    raise reject(RefusalCode.NON_FINITE, f"shard {entry.shard_id}: non-finite values or weight")
                 try:
                     self.residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
                 except PushRejectedError as exc:
@@ -311,7 +324,7 @@ class ZoneAggregator:
                     if e.encrypted
                 }
             except IntegrityError as exc:
-                raise reject("encryption", str(exc)) from None
+                raise reject(RefusalCode.ENCRYPTION, str(exc)) from None
             for entry in partial.entries:
                 if entry.encrypted:
                     enc = state.fold_encrypted("global", entry.shard_id, entry.contributors, self.he_context)
@@ -337,7 +350,8 @@ class ZoneAggregator:
             return
         if forward_to is None or self._connect is None:
             raise ZoneError(
-                f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to"
+                f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to",
+                RefusalCode.LIFECYCLE,
             )
         contributors = state.contributors.get("global", {})
         totals = acc.partial_sums()
@@ -385,7 +399,7 @@ class ZoneAggregator:
             if state is None:
                 if round in self._closed:
                     return [s for (r, _), s in sorted(self._summaries.items()) if r == round]
-                raise ZoneError(f"zone {self.name}: round {round} is not open")
+                raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
             self._closed.add(round)
         reducer = self.residency is not None and self.residency.is_reducer
         if not reducer:
@@ -407,7 +421,8 @@ class ZoneAggregator:
                 self._record(Decision.REFUSED, round=round, group=group, reason="too few contributions to publish")
                 raise ZoneError(
                     f"zone {self.name}: round {round}: encrypted shard {short[0]} of group {group} holds fewer than "
-                    f"{needed} sites' noise shares (privacy.update_level.distributed_over); not publishing it"
+                    f"{needed} sites' noise shares (privacy.update_level.distributed_over); not publishing it",
+                    RefusalCode.PRIVACY,
                 )
             if enc is not None:  # encrypted sums are published as they are: sites divide after decrypting
                 means.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
@@ -482,7 +497,7 @@ class ZoneAggregator:
             except ResidencyViolationError as exc:
                 self.stats.refuse(str(exc))
                 self._record(Decision.REFUSED, round=round, group=group, to=jurisdiction or "?", reason=str(exc))
-                raise ResidencyViolationError(f"zone {self.name}: {exc}") from None
+                raise ResidencyViolationError(f"zone {self.name}: {exc}", code=RefusalCode.NOT_SERVED) from None
         return summary, shards
 
     def _load_aggregate(
@@ -500,7 +515,10 @@ class ZoneAggregator:
         meta, shards = self._store.load(key)
         entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
         if merkle_root({e.shard_id: e.digest for e in entries}) != meta["merkle_root"]:
-            raise IntegrityError(f"zone {self.name}: stored aggregate {group} of round {round} fails its Merkle root")
+            raise IntegrityError(
+                f"zone {self.name}: stored aggregate {group} of round {round} fails its Merkle root",
+                code=RefusalCode.CORRUPT,
+            )
         summary = AggregateSummary(
             self.name, round, meta["merkle_root"], float(meta["total_weight"]), tuple(meta["sites"]), entries, group
         )

@@ -10,7 +10,7 @@ import numpy as np
 
 from fedshard.aggregation import all_finite
 from fedshard.crypto.he import load_ciphertexts
-from fedshard.errors import IntegrityError, PushRejectedError
+from fedshard.errors import IntegrityError, PushRejectedError, RefusalCode
 from fedshard.integrity import Manifest, ShardHasher
 from fedshard.protocol.rounds import PushReceipt
 from fedshard.sharding import ShardSpec
@@ -115,27 +115,31 @@ class PushSession:
         """The pushing site."""
         return self.manifest.site_id
 
-    def _reject(self, code: str, reason: str) -> PushRejectedError:
+    def _reject(self, code: RefusalCode, reason: str) -> PushRejectedError:
         # A refusal ends the push: what was staged before it can no longer be committed.
         self.abort()
         return PushRejectedError(
-            f"zone {self._zone.name}: site {self.site_id} round {self.manifest.round}: {reason}", code
+            f"zone {self._zone.name} refused {self.site_id}'s push for round {self.manifest.round}: {reason}", code
         )
 
     def receive(self, shard_id: str, data: bytes, *, offset: int, dtype: str = "", shape: tuple[int, ...] = ()) -> None:
         """Take one chunk of shard ``shard_id``. The first chunk (offset 0) carries dtype and shape."""
         if self._done:
-            raise self._reject("state", "push already finished")
+            raise self._reject(RefusalCode.STATE, "push already finished")
         if self._current is None or self._current[0].shard_id != shard_id:
             if self._current is not None:
-                raise self._reject("truncated", f"shard {self._current[0].shard_id} ended after {self._received} bytes")
+                raise self._reject(
+                    RefusalCode.TRUNCATED, f"shard {self._current[0].shard_id} ended after {self._received} bytes"
+                )
             self._start(shard_id, dtype, shape, offset)
         assert self._current is not None
         spec, hasher, buffer, parts = self._current
         if offset != self._received:
-            raise self._reject("offset", f"shard {shard_id}: chunk at offset {offset}, expected {self._received}")
+            raise self._reject(
+                RefusalCode.OFFSET, f"shard {shard_id}: chunk at offset {offset}, expected {self._received}"
+            )
         if self._received + len(data) > spec.nbytes:
-            raise self._reject("shape", f"shard {shard_id}: more than the plan's {spec.nbytes} bytes")
+            raise self._reject(RefusalCode.SHAPE, f"shard {shard_id}: more than the plan's {spec.nbytes} bytes")
         hasher.update(data)
         if buffer is None:
             parts.append(data)
@@ -147,13 +151,13 @@ class PushSession:
 
     def _start(self, shard_id: str, dtype: str, shape: tuple[int, ...], offset: int) -> None:
         if shard_id in self._staged:
-            raise self._reject("duplicate", f"shard {shard_id} sent twice")
+            raise self._reject(RefusalCode.DUPLICATE, f"shard {shard_id} sent twice")
         if shard_id not in self._state.plan:
-            raise self._reject("unknown-shard", f"shard {shard_id} is not in the round's shard plan")
+            raise self._reject(RefusalCode.UNKNOWN_SHARD, f"shard {shard_id} is not in the round's shard plan")
         if shard_id not in self._expected:
-            raise self._reject("unknown-shard", f"shard {shard_id} is not listed in the manifest")
+            raise self._reject(RefusalCode.UNKNOWN_SHARD, f"shard {shard_id} is not listed in the manifest")
         if offset != 0:
-            raise self._reject("offset", f"shard {shard_id} starts at offset {offset}, expected 0")
+            raise self._reject(RefusalCode.OFFSET, f"shard {shard_id} starts at offset {offset}, expected 0")
         spec = self._state.plan.shard(shard_id)
         entry = self._expected[shard_id]
         if entry.encrypted:  # ciphertext bytes travel as a (1, n) uint8 array
@@ -163,9 +167,13 @@ class PushSession:
         except TypeError:
             dtype_ok = False
         if not dtype_ok:
-            raise self._reject("dtype", f"shard {shard_id} has dtype {dtype or '?'}, the plan says {spec.dtype}")
+            raise self._reject(
+                RefusalCode.DTYPE, f"shard {shard_id} has dtype {dtype or '?'}, the plan says {spec.dtype}"
+            )
         if tuple(shape) != spec.shape:
-            raise self._reject("shape", f"shard {shard_id} has shape {tuple(shape)}, the plan says {spec.shape}")
+            raise self._reject(
+                RefusalCode.SHAPE, f"shard {shard_id} has shape {tuple(shape)}, the plan says {spec.shape}"
+            )
         hasher = ShardHasher(spec.dtype, spec.shape)
         # One-chunk shards keep the received bytes as they are (no copy); larger ones
         # are assembled in a buffer of the final size.
@@ -180,30 +188,32 @@ class PushSession:
         self._received = 0
         entry = self._expected[spec.shard_id]
         if hasher.hexdigest() != entry.digest:
-            raise self._reject("digest", f"shard {spec.shard_id}: digest does not match the manifest")
+            raise self._reject(RefusalCode.DIGEST, f"shard {spec.shard_id}: digest does not match the manifest")
         raw = buffer if buffer is not None else (parts[0] if len(parts) == 1 else b"".join(parts))
         values = np.frombuffer(raw, dtype=spec.dtype).reshape(spec.shape)
         if entry.encrypted:
             context = self._zone.he_context
             if context is None:
                 raise self._reject(
-                    "encryption", f"shard {spec.shard_id} is encrypted but this zone has no CKKS context"
+                    RefusalCode.ENCRYPTION, f"shard {spec.shard_id} is encrypted but this zone has no CKKS context"
                 )
             try:
                 self._ciphertexts[spec.shard_id] = load_ciphertexts(context, spec.shard_id, bytes(raw))
             except IntegrityError as exc:
-                raise self._reject("encryption", str(exc)) from None
+                raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
         elif not all_finite(values):
-            raise self._reject("non-finite", f"shard {spec.shard_id} contains NaN or infinite values")
+            raise self._reject(RefusalCode.NON_FINITE, f"shard {spec.shard_id} contains NaN or infinite values")
         self._staged[spec.shard_id] = values
 
     def commit(self) -> PushReceipt:
         """Check the push is complete, then fold it into the round's sums."""
         if self._current is not None:
-            raise self._reject("truncated", f"shard {self._current[0].shard_id} is incomplete")
+            raise self._reject(RefusalCode.TRUNCATED, f"shard {self._current[0].shard_id} is incomplete")
         missing = [sid for sid in self._expected if sid not in self._staged]
         if missing:
-            raise self._reject("missing", f"{len(missing)} shard(s) of the manifest never arrived, e.g. {missing[0]}")
+            raise self._reject(
+                RefusalCode.MISSING, f"{len(missing)} shard(s) of the manifest never arrived, e.g. {missing[0]}"
+            )
         receipt = self._zone.fold_push(self._state, self.manifest, self._staged, self._groups, self._ciphertexts)
         self._done = True
         self._release(counted=True)

@@ -17,7 +17,7 @@ from fedshard.assembly import make_site, make_zone, running_zones
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator, RunResult
 from fedshard.crypto.signing import public_key_bytes
-from fedshard.errors import ConfigError, PushRejectedError, ResidencyViolationError, ZoneError
+from fedshard.errors import ConfigError, PushRejectedError, RefusalCode, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import PartialEntry, PartialSum, RoundSpec
 from fedshard.residency.audit import verify_audit_log
@@ -365,8 +365,9 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
         # the US site may fetch the global aggregate, not the EU one; its certificate says who asks
         with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["us-a"]) as c:
             assert set(c.fetch_aggregate(1, "global")[1]) == {e.shard_id for e in groups["global"].shards}
-            with pytest.raises(PushRejectedError, match="may not be served to jurisdiction US"):
+            with pytest.raises(ResidencyViolationError, match="may not be served to jurisdiction US") as info:
                 c.fetch_aggregate(1, "regional/EU", site_id="eu-a")  # claiming another id changes nothing
+            assert info.value.code is RefusalCode.NOT_SERVED
         forwarded = [r for r in _audit_of(made["eu-central"]) if r.get("source_zone") == "us-east"]
         assert forwarded and forwarded[0]["decision"] == "accepted"
     finally:

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from fedshard.errors import AggregateNotFoundError, PushRejectedError, ZoneError
+from fedshard.errors import AggregateNotFoundError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest, merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
@@ -25,6 +25,7 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks
+from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, random_update
 
@@ -228,37 +229,81 @@ def _unlisted_shard() -> tuple[Manifest, str, Shards]:
 OTHER_PLAN = ShardPlan.from_state_dict({"w": np.zeros((40, 30), np.float32), "b": np.zeros(30, np.float32)})
 
 CLIENT_CASES = [
-    pytest.param(_wrong_token, "failed_precondition", "round token does not match", id="token"),
-    pytest.param(_manifest_case(site="site-z"), "failed_precondition", "site-z .* not selected", id="site"),
-    pytest.param(_manifest_case(round=9), "failed_precondition", "round 9: round is not open", id="round"),
-    pytest.param(_manifest_case(plan=OTHER_PLAN), "failed_precondition", "shard plan differs", id="plan"),
-    pytest.param(_manifest_case(base="cd" * 32), "failed_precondition", "version cdcdcdcdcdcd…", id="version"),
-    pytest.param(_manifest_case(zone="us-1"), "failed_precondition", "addressed to zone 'us-1'", id="zone"),
-    pytest.param(_unknown_shard, "invalid_argument", "w#r9c9 is not in the round's shard plan", id="unknown-shard"),
-    pytest.param(_unlisted_shard, "invalid_argument", "b#r0c0 is not listed in the manifest", id="unlisted-shard"),
-    pytest.param(_digest_tampered, "invalid_argument", "w#r0c0: digest does not match", id="digest"),
+    pytest.param(_wrong_token, RefusalCode.TOKEN, "FAILED_PRECONDITION", "round token does not match", id="token"),
     pytest.param(
-        _relabelled("w#r1c0", lambda v: v.astype(np.float64)), "invalid_argument", "w#r1c0 has dtype <f8", id="dtype"
+        _manifest_case(site="site-z"), RefusalCode.SITE, "FAILED_PRECONDITION", "site-z.* not selected", id="site"
     ),
     pytest.param(
-        _relabelled("w#r1c0", lambda v: v.reshape(30, 8)), "invalid_argument", r"w#r1c0 has shape \(30, 8\)", id="shape"
+        _manifest_case(round=9), RefusalCode.ROUND, "FAILED_PRECONDITION", "round 9: round is not open", id="round"
     ),
-    pytest.param(_with_bad_value(np.nan), "invalid_argument", "w#r0c0 contains NaN or infinite", id="nan"),
-    pytest.param(_with_bad_value(np.inf), "invalid_argument", "w#r0c0 contains NaN or infinite", id="inf"),
+    pytest.param(
+        _manifest_case(plan=OTHER_PLAN), RefusalCode.PLAN, "FAILED_PRECONDITION", "shard plan differs", id="plan"
+    ),
+    pytest.param(
+        _manifest_case(base="cd" * 32),
+        RefusalCode.VERSION,
+        "FAILED_PRECONDITION",
+        "version cdcdcdcdcdcd…",
+        id="version",
+    ),
+    pytest.param(
+        _manifest_case(zone="us-1"), RefusalCode.ZONE, "FAILED_PRECONDITION", "addressed to zone 'us-1'", id="zone"
+    ),
+    pytest.param(
+        _unknown_shard,
+        RefusalCode.UNKNOWN_SHARD,
+        "INVALID_ARGUMENT",
+        "w#r9c9 is not in the round's shard plan",
+        id="unknown-shard",
+    ),
+    pytest.param(
+        _unlisted_shard,
+        RefusalCode.UNKNOWN_SHARD,
+        "INVALID_ARGUMENT",
+        "b#r0c0 is not listed in the manifest",
+        id="unlisted-shard",
+    ),
+    pytest.param(
+        _digest_tampered, RefusalCode.DIGEST, "INVALID_ARGUMENT", "w#r0c0: digest does not match", id="digest"
+    ),
+    pytest.param(
+        _relabelled("w#r1c0", lambda v: v.astype(np.float64)),
+        RefusalCode.DTYPE,
+        "INVALID_ARGUMENT",
+        "w#r1c0 has dtype <f8",
+        id="dtype",
+    ),
+    pytest.param(
+        _relabelled("w#r1c0", lambda v: v.reshape(30, 8)),
+        RefusalCode.SHAPE,
+        "INVALID_ARGUMENT",
+        r"w#r1c0 has shape \(30, 8\)",
+        id="shape",
+    ),
+    pytest.param(
+        _with_bad_value(np.nan), RefusalCode.NON_FINITE, "INVALID_ARGUMENT", "w#r0c0 contains NaN or infinite", id="nan"
+    ),
+    pytest.param(
+        _with_bad_value(np.inf), RefusalCode.NON_FINITE, "INVALID_ARGUMENT", "w#r0c0 contains NaN or infinite", id="inf"
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "code", "match"), CLIENT_CASES)
-def test_refused_push_is_one_line_with_its_status_and_counts_nothing(
-    client: GrpcZoneClient, case: Case, code: str, match: str
+@pytest.mark.parametrize(("case", "code", "status", "match"), CLIENT_CASES)
+def test_refused_push_is_one_line_with_its_code_and_status_and_counts_nothing(
+    client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub, case: Case, code: RefusalCode, status: str, match: str
 ) -> None:
     manifest, token, shards = case()
 
     with pytest.raises(PushRejectedError, match=match) as info:
         client.push(manifest, token, shards)
+    error = raw_push(zone_stub, [header(manifest, token), *chunk_frames(shards)])
 
-    assert info.value.code == code
+    assert info.value.code is code
+    assert str(info.value).startswith("zone eu-1 refused ")
     assert "\n" not in str(info.value)
+    assert error.code().name == status
+    assert dict(error.trailing_metadata())[REFUSAL_CODE_KEY] == code.value
     assert_only_good_counted(client)
 
 
@@ -266,10 +311,10 @@ def test_second_push_of_a_site_is_already_exists(client: GrpcZoneClient) -> None
     first, second = make_update(1), make_update(2)
     client.push(manifest_for("site-a", first, weight=1.0), TOKEN, first)
 
-    with pytest.raises(PushRejectedError, match="site-a round 1: site already pushed") as info:
+    with pytest.raises(PushRejectedError, match="refused site-a's push for round 1: site already pushed") as info:
         client.push(manifest_for("site-a", second, weight=9.0), TOKEN, second)
 
-    assert info.value.code == "already_exists"
+    assert info.value.code is RefusalCode.DUPLICATE
     summary = client.close_round(1)[0]
     _, aggregate = client.fetch_aggregate(1)
     assert summary.sites == ("site-a",)
@@ -285,7 +330,7 @@ def test_push_to_an_aborted_round_is_refused(client: GrpcZoneClient) -> None:
     with pytest.raises(PushRejectedError, match="round is not open") as info:
         client.push(manifest_for("site-a", a), TOKEN, a)
 
-    assert info.value.code == "failed_precondition"
+    assert info.value.code is RefusalCode.ROUND
 
 
 # refused pushes, frame by frame ---------------------------------------------------------------
@@ -456,16 +501,37 @@ def test_fetch_of_an_unknown_round_is_a_clear_zone_error(client: GrpcZoneClient)
         client.fetch_aggregate(42)
 
     assert "\n" not in str(info.value)
+    assert info.value.code is RefusalCode.NOT_FOUND
 
 
 def test_close_of_an_unknown_round_is_a_zone_error(client: GrpcZoneClient) -> None:
-    with pytest.raises(ZoneError, match="round 8 is not open"):
+    with pytest.raises(ZoneError, match="round 8 is not open") as info:
         client.close_round(8)[0]
+
+    assert not isinstance(info.value, PushRejectedError)
+    assert info.value.code is RefusalCode.LIFECYCLE
 
 
 def test_opening_a_round_twice_is_refused(client: GrpcZoneClient) -> None:
-    with pytest.raises(ZoneError, match="round 1 was already opened"):
+    with pytest.raises(ZoneError, match="round 1 was already opened") as info:
         client.open_round(round_spec())
+
+    assert not isinstance(info.value, PushRejectedError)
+    assert info.value.code is RefusalCode.LIFECYCLE
+
+
+def test_digest_refusal_reaches_the_client_as_code_digest_with_the_zones_line(client: GrpcZoneClient) -> None:
+    manifest, token, shards = _digest_tampered()
+
+    with pytest.raises(PushRejectedError) as info:
+        client.push(manifest, token, shards)
+
+    assert info.value.code is RefusalCode.DIGEST
+    assert (
+        str(info.value)
+        == "zone eu-1 refused site-a's push for round 1: shard w#r0c0: digest does not match the manifest"
+    )
+    assert_only_good_counted(client)
 
 
 def test_closed_port_is_unreachable() -> None:

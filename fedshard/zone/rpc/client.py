@@ -11,12 +11,13 @@ import grpc
 import numpy as np
 
 from fedshard.crypto.tls import TlsFiles
-from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
+from fedshard.errors import FedshardError, IntegrityError, ZoneError
 from fedshard.integrity import Manifest, ShardHasher, merkle_root
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunks, header_to_summary
+from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
 
@@ -56,22 +57,8 @@ class GrpcZoneClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _error(self, exc: grpc.RpcError) -> ZoneError:
-        code = exc.code()
-        details = exc.details() or str(code)
-        if code in (
-            grpc.StatusCode.INVALID_ARGUMENT,
-            grpc.StatusCode.FAILED_PRECONDITION,
-            grpc.StatusCode.ALREADY_EXISTS,
-        ):
-            return PushRejectedError(details, code.name.lower())
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            return PushRejectedError(details, "residency" if "residency" in details else "permission_denied")
-        if code == grpc.StatusCode.NOT_FOUND:
-            return AggregateNotFoundError(details)
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return ZoneError(f"zone at {self.endpoint} is unreachable ({details}); is `fedshard zone up` running?")
-        return ZoneError(f"zone at {self.endpoint}: {code.name}: {details}")
+    def _error(self, exc: grpc.RpcError) -> FedshardError:
+        return error_from_rpc(exc, self.endpoint)
 
     def info(self) -> tuple[str, str]:
         """``(name, region)`` of the zone."""

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from fedshard.errors import PushRejectedError
+from fedshard.errors import PushRejectedError, RefusalCode
 from fedshard.integrity import ShardEntry
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary
 from fedshard.zone.rpc import zone_pb2 as pb
@@ -79,28 +79,30 @@ def assemble_frames(
         assert current is not None
         sid, buf, dtype, shape = current
         if filled != len(buf):
-            raise PushRejectedError(f"shard {sid} ended after {filled} of {len(buf)} bytes", "truncated")
+            raise PushRejectedError(f"shard {sid} ended after {filled} of {len(buf)} bytes", RefusalCode.TRUNCATED)
         try:
             out[sid] = np.frombuffer(bytes(buf), dtype=np.dtype(dtype)).reshape(shape)
         except (TypeError, ValueError) as exc:
-            raise PushRejectedError(f"shard {sid}: {exc}", "dtype") from None
+            raise PushRejectedError(f"shard {sid}: {exc}", RefusalCode.DTYPE) from None
 
     for sid, data, offset, dtype, shape in frames:
         if current is None or current[0] != sid:
             if current is not None:
                 finish()
             if sid in out or sid not in expected:
-                raise PushRejectedError(f"shard {sid} is unexpected or sent twice", "unknown-shard")
+                raise PushRejectedError(f"shard {sid} is unexpected or sent twice", RefusalCode.UNKNOWN_SHARD)
             if offset != 0:
-                raise PushRejectedError(f"shard {sid} starts at offset {offset}", "offset")
+                raise PushRejectedError(f"shard {sid} starts at offset {offset}", RefusalCode.OFFSET)
             current, filled = (sid, bytearray(expected[sid]), dtype, shape), 0
         if offset != filled or filled + len(data) > len(current[1]):
-            raise PushRejectedError(f"shard {sid}: chunk at offset {offset} does not fit", "offset")
+            raise PushRejectedError(f"shard {sid}: chunk at offset {offset} does not fit", RefusalCode.OFFSET)
         current[1][filled : filled + len(data)] = data
         filled += len(data)
     if current is not None:
         finish()
     missing = set(expected) - set(out)
     if missing:
-        raise PushRejectedError(f"{len(missing)} partial sum(s) never arrived, e.g. {sorted(missing)[0]}", "missing")
+        raise PushRejectedError(
+            f"{len(missing)} partial sum(s) never arrived, e.g. {sorted(missing)[0]}", RefusalCode.MISSING
+        )
     return out
