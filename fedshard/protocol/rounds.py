@@ -8,11 +8,19 @@ from dataclasses import dataclass
 
 from fedshard.errors import IntegrityError
 from fedshard.integrity.manifest import ShardEntry
+from fedshard.residency.router import DEFAULT_GROUP, GLOBAL_GROUP, AggregateKey
 
-__all__ = ["AggregateSummary", "PartialEntry", "PartialSum", "PushReceipt", "RoundSpec", "derive_seed"]
-
-DEFAULT_GROUP = "regional/any"
-"""The aggregate every shard joins when residency puts no constraint on it."""
+__all__ = [
+    "DEFAULT_GROUP",
+    "GLOBAL_GROUP",
+    "AggregateKey",
+    "AggregateSummary",
+    "PartialEntry",
+    "PartialSum",
+    "PushReceipt",
+    "RoundSpec",
+    "derive_seed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,11 @@ class AggregateSummary:
     sites: tuple[str, ...]
     shards: tuple[ShardEntry, ...]
     group: str = DEFAULT_GROUP
+
+    @property
+    def key(self) -> AggregateKey:
+        """``(zone, group)``: which aggregate this is."""
+        return AggregateKey(self.zone, self.group)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,15 @@ from fedshard.errors import (
     ZoneError,
 )
 from fedshard.integrity import Manifest, ShardEntry, merkle_root, shard_digest
-from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialEntry, PartialSum, PushReceipt, RoundSpec
+from fedshard.protocol.rounds import (
+    DEFAULT_GROUP,
+    GLOBAL_GROUP,
+    AggregateSummary,
+    PartialEntry,
+    PartialSum,
+    PushReceipt,
+    RoundSpec,
+)
 from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
@@ -327,10 +335,10 @@ class ZoneAggregator:
                 raise reject(RefusalCode.ENCRYPTION, str(exc)) from None
             for entry in partial.entries:
                 if entry.encrypted:
-                    enc = state.fold_encrypted("global", entry.shard_id, entry.contributors, self.he_context)
+                    enc = state.fold_encrypted(GLOBAL_GROUP, entry.shard_id, entry.contributors, self.he_context)
                     enc.add(entry.shard_id, parsed[entry.shard_id])
                     continue
-                acc = state.fold("global", entry.shard_id, entry.contributors)
+                acc = state.fold(GLOBAL_GROUP, entry.shard_id, entry.contributors)
                 acc.add_sum(entry.shard_id, sums[entry.shard_id], entry.weight, state.plan.shard(entry.shard_id).dtype)
             state.forwarded_from.add(partial.zone)
             self.stats.partials_received += len(partial.entries)
@@ -344,8 +352,8 @@ class ZoneAggregator:
         return len(partial.entries)
 
     def _forward(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
-        acc = state.groups.get("global", ShardAccumulator())
-        enc = state.encrypted.get("global")
+        acc = state.groups.get(GLOBAL_GROUP, ShardAccumulator())
+        enc = state.encrypted.get(GLOBAL_GROUP)
         if not len(acc) and not enc:
             return
         if forward_to is None or self._connect is None:
@@ -353,7 +361,7 @@ class ZoneAggregator:
                 f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to",
                 RefusalCode.LIFECYCLE,
             )
-        contributors = state.contributors.get("global", {})
+        contributors = state.contributors.get(GLOBAL_GROUP, {})
         totals = acc.partial_sums()
         sums = {sid: total for sid, (total, _) in totals.items()}
         weights = {sid: weight for sid, (_, weight) in totals.items()}
@@ -410,7 +418,7 @@ class ZoneAggregator:
                 raise
         summaries = []
         for group in state.group_names():
-            if group == "global" and not reducer:
+            if group == GLOBAL_GROUP and not reducer:
                 continue
             acc = state.groups.get(group, ShardAccumulator())
             means = acc.finalize()
