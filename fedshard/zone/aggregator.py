@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.aggregation import ShardAccumulator, all_finite
-from fedshard.crypto.he import load_ciphertexts
+from fedshard.aggregation import ShardAccumulator
 from fedshard.errors import (
     AggregateNotFoundError,
     FedshardError,
@@ -46,7 +45,6 @@ from fedshard.protocol.rounds import (
     DEFAULT_GROUP,
     GLOBAL_GROUP,
     AggregateSummary,
-    PartialEntry,
     PartialSum,
     PushReceipt,
     RoundSpec,
@@ -54,8 +52,10 @@ from fedshard.protocol.rounds import (
 from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
+from fedshard.zone.forward import ForwardSession, check_partial, partial_sums
+from fedshard.zone.frames import array_chunks
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.push import ByteBudget, PushSession
+from fedshard.zone.push import ByteBudget, PushSession, check_manifest
 from fedshard.zone.state import OpenRound, ZoneStats
 
 if TYPE_CHECKING:
@@ -89,8 +89,6 @@ class ZoneAggregator:
         The federation's *public* CKKS context, to sum encrypted shards (None: the
         zone refuses encrypted shards). A context holding the secret key is refused.
     """
-
-    chunk_hint = 1 << 20
 
     def __init__(
         self,
@@ -152,57 +150,20 @@ class ZoneAggregator:
         ``certified`` is the caller's jurisdiction from its mTLS certificate; the
         residency checks use it rather than anything the request says.
         """
-
-        def reject(code: RefusalCode, reason: str) -> PushRejectedError:
-            self.stats.refuse(reason)
-            self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
-            return PushRejectedError(
-                f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
-            )
-
         groups: dict[str, str] = {}
         with self._lock:
             state = self._rounds.get(manifest.round)
-            if state is None:
-                closed = manifest.round in self._closed
-                raise reject(RefusalCode.ROUND, "round is closed" if closed else "round is not open at this zone")
-            if token != state.spec.token:
-                raise reject(RefusalCode.TOKEN, "round token does not match (stale or replayed push)")
-            if manifest.site_id not in state.spec.sites:
-                raise reject(RefusalCode.SITE, "site was not selected for this round")
-            if manifest.site_id in state.pushing or manifest.site_id in state.counted:
-                raise reject(RefusalCode.DUPLICATE, "site already pushed in this round")
-            if manifest.plan_digest != state.plan.digest:
-                raise reject(RefusalCode.PLAN, "manifest's shard plan differs from the round's")
-            expected = state.spec.version_for(manifest.site_id)
-            if manifest.base_version != expected:
-                raise reject(
-                    RefusalCode.VERSION,
-                    f"update computed from model version {manifest.base_version[:12]}…, round expects {expected[:12]}…",
-                )
-            if manifest.zone != self.name:
-                raise reject(RefusalCode.ZONE, f"manifest is addressed to zone {manifest.zone!r}")
-            for entry in manifest.shards:
-                if entry.shard_id not in state.plan:
-                    raise reject(RefusalCode.UNKNOWN_SHARD, f"shard {entry.shard_id} is not in the round's shard plan")
-                planned = state.plan.shard(entry.shard_id).nbytes
-                if entry.encrypted:
-                    if not 0 < entry.nbytes <= 64 * planned + (1 << 20):
-                        raise reject(
-                            RefusalCode.SHAPE,
-                            f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible",
-                        )
-                elif entry.nbytes != planned:
-                    raise reject(
-                        RefusalCode.SHAPE,
-                        f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}",
-                    )
-            if self.residency is not None:
-                try:
+            try:
+                if state is None:
+                    closed = manifest.round in self._closed
+                    reason = "round is closed" if closed else "round is not open at this zone"
+                    raise PushRejectedError(reason, RefusalCode.ROUND)
+                check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
+                if self.residency is not None:
                     self.residency.origin(manifest.site_id, certified)
                     groups = self.residency.check_manifest(manifest)
-                except PushRejectedError as exc:
-                    raise reject(exc.code, str(exc)) from None
+            except PushRejectedError as exc:
+                raise self.refused_push(manifest, exc.code, str(exc)) from None
             state.pushing.add(manifest.site_id)
         need = manifest.total_bytes
         if not self._budget.acquire(need, timeout):
@@ -210,6 +171,14 @@ class ZoneAggregator:
                 state.pushing.discard(manifest.site_id)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
         return PushSession(self, state, manifest, need, groups)
+
+    def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
+        """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
+        self.stats.refuse(reason)
+        self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
+        return PushRejectedError(
+            f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
+        )
 
     def fold_push(
         self,
@@ -222,11 +191,7 @@ class ZoneAggregator:
         """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`)."""
         with self._lock:
             if self._rounds.get(manifest.round) is not state:
-                raise PushRejectedError(
-                    f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: "
-                    "the round closed during the push",
-                    RefusalCode.ROUND,
-                )
+                raise self.refused_push(manifest, RefusalCode.ROUND, "the round closed during the push")
             for shard_id, values in staged.items():
                 group = groups.get(shard_id, DEFAULT_GROUP)
                 site = (manifest.site_id,)
@@ -236,7 +201,7 @@ class ZoneAggregator:
                     state.fold(group, shard_id, site).add(shard_id, values, manifest.weight)
             state.pushing.discard(manifest.site_id)
             state.counted.append(manifest.site_id)
-            nbytes = sum(v.nbytes for v in staged.values())
+            nbytes = manifest.total_bytes
             self.stats.pushes += 1
             self.stats.bytes_received += nbytes
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
@@ -263,83 +228,63 @@ class ZoneAggregator:
         if budget_bytes:
             self._budget.release(budget_bytes)
 
-    def push(self, manifest: Manifest, token: str, shards: dict[str, np.ndarray]) -> PushReceipt:
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
         """Push a whole update at once (in-process use; the gRPC service streams instead)."""
         with self.begin_push(manifest, token) as session:
             for shard_id, values in shards.items():
-                arr = np.ascontiguousarray(values)
-                session.receive(shard_id, arr.tobytes(), offset=0, dtype=arr.dtype.str, shape=arr.shape)
+                for chunk in array_chunks(shard_id, values):
+                    session.take(chunk)
             return session.commit()
 
-    # hierarchical reduction ------------------------------------------------------------------
-    def receive_partial(self, partial: PartialSum, sums: dict[str, np.ndarray], *, certified: str | None = None) -> int:
-        """Fold another zone's forwarded partial sums of ``global`` shards into this round.
+    # hierarchical reduction (see fedshard.zone.forward) ---------------------------------------
+    def begin_forward(
+        self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
+    ) -> ForwardSession:
+        """Check another zone's partial-sum header and start receiving its sums.
 
-        ``certified`` is the sending zone's name from its mTLS certificate. Returns the
-        number of shards folded in; raises :class:`PushRejectedError` and folds nothing
-        if any shard may not be reduced here.
+        ``certified`` is the sending zone's name from its mTLS certificate.
         """
-
-        def reject(code: RefusalCode, reason: str) -> PushRejectedError:
-            self.stats.refuse(reason)
-            self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
-            return PushRejectedError(
-                f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
-            )
-
-        if certified is not None and certified != partial.zone:
-            raise reject(RefusalCode.IDENTITY, f"the caller's certificate names zone {certified!r}")
         with self._lock:
             state = self._rounds.get(partial.round)
-            if state is None:
-                raise reject(RefusalCode.ROUND, f"round {partial.round} is not open at this zone")
-            if partial.token != state.spec.token:
-                raise reject(RefusalCode.TOKEN, "round token does not match")
-            if partial.zone in state.forwarded_from:
-                raise reject(RefusalCode.DUPLICATE, "this zone already forwarded its partial sums for the round")
-            if self.residency is None:
-                raise reject(RefusalCode.RESIDENCY, "this zone has no residency policy, so it reduces nothing globally")
-            listed = {e.shard_id: e for e in partial.entries}
-            if set(listed) != set(sums):
-                raise reject(RefusalCode.MISSING, "the partial sums sent differ from the ones listed")
-            for entry in partial.entries:
-                if entry.shard_id not in state.plan:
-                    raise reject(RefusalCode.UNKNOWN_SHARD, f"shard {entry.shard_id} is not in the round's shard plan")
-                spec = state.plan.shard(entry.shard_id)
-                arr = sums[entry.shard_id]
-                if entry.encrypted:
-                    if arr.dtype != np.uint8 or arr.shape != (1, entry.nbytes) or self.he_context is None:
-                        raise reject(
-                            RefusalCode.ENCRYPTION,
-                            f"shard {entry.shard_id}: not an encrypted partial sum this zone sums",
-                        )
-                elif arr.dtype != np.float64 or arr.shape != spec.shape:
-                    raise reject(
-                        RefusalCode.SHAPE, f"shard {entry.shard_id}: partial sums are float64 of shape {spec.shape}"
-                    )
-                if shard_digest(arr) != entry.digest:
-                    raise reject(RefusalCode.DIGEST, f"shard {entry.shard_id}: digest does not match the header")
-                if not (entry.weight > 0 and all_finite(arr)) and not entry.encrypted:
-                    raise reject(RefusalCode.NON_FINITE, f"shard {entry.shard_id}: non-finite values or weight")
-                try:
-                    self.residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
-                except PushRejectedError as exc:
-                    raise reject(exc.code, str(exc)) from None
             try:
-                parsed = {
-                    e.shard_id: load_ciphertexts(self.he_context, e.shard_id, sums[e.shard_id].tobytes())
-                    for e in partial.entries
-                    if e.encrypted
-                }
-            except IntegrityError as exc:
-                raise reject(RefusalCode.ENCRYPTION, str(exc)) from None
+                if certified is not None and certified != partial.zone:
+                    raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
+                if state is None:
+                    raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
+                check_partial(state, partial, residency=self.residency, he_context=self.he_context)
+            except PushRejectedError as exc:
+                raise self.refused_partial(partial, exc.code, str(exc)) from None
+            state.forwarding.add(partial.zone)
+        need = sum(e.nbytes for e in partial.entries)
+        if not self._budget.acquire(need, timeout):
+            self.end_forward(state, partial.zone, 0)
+            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+        return ForwardSession(self, state, partial, need)
+
+    def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
+        """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
+        self.stats.refuse(reason)
+        self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
+        return PushRejectedError(
+            f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
+        )
+
+    def fold_partial(
+        self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
+    ) -> int:
+        """Fold a complete, valid forward into the round (called by its :class:`ForwardSession`)."""
+        with self._lock:
+            if self._rounds.get(partial.round) is not state:
+                raise self.refused_partial(partial, RefusalCode.ROUND, "the round closed during the forward")
             for entry in partial.entries:
+                sid = entry.shard_id
                 if entry.encrypted:
-                    enc = state.fold_encrypted(GLOBAL_GROUP, entry.shard_id, entry.contributors, self.he_context)
-                    enc.add(entry.shard_id, parsed[entry.shard_id])
-                    continue
-                acc = state.fold(GLOBAL_GROUP, entry.shard_id, entry.contributors)
-                acc.add_sum(entry.shard_id, sums[entry.shard_id], entry.weight, state.plan.shard(entry.shard_id).dtype)
+                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.he_context).add(
+                        sid, ciphertexts[sid]
+                    )
+                else:
+                    acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
+                    acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
             state.forwarded_from.add(partial.zone)
             self.stats.partials_received += len(partial.entries)
         self._record(
@@ -351,48 +296,49 @@ class ZoneAggregator:
         )
         return len(partial.entries)
 
+    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int) -> None:
+        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its staging bytes."""
+        with self._lock:
+            state.forwarding.discard(zone)
+        if budget_bytes:
+            self._budget.release(budget_bytes)
+
+    def receive_partial(
+        self, partial: PartialSum, sums: Mapping[str, np.ndarray], *, certified: str | None = None
+    ) -> int:
+        """Fold another zone's partial sums of ``global`` shards into this round at once
+        (in-process use; the gRPC service streams instead). Returns the number of shards
+        folded in; raises :class:`PushRejectedError` and folds nothing if any is refused."""
+        with self.begin_forward(partial, certified=certified) as session:
+            for shard_id, values in sums.items():
+                for chunk in array_chunks(shard_id, values):
+                    session.take(chunk)
+            return session.commit()
+
     def _forward(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
-        acc = state.groups.get(GLOBAL_GROUP, ShardAccumulator())
-        enc = state.encrypted.get(GLOBAL_GROUP)
-        if not len(acc) and not enc:
+        partial, sums = partial_sums(state, self.name)
+        if not partial.entries:
             return
         if forward_to is None or self._connect is None:
             raise ZoneError(
                 f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to",
                 RefusalCode.LIFECYCLE,
             )
-        contributors = state.contributors.get(GLOBAL_GROUP, {})
-        totals = acc.partial_sums()
-        sums = {sid: total for sid, (total, _) in totals.items()}
-        weights = {sid: weight for sid, (_, weight) in totals.items()}
-        if enc is not None:
-            sums.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
-        entries = tuple(
-            PartialEntry(
-                sid,
-                shard_digest(arr),
-                int(arr.nbytes),
-                weights.get(sid, 1.0),
-                tuple(sorted(contributors[sid])),
-                sid not in weights,
-            )
-            for sid, arr in sums.items()
-        )
-        partial = PartialSum(self.name, state.spec.round, state.spec.token, entries)
         client = self._connect(*forward_to)
         try:
             client.forward(partial, sums)
         finally:
             client.close()
-        self.stats.forwarded_shards += len(entries)
-        self.stats.forwarded_bytes += sum(e.nbytes for e in entries)
+        nbytes = sum(e.nbytes for e in partial.entries)
+        self.stats.forwarded_shards += len(partial.entries)
+        self.stats.forwarded_bytes += nbytes
         self._record(
             Decision.FORWARDED,
             round=state.spec.round,
             to_zone=forward_to[0],
-            shards=len(entries),
-            bytes=sum(e.nbytes for e in entries),
-            contributors=sorted({c for e in entries for c in e.contributors}),
+            shards=len(partial.entries),
+            bytes=nbytes,
+            contributors=sorted({c for e in partial.entries for c in e.contributors}),
         )
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:

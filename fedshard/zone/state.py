@@ -26,6 +26,7 @@ class OpenRound:
     contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
     pushing: set[str] = field(default_factory=set)
     counted: list[str] = field(default_factory=list)
+    forwarding: set[str] = field(default_factory=set)  # zones whose partial sums are arriving
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
 
     def fold(self, group: str, shard_id: str, sites: Iterable[str]) -> ShardAccumulator:

@@ -197,8 +197,7 @@ def test_chunked_push_is_reassembled(zone: ZoneAggregator) -> None:
 
 
 def test_chunked_push_into_an_assembly_buffer() -> None:
-    zone = open_zone()
-    zone.chunk_hint = 16  # shards above 16 bytes are assembled in a preallocated buffer
+    zone = open_zone()  # shards that arrive in more than one chunk are assembled in a preallocated buffer
     a = make_update(5)
     with zone.begin_push(manifest_for("site-a", a, weight=2.0), TOKEN) as session:
         for shard_id, values in a.items():

@@ -11,12 +11,13 @@ import grpc
 import numpy as np
 
 from fedshard.crypto.tls import TlsFiles
-from fedshard.errors import FedshardError, IntegrityError, ZoneError
-from fedshard.integrity import Manifest, ShardHasher, merkle_root
+from fedshard.errors import FedshardError, FrameError, IntegrityError, RefusalCode, ZoneError
+from fedshard.integrity import Manifest, merkle_root
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
+from fedshard.zone.frames import Declared, FrameAssembler
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunks, header_to_summary
+from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunk_of, chunks, header_to_summary
 from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
@@ -154,35 +155,44 @@ class GrpcZoneClient:
 
         ``site_id`` says who asks (the zone checks that the policy lets that site's
         jurisdiction receive it; under mTLS the certificate says who asks).
+
+        Raises
+        ------
+        FrameError
+            The stream breaks what its summary declares (offsets, sizes, digests,
+            shards missing or extra), with the code of the check that failed.
+        IntegrityError
+            The summary's own Merkle root does not match its shard list.
         """
-        summary: AggregateSummary | None = None
-        shards: dict[str, np.ndarray] = {}
-        buffers: dict[str, tuple[bytearray, str, tuple[int, ...]]] = {}
         request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
         try:
-            for frame in self._stub.FetchAggregate(request, timeout=self.timeout):
-                if frame.WhichOneof("frame") == "header":
-                    summary = header_to_summary(frame.header)
-                    continue
-                c = frame.chunk
-                if c.offset == 0:
-                    buffers[c.shard_id] = (bytearray(), c.dtype, tuple(c.shape))
-                buffers[c.shard_id][0].extend(c.data)
+            frames = iter(self._stub.FetchAggregate(request, timeout=self.timeout))
+            first = next(frames, None)
+            if first is None or first.WhichOneof("frame") != "header":
+                raise ZoneError(f"zone at {self.endpoint} sent no aggregate header for round {round}")
+            summary = header_to_summary(first.header)
+            where = f"aggregate {summary.group} of round {round} from zone {summary.zone}"
+            if merkle_root({e.shard_id: e.digest for e in summary.shards}) != summary.merkle_root:
+                raise IntegrityError(f"{where}: its shard list fails its Merkle root")
+            shards = _assemble(frames, summary, where)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        if summary is None:
-            raise ZoneError(f"zone at {self.endpoint} sent no aggregate header for round {round}")
-        expected = {e.shard_id: e.digest for e in summary.shards}
-        for shard_id, (raw, dtype, shape) in buffers.items():
-            hasher = ShardHasher(dtype, shape)
-            hasher.update(raw)
-            if expected.get(shard_id) != hasher.hexdigest():
-                raise IntegrityError(
-                    f"aggregate shard {shard_id} of round {round} from zone {summary.zone} fails its digest"
-                )
-            shards[shard_id] = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
-        if set(shards) != set(expected) or merkle_root(expected) != summary.merkle_root:
-            raise IntegrityError(
-                f"aggregate of round {round} from zone {summary.zone} is incomplete or fails its Merkle root"
-            )
         return summary, shards
+
+
+def _assemble(frames: Iterator[pb.AggregateFrame], summary: AggregateSummary, where: str) -> dict[str, np.ndarray]:
+    """The shards of an aggregate stream, held to its summary by the one frame assembler."""
+    declared = {e.shard_id: Declared(e.shard_id, e.nbytes, e.digest, declared_by="summary") for e in summary.shards}
+    assembler = FrameAssembler(declared, source="summary")
+    shards: dict[str, np.ndarray] = {}
+    try:
+        for frame in frames:
+            if frame.WhichOneof("frame") != "chunk":
+                raise FrameError("a second header in the stream", RefusalCode.PROTOCOL)
+            done = assembler.add(chunk_of(frame.chunk))
+            if done is not None:
+                shards[done[0]] = done[1]
+        assembler.finish()
+    except FrameError as exc:
+        raise FrameError(f"{where}: {exc.reason}", exc.code) from None
+    return shards

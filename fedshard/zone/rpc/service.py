@@ -24,7 +24,7 @@ from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.convert import GRPC_OPTIONS, assemble_frames, chunks, summary_to_header
+from fedshard.zone.rpc.convert import GRPC_OPTIONS, chunk_of, chunks, summary_to_header
 from fedshard.zone.rpc.status import abort_with
 
 __all__ = ["ZoneService", "serve"]
@@ -76,8 +76,7 @@ class ZoneService(pb_grpc.ZoneServicer):
                         raise PushRejectedError(
                             f"zone {self.zone.name}: manifest sent twice in one push", RefusalCode.PROTOCOL
                         )
-                    c = frame.chunk
-                    session.receive(c.shard_id, c.data, offset=c.offset, dtype=c.dtype, shape=tuple(c.shape))
+                    session.take(chunk_of(frame.chunk))
                 receipt = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
@@ -117,18 +116,15 @@ class ZoneService(pb_grpc.ZoneServicer):
             first = self._header(request_iterator, "a forward must start with its header")
             partial = PartialSum.from_bytes(first.header.manifest)
             caller = self._caller(context, Role.ZONE)
-            expected = {e.shard_id: e.nbytes for e in partial.entries}
-            if sum(expected.values()) > self.zone.staging_limit:
-                raise PushRejectedError(
-                    f"zone {self.zone.name}: partial sums exceed the staging budget", RefusalCode.SHAPE
-                )
-            frames = (
-                (f.chunk.shard_id, f.chunk.data, f.chunk.offset, f.chunk.dtype, tuple(f.chunk.shape))
-                for f in request_iterator
-                if f.WhichOneof("frame") == "chunk"
-            )
-            sums = assemble_frames(frames, expected)
-            shards = self.zone.receive_partial(partial, sums, certified=caller.name if caller else None)
+            certified = caller.name if caller is not None else None
+            with self.zone.begin_forward(partial, self.push_timeout, certified=certified) as session:
+                for frame in request_iterator:
+                    if frame.WhichOneof("frame") != "chunk":
+                        raise PushRejectedError(
+                            f"zone {self.zone.name}: header sent twice in one forward", RefusalCode.PROTOCOL
+                        )
+                    session.take(chunk_of(frame.chunk))
+                shards = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.ForwardReply(shards=shards)
