@@ -18,22 +18,23 @@ import numpy as np
 
 from fedshard.aggregation import ShardAccumulator, all_finite
 from fedshard.crypto.he import load_ciphertexts
-from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode
-from fedshard.integrity import shard_digest
-from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum
-from fedshard.zone.frames import Chunk, Declared, FrameAssembler
+from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
+from fedshard.integrity import ciphertext_digest, shard_digest
+from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
+from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
+    from fedshard.protocol.channels import ZoneConnector
     from fedshard.zone.policy import ZonePolicy
     from fedshard.zone.state import OpenRound
 
-__all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums"]
+__all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums", "send_partial_sums"]
 
 _TRIM_BYTES = 8 << 20  # forwards at least this large hand their memory back when done
 
 
-def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, np.ndarray]]:
+def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, ShardPayload]]:
     """The header and values this zone forwards for ``state``'s ``global`` shards (none: empty)."""
     acc = state.groups.get(GLOBAL_GROUP, ShardAccumulator())
     enc = state.encrypted.get(GLOBAL_GROUP)
@@ -41,20 +42,45 @@ def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, np.
     totals = acc.partial_sums()
     sums = {sid: total for sid, (total, _) in totals.items()}
     weights = {sid: weight for sid, (_, weight) in totals.items()}
-    if enc is not None:  # ciphertext sums travel as (1, n) byte arrays
-        sums.update({sid: np.frombuffer(enc.serialize(sid), np.uint8).reshape(1, -1) for sid in enc.shard_ids()})
-    entries = tuple(
-        PartialEntry(
-            sid,
-            shard_digest(arr),
-            int(arr.nbytes),
-            weights.get(sid, 1.0),
-            tuple(sorted(contributors[sid])),
-            sid not in weights,
-        )
+    entries = [
+        PartialEntry(sid, shard_digest(arr), int(arr.nbytes), weights[sid], tuple(sorted(contributors[sid])))
         for sid, arr in sums.items()
-    )
-    return PartialSum(zone, state.spec.round, state.spec.token, entries), sums
+    ]
+    payload: dict[str, ShardPayload] = dict(sums)
+    if enc is not None:  # encrypted sums travel as they are: the weight is inside them
+        for sid in enc.shard_ids():
+            data = payload[sid] = enc.serialize(sid)
+            who = tuple(sorted(contributors[sid]))
+            entries.append(PartialEntry(sid, ciphertext_digest(data), len(data), 1.0, who, encrypted=True))
+    return PartialSum(zone, state.spec.round, state.spec.token, tuple(entries)), payload
+
+
+def send_partial_sums(
+    state: OpenRound, zone: str, connect: ZoneConnector | None, forward_to: tuple[str, str] | None
+) -> PartialSum | None:
+    """Forward ``state``'s ``global`` partial sums to ``forward_to`` = the reducing zone's
+    ``(name, endpoint)``; what was sent (None: nothing to send).
+
+    Raises
+    ------
+    ZoneError
+        There are global sums but no reducing zone to send them to (code
+        :attr:`~RefusalCode.LIFECYCLE`), or the reducing zone refused them.
+    """
+    partial, sums = partial_sums(state, zone)
+    if not partial.entries:
+        return None
+    if forward_to is None or connect is None:
+        raise ZoneError(
+            f"zone {zone}: round {state.spec.round} has global shards but no reducing zone to forward them to",
+            RefusalCode.LIFECYCLE,
+        )
+    client = connect(*forward_to)
+    try:
+        client.forward(partial, sums)
+    finally:
+        client.close()
+    return partial
 
 
 def check_partial(state: OpenRound, partial: PartialSum, *, residency: ZonePolicy | None, he_context: Any) -> None:
@@ -103,7 +129,7 @@ def _declared(state: OpenRound, partial: PartialSum) -> dict[str, Declared]:
     out = {}
     for e in partial.entries:
         if e.encrypted:
-            out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, "|u1", (1, e.nbytes))
+            out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, encrypted=True)
         else:
             out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, "<f8", state.plan.shard(e.shard_id).shape)
     return out
@@ -144,8 +170,7 @@ class ForwardSession:
         self._state = state
         self.partial = partial
         self._budget_bytes = budget_bytes
-        self._frames = FrameAssembler(_declared(state, partial), source="header")
-        self._encrypted = {e.shard_id for e in partial.entries if e.encrypted}
+        self._frames = FrameAssembler(_declared(state, partial), source=Header.HEADER)
         self._sums: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}
         self._done = False
@@ -171,9 +196,9 @@ class ForwardSession:
         if done is None:
             return
         sid, values = done
-        if sid in self._encrypted:
+        if isinstance(values, bytes):  # the header lists it encrypted (the assembler checked)
             try:
-                self._ciphertexts[sid] = load_ciphertexts(self._zone.he_context, sid, values.data)
+                self._ciphertexts[sid] = load_ciphertexts(self._zone.he_context, sid, values)
             except IntegrityError as exc:
                 raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
         elif not all_finite(values):

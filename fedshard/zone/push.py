@@ -3,6 +3,7 @@ folded into the round only when the whole push is valid (see :class:`PushSession
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -12,14 +13,14 @@ from fedshard.aggregation import all_finite
 from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode
 from fedshard.integrity import Manifest
-from fedshard.protocol.rounds import PushReceipt
-from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler
+from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, ShardPayload
+from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
     from fedshard.zone.state import OpenRound
 
-__all__ = ["ByteBudget", "PushSession", "PushTarget", "check_manifest"]
+__all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest"]
 
 
 _TRIM_BYTES = 8 << 20  # pushes at least this large hand their memory back when done
@@ -126,18 +127,31 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
             )
 
 
+def accepted_fields(manifest: Manifest, groups: dict[str, str]) -> dict[str, Any]:
+    """What the zone's audit log records of an accepted push (``groups``: shard → aggregate group)."""
+    count = len(manifest.shards)
+    return {
+        "site": manifest.site_id,
+        "round": manifest.round,
+        "shards": count,
+        "bytes": manifest.total_bytes,
+        "classes": dict(collections.Counter(e.shard_class or "unclassified" for e in manifest.shards)),
+        "groups": dict(collections.Counter(groups.values())) if groups else {DEFAULT_GROUP: count},
+        "manifest_root": manifest.merkle_root,
+        "signature": manifest.signature or "",
+    }
+
+
 def _declared(state: OpenRound, manifest: Manifest) -> dict[str, Declared]:
-    """What each shard of a push must be: the plan's layout (ciphertext: a (1, n) byte
-    array of the manifest's size) and the manifest's digest."""
+    """What each shard of a push must be: the plan's layout and the manifest's digest
+    (ciphertext: bytes of the manifest's size)."""
     out = {}
-    for entry in manifest.shards:
-        spec = state.plan.shard(entry.shard_id)
-        if entry.encrypted:  # ciphertext bytes travel as a (1, n) uint8 array
-            out[entry.shard_id] = Declared(
-                entry.shard_id, entry.nbytes, entry.digest, "|u1", (1, entry.nbytes), "manifest"
-            )
+    for e in manifest.shards:
+        if e.encrypted:
+            out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, declared_by=Header.MANIFEST, encrypted=True)
         else:
-            out[entry.shard_id] = Declared(entry.shard_id, spec.nbytes, entry.digest, spec.dtype, spec.shape, "plan")
+            spec = state.plan.shard(e.shard_id)
+            out[e.shard_id] = Declared(e.shard_id, spec.nbytes, e.digest, spec.dtype, spec.shape, Header.PLAN)
     return out
 
 
@@ -164,8 +178,7 @@ class PushSession:
         self.manifest = manifest
         self._groups = groups or {}
         self._budget_bytes = budget_bytes
-        self._frames = FrameAssembler(_declared(state, manifest), source="manifest")
-        self._encrypted = {e.shard_id for e in manifest.shards if e.encrypted}
+        self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST)
         self._staged: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
         self._done = False
@@ -205,13 +218,14 @@ class PushSession:
         if done is not None:
             self._check(*done)
 
-    def _check(self, shard_id: str, values: np.ndarray) -> None:
-        if shard_id in self._encrypted:
+    def _check(self, shard_id: str, values: ShardPayload) -> None:
+        if isinstance(values, bytes):  # the manifest lists it encrypted (the assembler checked)
             try:
-                self._ciphertexts[shard_id] = load_ciphertexts(self._zone.he_context, shard_id, values.data)
+                self._ciphertexts[shard_id] = load_ciphertexts(self._zone.he_context, shard_id, values)
             except IntegrityError as exc:
                 raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
-        elif not all_finite(values):
+            return
+        if not all_finite(values):
             raise self._reject(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
         self._staged[shard_id] = values
 

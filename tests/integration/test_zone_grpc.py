@@ -61,7 +61,8 @@ def assert_only_good_counted(client: GrpcZoneClient) -> None:
     good = make_update(seed=99)
     client.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
     summary = client.close_round(1)[0]
-    fetched, aggregate = client.fetch_aggregate(1)
+    got = client.fetch(1)
+    fetched, aggregate = got.summary, got.means
 
     assert summary.sites == (GOOD_SITE,)
     assert summary.total_weight == 2.0
@@ -103,14 +104,15 @@ def test_round_end_to_end_with_chunked_shards(grpc_zone: tuple[ZoneAggregator, s
     receipt = client.push(manifest_for("site-a", a, weight=1.0), TOKEN, a)
     client.push(manifest_for("site-b", b, weight=3.0), TOKEN, b)
     summary = client.close_round(1)[0]
-    fetched, aggregate = client.fetch_aggregate(1)
+    got = client.fetch(1)
+    fetched, aggregate = got.summary, got.means
 
     assert (receipt.zone, receipt.round, receipt.site_id) == ("eu-1", 1, "site-a")
     assert (receipt.shards, receipt.bytes) == (3, PLAN.nbytes)
     assert summary.sites == ("site-a", "site-b")
     assert summary.total_weight == 4.0
     assert fetched == summary
-    assert summary == grpc_zone[0].aggregate(1)[0]
+    assert summary == grpc_zone[0].fetch(1).summary
     assert summary.merkle_root == merkle_root({sid: shard_digest(v) for sid, v in aggregate.items()})
     for sid in PLAN.shard_ids:
         expected = (a[sid].astype(np.float64) + 3.0 * b[sid].astype(np.float64)) / 4.0
@@ -131,7 +133,7 @@ def test_concurrent_pushes_are_all_counted(client: GrpcZoneClient) -> None:
             )
         )
     summary = client.close_round(1)[0]
-    _, aggregate = client.fetch_aggregate(1)
+    aggregate = client.fetch(1).means
 
     assert sorted(r.site_id for r in receipts) == sorted(SITES)
     assert sorted(summary.sites) == sorted(SITES)
@@ -150,7 +152,7 @@ def test_shard_larger_than_a_grpc_chunk_round_trips(grpc_zone: tuple[ZoneAggrega
         client.open_round(round_spec(plan))
         client.push(manifest_for("site-a", update, weight=2.0, plan=plan), TOKEN, update)
         client.close_round(1)[0]
-        _, aggregate = client.fetch_aggregate(1)
+        aggregate = client.fetch(1).means
 
     np.testing.assert_array_equal(aggregate["big#r0c0"], update["big#r0c0"])
 
@@ -162,7 +164,7 @@ def test_zero_size_shard_round_trips(client: GrpcZoneClient) -> None:
 
     client.push(manifest_for("site-a", update, round=2, plan=plan), TOKEN, update)
     client.close_round(2)[0]
-    _, aggregate = client.fetch_aggregate(2)
+    aggregate = client.fetch(2).means
 
     assert aggregate["empty#r0c0"].shape == (0, 3)
     np.testing.assert_array_equal(aggregate["w#r0c0"], update["w#r0c0"])
@@ -316,7 +318,7 @@ def test_second_push_of_a_site_is_already_exists(client: GrpcZoneClient) -> None
 
     assert info.value.code is RefusalCode.DUPLICATE
     summary = client.close_round(1)[0]
-    _, aggregate = client.fetch_aggregate(1)
+    aggregate = client.fetch(1).means
     assert summary.sites == ("site-a",)
     assert summary.total_weight == 1.0
     for sid, values in first.items():
@@ -498,7 +500,7 @@ def test_first_chunk_without_dtype_is_refused(client: GrpcZoneClient, zone_stub:
 
 def test_fetch_of_an_unknown_round_is_a_clear_zone_error(client: GrpcZoneClient) -> None:
     with pytest.raises(AggregateNotFoundError, match="zone eu-1: no regional/any aggregate for round 42") as info:
-        client.fetch_aggregate(42)
+        client.fetch(42)
 
     assert "\n" not in str(info.value)
     assert info.value.code is RefusalCode.NOT_FOUND

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedshard.errors import FrameError, RefusalCode
-from fedshard.integrity import shard_digest
-from fedshard.zone.frames import Chunk, Declared, FrameAssembler, array_chunks
+from fedshard.crypto.he import CKKS_DTYPE
+from fedshard.errors import FrameError, RefusalCode, ShardError
+from fedshard.integrity import ciphertext_digest, shard_digest
+from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header, shard_chunks
 
 W = np.arange(12, dtype=np.float32).reshape(3, 4)  # 48 bytes
 B = np.array([[0.5], [-1.5]], dtype=np.float32)  # 8 bytes
@@ -23,16 +24,16 @@ def declared(*, layout: bool = True, digests: bool = True) -> dict[str, Declared
     out = {}
     for sid, arr in (("w", W), ("b", B)):
         dtype, shape = (arr.dtype.str, arr.shape) if layout else (None, None)
-        out[sid] = Declared(sid, arr.nbytes, shard_digest(arr) if digests else None, dtype, shape, "plan")
+        out[sid] = Declared(sid, arr.nbytes, shard_digest(arr) if digests else None, dtype, shape, Header.PLAN)
     return out
 
 
 def stream(chunk_bytes: int | None = 20) -> list[Chunk]:
-    return [*array_chunks("w", W, chunk_bytes), *array_chunks("b", B, chunk_bytes)]
+    return [*shard_chunks("w", W, chunk_bytes), *shard_chunks("b", B, chunk_bytes)]
 
 
 def assemble(chunks: list[Chunk], *, layout: bool = True) -> dict[str, np.ndarray]:
-    assembler = FrameAssembler(declared(layout=layout), source="manifest")
+    assembler = FrameAssembler(declared(layout=layout), source=Header.MANIFEST)
     out = {}
     for chunk in chunks:
         done = assembler.add(chunk)
@@ -59,7 +60,7 @@ def test_without_a_declared_layout_the_first_chunk_labels_it() -> None:
 
 def test_a_one_chunk_shard_is_kept_as_received() -> None:
     data = W.tobytes()
-    assembler = FrameAssembler(declared(), source="manifest")
+    assembler = FrameAssembler(declared(), source=Header.MANIFEST)
 
     done = assembler.add(Chunk("w", 0, data, "<f4", (3, 4)))
 
@@ -68,8 +69,8 @@ def test_a_one_chunk_shard_is_kept_as_received() -> None:
 
 
 def test_a_larger_shard_is_assembled_in_one_buffer_of_its_size() -> None:
-    assembler = FrameAssembler(declared(), source="manifest")
-    chunks = list(array_chunks("w", W, 16))
+    assembler = FrameAssembler(declared(), source=Header.MANIFEST)
+    chunks = list(shard_chunks("w", W, 16))
 
     results = [assembler.add(c) for c in chunks]
 
@@ -84,9 +85,9 @@ def test_a_larger_shard_is_assembled_in_one_buffer_of_its_size() -> None:
 
 def test_a_zero_size_shard_completes_at_its_first_chunk() -> None:
     empty = np.zeros((0, 3), np.float32)
-    assembler = FrameAssembler({"e": Declared("e", 0, shard_digest(empty), "<f4", (0, 3))}, source="header")
+    assembler = FrameAssembler({"e": Declared("e", 0, shard_digest(empty), "<f4", (0, 3))}, source=Header.HEADER)
 
-    done = assembler.add(next(array_chunks("e", empty)))
+    done = assembler.add(next(shard_chunks("e", empty)))
     assembler.finish()
 
     assert done is not None and done[1].shape == (0, 3)
@@ -185,3 +186,76 @@ def test_any_cut_of_the_stream_reassembles_exactly(cuts: list[int]) -> None:
 
     np.testing.assert_array_equal(out["w"], W)
     np.testing.assert_array_equal(out["b"], B)
+
+
+# ciphertext ------------------------------------------------------------------------------------
+
+BLOB = bytes(range(256)) * 3  # stands for ciphertext: the assembler never parses it
+
+
+def ciphertext_declared() -> dict[str, Declared]:
+    return {"c": Declared("c", len(BLOB), ciphertext_digest(BLOB), declared_by=Header.MANIFEST, encrypted=True)}
+
+
+def test_a_one_chunk_ciphertext_is_the_bytes_received() -> None:
+    assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
+
+    (chunk,) = shard_chunks("c", BLOB, encrypted=True)
+    done = assembler.add(chunk)
+
+    assert chunk.dtype == CKKS_DTYPE and chunk.shape == ()
+    assert done is not None and done[1] is BLOB
+
+
+def test_a_chunked_ciphertext_is_joined_once_into_bytes() -> None:
+    assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
+
+    results = [assembler.add(c) for c in shard_chunks("c", BLOB, 100, encrypted=True)]
+    assembler.finish()
+
+    assert results[:-1] == [None] * 7
+    assert results[-1] == ("c", BLOB) and type(results[-1][1]) is bytes  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("dtype", "shape"), [("|u1", (1, len(BLOB))), ("<f4", ()), ("", ())])
+def test_a_ciphertext_labelled_otherwise_is_refused(dtype: str, shape: tuple[int, ...]) -> None:
+    assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
+
+    with pytest.raises(FrameError, match=f"shard c has dtype .*, the manifest says {CKKS_DTYPE}") as info:
+        assembler.add(Chunk("c", 0, BLOB, dtype, shape))
+
+    assert info.value.code is RefusalCode.DTYPE
+
+
+def test_a_ciphertext_with_a_shape_is_refused() -> None:
+    assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
+
+    with pytest.raises(FrameError, match=r"shard c is ciphertext, which has no shape; got \(1, 768\)") as info:
+        assembler.add(Chunk("c", 0, BLOB, CKKS_DTYPE, (1, len(BLOB))))
+
+    assert info.value.code is RefusalCode.SHAPE
+
+
+def test_a_tampered_ciphertext_is_refused_on_its_digest() -> None:
+    assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
+
+    with pytest.raises(FrameError, match="shard c: digest does not match the manifest") as info:
+        assembler.add(Chunk("c", 0, BLOB[:-1] + b"\x00", CKKS_DTYPE))
+
+    assert info.value.code is RefusalCode.DIGEST
+
+
+def test_a_clear_shard_sent_as_ciphertext_is_refused_by_its_label() -> None:
+    with pytest.raises(FrameError, match="shard w has dtype ckks, the plan says <f4") as info:
+        assemble([Chunk("w", 0, W.tobytes(), CKKS_DTYPE), *shard_chunks("b", B)])
+
+    assert info.value.code is RefusalCode.DTYPE
+
+
+def test_chunks_are_cut_as_the_header_says_the_shard_is() -> None:
+    with pytest.raises(ShardError, match="ciphertext bytes for a shard its header lists in clear"):
+        list(shard_chunks("c", BLOB))
+    with pytest.raises(ShardError, match="listed as encrypted but holds float32 values"):
+        list(shard_chunks("w", W, encrypted=True))
+    legacy = np.frombuffer(BLOB, np.uint8).reshape(1, -1)  # transitional: how sites hand ciphertexts over today
+    assert b"".join(bytes(c.data) for c in shard_chunks("c", legacy, 100, encrypted=True)) == BLOB

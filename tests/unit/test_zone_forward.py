@@ -17,7 +17,7 @@ from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.frames import array_chunks
+from fedshard.zone.frames import shard_chunks
 from tests.zone_helpers import BASE, TOKEN, Shards, partial_from, random_update, reducing_policy
 
 SITES = ("site-a", "site-b")
@@ -40,7 +40,7 @@ def assert_only_good_counted(zone: ZoneAggregator) -> None:
     good = sums(99)
     assert zone.receive_partial(partial_from(good, weight=4.0), good) == len(good)
     (summary,) = zone.close_round(1)
-    _, aggregate = zone.aggregate(1, GLOBAL_GROUP, jurisdiction="EU")
+    aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="EU").means
 
     assert (summary.group, summary.sites, summary.total_weight) == (GLOBAL_GROUP, ("site-a",), 4.0)
     assert zone.stats.partials_received == len(good)
@@ -81,7 +81,7 @@ def test_forwarded_sums_and_a_local_push_make_one_global_mean(zone: ZoneAggregat
     zone.push(manifest, TOKEN, local)
     zone.receive_partial(partial_from(forwarded, weight=4.0), forwarded)
     (summary,) = zone.close_round(1)
-    _, aggregate = zone.aggregate(1, GLOBAL_GROUP, jurisdiction="US")
+    aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="US").means
 
     assert (summary.sites, summary.total_weight) == (("site-a", "site-b"), 6.0)
     for sid in PLAN.shard_ids:
@@ -212,7 +212,7 @@ def test_a_forward_while_the_same_zone_is_forwarding_is_refused(zone: ZoneAggreg
     with zone.begin_forward(partial_from(a), certified=None) as session:
         with pytest.raises(PushRejectedError, match="already forwarded") as info:
             zone.begin_forward(partial_from(a))
-        session.take(next(array_chunks("w#r0c0", a["w#r0c0"])))
+        session.take(next(shard_chunks("w#r0c0", a["w#r0c0"])))
 
     assert info.value.code is RefusalCode.DUPLICATE
     assert_only_good_counted(zone)

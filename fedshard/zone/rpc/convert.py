@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
-import numpy as np
+from collections.abc import Collection, Iterator, Mapping
 
 from fedshard.integrity import ShardEntry
-from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary
-from fedshard.zone.frames import Chunk, array_chunks
+from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, ShardPayload
+from fedshard.zone.frames import Chunk, shard_chunks
 from fedshard.zone.rpc import zone_pb2 as pb
 
 __all__ = ["CHUNK_BYTES", "GRPC_OPTIONS", "chunk_of", "chunks", "header_to_summary", "summary_to_header"]
@@ -21,11 +19,15 @@ GRPC_OPTIONS = [
 ]
 
 
-def chunks(shards: Mapping[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.ShardChunk]:
-    """Cut shards into chunks; the first chunk of each shard names its dtype and shape."""
+def chunks(
+    shards: Mapping[str, ShardPayload], chunk_bytes: int = CHUNK_BYTES, encrypted: Collection[str] = ()
+) -> Iterator[pb.ShardChunk]:
+    """Cut shards into chunks; the first chunk of each names its dtype and shape (ciphertext,
+    the shards in ``encrypted``: the :data:`~fedshard.crypto.he.CKKS_DTYPE` label, no shape)."""
     for shard_id, values in shards.items():
-        for c in array_chunks(shard_id, values, chunk_bytes):
-            yield pb.ShardChunk(shard_id=c.shard_id, offset=c.offset, data=bytes(c.data), dtype=c.dtype, shape=c.shape)
+        for c in shard_chunks(shard_id, values, chunk_bytes, encrypted=shard_id in encrypted):
+            data = c.data if isinstance(c.data, bytes) else bytes(c.data)
+            yield pb.ShardChunk(shard_id=c.shard_id, offset=c.offset, data=data, dtype=c.dtype, shape=c.shape)
 
 
 def chunk_of(message: pb.ShardChunk) -> Chunk:
@@ -41,7 +43,10 @@ def summary_to_header(summary: AggregateSummary) -> pb.AggregateHeader:
         merkle_root=summary.merkle_root,
         total_weight=summary.total_weight,
         sites=list(summary.sites),
-        shards=[pb.ShardDigest(shard_id=e.shard_id, digest=e.digest, nbytes=e.nbytes) for e in summary.shards],
+        shards=[
+            pb.ShardDigest(shard_id=e.shard_id, digest=e.digest, nbytes=e.nbytes, encrypted=e.encrypted)
+            for e in summary.shards
+        ],
         group=summary.group,
     )
 
@@ -54,6 +59,6 @@ def header_to_summary(header: pb.AggregateHeader) -> AggregateSummary:
         merkle_root=header.merkle_root,
         total_weight=header.total_weight,
         sites=tuple(header.sites),
-        shards=tuple(ShardEntry(s.shard_id, s.digest, s.nbytes) for s in header.shards),
+        shards=tuple(ShardEntry(s.shard_id, s.digest, s.nbytes, encrypted=s.encrypted) for s in header.shards),
         group=header.group or DEFAULT_GROUP,
     )

@@ -150,14 +150,11 @@ class ZoneService(pb_grpc.ZoneServicer):
                 jurisdiction: str | None = caller.jurisdiction_or_region
             else:
                 jurisdiction = residency.jurisdictions.get(request.site_id) if residency is not None else None
-            summary, shards = self.zone.aggregate(
-                request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction
-            )
+            aggregate = self.zone.fetch(request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction)
         except FedshardError as exc:
             self._fail(context, exc)
-            return
-        yield pb.AggregateFrame(header=summary_to_header(summary))
-        for chunk in chunks(shards):
+        yield pb.AggregateFrame(header=summary_to_header(aggregate.summary))
+        for chunk in chunks(aggregate.payload(), encrypted=aggregate.ciphertexts):
             yield pb.AggregateFrame(chunk=chunk)
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
