@@ -29,7 +29,7 @@ from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks, summary_to_header
 from fedshard.zone.rpc.service import serve
 from fedshard.zone.rpc.status import GRPC_STATUS, REFUSAL_CODE_KEY
-from tests.zone_helpers import BASE, TOKEN, Shards, partial_from, reducing_policy
+from tests.zone_helpers import BASE, TOKEN, Shards, manifest_for, partial_from, reducing_policy
 
 SITES = ("site-a", "site-b")
 CHUNK = 1000
@@ -203,6 +203,47 @@ def test_a_malformed_forward_header_is_refused(reducer: tuple[ZoneAggregator, st
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert dict(info.value.trailing_metadata())[REFUSAL_CODE_KEY] == RefusalCode.MALFORMED.value
     assert_only_good_forward_counted(zone, endpoint)
+
+
+# push: the same breaks, refused the same way ---------------------------------------------------
+
+
+PUSH_CASES = [
+    pytest.param(_cut("w#r0c0", 0), RefusalCode.OFFSET, "w#r0c0 starts at offset 1000, expected 0", id="offset>0"),
+    pytest.param(_move(1500), RefusalCode.OFFSET, "w#r0c0: chunk at offset 1500, expected 1000", id="gap"),
+    pytest.param(_cut("w#r0c0", -1), RefusalCode.TRUNCATED, "w#r0c0 ended after 3000 bytes", id="truncated"),
+    pytest.param(_drop("w#r1c0"), RefusalCode.MISSING, "never arrived, e.g. w#r1c0", id="missing"),
+    pytest.param(_tamper, RefusalCode.DIGEST, "w#r0c0: digest does not match the manifest", id="digest"),
+    pytest.param(_twice, RefusalCode.DUPLICATE, "b#r0c0 sent twice", id="twice"),
+    pytest.param(_unlisted, RefusalCode.UNKNOWN_SHARD, "x#r0c0 is not in the round's shard plan", id="unlisted"),
+    pytest.param(_relabel(dtype="<f8"), RefusalCode.DTYPE, "b#r0c0 has dtype <f8, the plan says <f4", id="dtype"),
+    pytest.param(_relabel(dtype="ckks", shape=[]), RefusalCode.DTYPE, "b#r0c0 has dtype ckks", id="ckks"),
+    pytest.param(_relabel(shape=[1, 30]), RefusalCode.SHAPE, r"b#r0c0 has shape \(1, 30\)", id="shape"),
+]
+
+
+@pytest.mark.parametrize(("edit", "code", "match"), PUSH_CASES)
+def test_a_broken_push_stream_is_refused_like_a_forward_and_counts_nothing(
+    grpc_zone: tuple[ZoneAggregator, str], edit: Callable[[Frames], Frames], code: RefusalCode, match: str
+) -> None:
+    zone, endpoint = grpc_zone
+    plan_values = {sid: v.astype(np.float32) for sid, v in sums(1).items()}
+    manifest = manifest_for("site-a", plan_values, plan=PLAN, zone="eu-1")
+    header = pb.PushFrame(header=pb.PushHeader(manifest=manifest.to_bytes(), round_token=TOKEN))
+    frames = edit([header, *(pb.PushFrame(chunk=c) for c in chunks(plan_values, CHUNK))])
+    with GrpcZoneClient(endpoint, timeout=20) as client:
+        client.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+
+    with grpc.insecure_channel(endpoint) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.ZoneStub(channel).Push(iter(frames), timeout=20)
+
+    error = info.value
+    assert dict(error.trailing_metadata())[REFUSAL_CODE_KEY] == code.value
+    assert error.code() == GRPC_STATUS[code]
+    assert error.details().startswith("zone eu-1 refused site-a's push for round 1: ")
+    assert re.search(match, error.details())
+    assert zone.stats.pushes == 0 and zone.stats.refused == 1
+    assert zone.close_round(1) == []  # nothing was counted
 
 
 # fetch ----------------------------------------------------------------------------------------
