@@ -23,6 +23,7 @@ from fedshard.errors import (
     RefusalCode,
     ResidencyViolationError,
     ShardError,
+    StoreError,
     ZoneError,
 )
 
@@ -51,12 +52,15 @@ def refusal_code(error: FedshardError) -> RefusalCode:
     """The code ``error`` crosses the wire with: its own, else one by its class.
 
     An error without a code is classed: a residency refusal to serve an aggregate
-    (:attr:`~RefusalCode.NOT_SERVED`), a header that does not parse
+    (:attr:`~RefusalCode.NOT_SERVED`), a damaged file of the zone's
+    (:attr:`~RefusalCode.CORRUPT`), a header that does not parse
     (:attr:`~RefusalCode.MALFORMED`), a request whose content is invalid
     (:attr:`~RefusalCode.INVALID`), anything else (:attr:`~RefusalCode.FAILED`).
     """
     if error.code is not None:
         return error.code
+    if isinstance(error, StoreError):
+        return RefusalCode.CORRUPT
     if isinstance(error, ResidencyViolationError):
         return RefusalCode.NOT_SERVED
     if isinstance(error, IntegrityError):

@@ -18,6 +18,8 @@ from fedshard.errors import (
     RefusalCode,
     ResidencyViolationError,
     ShardError,
+    ShardIntegrityError,
+    StoreError,
     ZoneError,
 )
 from fedshard.protocol.codes import MAX_REASON_CHARS, error_for, one_line, refusal_code
@@ -51,6 +53,8 @@ def test_error_for_gives_the_class_of_the_code_with_the_code_attached(code: Refu
 
 def test_errors_without_a_code_are_classed() -> None:
     assert refusal_code(ResidencyViolationError("no")) is RefusalCode.NOT_SERVED
+    assert refusal_code(StoreError("store file x is corrupt")) is RefusalCode.CORRUPT
+    assert refusal_code(ShardIntegrityError("w", "altered")) is RefusalCode.CORRUPT
     assert refusal_code(IntegrityError("bad json")) is RefusalCode.MALFORMED
     assert refusal_code(ShardError("bad plan")) is RefusalCode.INVALID
     assert refusal_code(ConfigError("bad")) is RefusalCode.INVALID
