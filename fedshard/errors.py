@@ -8,6 +8,7 @@ builtin exception that matches it, so callers can catch either::
     ├── TaskError(RuntimeError)              a task plug-in cannot be loaded or misbehaves
     ├── ShardError(ValueError)               a shard does not fit the shard plan
     ├── IntegrityError(ValueError)           digest, Merkle root or model version mismatch
+    │   └── FrameError                       a chunk stream breaks what its header declared
     ├── ZoneError(RuntimeError)              a zone refused or failed a request
     │   ├── PushRejectedError                a pushed update was refused (nothing counted)
     │   └── AggregateNotFoundError(LookupError)  no published aggregate for that round
@@ -22,10 +23,14 @@ builtin exception that matches it, so callers can catch either::
     └── PkiError(PermissionError)            a certificate or key is missing, invalid, untrusted or expired
 
 Messages name the bad value and say how to fix it; they are one line, because the
-CLI prints ``str(error)`` and nothing else.
+CLI prints ``str(error)`` and nothing else. An error a zone sends over the wire also
+carries a :class:`RefusalCode` in ``error.code``, for programs; the gRPC client raises
+the same class with the same code as the zone did (see :mod:`fedshard.protocol.codes`).
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 __all__ = [
     "AggregateNotFoundError",
@@ -33,10 +38,12 @@ __all__ = [
     "ConfigError",
     "DeployError",
     "FedshardError",
+    "FrameError",
     "IntegrityError",
     "PkiError",
     "PrivacyError",
     "PushRejectedError",
+    "RefusalCode",
     "ResidencyViolationError",
     "RoundError",
     "ShardError",
@@ -49,8 +56,111 @@ __all__ = [
 ]
 
 
+class RefusalCode(StrEnum):
+    """Why a zone refused a request: the closed set of codes that cross the wire.
+
+    Codes are stable: a code never changes meaning, and a client that meets a code it
+    does not know treats it as :attr:`REJECTED`. Each code says which error a client
+    raises (:func:`fedshard.protocol.codes.error_for`) and which gRPC status carries it.
+    """
+
+    # a push or forward refused from its header, before any frame
+    ROUND = "round"
+    """The round is not open at the zone (closed, aborted, never opened)."""
+    TOKEN = "token"
+    """The round token does not match (a stale or replayed push)."""
+    SITE = "site"
+    """The site was not selected for the round."""
+    DUPLICATE = "duplicate"
+    """The site (or zone) already pushed in this round, or a shard came twice."""
+    PLAN = "plan"
+    """The manifest's shard plan is not the round's."""
+    VERSION = "version"
+    """The update was computed from another model version than the round expects."""
+    ZONE = "zone"
+    """The manifest is addressed to another zone."""
+    UNKNOWN_SHARD = "unknown-shard"
+    """A shard is not in the round's plan, or not listed in the header."""
+    MALFORMED = "malformed"
+    """A header (manifest, partial-sum header) does not parse."""
+    PROTOCOL = "protocol"
+    """Frames out of order: no header first, a header twice."""
+    # frames
+    SHAPE = "shape"
+    """A shard's shape or byte count differs from what the plan or header declares."""
+    DTYPE = "dtype"
+    """A shard's dtype label differs from the plan's (or says ciphertext where it is not)."""
+    OFFSET = "offset"
+    """A chunk is not where the shard's bytes so far end."""
+    TRUNCATED = "truncated"
+    """A shard ended before its declared size."""
+    MISSING = "missing"
+    """A shard the header lists never arrived."""
+    DIGEST = "digest"
+    """A shard's digest differs from the header's."""
+    NON_FINITE = "non-finite"
+    """A shard holds NaN or infinite values (or a non-positive weight)."""
+    STATE = "state"
+    """The push is already over (committed or refused)."""
+    # who sends, and residency
+    IDENTITY = "identity"
+    """The caller's certificate does not name who the request says, or the party is unknown."""
+    SIGNATURE = "signature"
+    """The manifest is not signed by the site's registered key."""
+    POLICY = "policy"
+    """The site routed by another residency policy than the zone enforces."""
+    CLASS = "class"
+    """A shard's class in the manifest differs from the federation's classification."""
+    ENCRYPTION = "encryption"
+    """A shard is encrypted where policy says clear, or the reverse, or is not this federation's ciphertext."""
+    RESIDENCY = "residency"
+    """The policy does not let this zone's region hold the shard, or aggregate it here."""
+    REJECTED = "rejected"
+    """A refusal without a more precise code."""
+    # not refusals of a push
+    BUSY = "busy"
+    """The zone's staging budget stayed full; retry later."""
+    NOT_FOUND = "not-found"
+    """No published aggregate of that round and group."""
+    NOT_SERVED = "not-served"
+    """The policy does not let the asking site receive that aggregate."""
+    LIFECYCLE = "lifecycle"
+    """A round lifecycle call the round's state does not allow (open twice, close an unknown round)."""
+    PRIVACY = "privacy"
+    """Publishing would break a privacy guarantee (too few sites' noise shares)."""
+    CORRUPT = "corrupt"
+    """Something the zone stored fails its checks."""
+    INVALID = "invalid"
+    """A lifecycle request whose content is invalid (a shard plan that does not parse)."""
+    FAILED = "failed"
+    """The zone could not do what was asked (e.g. forwarding to the reducing zone failed)."""
+
+    @classmethod
+    def parse(cls, text: str) -> RefusalCode:
+        """The code named ``text``; :attr:`REJECTED` for a code this version does not know."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.REJECTED
+
+
 class FedshardError(Exception):
-    """Root of every error fedshard raises on purpose."""
+    """Root of every error fedshard raises on purpose.
+
+    Parameters
+    ----------
+    args:
+        The one-line message (as for :class:`Exception`).
+    code:
+        Why a zone refused, where the error crosses the wire; None elsewhere.
+    """
+
+    code: RefusalCode | None = None
+
+    def __init__(self, *args: object, code: RefusalCode | None = None) -> None:
+        super().__init__(*args)
+        if code is not None:
+            self.code = code
 
 
 class ConfigError(FedshardError, ValueError):
@@ -69,29 +179,57 @@ class IntegrityError(FedshardError, ValueError):
     """A digest, Merkle root or model version does not match what was expected."""
 
 
+class FrameError(IntegrityError):
+    """A stream of shard chunks breaks what its header declared: an offset, a size, a
+    dtype or shape label, a digest, a shard missing, unlisted or sent twice.
+
+    Parameters
+    ----------
+    reason:
+        One line naming the shard and what is wrong.
+    code:
+        Which check failed (:attr:`RefusalCode.OFFSET`, :attr:`RefusalCode.DIGEST`, …).
+    """
+
+    code: RefusalCode
+
+    def __init__(self, reason: str, code: RefusalCode) -> None:
+        super().__init__(reason, code=code)
+        self.reason = reason
+
+
 class ZoneError(FedshardError, RuntimeError):
-    """A zone aggregator refused or failed a request."""
-
-
-class PushRejectedError(ZoneError):
-    """A zone refused a pushed update; nothing from the push was counted.
+    """A zone aggregator refused or failed a request.
 
     Parameters
     ----------
     reason:
         One-line reason given by the zone.
     code:
-        Short machine-readable code (e.g. ``"digest"``, ``"shape"``, ``"round"``).
+        Why (default: the class's :attr:`default_code`).
     """
 
-    def __init__(self, reason: str, code: str = "rejected") -> None:
-        super().__init__(reason)
+    default_code = RefusalCode.FAILED
+    code: RefusalCode
+
+    def __init__(self, reason: str, code: RefusalCode | None = None) -> None:
+        super().__init__(reason, code=code or self.default_code)
         self.reason = reason
-        self.code = code
+
+
+class PushRejectedError(ZoneError):
+    """A zone refused a pushed update (or forwarded partial sums); nothing of it was counted.
+
+    ``code`` says why: :attr:`RefusalCode.DIGEST`, :attr:`RefusalCode.SHAPE`, … .
+    """
+
+    default_code = RefusalCode.REJECTED
 
 
 class AggregateNotFoundError(ZoneError, LookupError):
     """A zone has no published aggregate for the requested round."""
+
+    default_code = RefusalCode.NOT_FOUND
 
 
 class RoundError(FedshardError, RuntimeError):

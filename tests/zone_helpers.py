@@ -7,8 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from fedshard.integrity import Manifest, build_manifest
+from fedshard.config import ResidencyConfig
+from fedshard.integrity import Manifest, build_manifest, shard_digest
+from fedshard.protocol.rounds import PartialEntry, PartialSum
+from fedshard.residency import Policy, Router, ZoneInfo
 from fedshard.sharding import ShardPlan
+from fedshard.zone.policy import ZonePolicy
 
 BASE = "ab" * 32
 TOKEN = "token-round-1"
@@ -36,6 +40,21 @@ def manifest_for(
     return build_manifest(
         site_id=site, round=round, plan_digest=plan.digest, base_version=base, zone=zone, weight=weight, shards=shards
     )
+
+
+def reducing_policy(plan: ShardPlan, sites: tuple[str, ...], zone: str = "eu-1") -> ZonePolicy:
+    """Residency of ``zone`` (EU), the reducing zone of a federation with a second zone
+    ``us-1`` (US): every shard public, so every shard's sums are global."""
+    router = Router(Policy.from_config(ResidencyConfig()), [ZoneInfo(zone, "EU"), ZoneInfo("us-1", "US")], zone)
+    return ZonePolicy(zone, "EU", router, {sid: "public" for sid in plan.shard_ids}, dict.fromkeys(sites, "EU"))
+
+
+def partial_from(
+    sums: Shards, *, weight: float = 2.0, zone: str = "us-1", token: str = TOKEN, sites: tuple[str, ...] = ("site-a",)
+) -> PartialSum:
+    """The header zone ``zone`` forwards for float64 partial sums ``sums`` of ``sites``."""
+    entries = tuple(PartialEntry(sid, shard_digest(v), int(v.nbytes), weight, sites) for sid, v in sums.items())
+    return PartialSum(zone, 1, token, entries)
 
 
 def site_model(state_root: Path, site_id: str) -> tuple[dict[str, Any], Shards]:

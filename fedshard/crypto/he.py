@@ -271,7 +271,7 @@ def _encrypt_in_worker(slots: np.ndarray) -> bytes:
     return _encrypt_slots(_WORKER_CONTEXT, slots)
 
 
-def load_ciphertexts(context: Any, shard_id: str, data: bytes) -> list[Any]:
+def load_ciphertexts(context: Any, shard_id: str, data: bytes | bytearray | memoryview) -> list[Any]:
     """Parse one encrypted shard under ``context``; :class:`IntegrityError` if it is not
     ciphertext of this federation's context."""
     ts = _tenseal()
@@ -283,16 +283,17 @@ def load_ciphertexts(context: Any, shard_id: str, data: bytes) -> list[Any]:
         raise IntegrityError(f"shard {shard_id}: not a ciphertext of this federation's context") from None
 
 
-def split(data: bytes) -> list[bytes]:
-    """The serialized ciphertexts of an encrypted shard."""
+def split(data: bytes | bytearray | memoryview) -> list[bytes]:
+    """The serialized ciphertexts of an encrypted shard (any contiguous bytes-like)."""
     out, pos = [], 0
-    view = memoryview(data)
-    while pos < len(data):
-        if pos + _LEN > len(data):
+    view = memoryview(data).cast("B")
+    size = len(view)
+    while pos < size:
+        if pos + _LEN > size:
             raise IntegrityError("encrypted shard ends inside a length prefix")
         n = int.from_bytes(view[pos : pos + _LEN], "little")
         pos += _LEN
-        if n == 0 or pos + n > len(data):
+        if n == 0 or pos + n > size:
             raise IntegrityError("encrypted shard has a truncated ciphertext")
         out.append(bytes(view[pos : pos + n]))
         pos += n

@@ -1,11 +1,12 @@
 """Integrity: shard digests, Merkle trees and proofs, manifests, the model-version chain."""
 
-from fedshard.integrity.digest import ShardHasher, shard_digest
+from fedshard.integrity.digest import CIPHERTEXT_LABEL, ShardHasher, ciphertext_digest, ciphertext_hasher, shard_digest
 from fedshard.integrity.manifest import MANIFEST_FORMAT, Manifest, ShardEntry, build_manifest
 from fedshard.integrity.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, merkle_root, verify_proof
 from fedshard.integrity.version import genesis_version, next_version
 
 __all__ = [
+    "CIPHERTEXT_LABEL",
     "EMPTY_ROOT",
     "MANIFEST_FORMAT",
     "InclusionProof",
@@ -14,6 +15,8 @@ __all__ = [
     "ShardEntry",
     "ShardHasher",
     "build_manifest",
+    "ciphertext_digest",
+    "ciphertext_hasher",
     "genesis_version",
     "merkle_root",
     "next_version",

@@ -11,9 +11,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ShardHasher", "shard_digest"]
+__all__ = ["CIPHERTEXT_LABEL", "ShardHasher", "ciphertext_digest", "ciphertext_hasher", "shard_digest"]
 
 _DOMAIN = b"fedshard/shard/v1\x00"
+
+CIPHERTEXT_LABEL = "|u1"
+"""The dtype label ciphertext bytes are hashed under, as a ``(1, n)`` array of bytes.
+
+Stability contract: this is how encrypted shards were hashed when they travelled as
+``(1, n)`` uint8 arrays, and it never changes, so the digests, Merkle roots and model
+versions of encrypted runs (and the aggregates zones stored) keep their meaning now
+that ciphertexts are ``bytes``."""
 
 
 class ShardHasher:
@@ -48,4 +56,17 @@ def shard_digest(array: np.ndarray) -> str:
     hasher = ShardHasher(array.dtype.str, array.shape)
     # A flat uint8 view, not memoryview.cast: cast refuses arrays with a zero in their shape.
     hasher.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return hasher.hexdigest()
+
+
+def ciphertext_hasher(nbytes: int) -> ShardHasher:
+    """Incremental digest of ``nbytes`` bytes of ciphertext (see :data:`CIPHERTEXT_LABEL`)."""
+    return ShardHasher(CIPHERTEXT_LABEL, (1, nbytes))
+
+
+def ciphertext_digest(data: bytes | bytearray | memoryview) -> str:
+    """Digest of one encrypted shard's ciphertext bytes (see :data:`CIPHERTEXT_LABEL`)."""
+    view = memoryview(data).cast("B")
+    hasher = ciphertext_hasher(len(view))
+    hasher.update(view)
     return hasher.hexdigest()

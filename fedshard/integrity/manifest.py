@@ -19,8 +19,8 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedshard.crypto.signing import sign, verify
-from fedshard.errors import IntegrityError
-from fedshard.integrity.digest import shard_digest
+from fedshard.errors import IntegrityError, ShardError
+from fedshard.integrity.digest import ciphertext_digest, shard_digest
 from fedshard.integrity.merkle import merkle_root
 
 __all__ = ["MANIFEST_FORMAT", "Manifest", "ShardEntry", "build_manifest"]
@@ -164,7 +164,7 @@ def build_manifest(
     base_version: str,
     zone: str,
     weight: float,
-    shards: Mapping[str, np.ndarray],
+    shards: Mapping[str, np.ndarray | bytes],
     classes: Mapping[str, str] | None = None,
     policy_digest: str = "",
     encrypted: frozenset[str] = frozenset(),
@@ -172,13 +172,31 @@ def build_manifest(
     """Digest ``shards`` and build the manifest that describes them.
 
     ``classes`` gives each shard's sensitivity class, ``policy_digest`` the residency
-    policy the site routed by, ``encrypted`` the shards whose values are CKKS ciphertext
-    bytes (digests cover those bytes); zones re-check all three.
+    policy the site routed by, ``encrypted`` the shards that are CKKS ciphertext
+    ``bytes`` (digests cover those bytes); zones re-check all three.
+
+    Raises
+    ------
+    ShardError
+        A shard is bytes but not listed in ``encrypted``, or listed but not ciphertext.
     """
     classes = classes or {}
-    entries = tuple(
-        ShardEntry(sid, shard_digest(arr), int(arr.nbytes), classes.get(sid, ""), sid in encrypted)
-        for sid, arr in shards.items()
-    )
+    entries = []
+    for sid, value in shards.items():
+        digest, nbytes = _digest(sid, value, sid in encrypted)
+        entries.append(ShardEntry(sid, digest, nbytes, classes.get(sid, ""), sid in encrypted))
     root = merkle_root({e.shard_id: e.digest for e in entries})
-    return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), entries, root, policy_digest)
+    return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), tuple(entries), root, policy_digest)
+
+
+def _digest(shard_id: str, value: np.ndarray | bytes, encrypted: bool) -> tuple[str, int]:
+    """Digest and size of one shard: its values, or its ciphertext bytes."""
+    if isinstance(value, bytes):
+        if not encrypted:
+            raise ShardError(f"shard {shard_id} is ciphertext bytes but not listed as encrypted")
+        return ciphertext_digest(value), len(value)
+    if encrypted and not (value.dtype == np.uint8 and value.ndim == 2 and value.shape[0] == 1):
+        # (1, n) uint8 arrays: how sites handed ciphertexts over before they were bytes
+        # (same digest); anything else listed as encrypted is a mistake.
+        raise ShardError(f"shard {shard_id} is listed as encrypted but holds {value.dtype} values, not ciphertext")
+    return shard_digest(value), int(value.nbytes)

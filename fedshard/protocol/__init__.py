@@ -1,8 +1,10 @@
 """What the roles say to each other, free of any transport.
 
 ``messages``   the control-plane messages (coordinator ↔ site) and their kinds
-``rounds``     round specs, push receipts, aggregate summaries, partial sums (coordinator/site ↔ zone)
+``rounds``     round specs, push receipts, aggregates and their summaries, partial sums, the
+               (zone, group) key of an aggregate (coordinator/site ↔ zone)
 ``channels``   the channel protocols the roles depend on: :class:`SiteGateway`, :class:`ZoneClient`
+``codes``      refusals across the wire: a typed code, the error it raises, one line of reason
 
 Transports (in-process, Flower, gRPC) implement the channels; the coordinator, sites
 and zones only ever see these types.

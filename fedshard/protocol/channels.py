@@ -18,7 +18,15 @@ from pydantic import BaseModel
 
 from fedshard.integrity import Manifest
 from fedshard.protocol.messages import MessageKind, SiteFailure
-from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
+from fedshard.protocol.rounds import (
+    DEFAULT_GROUP,
+    Aggregate,
+    AggregateSummary,
+    PartialSum,
+    PushReceipt,
+    RoundSpec,
+    ShardPayload,
+)
 
 __all__ = ["SiteGateway", "ZoneClient", "ZoneConnector"]
 
@@ -30,8 +38,9 @@ class ZoneClient(Protocol):
         """Start accepting pushes for a round (coordinator)."""
         ...
 
-    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
-        """Push one site's update (site). Raises PushRejectedError if refused."""
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
+        """Push one site's update (site): values, or ciphertext ``bytes`` where the manifest
+        says ``encrypted``. Raises PushRejectedError (with its code) if refused."""
         ...
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
@@ -39,18 +48,24 @@ class ZoneClient(Protocol):
         of global shards to ``forward_to`` = the reducing zone's (name, endpoint) (coordinator)."""
         ...
 
-    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
-        """Fold another zone's partial sums into the round (zone to reducing zone)."""
+    def forward(self, partial: PartialSum, sums: Mapping[str, ShardPayload]) -> int:
+        """Fold another zone's partial sums into the round (zone to reducing zone): float64
+        ``Σ w x``, or ciphertext ``bytes`` where the header says ``encrypted``."""
         ...
 
     def abort_round(self, round: int) -> None:
         """Discard the round (coordinator)."""
         ...
 
+    def fetch(self, round: int, group: str = DEFAULT_GROUP, site_id: str = "") -> Aggregate:
+        """Download a published aggregate (site ``site_id``): means, and encrypted sums as ``bytes``."""
+        ...
+
     def fetch_aggregate(
         self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
     ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Download a published aggregate (site ``site_id``)."""
+        """Transitional form of :meth:`fetch` (encrypted sums as ``(1, n)`` uint8 arrays);
+        goes once the site calls :meth:`fetch`."""
         ...
 
     def close(self) -> None:

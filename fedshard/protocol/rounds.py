@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from fedshard.errors import IntegrityError
 from fedshard.integrity.manifest import ShardEntry
+from fedshard.residency.router import DEFAULT_GROUP, GLOBAL_GROUP, AggregateKey
 
-__all__ = ["AggregateSummary", "PartialEntry", "PartialSum", "PushReceipt", "RoundSpec", "derive_seed"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "GLOBAL_GROUP",
+    "Aggregate",
+    "AggregateKey",
+    "AggregateSummary",
+    "PartialEntry",
+    "PartialSum",
+    "PushReceipt",
+    "RoundSpec",
+    "ShardPayload",
+    "derive_seed",
+]
 
-DEFAULT_GROUP = "regional/any"
-"""The aggregate every shard joins when residency puts no constraint on it."""
+ShardPayload = np.ndarray | bytes
+"""One shard as it travels between site and zone: its values, or, where its header
+(manifest entry, partial-sum entry, aggregate entry) says ``encrypted``, the CKKS
+ciphertext ``bytes`` (length-prefixed ciphertexts, see :mod:`fedshard.crypto.he`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +81,32 @@ class AggregateSummary:
     shards: tuple[ShardEntry, ...]
     group: str = DEFAULT_GROUP
 
+    @property
+    def key(self) -> AggregateKey:
+        """``(zone, group)``: which aggregate this is."""
+        return AggregateKey(self.zone, self.group)
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """A published aggregate as a zone serves it: its summary, the weighted means of its
+    clear shards, and the encrypted sums of the others (sites divide after decrypting).
+
+    ``summary.shards`` lists every shard once, ``encrypted`` exactly for the ones in
+    ``ciphertexts``.
+    """
+
+    summary: AggregateSummary
+    means: Mapping[str, np.ndarray] = field(default_factory=dict)
+    ciphertexts: Mapping[str, bytes] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, ShardPayload]:
+        """Every shard, in the summary's order: values, or ciphertext bytes."""
+        return {
+            e.shard_id: self.ciphertexts[e.shard_id] if e.encrypted else self.means[e.shard_id]
+            for e in self.summary.shards
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class PartialEntry:
@@ -74,7 +118,7 @@ class PartialEntry:
     nbytes: int
     weight: float
     contributors: tuple[str, ...]
-    encrypted: bool = False  # CKKS ciphertext sum (uint8) instead of float64 Σ w x
+    encrypted: bool = False  # CKKS ciphertext sum (bytes) instead of float64 Σ w x
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,22 @@ refuse it when the policy forbids their region.
 
 from fedshard.residency.classifier import Classification, SensitivityClassifier
 from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection, refusal
-from fedshard.residency.router import RouteDecision, Router, Scope, ZoneInfo, group_name
+from fedshard.residency.router import (
+    DEFAULT_GROUP,
+    GLOBAL_GROUP,
+    AggregateKey,
+    RouteDecision,
+    Router,
+    Scope,
+    ZoneInfo,
+    group_name,
+)
 
 __all__ = [
     "ANY_REGION",
+    "DEFAULT_GROUP",
+    "GLOBAL_GROUP",
+    "AggregateKey",
     "Classification",
     "Policy",
     "PolicyDecision",

@@ -26,13 +26,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
-from fedshard.errors import ConfigError, ResidencyViolationError
+from fedshard.errors import ConfigError, IntegrityError, ResidencyViolationError
 from fedshard.residency.classifier import Classification
 from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection
 
-__all__ = ["RouteDecision", "Router", "Scope", "ZoneInfo", "group_name"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "GLOBAL_GROUP",
+    "AggregateKey",
+    "RouteDecision",
+    "Router",
+    "Scope",
+    "ZoneInfo",
+    "group_name",
+]
 
 
 class Scope(StrEnum):
@@ -51,6 +60,35 @@ def group_name(scope: Scope, serve_to: Selection) -> str:
         return Scope.GLOBAL.value
     who = "any" if serve_to == ANY_REGION else "+".join(sorted(serve_to)) or "none"
     return f"{Scope.REGIONAL.value}/{who}"
+
+
+GLOBAL_GROUP = group_name(Scope.GLOBAL, ANY_REGION)
+"""The one aggregate of ``global`` shards, completed in the reducing zone (``"global"``)."""
+DEFAULT_GROUP = group_name(Scope.REGIONAL, ANY_REGION)
+"""The aggregate every shard joins when residency puts no constraint on it (``"regional/any"``)."""
+
+
+class AggregateKey(NamedTuple):
+    """Names one published aggregate: the zone that publishes it and its group.
+
+    ``str(key)`` is ``zone|group``, the form the coordinator's round root is computed
+    over (so it is part of every model version: it never changes); zone names never
+    hold ``|`` (config rule), so :meth:`parse` is exact.
+    """
+
+    zone: str
+    group: str
+
+    def __str__(self) -> str:
+        return f"{self.zone}|{self.group}"
+
+    @classmethod
+    def parse(cls, text: str) -> AggregateKey:
+        """The key written as ``zone|group``; :class:`IntegrityError` if it is not one."""
+        zone, sep, group = text.partition("|")
+        if not (sep and zone and group):
+            raise IntegrityError(f"malformed aggregate key {text!r}: expected zone|group, e.g. eu-central|global")
+        return cls(zone, group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +135,9 @@ class RouteDecision:
     group: str = ""
 
     @property
-    def aggregate(self) -> tuple[str, str]:
+    def aggregate(self) -> AggregateKey:
         """``(final zone, group)``: the aggregate a site applies for this shard."""
-        return (self.final_zone or self.zone, self.group or group_name(self.scope, ANY_REGION))
+        return AggregateKey(self.final_zone or self.zone, self.group or group_name(self.scope, ANY_REGION))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for ``fedshard route`` and audit logs)."""

@@ -3,10 +3,13 @@ residency policy and audit.
 
 ``aggregator``  the :class:`ZoneAggregator` role (lifecycle, push, forward, fetch)
 ``push``        one site's push as a transaction: validate, stage, commit
+``frames``      the one frame assembler of pushes, forwards and fetches
+``forward``     partial sums of global shards, from zone to reducing zone
+``publish``     a closed round's aggregates, and the zone's store of them
 ``state``       the state of an open round and the zone's counters
 ``policy``      what a zone enforces: residency, signatures, serving
 ``heap``        returning freed staging memory to the OS
-``rpc/``        the gRPC data plane: proto, service, client, conversions
+``rpc/``        the gRPC data plane: proto, service, client, conversions, refusal statuses
 """
 
 __all__: list[str] = []

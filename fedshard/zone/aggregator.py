@@ -1,13 +1,16 @@
-"""The zone aggregator: validates pushed shards and folds them into running means.
+"""The zone aggregator: the :class:`ZoneAggregator` role, which ties a zone's parts together.
 
 Transport-free: the gRPC service (:mod:`fedshard.zone.rpc.service`) and the
-in-process client both drive it. A push in progress is a
-:class:`~fedshard.zone.push.PushSession`; per-round state and counters live in
-:mod:`fedshard.zone.state`. A push is a transaction: frames are checked one by
-one as they arrive (known round and token, shard in the manifest and plan, dtype and
-shape from the plan, digest from the manifest, finite values, no duplicate) and staged;
-only when the whole push is complete and valid is it folded into the sums. A refused
-push leaves nothing behind.
+in-process client both drive it. A push is a transaction (:mod:`fedshard.zone.push`):
+the manifest is checked before any frame, every frame goes through the one frame
+assembler (:mod:`fedshard.zone.frames`) and each shard is checked as it completes
+(dtype and shape from the plan, digest from the manifest, finite values, ciphertext
+of the federation's context), and only a complete, valid push is folded into the
+sums. A refused push leaves nothing behind, and every refusal carries a
+:class:`~fedshard.errors.RefusalCode` and is counted and audited. Partial sums
+forwarded by other zones arrive the same way (:mod:`fedshard.zone.forward`); closing a
+round publishes one aggregate per group (:mod:`fedshard.zone.publish`). Per-round state
+and counters live in :mod:`fedshard.zone.state`.
 
 Staged pushes are bounded by a byte budget, so peak memory is the float64 sums plus
 the budget, however many sites push at once.
@@ -22,31 +25,38 @@ only to sites the policy allows, and writes every decision to its audit log.
 
 from __future__ import annotations
 
-import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.aggregation import ShardAccumulator, all_finite
-from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import (
-    AggregateNotFoundError,
     FedshardError,
-    IntegrityError,
     PushRejectedError,
+    RefusalCode,
     ResidencyViolationError,
     ZoneError,
 )
-from fedshard.integrity import Manifest, ShardEntry, merkle_root, shard_digest
-from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialEntry, PartialSum, PushReceipt, RoundSpec
+from fedshard.integrity import Manifest
+from fedshard.protocol.rounds import (
+    DEFAULT_GROUP,
+    GLOBAL_GROUP,
+    Aggregate,
+    AggregateSummary,
+    PartialSum,
+    PushReceipt,
+    RoundSpec,
+    ShardPayload,
+)
 from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
-from fedshard.store import LocalShardStore
+from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
+from fedshard.zone.frames import shard_chunks
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.push import ByteBudget, PushSession
+from fedshard.zone.publish import Publications, build_aggregate, missing_noise_shares
+from fedshard.zone.push import ByteBudget, PushSession, accepted_fields, check_manifest
 from fedshard.zone.state import OpenRound, ZoneStats
 
 if TYPE_CHECKING:
@@ -81,8 +91,6 @@ class ZoneAggregator:
         zone refuses encrypted shards). A context holding the secret key is refused.
     """
 
-    chunk_hint = 1 << 20
-
     def __init__(
         self,
         name: str,
@@ -103,15 +111,11 @@ class ZoneAggregator:
         self.residency = residency
         self.audit = audit
         self._connect = connect
-        self._store = LocalShardStore(store_dir) if store_dir is not None else None
-        self._latest: dict[str, tuple[AggregateSummary, dict[str, np.ndarray], dict[str, list[str]]]] = {}
-        self._latest_round = -1
+        self._published = Publications(name, store_dir)
         self._rounds: dict[int, OpenRound] = {}
-        self._summaries: dict[tuple[int, str], AggregateSummary] = {}
         self._closed: set[int] = set()
         self._lock = threading.Lock()
         self._budget = ByteBudget(staging_bytes)
-        self.staging_limit = staging_bytes
         self.stats = ZoneStats()
 
     def _record(self, decision: str, **fields: Any) -> None:
@@ -127,11 +131,12 @@ class ZoneAggregator:
             if unknown:
                 raise ZoneError(
                     f"zone {self.name}: the round's shard plan has shard {unknown[0]} that this zone's "
-                    "classification does not know (zone and sites run different models or configs)"
+                    "classification does not know (zone and sites run different models or configs)",
+                    RefusalCode.INVALID,
                 )
         with self._lock:
             if spec.round in self._rounds or spec.round in self._closed:
-                raise ZoneError(f"zone {self.name}: round {spec.round} was already opened")
+                raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
             self._rounds[spec.round] = OpenRound(spec, plan)
 
     def begin_push(
@@ -142,62 +147,35 @@ class ZoneAggregator:
         ``certified`` is the caller's jurisdiction from its mTLS certificate; the
         residency checks use it rather than anything the request says.
         """
-
-        def reject(code: str, reason: str) -> PushRejectedError:
-            self.stats.refuse(reason)
-            self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
-            return PushRejectedError(
-                f"zone {self.name}: site {manifest.site_id} round {manifest.round}: {reason}", code
-            )
-
         groups: dict[str, str] = {}
         with self._lock:
             state = self._rounds.get(manifest.round)
-            if state is None:
-                closed = manifest.round in self._closed
-                raise reject("round", "round is closed" if closed else "round is not open at this zone")
-            if token != state.spec.token:
-                raise reject("token", "round token does not match (stale or replayed push)")
-            if manifest.site_id not in state.spec.sites:
-                raise reject("site", "site was not selected for this round")
-            if manifest.site_id in state.pushing or manifest.site_id in state.counted:
-                raise reject("duplicate", "site already pushed in this round")
-            if manifest.plan_digest != state.plan.digest:
-                raise reject("plan", "manifest's shard plan differs from the round's")
-            expected = state.spec.version_for(manifest.site_id)
-            if manifest.base_version != expected:
-                raise reject(
-                    "version",
-                    f"update computed from model version {manifest.base_version[:12]}…, round expects {expected[:12]}…",
-                )
-            if manifest.zone != self.name:
-                raise reject("zone", f"manifest is addressed to zone {manifest.zone!r}")
-            for entry in manifest.shards:
-                if entry.shard_id not in state.plan:
-                    raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
-                planned = state.plan.shard(entry.shard_id).nbytes
-                if entry.encrypted:
-                    if not 0 < entry.nbytes <= 64 * planned + (1 << 20):
-                        raise reject(
-                            "shape", f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible"
-                        )
-                elif entry.nbytes != planned:
-                    raise reject(
-                        "shape", f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}"
-                    )
-            if self.residency is not None:
-                try:
+            try:
+                if state is None:
+                    closed = manifest.round in self._closed
+                    reason = "round is closed" if closed else "round is not open at this zone"
+                    raise PushRejectedError(reason, RefusalCode.ROUND)
+                check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
+                if self.residency is not None:
                     self.residency.origin(manifest.site_id, certified)
                     groups = self.residency.check_manifest(manifest)
-                except PushRejectedError as exc:
-                    raise reject(exc.code, str(exc)) from None
+            except PushRejectedError as exc:
+                raise self.refused_push(manifest, exc.code, str(exc)) from None
             state.pushing.add(manifest.site_id)
         need = manifest.total_bytes
         if not self._budget.acquire(need, timeout):
             with self._lock:
                 state.pushing.discard(manifest.site_id)
-            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry")
+            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
         return PushSession(self, state, manifest, need, groups)
+
+    def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
+        """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
+        self.stats.refuse(reason)
+        self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
+        return PushRejectedError(
+            f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
+        )
 
     def fold_push(
         self,
@@ -210,34 +188,19 @@ class ZoneAggregator:
         """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`)."""
         with self._lock:
             if self._rounds.get(manifest.round) is not state:
-                raise PushRejectedError(f"zone {self.name}: round {manifest.round} closed during the push", "round")
+                raise self.refused_push(manifest, RefusalCode.ROUND, "the round closed during the push")
+            site = (manifest.site_id,)
             for shard_id, values in staged.items():
+                state.fold(groups.get(shard_id, DEFAULT_GROUP), shard_id, site).add(shard_id, values, manifest.weight)
+            for shard_id, parsed in ciphertexts.items():  # the weight is inside the ciphertext (see fedshard.crypto.he)
                 group = groups.get(shard_id, DEFAULT_GROUP)
-                site = (manifest.site_id,)
-                if shard_id in ciphertexts:  # the weight is inside the ciphertext (see fedshard.crypto.he)
-                    state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, ciphertexts[shard_id])
-                else:
-                    state.fold(group, shard_id, site).add(shard_id, values, manifest.weight)
+                state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, parsed)
             state.pushing.discard(manifest.site_id)
             state.counted.append(manifest.site_id)
-            nbytes = sum(v.nbytes for v in staged.values())
-            self.stats.pushes += 1
-            self.stats.bytes_received += nbytes
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
-            suffix = f" from {origin}" if origin else ""
-            self.stats.shards_by_class.update(f"{e.shard_class or 'unclassified'}{suffix}" for e in manifest.shards)
-        self._record(
-            Decision.ACCEPTED,
-            site=manifest.site_id,
-            round=manifest.round,
-            shards=len(staged),
-            bytes=nbytes,
-            classes=dict(collections.Counter(e.shard_class or "unclassified" for e in manifest.shards)),
-            groups=dict(collections.Counter(groups.values())) if groups else {DEFAULT_GROUP: len(staged)},
-            manifest_root=manifest.merkle_root,
-            signature=manifest.signature or "",
-        )
-        return PushReceipt(self.name, manifest.round, manifest.site_id, len(staged), nbytes)
+            self.stats.count_push(manifest, origin)
+        self._record(Decision.ACCEPTED, **accepted_fields(manifest, groups))
+        return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
 
     def end_push(self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool) -> None:
         """A push is over (see :class:`PushSession`): forget it unless counted; return its staging bytes."""
@@ -247,78 +210,68 @@ class ZoneAggregator:
         if budget_bytes:
             self._budget.release(budget_bytes)
 
-    def push(self, manifest: Manifest, token: str, shards: dict[str, np.ndarray]) -> PushReceipt:
-        """Push a whole update at once (in-process use; the gRPC service streams instead)."""
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
+        """Push a whole update at once (in-process use; the gRPC service streams instead).
+
+        Shards the manifest lists ``encrypted`` are ciphertext ``bytes`` (transitional:
+        or the ``(1, n)`` uint8 arrays sites used to pass).
+        """
+        encrypted = {e.shard_id for e in manifest.shards if e.encrypted}
         with self.begin_push(manifest, token) as session:
             for shard_id, values in shards.items():
-                arr = np.ascontiguousarray(values)
-                session.receive(shard_id, arr.tobytes(), offset=0, dtype=arr.dtype.str, shape=arr.shape)
+                for chunk in shard_chunks(shard_id, values, encrypted=shard_id in encrypted):
+                    session.take(chunk)
             return session.commit()
 
-    # hierarchical reduction ------------------------------------------------------------------
-    def receive_partial(self, partial: PartialSum, sums: dict[str, np.ndarray], *, certified: str | None = None) -> int:
-        """Fold another zone's forwarded partial sums of ``global`` shards into this round.
+    # hierarchical reduction (see fedshard.zone.forward) ---------------------------------------
+    def begin_forward(
+        self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
+    ) -> ForwardSession:
+        """Check another zone's partial-sum header and start receiving its sums.
 
-        ``certified`` is the sending zone's name from its mTLS certificate. Returns the
-        number of shards folded in; raises :class:`PushRejectedError` and folds nothing
-        if any shard may not be reduced here.
+        ``certified`` is the sending zone's name from its mTLS certificate.
         """
-
-        def reject(code: str, reason: str) -> PushRejectedError:
-            self.stats.refuse(reason)
-            self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
-            return PushRejectedError(f"zone {self.name}: partial sum from zone {partial.zone}: {reason}", code)
-
-        if certified is not None and certified != partial.zone:
-            raise reject("identity", f"the caller's certificate names zone {certified!r}")
         with self._lock:
             state = self._rounds.get(partial.round)
-            if state is None:
-                raise reject("round", f"round {partial.round} is not open at this zone")
-            if partial.token != state.spec.token:
-                raise reject("token", "round token does not match")
-            if partial.zone in state.forwarded_from:
-                raise reject("duplicate", "this zone already forwarded its partial sums for the round")
-            if self.residency is None:
-                raise reject("residency", "this zone has no residency policy, so it reduces nothing globally")
-            listed = {e.shard_id: e for e in partial.entries}
-            if set(listed) != set(sums):
-                raise reject("missing", "the partial sums sent differ from the ones listed")
-            for entry in partial.entries:
-                if entry.shard_id not in state.plan:
-                    raise reject("unknown-shard", f"shard {entry.shard_id} is not in the round's shard plan")
-                spec = state.plan.shard(entry.shard_id)
-                arr = sums[entry.shard_id]
-                if entry.encrypted:
-                    if arr.dtype != np.uint8 or arr.shape != (1, entry.nbytes) or self.he_context is None:
-                        raise reject(
-                            "encryption", f"shard {entry.shard_id}: not an encrypted partial sum this zone sums"
-                        )
-                elif arr.dtype != np.float64 or arr.shape != spec.shape:
-                    raise reject("shape", f"shard {entry.shard_id}: partial sums are float64 of shape {spec.shape}")
-                if shard_digest(arr) != entry.digest:
-                    raise reject("digest", f"shard {entry.shard_id}: digest does not match the header")
-                if not (entry.weight > 0 and all_finite(arr)) and not entry.encrypted:
-                    raise reject("non-finite", f"shard {entry.shard_id}: non-finite values or weight")
-                try:
-                    self.residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
-                except PushRejectedError as exc:
-                    raise reject(exc.code, str(exc)) from None
             try:
-                parsed = {
-                    e.shard_id: load_ciphertexts(self.he_context, e.shard_id, sums[e.shard_id].tobytes())
-                    for e in partial.entries
-                    if e.encrypted
-                }
-            except IntegrityError as exc:
-                raise reject("encryption", str(exc)) from None
+                if certified is not None and certified != partial.zone:
+                    raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
+                if state is None:
+                    raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
+                check_partial(state, partial, residency=self.residency, he_context=self.he_context)
+            except PushRejectedError as exc:
+                raise self.refused_partial(partial, exc.code, str(exc)) from None
+            state.forwarding.add(partial.zone)
+        need = sum(e.nbytes for e in partial.entries)
+        if not self._budget.acquire(need, timeout):
+            self.end_forward(state, partial.zone, 0)
+            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+        return ForwardSession(self, state, partial, need)
+
+    def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
+        """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
+        self.stats.refuse(reason)
+        self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
+        return PushRejectedError(
+            f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
+        )
+
+    def fold_partial(
+        self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
+    ) -> int:
+        """Fold a complete, valid forward into the round (called by its :class:`ForwardSession`)."""
+        with self._lock:
+            if self._rounds.get(partial.round) is not state:
+                raise self.refused_partial(partial, RefusalCode.ROUND, "the round closed during the forward")
             for entry in partial.entries:
+                sid = entry.shard_id
                 if entry.encrypted:
-                    enc = state.fold_encrypted("global", entry.shard_id, entry.contributors, self.he_context)
-                    enc.add(entry.shard_id, parsed[entry.shard_id])
-                    continue
-                acc = state.fold("global", entry.shard_id, entry.contributors)
-                acc.add_sum(entry.shard_id, sums[entry.shard_id], entry.weight, state.plan.shard(entry.shard_id).dtype)
+                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.he_context).add(
+                        sid, ciphertexts[sid]
+                    )
+                else:
+                    acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
+                    acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
             state.forwarded_from.add(partial.zone)
             self.stats.partials_received += len(partial.entries)
         self._record(
@@ -330,47 +283,41 @@ class ZoneAggregator:
         )
         return len(partial.entries)
 
+    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int) -> None:
+        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its staging bytes."""
+        with self._lock:
+            state.forwarding.discard(zone)
+        if budget_bytes:
+            self._budget.release(budget_bytes)
+
+    def receive_partial(
+        self, partial: PartialSum, sums: Mapping[str, ShardPayload], *, certified: str | None = None
+    ) -> int:
+        """Fold another zone's partial sums of ``global`` shards into this round at once
+        (in-process use; the gRPC service streams instead). Returns the number of shards
+        folded in; raises :class:`PushRejectedError` and folds nothing if any is refused."""
+        encrypted = {e.shard_id for e in partial.entries if e.encrypted}
+        with self.begin_forward(partial, certified=certified) as session:
+            for shard_id, values in sums.items():
+                for chunk in shard_chunks(shard_id, values, encrypted=shard_id in encrypted):
+                    session.take(chunk)
+            return session.commit()
+
     def _forward(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
-        acc = state.groups.get("global", ShardAccumulator())
-        enc = state.encrypted.get("global")
-        if not len(acc) and not enc:
+        partial = send_partial_sums(state, self.name, self._connect, forward_to)
+        if partial is None or forward_to is None:
             return
-        if forward_to is None or self._connect is None:
-            raise ZoneError(
-                f"zone {self.name}: round {state.spec.round} has global shards but no reducing zone to forward them to"
-            )
-        contributors = state.contributors.get("global", {})
-        totals = acc.partial_sums()
-        sums = {sid: total for sid, (total, _) in totals.items()}
-        weights = {sid: weight for sid, (_, weight) in totals.items()}
-        if enc is not None:
-            sums.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
-        entries = tuple(
-            PartialEntry(
-                sid,
-                shard_digest(arr),
-                int(arr.nbytes),
-                weights.get(sid, 1.0),
-                tuple(sorted(contributors[sid])),
-                sid not in weights,
-            )
-            for sid, arr in sums.items()
-        )
-        partial = PartialSum(self.name, state.spec.round, state.spec.token, entries)
-        client = self._connect(*forward_to)
-        try:
-            client.forward(partial, sums)
-        finally:
-            client.close()
-        self.stats.forwarded_shards += len(entries)
-        self.stats.forwarded_bytes += sum(e.nbytes for e in entries)
+        nbytes = sum(e.nbytes for e in partial.entries)
+        self.stats.forwarded_shards += len(partial.entries)
+        self.stats.forwarded_bytes += nbytes
+        who = sorted({c for e in partial.entries for c in e.contributors})
         self._record(
             Decision.FORWARDED,
-            round=state.spec.round,
+            round=partial.round,
             to_zone=forward_to[0],
-            shards=len(entries),
-            bytes=sum(e.nbytes for e in entries),
-            contributors=sorted({c for e in entries for c in e.contributors}),
+            shards=len(partial.entries),
+            bytes=nbytes,
+            contributors=who,
         )
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
@@ -384,8 +331,8 @@ class ZoneAggregator:
             state = self._rounds.pop(round, None)
             if state is None:
                 if round in self._closed:
-                    return [s for (r, _), s in sorted(self._summaries.items()) if r == round]
-                raise ZoneError(f"zone {self.name}: round {round} is not open")
+                    return self._published.summaries(round)
+                raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
             self._closed.add(round)
         reducer = self.residency is not None and self.residency.is_reducer
         if not reducer:
@@ -396,82 +343,58 @@ class ZoneAggregator:
                 raise
         summaries = []
         for group in state.group_names():
-            if group == "global" and not reducer:
+            if group == GLOBAL_GROUP and not reducer:
                 continue
-            acc = state.groups.get(group, ShardAccumulator())
-            means = acc.finalize()
-            enc = state.encrypted.get(group)
-            needed = self.residency.min_contributors if self.residency is not None else 1
-            short = [sid for sid in (enc.shard_ids() if enc else []) if len(state.contributors[group][sid]) < needed]
-            if short:
-                self._record(Decision.REFUSED, round=round, group=group, reason="too few contributions to publish")
-                raise ZoneError(
-                    f"zone {self.name}: round {round}: encrypted shard {short[0]} of group {group} holds fewer than "
-                    f"{needed} sites' noise shares (privacy.update_level.distributed_over); not publishing it"
-                )
-            if enc is not None:  # encrypted sums are published as they are: sites divide after decrypting
-                means.update({sid: _as_bytes_array(enc.serialize(sid)) for sid in enc.shard_ids()})
-            contributors = {sid: sorted(sites) for sid, sites in state.contributors.get(group, {}).items()}
-            entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in means.items())
-            summary = AggregateSummary(
-                zone=self.name,
+            self._check_noise_shares(state, group)
+            aggregate, contributors = build_aggregate(self.name, state, group)
+            self._published.publish(aggregate, contributors)
+            summary = aggregate.summary
+            self._record(
+                Decision.PUBLISHED,
                 round=round,
-                merkle_root=merkle_root({e.shard_id: e.digest for e in entries}),
-                total_weight=max((acc.weight(sid) for sid in means if sid in acc), default=0.0),
-                sites=tuple(sorted({s for sites in contributors.values() for s in sites})),
-                shards=entries,
                 group=group,
+                shards=len(summary.shards),
+                sites=list(summary.sites),
+                merkle_root=summary.merkle_root,
             )
-            self._publish(summary, means, contributors)
             summaries.append(summary)
-        with self._lock:
-            for summary in summaries:
-                self._summaries[(round, summary.group)] = summary
         return summaries
+
+    def _check_noise_shares(self, state: OpenRound, group: str) -> None:
+        """Refuse to publish an encrypted shard that holds fewer sites' noise shares than accounted."""
+        needed = self.residency.min_contributors if self.residency is not None else 1
+        short = missing_noise_shares(state, group, needed)
+        if short is not None:
+            round = state.spec.round
+            self._record(Decision.REFUSED, round=round, group=group, reason="too few contributions to publish")
+            raise ZoneError(
+                f"zone {self.name}: round {round}: encrypted shard {short} of group {group} holds fewer than "
+                f"{needed} sites' noise shares (privacy.update_level.distributed_over); not publishing it",
+                RefusalCode.PRIVACY,
+            )
 
     def abort_round(self, round: int) -> None:
         """Discard ``round`` without publishing anything."""
         with self._lock:
             self._rounds.pop(round, None)
 
-    # publication ----------------------------------------------------------------------------
-    def _publish(
-        self, summary: AggregateSummary, means: dict[str, np.ndarray], contributors: dict[str, list[str]]
-    ) -> None:
-        if self._store is not None:
-            meta = {
-                "zone": summary.zone,
-                "round": summary.round,
-                "group": summary.group,
-                "merkle_root": summary.merkle_root,
-                "total_weight": summary.total_weight,
-                "sites": list(summary.sites),
-                "contributors": contributors,
-            }
-            self._store.save(_aggregate_key(summary.round, summary.group), means, meta)
-        if summary.round != self._latest_round:
-            self._latest, self._latest_round = {}, summary.round
-        self._latest[summary.group] = (summary, means, contributors)
-        self._record(
-            Decision.PUBLISHED,
-            round=summary.round,
-            group=summary.group,
-            shards=len(summary.shards),
-            sites=list(summary.sites),
-            merkle_root=summary.merkle_root,
-        )
-
-    def aggregate(
-        self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None
-    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """The published aggregate ``group`` of ``round``: its summary and shards.
+    # serving aggregates (kept by fedshard.zone.publish) ---------------------------------------
+    def fetch(self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None) -> Aggregate:
+        """The published aggregate ``group`` of ``round``: summary, means and encrypted sums.
 
         With residency on, ``jurisdiction`` (the requesting site's, from its
         certificate or the config) must be one the policy lets receive every shard of
         it. The latest round is served from memory; older ones (and any after a
         restart) are read from the store and checked against their Merkle root.
+
+        Raises
+        ------
+        AggregateNotFoundError
+            No such aggregate (not closed yet, unknown, or not kept without a store).
+        ResidencyViolationError
+            With code :attr:`~RefusalCode.NOT_SERVED`: the policy does not let ``jurisdiction`` receive it.
         """
-        summary, shards, contributors = self._load_aggregate(round, group)
+        aggregate, contributors = self._published.load(round, group)
         if self.residency is not None:
             try:
                 if jurisdiction is None:
@@ -482,31 +405,18 @@ class ZoneAggregator:
             except ResidencyViolationError as exc:
                 self.stats.refuse(str(exc))
                 self._record(Decision.REFUSED, round=round, group=group, to=jurisdiction or "?", reason=str(exc))
-                raise ResidencyViolationError(f"zone {self.name}: {exc}") from None
-        return summary, shards
+                raise ResidencyViolationError(f"zone {self.name}: {exc}", code=RefusalCode.NOT_SERVED) from None
+        return aggregate
 
-    def _load_aggregate(
-        self, round: int, group: str
-    ) -> tuple[AggregateSummary, dict[str, np.ndarray], dict[str, list[str]]]:
-        if round == self._latest_round and group in self._latest:
-            return self._latest[group]
-        key = _aggregate_key(round, group)
-        if self._store is None or not self._store.exists(key):
-            known = (round, group) in self._summaries
-            raise AggregateNotFoundError(
-                f"zone {self.name}: no {group} aggregate for round {round} "
-                + ("(this zone keeps only the latest without a store)" if known else "(not closed yet, or unknown)")
-            )
-        meta, shards = self._store.load(key)
-        entries = tuple(ShardEntry(sid, shard_digest(arr), int(arr.nbytes)) for sid, arr in shards.items())
-        if merkle_root({e.shard_id: e.digest for e in entries}) != meta["merkle_root"]:
-            raise IntegrityError(f"zone {self.name}: stored aggregate {group} of round {round} fails its Merkle root")
-        summary = AggregateSummary(
-            self.name, round, meta["merkle_root"], float(meta["total_weight"]), tuple(meta["sites"]), entries, group
-        )
-        with self._lock:
-            self._summaries.setdefault((round, group), summary)
-        return summary, shards, {sid: list(v) for sid, v in meta.get("contributors", {}).items()}
+    def aggregate(
+        self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None
+    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
+        """Transitional form of :meth:`fetch`: encrypted sums as ``(1, n)`` uint8 views of
+        their bytes (the site's in-process client reads them so until it uses :meth:`fetch`)."""
+        aggregate = self.fetch(round, group, jurisdiction=jurisdiction)
+        shards = dict(aggregate.means)
+        shards.update({sid: np.frombuffer(c, np.uint8).reshape(1, -1) for sid, c in aggregate.ciphertexts.items()})
+        return aggregate.summary, shards
 
     def close(self) -> None:
         """Close the audit log (the zone accepts nothing more)."""
@@ -524,12 +434,3 @@ class ZoneAggregator:
             "audit_records": self.audit.lines if self.audit is not None else 0,
             **self.stats.as_dict(),
         }
-
-
-def _as_bytes_array(data: bytes) -> np.ndarray:
-    """Ciphertext bytes as the (1, n) uint8 array they travel and are stored as."""
-    return np.frombuffer(data, dtype=np.uint8).reshape(1, -1)
-
-
-def _aggregate_key(round: int, group: str) -> str:
-    return f"aggregate-{round:06d}-{group.replace('/', '-').replace('+', '_')}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fedshard.errors import IntegrityError, PushRejectedError, ResidencyViolationError
+from fedshard.errors import IntegrityError, PushRejectedError, RefusalCode, ResidencyViolationError
 from fedshard.integrity import Manifest
 from fedshard.residency import Policy, PolicyDecision, Router, Scope, ShardProtection, refusal
 
@@ -77,12 +77,12 @@ class ZonePolicy:
         """The jurisdiction a push comes from: the caller's certificate (mTLS), else the config's."""
         configured = self.jurisdictions.get(site_id)
         if configured is None:
-            raise PushRejectedError(f"site {site_id!r} is not a site of this federation", "identity")
+            raise PushRejectedError(f"site {site_id!r} is not a site of this federation", RefusalCode.IDENTITY)
         if certified is not None and certified != configured:
             raise PushRejectedError(
                 f"identity: the caller's certificate says jurisdiction {certified}, the federation config "
                 f"{configured}; re-issue the certificate or fix the config",
-                "identity",
+                RefusalCode.IDENTITY,
             )
         return configured
 
@@ -99,18 +99,18 @@ class ZonePolicy:
             raise PushRejectedError(
                 f"residency: the manifest was routed by policy {manifest.policy_digest[:12] or '(none)'}…, this "
                 f"zone enforces {self.policy.digest[:12]}…; sites and zones must run the same residency config",
-                "policy",
+                RefusalCode.POLICY,
             )
         if self.site_keys is not None:
             key = self.site_keys.get(manifest.site_id)
             if key is None:
                 raise PushRejectedError(
-                    f"no manifest-signing key is registered for site {manifest.site_id}", "signature"
+                    f"no manifest-signing key is registered for site {manifest.site_id}", RefusalCode.SIGNATURE
                 )
             try:
                 manifest.verify_signature(key)
             except IntegrityError as exc:
-                raise PushRejectedError(str(exc), "signature") from None
+                raise PushRejectedError(str(exc), RefusalCode.SIGNATURE) from None
         groups: dict[str, str] = {}
         for entry in manifest.shards:
             shard_class, origin, decision = self._decision(entry.shard_id, manifest.site_id)
@@ -118,13 +118,17 @@ class ZonePolicy:
                 raise PushRejectedError(
                     f"residency: shard {entry.shard_id} is {shard_class} by the federation's classification, the "
                     f"manifest says {entry.shard_class or '(none)'}",
-                    "class",
+                    RefusalCode.CLASS,
                 )
             if entry.encrypted != self.policy.encrypts(shard_class):
                 must = "must be CKKS-encrypted" if self.policy.encrypts(shard_class) else "must not be encrypted"
-                raise PushRejectedError(f"residency: shard {entry.shard_id} ({shard_class}) {must}", "encryption")
+                raise PushRejectedError(
+                    f"residency: shard {entry.shard_id} ({shard_class}) {must}", RefusalCode.ENCRYPTION
+                )
             if not decision.permits(self.region):
-                raise PushRejectedError(refusal(entry.shard_id, shard_class, origin, self.region), "residency")
+                raise PushRejectedError(
+                    refusal(entry.shard_id, shard_class, origin, self.region), RefusalCode.RESIDENCY
+                )
             groups[entry.shard_id] = self.router.route_group(decision)
         return groups
 
@@ -141,21 +145,21 @@ class ZonePolicy:
         if not self.is_reducer:
             raise PushRejectedError(
                 f"zone {self.zone} is not the reducing zone; partial sums go to {self.router.reducing_zone}",
-                "residency",
+                RefusalCode.RESIDENCY,
             )
         if sender not in {z.name for z in self.router.zones} or sender == self.zone:
-            raise PushRejectedError(f"partial sum from unknown zone {sender!r}", "identity")
+            raise PushRejectedError(f"partial sum from unknown zone {sender!r}", RefusalCode.IDENTITY)
         for site_id in contributors:
             if site_id not in self.jurisdictions:
-                raise PushRejectedError(f"partial sum names unknown site {site_id!r}", "identity")
+                raise PushRejectedError(f"partial sum names unknown site {site_id!r}", RefusalCode.IDENTITY)
             shard_class, origin, decision = self._decision(shard_id, site_id)
             if not decision.permits(self.region):
-                raise PushRejectedError(refusal(shard_id, shard_class, origin, self.region), "residency")
+                raise PushRejectedError(refusal(shard_id, shard_class, origin, self.region), RefusalCode.RESIDENCY)
             if self.router.scope_of(decision) is not Scope.GLOBAL:
                 raise PushRejectedError(
                     f"residency: shard {shard_id} ({shard_class}, origin {origin}) is aggregated in its region, "
                     "not globally; it may not be forwarded",
-                    "residency",
+                    RefusalCode.RESIDENCY,
                 )
 
     # serving aggregates ---------------------------------------------------------------------

@@ -3,6 +3,7 @@ folded into the round only when the whole push is valid (see :class:`PushSession
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -10,16 +11,16 @@ import numpy as np
 
 from fedshard.aggregation import all_finite
 from fedshard.crypto.he import load_ciphertexts
-from fedshard.errors import IntegrityError, PushRejectedError
-from fedshard.integrity import Manifest, ShardHasher
-from fedshard.protocol.rounds import PushReceipt
-from fedshard.sharding import ShardSpec
+from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode
+from fedshard.integrity import Manifest
+from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, ShardPayload
+from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
     from fedshard.zone.state import OpenRound
 
-__all__ = ["ByteBudget", "PushSession", "PushTarget"]
+__all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest"]
 
 
 _TRIM_BYTES = 8 << 20  # pushes at least this large hand their memory back when done
@@ -56,8 +57,6 @@ class PushTarget(Protocol):
     """What a push session needs of its zone (the :class:`~fedshard.zone.aggregator.ZoneAggregator`)."""
 
     name: str
-    chunk_hint: int
-    """Shards up to this size arrive in one chunk and are kept as received."""
     he_context: Any
     """The zone's public CKKS context, or None."""
 
@@ -76,12 +75,94 @@ class PushTarget(Protocol):
         """The push is over: forget it as in progress (unless ``counted``) and return its staging bytes."""
         ...
 
+    def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
+        """Count and audit a refusal of ``manifest``'s push; the error to raise."""
+        ...
+
+
+def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: str, he_context: Any) -> None:
+    """Check a push's manifest and token against its open round at ``zone``, before any frame.
+
+    Raises
+    ------
+    PushRejectedError
+        With the reason (without the zone's prefix) and its code: token, site,
+        duplicate, plan, version, zone, unknown-shard, shape, encryption.
+    """
+    spec = state.spec
+    if token != spec.token:
+        raise PushRejectedError("round token does not match (stale or replayed push)", RefusalCode.TOKEN)
+    if manifest.site_id not in spec.sites:
+        raise PushRejectedError("site was not selected for this round", RefusalCode.SITE)
+    if manifest.site_id in state.pushing or manifest.site_id in state.counted:
+        raise PushRejectedError("site already pushed in this round", RefusalCode.DUPLICATE)
+    if manifest.plan_digest != state.plan.digest:
+        raise PushRejectedError("manifest's shard plan differs from the round's", RefusalCode.PLAN)
+    expected = spec.version_for(manifest.site_id)
+    if manifest.base_version != expected:
+        raise PushRejectedError(
+            f"update computed from model version {manifest.base_version[:12]}…, round expects {expected[:12]}…",
+            RefusalCode.VERSION,
+        )
+    if manifest.zone != zone:
+        raise PushRejectedError(f"manifest is addressed to zone {manifest.zone!r}", RefusalCode.ZONE)
+    for entry in manifest.shards:
+        if entry.shard_id not in state.plan:
+            raise PushRejectedError(
+                f"shard {entry.shard_id} is not in the round's shard plan", RefusalCode.UNKNOWN_SHARD
+            )
+        planned = state.plan.shard(entry.shard_id).nbytes
+        if entry.encrypted:
+            if not 0 < entry.nbytes <= 64 * planned + (1 << 20):
+                raise PushRejectedError(
+                    f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible", RefusalCode.SHAPE
+                )
+            if he_context is None:
+                raise PushRejectedError(
+                    f"shard {entry.shard_id} is encrypted but this zone has no CKKS context", RefusalCode.ENCRYPTION
+                )
+        elif entry.nbytes != planned:
+            raise PushRejectedError(
+                f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}", RefusalCode.SHAPE
+            )
+
+
+def accepted_fields(manifest: Manifest, groups: dict[str, str]) -> dict[str, Any]:
+    """What the zone's audit log records of an accepted push (``groups``: shard → aggregate group)."""
+    count = len(manifest.shards)
+    return {
+        "site": manifest.site_id,
+        "round": manifest.round,
+        "shards": count,
+        "bytes": manifest.total_bytes,
+        "classes": dict(collections.Counter(e.shard_class or "unclassified" for e in manifest.shards)),
+        "groups": dict(collections.Counter(groups.values())) if groups else {DEFAULT_GROUP: count},
+        "manifest_root": manifest.merkle_root,
+        "signature": manifest.signature or "",
+    }
+
+
+def _declared(state: OpenRound, manifest: Manifest) -> dict[str, Declared]:
+    """What each shard of a push must be: the plan's layout and the manifest's digest
+    (ciphertext: bytes of the manifest's size)."""
+    out = {}
+    for e in manifest.shards:
+        if e.encrypted:
+            out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, declared_by=Header.MANIFEST, encrypted=True)
+        else:
+            spec = state.plan.shard(e.shard_id)
+            out[e.shard_id] = Declared(e.shard_id, spec.nbytes, e.digest, spec.dtype, spec.shape, Header.PLAN)
+    return out
+
 
 class PushSession:
     """One site's push in progress. Feed chunks with :meth:`receive`, then :meth:`commit`.
 
-    Any failure raises :class:`PushRejectedError`; call :meth:`abort` (or use the
-    session as a context manager) so the staging budget is returned.
+    Frames go through the zone's one :class:`~fedshard.zone.frames.FrameAssembler`;
+    each completed shard is checked at once (finite values; ciphertext of the
+    federation's context). Any failure raises :class:`PushRejectedError` and ends the
+    push; call :meth:`abort` (or use the session as a context manager) so the staging
+    budget is returned.
     """
 
     def __init__(
@@ -97,11 +178,9 @@ class PushSession:
         self.manifest = manifest
         self._groups = groups or {}
         self._budget_bytes = budget_bytes
-        self._expected = {e.shard_id: e for e in manifest.shards}
+        self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST)
         self._staged: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
-        self._current: tuple[ShardSpec, ShardHasher, bytearray | None, list[bytes]] | None = None
-        self._received = 0
         self._done = False
 
     def __enter__(self) -> PushSession:
@@ -115,95 +194,49 @@ class PushSession:
         """The pushing site."""
         return self.manifest.site_id
 
-    def _reject(self, code: str, reason: str) -> PushRejectedError:
+    def _reject(self, code: RefusalCode, reason: str) -> PushRejectedError:
         # A refusal ends the push: what was staged before it can no longer be committed.
         self.abort()
-        return PushRejectedError(
-            f"zone {self._zone.name}: site {self.site_id} round {self.manifest.round}: {reason}", code
-        )
+        return self._zone.refused_push(self.manifest, code, reason)
 
-    def receive(self, shard_id: str, data: bytes, *, offset: int, dtype: str = "", shape: tuple[int, ...] = ()) -> None:
+    def receive(
+        self, shard_id: str, data: Buffer, *, offset: int, dtype: str = "", shape: tuple[int, ...] = ()
+    ) -> None:
         """Take one chunk of shard ``shard_id``. The first chunk (offset 0) carries dtype and shape."""
+        self.take(Chunk(shard_id, offset, data, dtype, tuple(shape)))
+
+    def take(self, chunk: Chunk) -> None:
+        """Take one chunk (see :meth:`receive`)."""
         if self._done:
-            raise self._reject("state", "push already finished")
-        if self._current is None or self._current[0].shard_id != shard_id:
-            if self._current is not None:
-                raise self._reject("truncated", f"shard {self._current[0].shard_id} ended after {self._received} bytes")
-            self._start(shard_id, dtype, shape, offset)
-        assert self._current is not None
-        spec, hasher, buffer, parts = self._current
-        if offset != self._received:
-            raise self._reject("offset", f"shard {shard_id}: chunk at offset {offset}, expected {self._received}")
-        if self._received + len(data) > spec.nbytes:
-            raise self._reject("shape", f"shard {shard_id}: more than the plan's {spec.nbytes} bytes")
-        hasher.update(data)
-        if buffer is None:
-            parts.append(data)
-        else:
-            memoryview(buffer)[self._received : self._received + len(data)] = data
-        self._received += len(data)
-        if self._received == spec.nbytes:
-            self._finish_shard()
-
-    def _start(self, shard_id: str, dtype: str, shape: tuple[int, ...], offset: int) -> None:
-        if shard_id in self._staged:
-            raise self._reject("duplicate", f"shard {shard_id} sent twice")
-        if shard_id not in self._state.plan:
-            raise self._reject("unknown-shard", f"shard {shard_id} is not in the round's shard plan")
-        if shard_id not in self._expected:
-            raise self._reject("unknown-shard", f"shard {shard_id} is not listed in the manifest")
-        if offset != 0:
-            raise self._reject("offset", f"shard {shard_id} starts at offset {offset}, expected 0")
-        spec = self._state.plan.shard(shard_id)
-        entry = self._expected[shard_id]
-        if entry.encrypted:  # ciphertext bytes travel as a (1, n) uint8 array
-            spec = ShardSpec(shard_id, spec.tensor, slice(0, 1), slice(0, entry.nbytes), "uint8")
+            raise self._reject(RefusalCode.STATE, "push already finished")
+        if self._frames.pending is None and chunk.shard_id not in self._state.plan:
+            raise self._reject(RefusalCode.UNKNOWN_SHARD, f"shard {chunk.shard_id} is not in the round's shard plan")
         try:
-            dtype_ok = bool(dtype) and np.dtype(dtype) == np.dtype(spec.dtype)
-        except TypeError:
-            dtype_ok = False
-        if not dtype_ok:
-            raise self._reject("dtype", f"shard {shard_id} has dtype {dtype or '?'}, the plan says {spec.dtype}")
-        if tuple(shape) != spec.shape:
-            raise self._reject("shape", f"shard {shard_id} has shape {tuple(shape)}, the plan says {spec.shape}")
-        hasher = ShardHasher(spec.dtype, spec.shape)
-        # One-chunk shards keep the received bytes as they are (no copy); larger ones
-        # are assembled in a buffer of the final size.
-        buffer = None if spec.nbytes <= self._zone.chunk_hint else bytearray(spec.nbytes)
-        self._current = (spec, hasher, buffer, [])
-        self._received = 0
+            done = self._frames.add(chunk)
+        except FrameError as exc:
+            raise self._reject(exc.code, exc.reason) from None
+        if done is not None:
+            self._check(*done)
 
-    def _finish_shard(self) -> None:
-        assert self._current is not None
-        spec, hasher, buffer, parts = self._current
-        self._current = None
-        self._received = 0
-        entry = self._expected[spec.shard_id]
-        if hasher.hexdigest() != entry.digest:
-            raise self._reject("digest", f"shard {spec.shard_id}: digest does not match the manifest")
-        raw = buffer if buffer is not None else (parts[0] if len(parts) == 1 else b"".join(parts))
-        values = np.frombuffer(raw, dtype=spec.dtype).reshape(spec.shape)
-        if entry.encrypted:
-            context = self._zone.he_context
-            if context is None:
-                raise self._reject(
-                    "encryption", f"shard {spec.shard_id} is encrypted but this zone has no CKKS context"
-                )
+    def _check(self, shard_id: str, values: ShardPayload) -> None:
+        if isinstance(values, bytes):  # the manifest lists it encrypted (the assembler checked)
             try:
-                self._ciphertexts[spec.shard_id] = load_ciphertexts(context, spec.shard_id, bytes(raw))
+                self._ciphertexts[shard_id] = load_ciphertexts(self._zone.he_context, shard_id, values)
             except IntegrityError as exc:
-                raise self._reject("encryption", str(exc)) from None
-        elif not all_finite(values):
-            raise self._reject("non-finite", f"shard {spec.shard_id} contains NaN or infinite values")
-        self._staged[spec.shard_id] = values
+                raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
+            return
+        if not all_finite(values):
+            raise self._reject(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
+        self._staged[shard_id] = values
 
     def commit(self) -> PushReceipt:
         """Check the push is complete, then fold it into the round's sums."""
-        if self._current is not None:
-            raise self._reject("truncated", f"shard {self._current[0].shard_id} is incomplete")
-        missing = [sid for sid in self._expected if sid not in self._staged]
-        if missing:
-            raise self._reject("missing", f"{len(missing)} shard(s) of the manifest never arrived, e.g. {missing[0]}")
+        if self._done:
+            raise self._reject(RefusalCode.STATE, "push already finished")
+        try:
+            self._frames.finish()
+        except FrameError as exc:
+            raise self._reject(exc.code, exc.reason) from None
         receipt = self._zone.fold_push(self._state, self.manifest, self._staged, self._groups, self._ciphertexts)
         self._done = True
         self._release(counted=True)
@@ -218,7 +251,6 @@ class PushSession:
     def _release(self, *, counted: bool) -> None:
         self._staged = {}
         self._ciphertexts = {}
-        self._current = None
         if self._budget_bytes or not counted:
             self._zone.end_push(self._state, self.site_id, self._budget_bytes, counted=counted)
             if self._budget_bytes >= _TRIM_BYTES:

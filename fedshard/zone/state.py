@@ -9,6 +9,7 @@ from typing import Any
 
 from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto.he import EncryptedSum
+from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 
@@ -26,6 +27,7 @@ class OpenRound:
     contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
     pushing: set[str] = field(default_factory=set)
     counted: list[str] = field(default_factory=list)
+    forwarding: set[str] = field(default_factory=set)  # zones whose partial sums are arriving
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
 
     def fold(self, group: str, shard_id: str, sites: Iterable[str]) -> ShardAccumulator:
@@ -61,6 +63,13 @@ class ZoneStats:
     forwarded_bytes: int = 0
     partials_received: int = 0
     refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
+
+    def count_push(self, manifest: Manifest, origin: str | None) -> None:
+        """Count an accepted push; ``origin`` is the pushing site's jurisdiction, where known."""
+        self.pushes += 1
+        self.bytes_received += manifest.total_bytes
+        suffix = f" from {origin}" if origin else ""
+        self.shards_by_class.update(f"{e.shard_class or 'unclassified'}{suffix}" for e in manifest.shards)
 
     def refuse(self, reason: str) -> None:
         """Count a refusal and remember its reason."""

@@ -17,7 +17,7 @@ from fedshard.assembly import make_site, make_zone, running_zones
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator, RunResult
 from fedshard.crypto.signing import public_key_bytes
-from fedshard.errors import ConfigError, PushRejectedError, ResidencyViolationError, ZoneError
+from fedshard.errors import ConfigError, PushRejectedError, RefusalCode, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import PartialEntry, PartialSum, RoundSpec
 from fedshard.residency.audit import verify_audit_log
@@ -285,13 +285,13 @@ def test_regional_aggregate_is_served_only_to_the_jurisdictions_the_policy_allow
         eu.push(_manifest(routing, site, "eu-central", shards), TOKEN, shards)
     summaries = {s.group: s for s in eu.close_round(1, forward_to=None)}
     assert "regional/EU" in summaries and "global" in summaries
-    summary, _ = eu.aggregate(1, "regional/EU", jurisdiction="EU")
+    summary = eu.fetch(1, "regional/EU", jurisdiction="EU").summary
     assert summary.sites == ("eu-a", "eu-b")
     with pytest.raises(ResidencyViolationError, match="may not be served to jurisdiction US"):
-        eu.aggregate(1, "regional/EU", jurisdiction="US")
+        eu.fetch(1, "regional/EU", jurisdiction="US")
     with pytest.raises(ResidencyViolationError, match="only to a site it can identify"):
-        eu.aggregate(1, "regional/EU")
-    assert eu.aggregate(1, "global", jurisdiction="US")[0].sites == ("eu-a", "eu-b")
+        eu.fetch(1, "regional/EU")
+    assert eu.fetch(1, "global", jurisdiction="US").summary.sites == ("eu-a", "eu-b")
 
 
 def test_a_zone_without_a_reducing_zone_to_forward_to_cannot_close_with_global_shards(zones) -> None:
@@ -364,9 +364,10 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
         assert groups["regional/EU"].sites == ("eu-a",)
         # the US site may fetch the global aggregate, not the EU one; its certificate says who asks
         with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["us-a"]) as c:
-            assert set(c.fetch_aggregate(1, "global")[1]) == {e.shard_id for e in groups["global"].shards}
-            with pytest.raises(PushRejectedError, match="may not be served to jurisdiction US"):
-                c.fetch_aggregate(1, "regional/EU", site_id="eu-a")  # claiming another id changes nothing
+            assert set(c.fetch(1, "global").means) == {e.shard_id for e in groups["global"].shards}
+            with pytest.raises(ResidencyViolationError, match="may not be served to jurisdiction US") as info:
+                c.fetch(1, "regional/EU", site_id="eu-a")  # claiming another id changes nothing
+            assert info.value.code is RefusalCode.NOT_SERVED
         forwarded = [r for r in _audit_of(made["eu-central"]) if r.get("source_zone") == "us-east"]
         assert forwarded and forwarded[0]["decision"] == "accepted"
     finally:

@@ -140,7 +140,7 @@ def test_too_few_sites_aborts_the_round_and_stops(federation) -> None:
     assert "round 1: only 1 of 3 sites pushed an update (federation.min_sites is 2)" in result.stopped_reason
     # the zone discarded the round: no aggregate was published
     with pytest.raises(ZoneError):
-        zones["z1"].fetch_aggregate(1)
+        zones["z1"].fetch(1)
 
 
 def test_site_refuses_a_round_from_another_model_version(federation) -> None:

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from fedshard.errors import AggregateNotFoundError, PushRejectedError, ZoneError
+from fedshard.errors import AggregateNotFoundError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest, merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
@@ -25,6 +25,7 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks
+from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, random_update
 
@@ -60,7 +61,8 @@ def assert_only_good_counted(client: GrpcZoneClient) -> None:
     good = make_update(seed=99)
     client.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
     summary = client.close_round(1)[0]
-    fetched, aggregate = client.fetch_aggregate(1)
+    got = client.fetch(1)
+    fetched, aggregate = got.summary, got.means
 
     assert summary.sites == (GOOD_SITE,)
     assert summary.total_weight == 2.0
@@ -102,14 +104,15 @@ def test_round_end_to_end_with_chunked_shards(grpc_zone: tuple[ZoneAggregator, s
     receipt = client.push(manifest_for("site-a", a, weight=1.0), TOKEN, a)
     client.push(manifest_for("site-b", b, weight=3.0), TOKEN, b)
     summary = client.close_round(1)[0]
-    fetched, aggregate = client.fetch_aggregate(1)
+    got = client.fetch(1)
+    fetched, aggregate = got.summary, got.means
 
     assert (receipt.zone, receipt.round, receipt.site_id) == ("eu-1", 1, "site-a")
     assert (receipt.shards, receipt.bytes) == (3, PLAN.nbytes)
     assert summary.sites == ("site-a", "site-b")
     assert summary.total_weight == 4.0
     assert fetched == summary
-    assert summary == grpc_zone[0].aggregate(1)[0]
+    assert summary == grpc_zone[0].fetch(1).summary
     assert summary.merkle_root == merkle_root({sid: shard_digest(v) for sid, v in aggregate.items()})
     for sid in PLAN.shard_ids:
         expected = (a[sid].astype(np.float64) + 3.0 * b[sid].astype(np.float64)) / 4.0
@@ -130,7 +133,7 @@ def test_concurrent_pushes_are_all_counted(client: GrpcZoneClient) -> None:
             )
         )
     summary = client.close_round(1)[0]
-    _, aggregate = client.fetch_aggregate(1)
+    aggregate = client.fetch(1).means
 
     assert sorted(r.site_id for r in receipts) == sorted(SITES)
     assert sorted(summary.sites) == sorted(SITES)
@@ -149,7 +152,7 @@ def test_shard_larger_than_a_grpc_chunk_round_trips(grpc_zone: tuple[ZoneAggrega
         client.open_round(round_spec(plan))
         client.push(manifest_for("site-a", update, weight=2.0, plan=plan), TOKEN, update)
         client.close_round(1)[0]
-        _, aggregate = client.fetch_aggregate(1)
+        aggregate = client.fetch(1).means
 
     np.testing.assert_array_equal(aggregate["big#r0c0"], update["big#r0c0"])
 
@@ -161,7 +164,7 @@ def test_zero_size_shard_round_trips(client: GrpcZoneClient) -> None:
 
     client.push(manifest_for("site-a", update, round=2, plan=plan), TOKEN, update)
     client.close_round(2)[0]
-    _, aggregate = client.fetch_aggregate(2)
+    aggregate = client.fetch(2).means
 
     assert aggregate["empty#r0c0"].shape == (0, 3)
     np.testing.assert_array_equal(aggregate["w#r0c0"], update["w#r0c0"])
@@ -228,37 +231,81 @@ def _unlisted_shard() -> tuple[Manifest, str, Shards]:
 OTHER_PLAN = ShardPlan.from_state_dict({"w": np.zeros((40, 30), np.float32), "b": np.zeros(30, np.float32)})
 
 CLIENT_CASES = [
-    pytest.param(_wrong_token, "failed_precondition", "round token does not match", id="token"),
-    pytest.param(_manifest_case(site="site-z"), "failed_precondition", "site-z .* not selected", id="site"),
-    pytest.param(_manifest_case(round=9), "failed_precondition", "round 9: round is not open", id="round"),
-    pytest.param(_manifest_case(plan=OTHER_PLAN), "failed_precondition", "shard plan differs", id="plan"),
-    pytest.param(_manifest_case(base="cd" * 32), "failed_precondition", "version cdcdcdcdcdcd…", id="version"),
-    pytest.param(_manifest_case(zone="us-1"), "failed_precondition", "addressed to zone 'us-1'", id="zone"),
-    pytest.param(_unknown_shard, "invalid_argument", "w#r9c9 is not in the round's shard plan", id="unknown-shard"),
-    pytest.param(_unlisted_shard, "invalid_argument", "b#r0c0 is not listed in the manifest", id="unlisted-shard"),
-    pytest.param(_digest_tampered, "invalid_argument", "w#r0c0: digest does not match", id="digest"),
+    pytest.param(_wrong_token, RefusalCode.TOKEN, "FAILED_PRECONDITION", "round token does not match", id="token"),
     pytest.param(
-        _relabelled("w#r1c0", lambda v: v.astype(np.float64)), "invalid_argument", "w#r1c0 has dtype <f8", id="dtype"
+        _manifest_case(site="site-z"), RefusalCode.SITE, "FAILED_PRECONDITION", "site-z.* not selected", id="site"
     ),
     pytest.param(
-        _relabelled("w#r1c0", lambda v: v.reshape(30, 8)), "invalid_argument", r"w#r1c0 has shape \(30, 8\)", id="shape"
+        _manifest_case(round=9), RefusalCode.ROUND, "FAILED_PRECONDITION", "round 9: round is not open", id="round"
     ),
-    pytest.param(_with_bad_value(np.nan), "invalid_argument", "w#r0c0 contains NaN or infinite", id="nan"),
-    pytest.param(_with_bad_value(np.inf), "invalid_argument", "w#r0c0 contains NaN or infinite", id="inf"),
+    pytest.param(
+        _manifest_case(plan=OTHER_PLAN), RefusalCode.PLAN, "FAILED_PRECONDITION", "shard plan differs", id="plan"
+    ),
+    pytest.param(
+        _manifest_case(base="cd" * 32),
+        RefusalCode.VERSION,
+        "FAILED_PRECONDITION",
+        "version cdcdcdcdcdcd…",
+        id="version",
+    ),
+    pytest.param(
+        _manifest_case(zone="us-1"), RefusalCode.ZONE, "FAILED_PRECONDITION", "addressed to zone 'us-1'", id="zone"
+    ),
+    pytest.param(
+        _unknown_shard,
+        RefusalCode.UNKNOWN_SHARD,
+        "INVALID_ARGUMENT",
+        "w#r9c9 is not in the round's shard plan",
+        id="unknown-shard",
+    ),
+    pytest.param(
+        _unlisted_shard,
+        RefusalCode.UNKNOWN_SHARD,
+        "INVALID_ARGUMENT",
+        "b#r0c0 is not listed in the manifest",
+        id="unlisted-shard",
+    ),
+    pytest.param(
+        _digest_tampered, RefusalCode.DIGEST, "INVALID_ARGUMENT", "w#r0c0: digest does not match", id="digest"
+    ),
+    pytest.param(
+        _relabelled("w#r1c0", lambda v: v.astype(np.float64)),
+        RefusalCode.DTYPE,
+        "INVALID_ARGUMENT",
+        "w#r1c0 has dtype <f8",
+        id="dtype",
+    ),
+    pytest.param(
+        _relabelled("w#r1c0", lambda v: v.reshape(30, 8)),
+        RefusalCode.SHAPE,
+        "INVALID_ARGUMENT",
+        r"w#r1c0 has shape \(30, 8\)",
+        id="shape",
+    ),
+    pytest.param(
+        _with_bad_value(np.nan), RefusalCode.NON_FINITE, "INVALID_ARGUMENT", "w#r0c0 contains NaN or infinite", id="nan"
+    ),
+    pytest.param(
+        _with_bad_value(np.inf), RefusalCode.NON_FINITE, "INVALID_ARGUMENT", "w#r0c0 contains NaN or infinite", id="inf"
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "code", "match"), CLIENT_CASES)
-def test_refused_push_is_one_line_with_its_status_and_counts_nothing(
-    client: GrpcZoneClient, case: Case, code: str, match: str
+@pytest.mark.parametrize(("case", "code", "status", "match"), CLIENT_CASES)
+def test_refused_push_is_one_line_with_its_code_and_status_and_counts_nothing(
+    client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub, case: Case, code: RefusalCode, status: str, match: str
 ) -> None:
     manifest, token, shards = case()
 
     with pytest.raises(PushRejectedError, match=match) as info:
         client.push(manifest, token, shards)
+    error = raw_push(zone_stub, [header(manifest, token), *chunk_frames(shards)])
 
-    assert info.value.code == code
+    assert info.value.code is code
+    assert str(info.value).startswith("zone eu-1 refused ")
     assert "\n" not in str(info.value)
+    assert error.code().name == status
+    assert dict(error.trailing_metadata())[REFUSAL_CODE_KEY] == code.value
     assert_only_good_counted(client)
 
 
@@ -266,12 +313,12 @@ def test_second_push_of_a_site_is_already_exists(client: GrpcZoneClient) -> None
     first, second = make_update(1), make_update(2)
     client.push(manifest_for("site-a", first, weight=1.0), TOKEN, first)
 
-    with pytest.raises(PushRejectedError, match="site-a round 1: site already pushed") as info:
+    with pytest.raises(PushRejectedError, match="refused site-a's push for round 1: site already pushed") as info:
         client.push(manifest_for("site-a", second, weight=9.0), TOKEN, second)
 
-    assert info.value.code == "already_exists"
+    assert info.value.code is RefusalCode.DUPLICATE
     summary = client.close_round(1)[0]
-    _, aggregate = client.fetch_aggregate(1)
+    aggregate = client.fetch(1).means
     assert summary.sites == ("site-a",)
     assert summary.total_weight == 1.0
     for sid, values in first.items():
@@ -285,7 +332,7 @@ def test_push_to_an_aborted_round_is_refused(client: GrpcZoneClient) -> None:
     with pytest.raises(PushRejectedError, match="round is not open") as info:
         client.push(manifest_for("site-a", a), TOKEN, a)
 
-    assert info.value.code == "failed_precondition"
+    assert info.value.code is RefusalCode.ROUND
 
 
 # refused pushes, frame by frame ---------------------------------------------------------------
@@ -453,19 +500,40 @@ def test_first_chunk_without_dtype_is_refused(client: GrpcZoneClient, zone_stub:
 
 def test_fetch_of_an_unknown_round_is_a_clear_zone_error(client: GrpcZoneClient) -> None:
     with pytest.raises(AggregateNotFoundError, match="zone eu-1: no regional/any aggregate for round 42") as info:
-        client.fetch_aggregate(42)
+        client.fetch(42)
 
     assert "\n" not in str(info.value)
+    assert info.value.code is RefusalCode.NOT_FOUND
 
 
 def test_close_of_an_unknown_round_is_a_zone_error(client: GrpcZoneClient) -> None:
-    with pytest.raises(ZoneError, match="round 8 is not open"):
+    with pytest.raises(ZoneError, match="round 8 is not open") as info:
         client.close_round(8)[0]
+
+    assert not isinstance(info.value, PushRejectedError)
+    assert info.value.code is RefusalCode.LIFECYCLE
 
 
 def test_opening_a_round_twice_is_refused(client: GrpcZoneClient) -> None:
-    with pytest.raises(ZoneError, match="round 1 was already opened"):
+    with pytest.raises(ZoneError, match="round 1 was already opened") as info:
         client.open_round(round_spec())
+
+    assert not isinstance(info.value, PushRejectedError)
+    assert info.value.code is RefusalCode.LIFECYCLE
+
+
+def test_digest_refusal_reaches_the_client_as_code_digest_with_the_zones_line(client: GrpcZoneClient) -> None:
+    manifest, token, shards = _digest_tampered()
+
+    with pytest.raises(PushRejectedError) as info:
+        client.push(manifest, token, shards)
+
+    assert info.value.code is RefusalCode.DIGEST
+    assert (
+        str(info.value)
+        == "zone eu-1 refused site-a's push for round 1: shard w#r0c0: digest does not match the manifest"
+    )
+    assert_only_good_counted(client)
 
 
 def test_closed_port_is_unreachable() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from fedshard.crypto.pki import init_ca, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
-from fedshard.errors import PushRejectedError, ZoneError
+from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
@@ -67,10 +67,10 @@ def test_a_site_cannot_push_a_manifest_in_another_sites_name(endpoint: str, pki:
             PushRejectedError, match="manifest names site 'site-a' but the caller's certificate is 'site-b'"
         ) as info:
             client.push(manifest_for("site-a", update, plan=PLAN), TOKEN, update)
-        assert info.value.code == "permission_denied"
+        assert info.value.code is RefusalCode.IDENTITY
         good = random_update(2, PLAN)
         client.push(manifest_for("site-b", good, plan=PLAN), TOKEN, good)
-        summary, aggregate = client.close_round(1)[0], client.fetch_aggregate(1)[1]
+        summary, aggregate = client.close_round(1)[0], client.fetch(1).means
     assert summary.sites == ("site-b",)  # the refused push counted nothing
     np.testing.assert_array_equal(aggregate["w#r0c0"], good["w#r0c0"])
 

@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 
 from fedshard.crypto.he import EncryptedSum, HeCodec, he_init, load_context, split
-from fedshard.errors import ConfigError, IntegrityError, PkiError, ZoneError
+from fedshard.errors import ConfigError, IntegrityError, PkiError, ShardError, ZoneError
+from fedshard.integrity import Manifest, build_manifest, ciphertext_digest, shard_digest
+from fedshard.protocol.rounds import RoundSpec
+from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
+from tests.zone_helpers import BASE, TOKEN
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +106,94 @@ def test_he_init_refuses_to_overwrite(tmp_path: Path) -> None:
     with pytest.raises(PkiError):
         he_init(tmp_path)
     assert (tmp_path / "secret.ctx").stat().st_mode & 0o777 == 0o600
+
+
+# ciphertexts are bytes end to end at a zone ---------------------------------------------------
+
+
+def _encrypted_round(keys: tuple[Path, Path]) -> tuple[ZoneAggregator, ShardPlan, str]:
+    plan = ShardPlan.from_state_dict({"w": np.zeros((2, 3000), np.float32)}, tile=(2, 4096))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
+    return zone, plan, plan.shard_ids[0]
+
+
+def _encrypted_manifest(site: str, plan: ShardPlan, shards: dict[str, bytes]) -> Manifest:
+    return build_manifest(
+        site_id=site,
+        round=1,
+        plan_digest=plan.digest,
+        base_version=BASE,
+        zone="eu-1",
+        weight=1.0,
+        shards=shards,
+        encrypted=frozenset(shards),
+    )
+
+
+def test_encrypted_pushes_are_summed_and_served_as_bytes(keys, codec: HeCodec) -> None:
+    zone, plan, sid = _encrypted_round(keys)
+    rng = np.random.default_rng(1)
+    xs = {"site-a": rng.normal(0, 0.1, (2, 3000)), "site-b": rng.normal(0, 0.1, (2, 3000))}
+    ws = {"site-a": 0.25, "site-b": 0.75}
+    for site, x in xs.items():
+        blob = {sid: codec.encrypt(x, ws[site])[0]}
+        zone.push(_encrypted_manifest(site, plan, blob), TOKEN, blob)
+
+    (summary,) = zone.close_round(1)
+    aggregate = zone.fetch(1)
+
+    (entry,) = summary.shards
+    data = aggregate.ciphertexts[sid]
+    assert type(data) is bytes and not aggregate.means
+    assert (entry.encrypted, entry.nbytes, entry.digest) == (True, len(data), ciphertext_digest(data))
+    assert aggregate.payload() == {sid: data}
+    mean = codec.decrypt_mean(data, 6000).reshape(2, 3000)
+    expected = sum(ws[s] * xs[s] for s in xs) / sum(ws.values())
+    assert np.abs(mean - expected).max() <= 2 * codec.step / 2 / sum(ws.values())
+    _, legacy = zone.aggregate(1)  # transitional form: a (1, n) uint8 view of the same bytes
+    assert legacy[sid].dtype == np.uint8 and legacy[sid].shape == (1, len(data)) and legacy[sid].tobytes() == data
+
+
+def test_a_restarted_zone_serves_the_stored_ciphertexts_as_bytes(keys, codec: HeCodec, tmp_path: Path) -> None:
+    zone, plan, sid = _encrypted_round(keys)
+    zone = ZoneAggregator("eu-1", "EU", store_dir=tmp_path, he_context=zone.he_context)
+    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
+    blob = {sid: codec.encrypt(np.ones(6000), 1.0)[0]}
+    zone.push(_encrypted_manifest("site-a", plan, blob), TOKEN, blob)
+    (summary,) = zone.close_round(1)
+
+    restarted = ZoneAggregator("eu-1", "EU", store_dir=tmp_path).fetch(1)
+
+    assert restarted.summary == summary
+    assert restarted.ciphertexts == zone.fetch(1).ciphertexts and not restarted.means
+    assert type(restarted.ciphertexts[sid]) is bytes
+
+
+def test_ciphertext_digests_are_those_of_the_arrays_ciphertexts_used_to_travel_as(codec: HeCodec) -> None:
+    blob, _ = codec.encrypt(np.ones(10), 1.0)
+
+    assert ciphertext_digest(blob) == shard_digest(np.frombuffer(blob, np.uint8).reshape(1, -1))
+
+
+def test_a_push_may_still_hand_ciphertexts_over_as_uint8_arrays(keys, codec: HeCodec) -> None:
+    zone, plan, sid = _encrypted_round(keys)
+    blob, _ = codec.encrypt(np.zeros(6000), 1.0)
+    legacy = {sid: np.frombuffer(blob, np.uint8).reshape(1, -1)}
+
+    manifest = _encrypted_manifest("site-a", plan, legacy)  # type: ignore[arg-type]
+    zone.push(manifest, TOKEN, legacy)
+
+    assert manifest.shards[0].digest == ciphertext_digest(blob)
+    assert zone.close_round(1)[0].sites == ("site-a",)
+
+
+def test_bytes_for_a_clear_shard_or_values_for_an_encrypted_one_are_refused_at_the_source(codec: HeCodec) -> None:
+    plan = ShardPlan.from_state_dict({"w": np.zeros((2, 3), np.float32)})
+    blob, _ = codec.encrypt(np.zeros(6), 1.0)
+    fields = dict(site_id="s", round=1, plan_digest=plan.digest, base_version=BASE, zone="z", weight=1.0)
+
+    with pytest.raises(ShardError, match="w#r0c0 is ciphertext bytes but not listed as encrypted"):
+        build_manifest(**fields, shards={"w#r0c0": blob})  # type: ignore[arg-type]
+    with pytest.raises(ShardError, match="listed as encrypted but holds float32 values"):
+        build_manifest(**fields, shards={"w#r0c0": np.zeros((2, 3), np.float32)}, encrypted=frozenset({"w#r0c0"}))  # type: ignore[arg-type]

@@ -6,8 +6,11 @@ import pytest
 from torch import nn
 
 from fedshard.config import PolicyRule, ResidencyConfig
-from fedshard.errors import ConfigError, ResidencyViolationError
+from fedshard.errors import ConfigError, IntegrityError, ResidencyViolationError
 from fedshard.residency import (
+    DEFAULT_GROUP,
+    GLOBAL_GROUP,
+    AggregateKey,
     Classification,
     Policy,
     RouteDecision,
@@ -66,13 +69,31 @@ def test_shards_allowed_anywhere_are_reduced_globally(router: Router) -> None:
         "us-east",
         "global",
     )
-    assert decision.aggregate == ("us-east", "global")
+    assert decision.aggregate == AggregateKey("us-east", GLOBAL_GROUP)
+    assert GLOBAL_GROUP == Scope.GLOBAL == "global"
 
 
 def test_without_a_reducing_zone_everything_is_regional() -> None:
     router = Router(Policy.from_config(ResidencyConfig()), ZONES)
-    assert router.route("fc2.weight#r0c0", PUBLIC, "SG").aggregate == ("ap-sg", "regional/any")
-    assert router.route("fc1.weight#r0c0", PERSONAL, "EU").aggregate == ("eu-central", "regional/EU")
+    assert router.route("fc2.weight#r0c0", PUBLIC, "SG").aggregate == AggregateKey("ap-sg", DEFAULT_GROUP)
+    assert router.route("fc1.weight#r0c0", PERSONAL, "EU").aggregate == AggregateKey("eu-central", "regional/EU")
+    assert DEFAULT_GROUP == "regional/any"
+
+
+def test_aggregate_key_is_written_zone_bar_group_and_parsed_back() -> None:
+    key = AggregateKey("eu-central", "regional/EU+US")
+
+    assert str(key) == "eu-central|regional/EU+US"  # part of every model version: never changes
+    assert AggregateKey.parse(str(key)) == key
+    assert AggregateKey.parse("z|global") == ("z", "global")
+
+
+@pytest.mark.parametrize("text", ["", "eu-central", "|global", "eu-central|", "eu-central,global"])
+def test_a_malformed_aggregate_key_is_refused_in_one_line(text: str) -> None:
+    with pytest.raises(IntegrityError, match="expected zone\\|group") as info:
+        AggregateKey.parse(text)
+
+    assert "\n" not in str(info.value)
 
 
 def test_a_rule_that_serves_only_some_jurisdictions_is_regional() -> None:

@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ShardError, ZoneError
+from fedshard.errors import (
+    AggregateNotFoundError,
+    IntegrityError,
+    PushRejectedError,
+    RefusalCode,
+    ShardError,
+    ZoneError,
+)
 from fedshard.integrity import merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
@@ -62,7 +69,7 @@ def assert_only_good_counted(zone: ZoneAggregator, counted: tuple[str, ...] = ()
     good = make_update(seed=99)
     zone.push(manifest_for(GOOD_SITE, good, weight=2.0), TOKEN, good)
     summary = zone.close_round(1)[0]
-    _, aggregate = zone.aggregate(1)
+    aggregate = zone.fetch(1).means
 
     assert summary.sites == (*counted, GOOD_SITE)
     if counted:
@@ -103,7 +110,7 @@ def test_two_sites_give_the_weighted_mean(zone: ZoneAggregator) -> None:
     assert summary.round == 1
     assert summary.sites == ("site-a", "site-b")
     assert summary.total_weight == 4.0
-    _, aggregate = zone.aggregate(1)
+    aggregate = zone.fetch(1).means
     for sid in PLAN.shard_ids:
         expected = (1.0 * a[sid].astype(np.float64) + 3.0 * b[sid].astype(np.float64)) / 4.0
         assert aggregate[sid].dtype == np.float32
@@ -116,13 +123,15 @@ def test_summary_root_is_the_merkle_root_of_the_aggregate(zone: ZoneAggregator) 
     zone.push(manifest_for("site-b", b, weight=7.0), TOKEN, b)
 
     summary = zone.close_round(1)[0]
-    again, aggregate = zone.aggregate(1)
+    fetched = zone.fetch(1)
+    again, aggregate = fetched.summary, fetched.means
 
     digests = {sid: shard_digest(arr) for sid, arr in aggregate.items()}
     assert summary.merkle_root == merkle_root(digests)
     assert {e.shard_id: e.digest for e in summary.shards} == digests
     assert {e.shard_id: e.nbytes for e in summary.shards} == {sid: a.nbytes for sid, a in aggregate.items()}
     assert again == summary
+    assert not fetched.ciphertexts and not any(e.encrypted for e in summary.shards)
     assert zone.close_round(1)[0] == summary
 
 
@@ -132,10 +141,11 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
     zone.push(manifest_for("site-a", a, weight=2.0), TOKEN, a)
     zone.push(manifest_for("site-b", b, weight=1.0), TOKEN, b)
     summary = zone.close_round(1)[0]
-    _, aggregate = zone.aggregate(1)
+    aggregate = zone.fetch(1).means
 
     restarted = ZoneAggregator(ZONE, "EU", store_dir=tmp_path)
-    summary2, aggregate2 = restarted.aggregate(1)
+    reread = restarted.fetch(1)
+    summary2, aggregate2 = reread.summary, reread.means
 
     assert summary2 == summary
     assert summary2.sites == ("site-a", "site-b")
@@ -144,9 +154,27 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
     for sid in aggregate:
         assert aggregate2[sid].dtype == aggregate[sid].dtype
         np.testing.assert_array_equal(aggregate2[sid], aggregate[sid])
-    assert restarted.aggregate(1)[0] == summary  # second call: from the cached summary
+    assert restarted.fetch(1).summary == summary  # second call: from the cached summary
     with pytest.raises(ZoneError, match="no regional/any aggregate for round 2"):
-        restarted.aggregate(2)
+        restarted.fetch(2)
+
+
+def test_a_stored_aggregate_of_format_1_is_read_with_its_ciphertexts_as_bytes(tmp_path: Path) -> None:
+    # Format 1 (before ciphertexts were bytes): ciphertexts as (1, n) uint8 arrays, no list of them.
+    mean = np.full((4, 4), 0.25, np.float32)
+    blob = bytes(range(200))
+    as_array = np.frombuffer(blob, np.uint8).reshape(1, -1)
+    root = merkle_root({"w#r0c0": shard_digest(mean), "c#r0c0": shard_digest(as_array)})
+    meta = {"zone": ZONE, "round": 1, "group": "regional/any", "merkle_root": root, "total_weight": 2.0}
+    meta |= {"sites": ["site-a"], "contributors": {"w#r0c0": ["site-a"], "c#r0c0": ["site-a"]}}
+    LocalShardStore(tmp_path).save("aggregate-000001-regional-any", {"w#r0c0": mean, "c#r0c0": as_array}, meta)
+
+    aggregate = ZoneAggregator(ZONE, store_dir=tmp_path).fetch(1)
+
+    assert aggregate.summary.merkle_root == root
+    assert {e.shard_id: e.encrypted for e in aggregate.summary.shards} == {"w#r0c0": False, "c#r0c0": True}
+    assert aggregate.ciphertexts == {"c#r0c0": blob}
+    np.testing.assert_array_equal(aggregate.means["w#r0c0"], mean)
 
 
 def test_stored_aggregate_that_was_tampered_with_fails_its_root(tmp_path: Path) -> None:
@@ -160,17 +188,19 @@ def test_stored_aggregate_that_was_tampered_with_fails_its_root(tmp_path: Path) 
     store.save("aggregate-000001-regional-any", shards, meta)
 
     # the running zone serves the aggregate it computed, not the edited file
-    summary, served = zone.aggregate(1)
+    kept = zone.fetch(1)
+    summary, served = kept.summary, kept.means
     assert merkle_root({sid: shard_digest(v) for sid, v in served.items()}) == summary.merkle_root
     # a restarted zone reads the file and refuses it
-    with pytest.raises(IntegrityError, match="fails its Merkle root"):
-        ZoneAggregator(ZONE, store_dir=tmp_path).aggregate(1)
+    with pytest.raises(IntegrityError, match="fails its Merkle root") as info:
+        ZoneAggregator(ZONE, store_dir=tmp_path).fetch(1)
+    assert info.value.code is RefusalCode.CORRUPT
 
 
 def test_round_with_no_push_publishes_nothing(zone: ZoneAggregator) -> None:
     assert zone.close_round(1) == []
     with pytest.raises(AggregateNotFoundError):
-        zone.aggregate(1)
+        zone.fetch(1)
 
 
 def test_chunked_push_is_reassembled(zone: ZoneAggregator) -> None:
@@ -190,15 +220,14 @@ def test_chunked_push_is_reassembled(zone: ZoneAggregator) -> None:
         session.commit()
 
     assert_only_good_counted(zone, counted=("site-a",))
-    _, aggregate = zone.aggregate(1)
+    aggregate = zone.fetch(1).means
     for sid in PLAN.shard_ids:
         expected = (a[sid].astype(np.float64) + 2.0 * make_update(99)[sid].astype(np.float64)) / 3.0
         np.testing.assert_array_equal(aggregate[sid], expected.astype(np.float32))
 
 
 def test_chunked_push_into_an_assembly_buffer() -> None:
-    zone = open_zone()
-    zone.chunk_hint = 16  # shards above 16 bytes are assembled in a preallocated buffer
+    zone = open_zone()  # shards that arrive in more than one chunk are assembled in a preallocated buffer
     a = make_update(5)
     with zone.begin_push(manifest_for("site-a", a, weight=2.0), TOKEN) as session:
         for shard_id, values in a.items():
@@ -208,7 +237,7 @@ def test_chunked_push_into_an_assembly_buffer() -> None:
         session.commit()
 
     summary = zone.close_round(1)[0]
-    _, aggregate = zone.aggregate(1)
+    aggregate = zone.fetch(1).means
     assert summary.sites == ("site-a",)
     for sid, values in a.items():
         np.testing.assert_array_equal(aggregate[sid], values)
@@ -230,7 +259,7 @@ def test_zero_size_shard_is_accepted() -> None:
     update = plan.split({"empty": np.zeros((0, 3), np.float32), "w": np.ones((2, 2), np.float32)})
 
     zone.push(manifest_for("site-a", update, plan=plan), TOKEN, update)
-    _, aggregate = zone.aggregate(zone.close_round(1)[0].round)
+    aggregate = zone.fetch(zone.close_round(1)[0].round).means
 
     assert aggregate["empty#r0c0"].shape == (0, 3)
     np.testing.assert_array_equal(aggregate["w#r0c0"], np.ones((2, 2), np.float32))
@@ -255,9 +284,9 @@ def test_closed_round_is_refused(zone: ZoneAggregator) -> None:
 
     assert info.value.code == "round"
     assert zone.close_round(1)[0] == summary
-    assert zone.aggregate(1)[0].sites == (GOOD_SITE,)
+    assert zone.fetch(1).summary.sites == (GOOD_SITE,)
     for sid, values in good.items():
-        np.testing.assert_array_equal(zone.aggregate(1)[1][sid], values)
+        np.testing.assert_array_equal(zone.fetch(1).means[sid], values)
 
 
 def test_aborted_round_is_refused(zone: ZoneAggregator) -> None:
@@ -291,7 +320,7 @@ def test_same_site_pushing_twice_is_refused(zone: ZoneAggregator) -> None:
     summary = zone.close_round(1)[0]
     assert summary.sites == ("site-a",)
     assert summary.total_weight == 1.0
-    _, aggregate = zone.aggregate(1)
+    aggregate = zone.fetch(1).means
     for sid, values in first.items():
         np.testing.assert_array_equal(aggregate[sid], values)
 
@@ -570,7 +599,7 @@ def test_closing_an_unknown_round_is_a_zone_error(zone: ZoneAggregator) -> None:
 
 def test_aggregate_of_an_open_round_is_a_zone_error(zone: ZoneAggregator) -> None:
     with pytest.raises(ZoneError, match="no regional/any aggregate for round 1"):
-        zone.aggregate(1)
+        zone.fetch(1)
 
 
 def test_open_round_with_a_bad_plan_is_a_shard_error() -> None:

@@ -11,12 +11,22 @@ import grpc
 import numpy as np
 
 from fedshard.crypto.tls import TlsFiles
-from fedshard.errors import AggregateNotFoundError, IntegrityError, PushRejectedError, ZoneError
-from fedshard.integrity import Manifest, ShardHasher, merkle_root
-from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
+from fedshard.errors import FedshardError, FrameError, IntegrityError, RefusalCode, ZoneError
+from fedshard.integrity import Manifest, merkle_root
+from fedshard.protocol.rounds import (
+    DEFAULT_GROUP,
+    Aggregate,
+    AggregateSummary,
+    PartialSum,
+    PushReceipt,
+    RoundSpec,
+    ShardPayload,
+)
+from fedshard.zone.frames import Declared, FrameAssembler, Header
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunks, header_to_summary
+from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunk_of, chunks, header_to_summary
+from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
 
@@ -56,22 +66,8 @@ class GrpcZoneClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _error(self, exc: grpc.RpcError) -> ZoneError:
-        code = exc.code()
-        details = exc.details() or str(code)
-        if code in (
-            grpc.StatusCode.INVALID_ARGUMENT,
-            grpc.StatusCode.FAILED_PRECONDITION,
-            grpc.StatusCode.ALREADY_EXISTS,
-        ):
-            return PushRejectedError(details, code.name.lower())
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            return PushRejectedError(details, "residency" if "residency" in details else "permission_denied")
-        if code == grpc.StatusCode.NOT_FOUND:
-            return AggregateNotFoundError(details)
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return ZoneError(f"zone at {self.endpoint} is unreachable ({details}); is `fedshard zone up` running?")
-        return ZoneError(f"zone at {self.endpoint}: {code.name}: {details}")
+    def _error(self, exc: grpc.RpcError) -> FedshardError:
+        return error_from_rpc(exc, self.endpoint)
 
     def info(self) -> tuple[str, str]:
         """``(name, region)`` of the zone."""
@@ -112,12 +108,14 @@ class GrpcZoneClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
-        """Stream the manifest then the shards; raises :class:`PushRejectedError` if refused."""
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
+        """Stream the manifest then the shards (ciphertext ``bytes`` where the manifest says
+        ``encrypted``); raises :class:`PushRejectedError`, with the zone's code, if refused."""
+        encrypted = {e.shard_id for e in manifest.shards if e.encrypted}
 
         def frames() -> Iterator[pb.PushFrame]:
             yield pb.PushFrame(header=pb.PushHeader(manifest=manifest.to_bytes(), round_token=token))
-            for chunk in chunks(shards, self.chunk_bytes):
+            for chunk in chunks(shards, self.chunk_bytes, encrypted):
                 yield pb.PushFrame(chunk=chunk)
 
         try:
@@ -139,12 +137,14 @@ class GrpcZoneClient:
             raise self._error(exc) from None
         return [header_to_summary(h) for h in reply.aggregates]
 
-    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
-        """Send partial sums to the reducing zone; the number of shards it folded in."""
+    def forward(self, partial: PartialSum, sums: Mapping[str, ShardPayload]) -> int:
+        """Send partial sums (ciphertext ``bytes`` where the header says ``encrypted``) to the
+        reducing zone; the number of shards it folded in."""
+        encrypted = {e.shard_id for e in partial.entries if e.encrypted}
 
         def frames() -> Iterator[pb.PushFrame]:
             yield pb.PushFrame(header=pb.PushHeader(manifest=partial.to_bytes(), round_token=partial.token))
-            for chunk in chunks(sums, self.chunk_bytes):
+            for chunk in chunks(sums, self.chunk_bytes, encrypted):
                 yield pb.PushFrame(chunk=chunk)
 
         try:
@@ -160,42 +160,70 @@ class GrpcZoneClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
+    def fetch(self, round: int, group: str = DEFAULT_GROUP, site_id: str = "") -> Aggregate:
+        """Download aggregate ``group`` of ``round``: means, and encrypted sums as ``bytes``.
+
+        Every shard is held to the aggregate's summary (offsets, sizes, digests, its
+        ``encrypted`` flag) and the summary to its Merkle root. ``site_id`` says who
+        asks (the zone checks that the policy lets that site's jurisdiction receive
+        it; under mTLS the certificate says who asks).
+
+        Raises
+        ------
+        FrameError
+            The stream breaks what its summary declares, with the code of the check.
+        IntegrityError
+            The summary's own Merkle root does not match its shard list.
+        """
+        request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
+        try:
+            frames = iter(self._stub.FetchAggregate(request, timeout=self.timeout))
+            first = next(frames, None)
+            if first is None or first.WhichOneof("frame") != "header":
+                raise ZoneError(f"zone at {self.endpoint} sent no aggregate header for round {round}")
+            summary = header_to_summary(first.header)
+            where = f"aggregate {summary.group} of round {round} from zone {summary.zone}"
+            if merkle_root({e.shard_id: e.digest for e in summary.shards}) != summary.merkle_root:
+                raise IntegrityError(f"{where}: its shard list fails its Merkle root")
+            means, ciphertexts = _assemble(frames, summary, where)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return Aggregate(summary, means, ciphertexts)
+
     def fetch_aggregate(
         self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
     ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Download aggregate ``group`` of ``round``; every shard digest and the root are verified.
+        """Transitional form of :meth:`fetch` for sites that still read encrypted sums as
+        ``(1, n)`` uint8 arrays (views of the bytes, no copy)."""
+        aggregate = self.fetch(round, group, site_id)
+        shards = dict(aggregate.means)
+        shards.update({sid: np.frombuffer(c, np.uint8).reshape(1, -1) for sid, c in aggregate.ciphertexts.items()})
+        return aggregate.summary, shards
 
-        ``site_id`` says who asks (the zone checks that the policy lets that site's
-        jurisdiction receive it; under mTLS the certificate says who asks).
-        """
-        summary: AggregateSummary | None = None
-        shards: dict[str, np.ndarray] = {}
-        buffers: dict[str, tuple[bytearray, str, tuple[int, ...]]] = {}
-        request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
-        try:
-            for frame in self._stub.FetchAggregate(request, timeout=self.timeout):
-                if frame.WhichOneof("frame") == "header":
-                    summary = header_to_summary(frame.header)
-                    continue
-                c = frame.chunk
-                if c.offset == 0:
-                    buffers[c.shard_id] = (bytearray(), c.dtype, tuple(c.shape))
-                buffers[c.shard_id][0].extend(c.data)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-        if summary is None:
-            raise ZoneError(f"zone at {self.endpoint} sent no aggregate header for round {round}")
-        expected = {e.shard_id: e.digest for e in summary.shards}
-        for shard_id, (raw, dtype, shape) in buffers.items():
-            hasher = ShardHasher(dtype, shape)
-            hasher.update(raw)
-            if expected.get(shard_id) != hasher.hexdigest():
-                raise IntegrityError(
-                    f"aggregate shard {shard_id} of round {round} from zone {summary.zone} fails its digest"
-                )
-            shards[shard_id] = np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
-        if set(shards) != set(expected) or merkle_root(expected) != summary.merkle_root:
-            raise IntegrityError(
-                f"aggregate of round {round} from zone {summary.zone} is incomplete or fails its Merkle root"
-            )
-        return summary, shards
+
+def _assemble(
+    frames: Iterator[pb.AggregateFrame], summary: AggregateSummary, where: str
+) -> tuple[dict[str, np.ndarray], dict[str, bytes]]:
+    """The means and ciphertexts of an aggregate stream, held to its summary by the one frame assembler."""
+    declared = {
+        e.shard_id: Declared(e.shard_id, e.nbytes, e.digest, declared_by=Header.SUMMARY, encrypted=e.encrypted)
+        for e in summary.shards
+    }
+    assembler = FrameAssembler(declared, source=Header.SUMMARY)
+    means: dict[str, np.ndarray] = {}
+    ciphertexts: dict[str, bytes] = {}
+    try:
+        for frame in frames:
+            if frame.WhichOneof("frame") != "chunk":
+                raise FrameError("a second header in the stream", RefusalCode.PROTOCOL)
+            done = assembler.add(chunk_of(frame.chunk))
+            if done is None:
+                continue
+            if isinstance(done[1], bytes):
+                ciphertexts[done[0]] = done[1]
+            else:
+                means[done[0]] = done[1]
+        assembler.finish()
+    except FrameError as exc:
+        raise FrameError(f"{where}: {exc.reason}", exc.code) from None
+    return means, ciphertexts

@@ -1,7 +1,9 @@
 """The zone's gRPC service: maps the wire protocol onto :class:`ZoneAggregator`.
 
-Errors become gRPC status codes with the one-line reason as details; nothing else
-(no traceback, no internal state) leaves the zone.
+Errors leave as a refusal: a gRPC status chosen from the error's
+:class:`~fedshard.errors.RefusalCode`, the code in the trailing metadata and the
+one-line reason as details (:mod:`fedshard.zone.rpc.status`); nothing else (no
+traceback, no internal state) leaves the zone.
 """
 
 from __future__ import annotations
@@ -10,53 +12,24 @@ import json
 import logging
 from collections.abc import Iterator
 from concurrent import futures
+from typing import NoReturn
 
 import grpc
 
 from fedshard.crypto.identity import Identity, Role
 from fedshard.crypto.tls import TlsFiles, peer_identity
-from fedshard.errors import (
-    AggregateNotFoundError,
-    FedshardError,
-    IntegrityError,
-    PkiError,
-    PushRejectedError,
-    ResidencyViolationError,
-    ZoneError,
-)
+from fedshard.errors import FedshardError, PkiError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.convert import GRPC_OPTIONS, assemble_frames, chunks, summary_to_header
+from fedshard.zone.rpc.convert import GRPC_OPTIONS, chunk_of, chunks, summary_to_header
+from fedshard.zone.rpc.status import abort_with
 
 __all__ = ["ZoneService", "serve"]
 
 log = logging.getLogger(__name__)
-
-_PRECONDITION_CODES = {"round", "token", "site", "version", "plan", "zone", "state"}
-_PERMISSION_CODES = {"identity", "residency", "policy", "class", "signature", "encryption"}
-
-
-def _status(error: FedshardError) -> grpc.StatusCode:
-    if isinstance(error, ResidencyViolationError):
-        return grpc.StatusCode.PERMISSION_DENIED
-    if isinstance(error, PushRejectedError):
-        if error.code in _PERMISSION_CODES:
-            return grpc.StatusCode.PERMISSION_DENIED
-        if error.code == "duplicate":
-            return grpc.StatusCode.ALREADY_EXISTS
-        if error.code in _PRECONDITION_CODES:
-            return grpc.StatusCode.FAILED_PRECONDITION
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(error, AggregateNotFoundError):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(error, IntegrityError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(error, ZoneError) and "busy" in str(error):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 class ZoneService(pb_grpc.ZoneServicer):
@@ -71,9 +44,9 @@ class ZoneService(pb_grpc.ZoneServicer):
         self.push_timeout = push_timeout
         self.ca_pem = ca_pem
 
-    def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> None:
-        log.info("zone %s refused: %s", self.zone.name, error)
-        context.abort(_status(error), str(error))
+    def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> NoReturn:
+        log.info("zone %s refused (%s): %s", self.zone.name, error.code or "-", error)
+        abort_with(context, error)
 
     def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
         spec = RoundSpec(
@@ -100,9 +73,10 @@ class ZoneService(pb_grpc.ZoneServicer):
             ) as session:
                 for frame in request_iterator:
                     if frame.WhichOneof("frame") != "chunk":
-                        raise PushRejectedError(f"zone {self.zone.name}: manifest sent twice in one push", "protocol")
-                    c = frame.chunk
-                    session.receive(c.shard_id, c.data, offset=c.offset, dtype=c.dtype, shape=tuple(c.shape))
+                        raise PushRejectedError(
+                            f"zone {self.zone.name}: manifest sent twice in one push", RefusalCode.PROTOCOL
+                        )
+                    session.take(chunk_of(frame.chunk))
                 receipt = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
@@ -113,7 +87,7 @@ class ZoneService(pb_grpc.ZoneServicer):
     def _header(self, frames: Iterator[pb.PushFrame], rule: str) -> pb.PushFrame:
         first = next(frames, None)
         if first is None or first.WhichOneof("frame") != "header":
-            raise PushRejectedError(f"zone {self.zone.name}: {rule}", "protocol")
+            raise PushRejectedError(f"zone {self.zone.name}: {rule}", RefusalCode.PROTOCOL)
         return first
 
     def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> str | None:
@@ -125,7 +99,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             raise PushRejectedError(
                 f"zone {self.zone.name}: manifest names site {site_id!r} but the caller's certificate is "
                 f"{identity.name!r}",
-                "identity",
+                RefusalCode.IDENTITY,
             )
         return identity.jurisdiction_or_region
 
@@ -135,23 +109,22 @@ class ZoneService(pb_grpc.ZoneServicer):
         try:
             return peer_identity(context, self.ca_pem, role=role)
         except PkiError as exc:
-            raise PushRejectedError(f"zone {self.zone.name}: {exc}", "identity") from None
+            raise PushRejectedError(f"zone {self.zone.name}: {exc}", RefusalCode.IDENTITY) from None
 
     def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
         try:
             first = self._header(request_iterator, "a forward must start with its header")
             partial = PartialSum.from_bytes(first.header.manifest)
             caller = self._caller(context, Role.ZONE)
-            expected = {e.shard_id: e.nbytes for e in partial.entries}
-            if sum(expected.values()) > self.zone.staging_limit:
-                raise PushRejectedError(f"zone {self.zone.name}: partial sums exceed the staging budget", "shape")
-            frames = (
-                (f.chunk.shard_id, f.chunk.data, f.chunk.offset, f.chunk.dtype, tuple(f.chunk.shape))
-                for f in request_iterator
-                if f.WhichOneof("frame") == "chunk"
-            )
-            sums = assemble_frames(frames, expected)
-            shards = self.zone.receive_partial(partial, sums, certified=caller.name if caller else None)
+            certified = caller.name if caller is not None else None
+            with self.zone.begin_forward(partial, self.push_timeout, certified=certified) as session:
+                for frame in request_iterator:
+                    if frame.WhichOneof("frame") != "chunk":
+                        raise PushRejectedError(
+                            f"zone {self.zone.name}: header sent twice in one forward", RefusalCode.PROTOCOL
+                        )
+                    session.take(chunk_of(frame.chunk))
+                shards = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.ForwardReply(shards=shards)
@@ -166,7 +139,6 @@ class ZoneService(pb_grpc.ZoneServicer):
             return pb.CloseRoundReply(aggregates=[summary_to_header(s) for s in summaries])
         except FedshardError as exc:
             self._fail(context, exc)
-            raise  # unreachable: abort raises
 
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
@@ -178,14 +150,11 @@ class ZoneService(pb_grpc.ZoneServicer):
                 jurisdiction: str | None = caller.jurisdiction_or_region
             else:
                 jurisdiction = residency.jurisdictions.get(request.site_id) if residency is not None else None
-            summary, shards = self.zone.aggregate(
-                request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction
-            )
+            aggregate = self.zone.fetch(request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction)
         except FedshardError as exc:
             self._fail(context, exc)
-            return
-        yield pb.AggregateFrame(header=summary_to_header(summary))
-        for chunk in chunks(shards):
+        yield pb.AggregateFrame(header=summary_to_header(aggregate.summary))
+        for chunk in chunks(aggregate.payload(), encrypted=aggregate.ciphertexts):
             yield pb.AggregateFrame(chunk=chunk)
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802

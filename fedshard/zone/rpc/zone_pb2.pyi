@@ -102,14 +102,16 @@ class ForwardReply(_message.Message):
     def __init__(self, shards: _Optional[int] = ...) -> None: ...
 
 class ShardDigest(_message.Message):
-    __slots__ = ("shard_id", "digest", "nbytes")
+    __slots__ = ("shard_id", "digest", "nbytes", "encrypted")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTED_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     digest: str
     nbytes: int
-    def __init__(self, shard_id: _Optional[str] = ..., digest: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    encrypted: bool
+    def __init__(self, shard_id: _Optional[str] = ..., digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., encrypted: _Optional[bool] = ...) -> None: ...
 
 class AggregateHeader(_message.Message):
     __slots__ = ("zone", "round", "merkle_root", "total_weight", "sites", "shards", "group")

@@ -1,0 +1,229 @@
+"""Publishing a round's aggregates, and the zone's store of them.
+
+At round close each group's running sums become an :class:`~fedshard.protocol.rounds.Aggregate`
+(:func:`build_aggregate`): the weighted means of its clear shards, in their original
+dtype, and the encrypted sums of the others as they are (sites divide after
+decrypting), listed in a summary with every shard's digest, its ``encrypted`` flag and
+the Merkle root over them (which feeds the model-version chain).
+
+A zone with a store keeps every published aggregate (:class:`AggregateStore`), so it
+serves older rounds and survives a restart; what it reads back is checked against its
+Merkle root.
+
+Stored format and its contract (``format`` in each snapshot's metadata): a stored
+aggregate never changes meaning.
+
+* **2**: clear shards as arrays, ciphertexts as ``(1, n)`` uint8 arrays, and the
+  metadata lists the ``encrypted`` shard ids.
+* **1** (no ``format`` key, written before ciphertexts were ``bytes``): the same
+  arrays without the list; its ``uint8`` shards are the encrypted ones (no clear shard
+  of fedshard's plans is uint8: plans hold floating-point tensors only).
+
+Ciphertext digests are unchanged between the two (see
+:data:`~fedshard.integrity.CIPHERTEXT_LABEL`), so a stored root verifies under both.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from fedshard.aggregation import ShardAccumulator
+from fedshard.errors import AggregateNotFoundError, IntegrityError, RefusalCode
+from fedshard.integrity import ShardEntry, ciphertext_digest, merkle_root, shard_digest
+from fedshard.protocol.rounds import Aggregate, AggregateSummary
+from fedshard.store import LocalShardStore
+from fedshard.zone.state import OpenRound
+
+__all__ = [
+    "AGGREGATE_FORMAT",
+    "AggregateStore",
+    "Contributors",
+    "Publications",
+    "build_aggregate",
+    "missing_noise_shares",
+    "summarize",
+]
+
+AGGREGATE_FORMAT = 2
+"""Format of the aggregates a zone stores (see the module docstring)."""
+
+Contributors = dict[str, list[str]]
+"""Shard id → the sites whose shards its aggregate holds (sorted)."""
+
+
+def summarize(
+    zone: str,
+    round: int,
+    group: str,
+    aggregate: tuple[dict[str, np.ndarray], dict[str, bytes]],
+    *,
+    total_weight: float,
+    sites: tuple[str, ...],
+) -> AggregateSummary:
+    """The summary of an aggregate's ``(means, ciphertexts)``: digests, flags and Merkle root."""
+    means, ciphertexts = aggregate
+    entries = [ShardEntry(sid, shard_digest(v), int(v.nbytes)) for sid, v in means.items()]
+    entries += [ShardEntry(sid, ciphertext_digest(c), len(c), encrypted=True) for sid, c in ciphertexts.items()]
+    root = merkle_root({e.shard_id: e.digest for e in entries})
+    return AggregateSummary(zone, round, root, total_weight, sites, tuple(entries), group)
+
+
+def build_aggregate(zone: str, state: OpenRound, group: str) -> tuple[Aggregate, Contributors]:
+    """Group ``group`` of a closed round: its aggregate and who contributed to each shard."""
+    acc = state.groups.get(group, ShardAccumulator())
+    means = acc.finalize()
+    enc = state.encrypted.get(group)
+    ciphertexts = {sid: enc.serialize(sid) for sid in enc.shard_ids()} if enc is not None else {}
+    contributors = {sid: sorted(sites) for sid, sites in state.contributors.get(group, {}).items()}
+    summary = summarize(
+        zone,
+        state.spec.round,
+        group,
+        (means, ciphertexts),
+        total_weight=max((acc.weight(sid) for sid in means), default=0.0),
+        sites=tuple(sorted({s for sites in contributors.values() for s in sites})),
+    )
+    return Aggregate(summary, means, ciphertexts), contributors
+
+
+def missing_noise_shares(state: OpenRound, group: str, needed: int) -> str | None:
+    """An encrypted shard of ``group`` that holds fewer than ``needed`` sites' noise shares
+    (with distributed DP noise it carries less noise than the sites accounted), if any."""
+    enc = state.encrypted.get(group)
+    short = [sid for sid in (enc.shard_ids() if enc else []) if len(state.contributors[group][sid]) < needed]
+    return short[0] if short else None
+
+
+class AggregateStore:
+    """A zone's published aggregates on disk, one snapshot per round and group.
+
+    Parameters
+    ----------
+    root:
+        Directory of the snapshots (a :class:`~fedshard.store.LocalShardStore`).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self._store = LocalShardStore(root)
+
+    @staticmethod
+    def key(round: int, group: str) -> str:
+        """The snapshot name of aggregate ``group`` of ``round``."""
+        return f"aggregate-{round:06d}-{group.replace('/', '-').replace('+', '_')}"
+
+    def save(self, aggregate: Aggregate, contributors: Contributors) -> None:
+        """Store ``aggregate`` (atomically; see the module docstring for the format)."""
+        summary = aggregate.summary
+        arrays = dict(aggregate.means)
+        arrays.update({sid: np.frombuffer(c, np.uint8).reshape(1, -1) for sid, c in aggregate.ciphertexts.items()})
+        meta = {
+            "format": AGGREGATE_FORMAT,
+            "zone": summary.zone,
+            "round": summary.round,
+            "group": summary.group,
+            "merkle_root": summary.merkle_root,
+            "total_weight": summary.total_weight,
+            "sites": list(summary.sites),
+            "contributors": contributors,
+            "encrypted": sorted(aggregate.ciphertexts),
+        }
+        self._store.save(self.key(summary.round, summary.group), arrays, meta)
+
+    def load(self, zone: str, round: int, group: str) -> tuple[Aggregate, Contributors] | None:
+        """The stored aggregate ``group`` of ``round`` (None if there is none), checked against its root.
+
+        Raises
+        ------
+        IntegrityError
+            With code :attr:`~RefusalCode.CORRUPT`: what is stored fails its Merkle root.
+        """
+        key = self.key(round, group)
+        if not self._store.exists(key):
+            return None
+        meta, arrays = self._store.load(key)
+        if "format" in meta:
+            encrypted = set(meta.get("encrypted", []))
+        else:  # format 1
+            encrypted = {sid for sid, arr in arrays.items() if arr.dtype == np.uint8}
+        means = {sid: arr for sid, arr in arrays.items() if sid not in encrypted}
+        ciphertexts = {sid: arr.tobytes() for sid, arr in arrays.items() if sid in encrypted}
+        summary = summarize(
+            zone,
+            round,
+            group,
+            (means, ciphertexts),
+            total_weight=float(meta["total_weight"]),
+            sites=tuple(meta["sites"]),
+        )
+        if summary.merkle_root != meta["merkle_root"]:
+            raise IntegrityError(
+                f"zone {zone}: stored aggregate {group} of round {round} fails its Merkle root",
+                code=RefusalCode.CORRUPT,
+            )
+        contributors = {sid: list(v) for sid, v in meta.get("contributors", {}).items()}
+        return Aggregate(summary, means, ciphertexts), contributors
+
+
+class Publications:
+    """What a zone has published: the latest round's aggregates in memory, every
+    summary it closed, and (with a store) every aggregate on disk.
+
+    Parameters
+    ----------
+    zone:
+        The zone's name (in messages and rebuilt summaries).
+    store_dir:
+        Where aggregates are stored; None: only the latest round is kept.
+    """
+
+    def __init__(self, zone: str, store_dir: str | Path | None) -> None:
+        self.zone = zone
+        self._store = AggregateStore(store_dir) if store_dir is not None else None
+        self._latest: dict[str, tuple[Aggregate, Contributors]] = {}
+        self._latest_round = -1
+        self._summaries: dict[tuple[int, str], AggregateSummary] = {}
+        self._lock = threading.Lock()
+
+    def publish(self, aggregate: Aggregate, contributors: Contributors) -> None:
+        """Keep ``aggregate`` (stored first, when there is a store) and its summary."""
+        summary = aggregate.summary
+        if self._store is not None:
+            self._store.save(aggregate, contributors)
+        with self._lock:
+            if summary.round != self._latest_round:
+                self._latest, self._latest_round = {}, summary.round
+            self._latest[summary.group] = (aggregate, contributors)
+            self._summaries[(summary.round, summary.group)] = summary
+
+    def summaries(self, round: int) -> list[AggregateSummary]:
+        """The summaries published for ``round``, by group."""
+        with self._lock:
+            return [s for (r, _), s in sorted(self._summaries.items()) if r == round]
+
+    def load(self, round: int, group: str) -> tuple[Aggregate, Contributors]:
+        """Aggregate ``group`` of ``round`` and its contributors: the latest round from
+        memory, older ones (and any after a restart) from the store, checked.
+
+        Raises
+        ------
+        AggregateNotFoundError
+            There is none (not closed yet, unknown, or not kept without a store).
+        IntegrityError
+            What is stored fails its Merkle root (code :attr:`~RefusalCode.CORRUPT`).
+        """
+        with self._lock:
+            if round == self._latest_round and group in self._latest:
+                return self._latest[group]
+            known = (round, group) in self._summaries
+        loaded = self._store.load(self.zone, round, group) if self._store is not None else None
+        if loaded is None:
+            raise AggregateNotFoundError(
+                f"zone {self.zone}: no {group} aggregate for round {round} "
+                + ("(this zone keeps only the latest without a store)" if known else "(not closed yet, or unknown)")
+            )
+        with self._lock:
+            self._summaries.setdefault((round, group), loaded[0].summary)
+        return loaded

@@ -1,0 +1,263 @@
+"""Forwarded partial sums at the reducing zone, driven directly: a forward is a transaction
+like a push. Every refused forward raises :class:`PushRejectedError` with its code and
+leaves nothing behind: each refusal test ends with :func:`assert_only_good_counted`,
+which has the zone forward again, closes the round and checks the global aggregate is
+exactly that good forward's mean."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fedshard.errors import PushRejectedError, RefusalCode
+from fedshard.integrity import build_manifest
+from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, RoundSpec
+from fedshard.sharding import ShardPlan
+from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.frames import shard_chunks
+from tests.zone_helpers import BASE, TOKEN, Shards, partial_from, random_update, reducing_policy
+
+SITES = ("site-a", "site-b")
+PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32), "b": np.zeros(5, np.float32)}, tile=(4, 4))
+
+
+def sums(seed: int) -> Shards:
+    rng = np.random.default_rng(seed)
+    return {sid: rng.standard_normal(PLAN.shard(sid).shape) for sid in PLAN.shard_ids}
+
+
+@pytest.fixture
+def zone() -> ZoneAggregator:
+    zone = ZoneAggregator("eu-1", "EU", residency=reducing_policy(PLAN, SITES))
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+    return zone
+
+
+def assert_only_good_counted(zone: ZoneAggregator) -> None:
+    good = sums(99)
+    assert zone.receive_partial(partial_from(good, weight=4.0), good) == len(good)
+    (summary,) = zone.close_round(1)
+    aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="EU").means
+
+    assert (summary.group, summary.sites, summary.total_weight) == (GLOBAL_GROUP, ("site-a",), 4.0)
+    assert zone.stats.partials_received == len(good)
+    for sid, total in good.items():
+        np.testing.assert_array_equal(aggregate[sid], (total / 4.0).astype(np.float32))
+
+
+def refused(zone: ZoneAggregator, code: RefusalCode, match: str, forward: Callable[[], object]) -> None:
+    with pytest.raises(PushRejectedError, match=match) as info:
+        forward()
+
+    assert info.value.code is code
+    assert str(info.value).startswith("zone eu-1 refused zone us-1's partial sums for round 1: ")
+    assert "\n" not in str(info.value)
+    assert_only_good_counted(zone)
+
+
+def test_forwarded_sums_make_the_global_mean(zone: ZoneAggregator) -> None:
+    assert_only_good_counted(zone)
+
+
+def test_forwarded_sums_and_a_local_push_make_one_global_mean(zone: ZoneAggregator) -> None:
+    assert zone.residency is not None
+    local = random_update(5, PLAN)
+    manifest = build_manifest(
+        site_id="site-b",
+        round=1,
+        plan_digest=PLAN.digest,
+        base_version=BASE,
+        zone="eu-1",
+        weight=2.0,
+        shards=local,
+        classes=dict.fromkeys(local, "public"),
+        policy_digest=zone.residency.policy.digest,
+    )
+    forwarded = sums(7)
+
+    zone.push(manifest, TOKEN, local)
+    zone.receive_partial(partial_from(forwarded, weight=4.0), forwarded)
+    (summary,) = zone.close_round(1)
+    aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="US").means
+
+    assert (summary.sites, summary.total_weight) == (("site-a", "site-b"), 6.0)
+    for sid in PLAN.shard_ids:
+        expected = (forwarded[sid] + 2.0 * local[sid].astype(np.float64)) / 6.0
+        np.testing.assert_array_equal(aggregate[sid], expected.astype(np.float32))
+
+
+def test_a_tampered_sum_is_refused_on_its_digest(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    partial = partial_from(a)
+    a["w#r0c0"] = a["w#r0c0"] + 1.0
+
+    refused(
+        zone,
+        RefusalCode.DIGEST,
+        "shard w#r0c0: digest does not match the header",
+        lambda: zone.receive_partial(partial, a),
+    )
+
+
+def test_a_sum_the_header_does_not_list_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    partial = partial_from({k: v for k, v in a.items() if k != "b#r1c0"})
+
+    refused(
+        zone, RefusalCode.UNKNOWN_SHARD, "b#r1c0 is not listed in the header", lambda: zone.receive_partial(partial, a)
+    )
+
+
+def test_a_listed_sum_that_never_arrives_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    partial = partial_from(a)
+    del a["w#r1c1"]
+
+    refused(zone, RefusalCode.MISSING, "never arrived, e.g. w#r1c1", lambda: zone.receive_partial(partial, a))
+
+
+def test_a_sum_of_another_shape_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    partial = partial_from(a)
+    a["w#r0c0"] = a["w#r0c0"].reshape(2, 8)
+
+    refused(
+        zone,
+        RefusalCode.SHAPE,
+        r"w#r0c0 has shape \(2, 8\), the header says \(4, 4\)",
+        lambda: zone.receive_partial(partial, a),
+    )
+
+
+def test_float32_sums_are_refused(zone: ZoneAggregator) -> None:
+    a = {sid: v.astype(np.float32) for sid, v in sums(1).items()}
+    refused(zone, RefusalCode.SHAPE, "partial sums are float64", lambda: zone.receive_partial(partial_from(a), a))
+
+
+def test_non_finite_sums_are_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    a["b#r0c0"][0, 0] = np.nan
+    refused(zone, RefusalCode.NON_FINITE, "b#r0c0: non-finite", lambda: zone.receive_partial(partial_from(a), a))
+
+
+def test_a_non_positive_weight_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.NON_FINITE,
+        "non-finite values or weight",
+        lambda: zone.receive_partial(partial_from(a, weight=0.0), a),
+    )
+
+
+def test_a_stale_token_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    refused(zone, RefusalCode.TOKEN, "round token", lambda: zone.receive_partial(partial_from(a, token="old"), a))
+
+
+def test_a_header_listing_a_shard_twice_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    partial = partial_from(a)
+    partial = replace(partial, entries=(*partial.entries, partial.entries[0]))
+    refused(zone, RefusalCode.MALFORMED, "lists a shard twice", lambda: zone.receive_partial(partial, a))
+
+
+def test_a_sum_of_no_site_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.MALFORMED,
+        "a partial sum of no site",
+        lambda: zone.receive_partial(partial_from(a, sites=()), a),
+    )
+
+
+def test_a_sum_naming_an_unknown_site_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.IDENTITY,
+        "unknown site 'site-z'",
+        lambda: zone.receive_partial(partial_from(a, sites=("site-z",)), a),
+    )
+
+
+def test_a_caller_whose_certificate_names_another_zone_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.IDENTITY,
+        "certificate names zone 'ap-1'",
+        lambda: zone.receive_partial(partial_from(a), a, certified="ap-1"),
+    )
+
+
+def test_a_second_forward_of_the_same_zone_is_refused(zone: ZoneAggregator) -> None:
+    a, b = sums(1), sums(2)
+    zone.receive_partial(partial_from(a, weight=4.0), a)
+
+    with pytest.raises(PushRejectedError, match="already forwarded") as info:
+        zone.receive_partial(partial_from(b), b)
+
+    assert info.value.code is RefusalCode.DUPLICATE
+    (summary,) = zone.close_round(1)
+    assert summary.total_weight == 4.0
+
+
+def test_a_forward_while_the_same_zone_is_forwarding_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    with zone.begin_forward(partial_from(a), certified=None) as session:
+        with pytest.raises(PushRejectedError, match="already forwarded") as info:
+            zone.begin_forward(partial_from(a))
+        session.take(next(shard_chunks("w#r0c0", a["w#r0c0"])))
+
+    assert info.value.code is RefusalCode.DUPLICATE
+    assert_only_good_counted(zone)
+
+
+def test_a_forward_after_the_round_closed_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    zone.close_round(1)
+
+    with pytest.raises(PushRejectedError, match="round 1 is not open") as info:
+        zone.receive_partial(partial_from(a), a)
+
+    assert info.value.code is RefusalCode.ROUND
+
+
+def test_every_refusal_is_counted_and_audited(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    partial = partial_from(a)
+    a["w#r0c0"] = a["w#r0c0"] + 1.0
+
+    with pytest.raises(PushRejectedError):
+        zone.receive_partial(partial, a)
+
+    assert zone.stats.refused == 1
+    assert "digest does not match the header" in zone.stats.refusals[-1]
+
+
+def test_a_zone_without_residency_reduces_nothing() -> None:
+    zone = ZoneAggregator("eu-1", "EU")
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+    a = sums(1)
+
+    with pytest.raises(PushRejectedError, match="reduces nothing globally") as info:
+        zone.receive_partial(partial_from(a), a)
+
+    assert info.value.code is RefusalCode.RESIDENCY
+
+
+def test_an_encrypted_sum_needs_a_zone_with_a_ckks_context(zone: ZoneAggregator) -> None:
+    blob = np.frombuffer(b"\x00" * 64, np.uint8).reshape(1, -1)
+    entry = PartialEntry("w#r0c0", "00" * 32, 64, 1.0, ("site-a",), encrypted=True)
+
+    refused(
+        zone,
+        RefusalCode.ENCRYPTION,
+        "not an encrypted partial sum this zone sums",
+        lambda: zone.receive_partial(PartialSum("us-1", 1, TOKEN, (entry,)), {"w#r0c0": blob}),
+    )
