@@ -311,7 +311,7 @@ def push_round(
 
     ``coordinator`` and ``client`` are ``GrpcZoneClient``s of the zone, ``server_proc`` its
     ``psutil.Process``. Returns the seconds of ``manifest`` (``build_manifest``, not part of
-    the push), ``push``, ``close`` (``close_round``) and ``fetch`` (``fetch_aggregate``,
+    the push), ``push``, ``close`` (``close_round``) and ``fetch`` (``fetch``,
     download and checks), and of each process during the push its CPU seconds
     (``srv_cpu``, ``cli_cpu``) and minor page faults (``srv_flt``, ``cli_flt``).
     """
@@ -332,10 +332,10 @@ def push_round(
     t_close0 = time.perf_counter()
     coordinator.close_round(round_no)
     t3 = time.perf_counter()
-    summary, agg = client.fetch_aggregate(round_no)
+    aggregate = client.fetch(round_no)
     t4 = time.perf_counter()
-    assert len(agg) == len(shards) and summary.sites == (site,)
-    del agg
+    assert len(aggregate.means) == len(shards) and aggregate.summary.sites == (site,)
+    del aggregate
     return {
         "manifest": t_manifest,
         "push": t2 - t1,

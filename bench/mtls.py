@@ -12,7 +12,7 @@ is paid once, in the warm-up.
 Every repetition runs one round on each server, in an order rotated per repetition:
 ``open_round``, build the manifest (not timed in the push), ``push`` the same ~100 MB
 update (25 M+ float32 values, tile 256x256, 1 MiB chunks), ``close_round``,
-``fetch_aggregate`` (download + digest and Merkle-root checks). A new connection
+``fetch`` (download + digest and Merkle-root checks). A new connection
 (channel, handshake, one ``Info`` call, on its own subchannel) is timed separately.
 
     .venv/bin/python bench/mtls.py [--quick] [--json] [--runs N] [--values N] [--output FILE]
@@ -225,7 +225,7 @@ def interpretation(f: Figures) -> str:
     sentences = [
         f"With mutual TLS a push runs at {push_r:.0%} of the plain-text throughput "
         f"({f.rate(f.stat(MTLS, 'push').median):,.0f} vs {f.rate(f.stat(PLAIN, 'push').median):,.0f} MB/s; per-run "
-        f"paired ratios {push_lo:.0%}-{push_hi:.0%}) and `fetch_aggregate` at {fetch_r:.0%} "
+        f"paired ratios {push_lo:.0%}-{push_hi:.0%}) and `fetch` at {fetch_r:.0%} "
         f"({f.rate(f.stat(MTLS, 'fetch').median):,.0f} vs {f.rate(f.stat(PLAIN, 'fetch').median):,.0f} MB/s; "
         f"{fetch_lo:.0%}-{fetch_hi:.0%})." + _noise_note(push_lo, push_hi, fetch_lo, fetch_hi),
         f"CPU seconds per {f.nbytes / c.MB:.0f} MB push, mTLS minus plain text (differences of medians): zone "
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads): one plain text, one requiring mutual TLS with certificates from a throwaway federation PKI "
             "(ECDSA P-256, `fedshard.crypto.pki`). A new round per push; channels stay open between rounds.",
             "- `push` = `GrpcZoneClient.push` (manifest built beforehand: `manifest`); `close` = `close_round`; "
-            "`fetch` = `fetch_aggregate` download + verification; CPU columns = user+sys CPU seconds of each "
+            "`fetch` = `fetch` download + verification; CPU columns = user+sys CPU seconds of each "
             "process during the push; `new connection` = a fresh channel on its own subchannel until one `Info` "
             "call returns.",
             c.steal_note(ticks0),

@@ -1,11 +1,11 @@
-"""Upload (push) and download (fetch_aggregate) throughput through the real gRPC data plane.
+"""Upload (push) and download (fetch) throughput through the real gRPC data plane.
 
 A zone gRPC server runs in a separate process (``python bench/_common.py serve``), on
 127.0.0.1, so the client and the zone do not share a GIL. For each configuration
 (shard tile x chunk size) and each repetition, the client opens a new round, builds the
 manifest (digests every shard; timed separately, not part of the push), pushes a
 ~100 MB update (25 M+ float32 values) with ``GrpcZoneClient.push``, closes the round
-and downloads the aggregate with ``fetch_aggregate`` (which verifies every digest and
+and downloads the aggregate with ``fetch`` (which verifies every digest and
 the Merkle root). Configurations are interleaved and their order rotated every
 repetition; one untimed warm-up round per configuration comes first.
 
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "256 MB, 16 worker threads). A new round per push.",
             "- `push` = `GrpcZoneClient.push` (manifest built beforehand, not timed in it); `manifest` = "
             "`build_manifest` (digests); `close` = `close_round` (finalize, digests, publish); `fetch` = "
-            "`fetch_aggregate` download + verification; CPU columns = user+sys CPU seconds of each process "
+            "`fetch` download + verification; CPU columns = user+sys CPU seconds of each process "
             "during the push.",
         ],
         headers=HEADERS,

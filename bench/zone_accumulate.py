@@ -204,7 +204,7 @@ def measure(everything: Variants, runs: int) -> tuple[dict[str, list[float]], di
 def check_means(zone: ZoneAggregator, w: Workload, acc64: list[np.ndarray], pushes: int) -> None:
     """Sanity: the zone's mean equals the float64 reference."""
     zone.close_round(1)
-    _, means = zone.aggregate(1)
+    means = zone.fetch(1).means
     for sid, a in list(zip(w.sids, acc64, strict=True))[:8]:
         np.testing.assert_allclose(means[sid], (a / pushes).astype(np.float32), rtol=1e-6, atol=1e-7)
 
