@@ -2,7 +2,9 @@
 
 Flower may start a fresh process per message, so this module imports only Flower at
 the top; the site, its task and torch load inside the handlers. The site's state
-(parameter shards, model version) lives on disk under its state directory.
+(parameter shards, model version) lives on disk under its state directory; a process
+that handles several messages keeps its Site, and so its model, between them
+(:func:`fedshard.assembly.site_for`).
 
 Deployment (``fedshard site up``): the node config gives ``site-config``, the site's own
 config file on its host (federation config copy, state folder, key bundle), plus
@@ -32,12 +34,12 @@ def _site(context: Context, defaults: Mapping[str, Any]) -> Site:
     """The site this node runs: from its own config file (deployment) or the run config (simulation)."""
     from pathlib import Path
 
-    from fedshard.assembly import make_deployed_site, make_site
+    from fedshard.assembly import deployed_site_for, site_for
     from fedshard.config import load_federation
 
     node = dict(context.node_config)
     if "site-config" in node:  # deployment: the site's own config file, on its own host
-        return make_deployed_site(
+        return deployed_site_for(
             Path(str(node["site-config"])),
             site_id=str(node.get("site-id", "")),
             jurisdiction=str(node.get("jurisdiction", "")),
@@ -47,7 +49,7 @@ def _site(context: Context, defaults: Mapping[str, Any]) -> Site:
     # simulation numbers the nodes, the n-th being the config's n-th site
     site_id = str(node["site-id"]) if "site-id" in node else config.sites[int(node["partition-id"])].id
     state_root = Path(str(node["state-dir"])).parent if "state-dir" in node else Path(str(settings["state-root"]))
-    return make_site(config, site_id, state_root)
+    return site_for(config, site_id, state_root)
 
 
 def _handle(kind_value: str, msg: Message, context: Context, defaults: Mapping[str, Any]) -> Message:
