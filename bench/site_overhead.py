@@ -291,8 +291,8 @@ def summarise(run: ModelRun) -> dict[str, Any]:
         "messages": len(run.messages),
         "peak_extra_mb": extra / 1e6,
         "peak_extra_over_model": extra / run.model_bytes,
-        "instruction_bytes_first": trains[0].instruction_bytes,
-        "instruction_bytes_last": trains[-1].instruction_bytes,
+        "instruction_bytes_first": steady[0].instruction_bytes,
+        "instruction_bytes_last": steady[-1].instruction_bytes,
         "rounds": len(trains),
     }
 
@@ -345,7 +345,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, desc: d
         "round r−1's aggregate, save, split, route, sign, push to a zone gRPC server in another process.",
         f"- Message time is the median over rounds 2…{big['rounds']}; extra memory is the largest peak RSS of any "
         "message after the first, minus the RSS before the first message and the model's size.",
-        f"- Instruction bytes (demo): {results['demo']['instruction_bytes_first']} in round 1, "
+        f"- Train instruction (demo): {results['demo']['instruction_bytes_first']} bytes in round 2, "
         f"{results['demo']['instruction_bytes_last']} in round {results['demo']['rounds']}.",
     ]
     interpretation = (
