@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -141,7 +140,7 @@ def deployed_site_for(site_config: Path, *, site_id: str = "", jurisdiction: str
     local, config, _ = loaded
     assert local.deployment is not None  # _load_deployed checked it
     bundle = Path(local.deployment.keys)
-    stamps = sorted(f"{e.path}:{e.stat().st_mtime_ns}" for e in os.scandir(bundle) if e.is_file())
+    stamps = sorted(f"{p}:{p.stat().st_mtime_ns}" for p in bundle.rglob("*") if p.is_file())
     key = _digest(local.model_dump_json(), config.model_dump_json(), *stamps)
     return _kept(key, lambda: _deployed_site(loaded))
 

@@ -125,6 +125,9 @@ class HeldModel:
         self.initial = not any(t.is_meta for t in module.state_dict().values())
         if not self.initial:  # a lazily built model: storage now, values from the store
             module.to_empty(device="cpu")
+        for tensor in module.state_dict(keep_vars=True).values():
+            if not tensor.is_contiguous():  # shards are written into the tensors' memory
+                tensor.data = tensor.data.contiguous()
         plan = ShardPlan.from_state_dict(module.state_dict(), self._tile)
         self._module, self._plan = module, plan
         self._pristine = _snapshot(module, plan)

@@ -95,3 +95,20 @@ def test_a_replaced_parameter_of_another_shape_is_refused() -> None:
         held.tensors()
     held.discard()
     assert held.module() is not module and held.builds == 2
+
+
+def test_a_non_contiguous_parameter_is_made_contiguous_with_the_same_values() -> None:
+    values = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+
+    def build() -> nn.Module:
+        module = nn.Linear(4, 6, bias=False)
+        module.weight = nn.Parameter(values.t())  # a transposed view: not contiguous
+        return module
+
+    held = HeldModel(build, (16, 16))
+    assert not build().weight.is_contiguous()
+    tensors = held.tensors()
+    assert tensors["weight"].flags.c_contiguous
+    assert np.array_equal(tensors["weight"], values.t().numpy())
+    held.shards()["weight#r0c0"] = np.zeros((6, 4), dtype=np.float32)
+    assert torch.all(held.module().weight == 0)
