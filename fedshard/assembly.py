@@ -295,8 +295,11 @@ def check_privacy(config: FederationConfig) -> None:
     task = load_task(config.task.target, dict(config.task.options))
     record = config.privacy.record_level
     if record.enabled and not record.fix_incompatible_layers:
+        import torch
+
         try:
-            build_initial_model(task, config.federation.seed, LayerPolicy.CHECK)
+            with torch.random.fork_rng(devices=[]):  # the build's seed stays inside it
+                build_initial_model(task, config.federation.seed, LayerPolicy.CHECK)
         except PrivacyError as exc:
             raise ConfigError(f"privacy.record_level: {exc}") from None
     for site in config.sites:
