@@ -2,12 +2,19 @@
 
 Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and the
 ``fedshard zone up`` command all assemble sites and zones here, the same way.
+
+A process keeps the sites it assembled for messages (:func:`site_for`,
+:func:`deployed_site_for`), so a site's model is built once per process, not once per
+message.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,11 +23,13 @@ from fedshard.errors import ConfigError, PrivacyError
 from fedshard.protocol.channels import ZoneClient, ZoneConnector
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import SitePrivacy
+from fedshard.site.routes import CLASSES_FILE, ModelSource, RouteSource, SiteRouting, read_classes, write_classes
 from fedshard.site.site import Site
 from fedshard.task import Partition, build_initial_model, load_task
 from fedshard.zone.aggregator import ZoneAggregator
 
 if TYPE_CHECKING:
+    from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
     from fedshard.routing import FederationRouting
@@ -28,8 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AUDIT_FILE",
     "SIGNING_KEY_FILE",
+    "SITE_CACHE_SIZE",
     "STORE_KEYS_DIR",
     "check_privacy",
+    "deployed_site_for",
     "grpc_connector",
     "he_keys",
     "load_site_keys",
@@ -37,6 +48,7 @@ __all__ = [
     "make_site",
     "make_zone",
     "running_zones",
+    "site_for",
 ]
 
 STORE_KEYS_DIR = "store-keys"
@@ -45,6 +57,11 @@ SIGNING_KEY_FILE = "signing.key"
 """A site's manifest-signing key, in its state folder (public key beside it, ``.pub``)."""
 AUDIT_FILE = "audit.jsonl"
 """A zone's audit log, in its store folder."""
+SITE_CACHE_SIZE = 8
+"""Sites a process keeps assembled (least recently used beyond that are dropped with their models)."""
+
+_SITES: OrderedDict[str, Site] = OrderedDict()
+_SITES_LOCK = threading.Lock()
 
 
 def grpc_connector(name: str, endpoint: str) -> ZoneClient:
@@ -79,14 +96,26 @@ def make_site(
 ) -> Site:
     """The :class:`Site` for ``site_id``, keeping its state under ``state_root/site_id``.
 
-    The site routes by ``routing`` (computed from ``config`` when not given) and signs
-    its manifests with ``state_root/site_id/signing.key`` when that file exists.
+    The site routes by ``routing`` when given (shared by the sites of one process);
+    otherwise it classifies its shards with its own model, once, and keeps the result
+    in its state folder. It signs its manifests with ``state_root/site_id/signing.key``
+    when that file exists.
     """
     state_dir = Path(state_root) / site_id
     he_dir = he_keys(config) if config.residency.encrypting else None
     kek_file = Path(state_root).parent / STORE_KEYS_DIR / f"{site_id}.kek"
     store = _model_store(config, state_dir, kek_file, create_key=True)
     return _site(config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, store, routing=routing)
+
+
+def site_for(config: FederationConfig, site_id: str, state_root: str | Path) -> Site:
+    """The site :func:`make_site` assembles, kept for this process's later messages.
+
+    Keyed by the config's digest, the site id and the state folder: a changed config
+    assembles a new site.
+    """
+    key = _digest(config.model_dump_json(), site_id, str(Path(state_root).resolve()))
+    return _kept(key, lambda: make_site(config, site_id, state_root))
 
 
 def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
@@ -98,15 +127,59 @@ def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: st
     given, must agree with it. The site's own privacy cap and the aggregator's budget
     both apply: the stricter wins.
     """
-    from fedshard.config import load_deployed_site
-    from fedshard.config.layout import SiteBundle
+    return _deployed_site(_load_deployed(site_config, site_id, jurisdiction))
 
-    local, config, listed = load_deployed_site(site_config)
+
+def deployed_site_for(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
+    """The site :func:`make_deployed_site` assembles, kept for this process's later messages.
+
+    Keyed by the site's configs and its key bundle's files (names and modification
+    times): rotating a key or editing a config assembles a new site.
+    """
+    loaded = _load_deployed(site_config, site_id, jurisdiction)
+    local, config, _ = loaded
+    assert local.deployment is not None  # _load_deployed checked it
+    bundle = Path(local.deployment.keys)
+    stamps = sorted(f"{p}:{p.stat().st_mtime_ns}" for p in bundle.rglob("*") if p.is_file())
+    key = _digest(local.model_dump_json(), config.model_dump_json(), *stamps)
+    return _kept(key, lambda: _deployed_site(loaded))
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _kept(key: str, make: Callable[[], Site]) -> Site:
+    """The site kept under ``key``, assembled by ``make`` on first use (least recently used dropped)."""
+    with _SITES_LOCK:
+        site = _SITES.get(key)
+        if site is None:
+            site = _SITES[key] = make()
+            while len(_SITES) > SITE_CACHE_SIZE:
+                _SITES.popitem(last=False)
+        _SITES.move_to_end(key)
+        return site
+
+
+def _load_deployed(site_config: Path, site_id: str, jurisdiction: str) -> DeployedSite:
+    from fedshard.config import load_deployed_site
+
+    loaded = load_deployed_site(site_config)
+    local = loaded.local
     assert local.deployment is not None  # load_deployed_site checked it
     me = local.site
     for given, own, what in ((site_id, me.id, "site id"), (jurisdiction, me.jurisdiction, "jurisdiction")):
         if given and given != own:
             raise ConfigError(f"{site_config}: the SuperNode was started as {what} {given!r} but the file says {own!r}")
+    return loaded
+
+
+def _deployed_site(loaded: DeployedSite) -> Site:
+    from fedshard.config.layout import SiteBundle
+
+    local, config, listed = loaded
+    assert local.deployment is not None  # load_deployed_site checked it
+    me = local.site
     bundle = SiteBundle(local.deployment.keys)
     tls = bundle.tls if local.deployment.tls else None
     he_dir = bundle.he if config.residency.encrypting else None
@@ -142,9 +215,6 @@ def _site(
     routing: FederationRouting | None = None,
     cap: BudgetConfig | None = None,
 ) -> Site:
-    from fedshard.routing import FederationRouting
-
-    routes = routing or FederationRouting(config)
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
@@ -173,11 +243,34 @@ def _site(
         connect=tls_connector(tls),
         privacy=SitePrivacy(site.id, state_dir, cap=cap if cap is not None else site.cap),
         dp_layers=config.privacy.layer_policy,
-        routing=lambda: routes.site(site_id),
+        routing=_route_source(config, site_id, state_dir, routing),
         signing_key=signing_key,
         he=he,
         store=store,
     )
+
+
+def _route_source(
+    config: FederationConfig, site_id: str, state_dir: Path, shared: FederationRouting | None
+) -> RouteSource:
+    """How the site gets its routes: from ``shared``, or from the classification of its own model
+    (kept in its state folder under the plan and residency config's key)."""
+
+    def routes(plan_digest: str, model: ModelSource) -> SiteRouting:
+        from fedshard.routing import FederationRouting, classification_key, classify
+
+        if shared is not None:
+            return shared.site(site_id)
+        key = classification_key(config, plan_digest)
+        path = state_dir / CLASSES_FILE
+        classes = read_classes(path, key)
+        if classes is None:
+            plan, module = model()
+            classes = classify(config, plan, module)
+            write_classes(path, key, classes)
+        return FederationRouting(config, classes).site(site_id)
+
+    return routes
 
 
 def he_keys(config: FederationConfig) -> Path:
@@ -202,8 +295,11 @@ def check_privacy(config: FederationConfig) -> None:
     task = load_task(config.task.target, dict(config.task.options))
     record = config.privacy.record_level
     if record.enabled and not record.fix_incompatible_layers:
+        import torch
+
         try:
-            build_initial_model(task, config.federation.seed, LayerPolicy.CHECK)
+            with torch.random.fork_rng(devices=[]):  # the build's seed stays inside it
+                build_initial_model(task, config.federation.seed, LayerPolicy.CHECK)
         except PrivacyError as exc:
             raise ConfigError(f"privacy.record_level: {exc}") from None
     for site in config.sites:

@@ -4,12 +4,20 @@ Everything here is derived from the federation config alone, deterministically, 
 site, a zone and ``fedshard route explain`` reach the same decisions independently:
 sites push by them, zones re-check them (:func:`zone_policy_for`), so a shard never
 goes where the policy forbids.
+
+Classifying shards needs the model (its module types). A process classifies a
+federation's model once (:func:`model_classes`), and a site classifies with the model
+it already holds (:func:`classify`), keeping the result in its state folder under
+:func:`classification_key`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
 from collections.abc import Mapping
-from functools import cached_property
+from typing import TYPE_CHECKING
 
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
@@ -27,12 +35,21 @@ from fedshard.site.routes import SiteRouting
 from fedshard.task import build_initial_model, load_task
 from fedshard.zone.policy import ZonePolicy
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "FederationRouting",
+    "classification_key",
+    "classify",
     "explain_routes",
+    "model_classes",
     "router_for",
     "shard_protection",
 ]
+
+_CLASSIFIED: dict[str, tuple[ShardPlan, dict[str, Classification]]] = {}
+_CLASSIFIED_LOCK = threading.Lock()
 
 
 def router_for(config: FederationConfig) -> Router:
@@ -50,35 +67,73 @@ def shard_protection(config: FederationConfig, site_id: str, shard_class: str = 
     return ShardProtection(encrypted=config.residency.encrypts(shard_class), update_dp_epsilon=epsilon)
 
 
+def classification_key(config: FederationConfig, plan_digest: str = "") -> str:
+    """Digest of everything a shard classification depends on: the model (task, options,
+    seed, layer policy, tile; and ``plan_digest`` when known) and the residency config."""
+    facts = {
+        "task": config.task.model_dump(mode="json"),
+        "seed": config.federation.seed,
+        "layers": str(config.privacy.layer_policy),
+        "tile": list(config.sharding.tile),
+        "plan": plan_digest,
+        "residency": config.residency.model_dump(mode="json", by_alias=True),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def classify(config: FederationConfig, plan: ShardPlan, model: torch.nn.Module) -> dict[str, Classification]:
+    """Shard id → class and reason, for ``model`` (whose plan is ``plan``) under the federation's residency config."""
+    return SensitivityClassifier.from_config(config.residency).classify(plan, model)
+
+
+def model_classes(config: FederationConfig) -> tuple[ShardPlan, dict[str, Classification]]:
+    """The federation model's shard plan and classes, computed once per process and config.
+
+    Builds the model (inside a forked RNG: torch's global generator is left as it was)
+    the first time; the model itself is not kept.
+    """
+    import torch
+
+    key = classification_key(config)
+    with _CLASSIFIED_LOCK:
+        known = _CLASSIFIED.get(key)
+        if known is None:
+            task = load_task(config.task.target, dict(config.task.options))
+            with torch.random.fork_rng(devices=[]):
+                model = build_initial_model(task, config.federation.seed, config.privacy.layer_policy)
+            plan = ShardPlan.from_state_dict(model.state_dict(), config.sharding.tile)
+            known = _CLASSIFIED[key] = (plan, classify(config, plan, model))
+    return known
+
+
 class FederationRouting:
     """The residency facts of a federation, computed once from its config.
 
-    Building the model (for the classifier's detectors) is the expensive part; it
-    happens on first use.
+    Parameters
+    ----------
+    config:
+        The federation config.
+    classes:
+        Shard id → class, when the caller classified the model already (a site, with
+        the model it holds); otherwise :func:`model_classes` on first use.
     """
 
-    def __init__(self, config: FederationConfig) -> None:
+    def __init__(self, config: FederationConfig, classes: Mapping[str, Classification] | None = None) -> None:
         self.config = config
         self.router = router_for(config)
-
-    @cached_property
-    def _model_plan(self) -> tuple[ShardPlan, dict[str, Classification]]:
-        config = self.config
-        task = load_task(config.task.target, dict(config.task.options))
-        model = build_initial_model(task, config.federation.seed, config.privacy.layer_policy)
-        plan = ShardPlan.from_state_dict(model.state_dict(), config.sharding.tile)
-        classes = SensitivityClassifier.from_config(config.residency).classify(plan, model)
-        return plan, classes
+        self._classes = dict(classes) if classes is not None else None
 
     @property
     def plan(self) -> ShardPlan:
         """The model's shard plan."""
-        return self._model_plan[0]
+        return model_classes(self.config)[0]
 
     @property
     def classes(self) -> dict[str, Classification]:
         """Shard id → class and reason."""
-        return self._model_plan[1]
+        if self._classes is None:
+            self._classes = dict(model_classes(self.config)[1])
+        return self._classes
 
     def site(self, site_id: str) -> SiteRouting:
         """Routes of one site.

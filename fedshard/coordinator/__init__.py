@@ -1,7 +1,8 @@
 """The coordinator: drives rounds over a :class:`~fedshard.protocol.channels.SiteGateway`
 and the zones' lifecycle calls. It sees metadata only, never parameters or updates.
 
-``coordinator``  selection, round driving, one version chain per residency group
+``coordinator``  selection, round driving
+``groups``       residency groups: one version chain each, and the rounds each site has not applied
 ``events``       the JSON-lines event log a run writes (and replays for status and summaries)
 """
 

@@ -7,16 +7,13 @@ zone, then the reducing zone), extends each residency group's model-version chai
 and has sites evaluate. It never sees parameters or updates: those go from sites
 straight to zones.
 
-Sites whose shards end up in the same aggregates form a **residency group** (for
-example, EU sites share regional EU aggregates of their personal layers, while
-everyone shares the global ones). Each group has its own model and version chain;
-the run's ``version`` combines them.
+Sites whose shards end up in the same aggregates form a **residency group**, each
+with its own model-version chain (:mod:`fedshard.coordinator.groups`); a message
+carries only the rounds its site has not applied, never the whole history.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import random
@@ -26,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedshard.config import FederationConfig
+from fedshard.coordinator.groups import Group, combine_versions, residency_groups
 from fedshard.errors import FedshardError, RoundError
-from fedshard.integrity import merkle_root, next_version
+from fedshard.integrity import merkle_root
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
-    AppliedRound,
     ApplyRule,
     EvaluateInstruction,
     EvaluateReport,
@@ -93,48 +90,6 @@ class RunResult:
         return latest
 
 
-@dataclass
-class _Group:
-    """Sites that apply the same aggregates (a residency group), and their model's history."""
-
-    view: dict[str, list[str]]  # "zone|group" -> shard ids
-    sites: list[str]
-    version: str
-    history: list[AppliedRound] = field(default_factory=list)
-
-    def applied_root(self, published: Mapping[str, AggregateSummary]) -> str:
-        """Root over the shards this group applies from the round's aggregates."""
-        digests: dict[str, str] = {}
-        for key, shard_ids in self.view.items():
-            summary = published.get(key)
-            if summary is None:
-                continue
-            entries = {e.shard_id: e.digest for e in summary.shards}
-            digests.update({sid: entries[sid] for sid in shard_ids if sid in entries})
-        return merkle_root(digests)
-
-
-def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
-    """Sites that apply the same aggregates, by group name (their jurisdictions, joined by ``+``)."""
-    by_view: dict[str, list[SiteInfo]] = {}
-    for info in sorted(sites, key=lambda i: i.site_id):
-        by_view.setdefault(json.dumps(info.view, sort_keys=True), []).append(info)
-    groups: dict[str, list[SiteInfo]] = {}
-    for members in by_view.values():
-        name = "+".join(sorted({m.jurisdiction for m in members}))
-        while name in groups:
-            name += "'"
-        groups[name] = members
-    return groups
-
-
-def combine_versions(versions: Mapping[str, str]) -> str:
-    """One version for the whole federation: the only group's, or a digest over all groups'."""
-    if len(versions) == 1:
-        return next(iter(versions.values()))
-    return hashlib.sha256(json.dumps(dict(sorted(versions.items()))).encode()).hexdigest()
-
-
 class RoundObserver(Protocol):
     """Receives progress events (progress display, event log)."""
 
@@ -179,7 +134,7 @@ class Coordinator:
         self.observer = observer
         self._rng = random.Random(config.federation.seed)
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
-        self._groups: dict[str, _Group] = {}  # residency group name -> group
+        self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
         self._apply_rule = ApplyRule(**config.training.server_optimizer.model_dump())
@@ -242,7 +197,8 @@ class Coordinator:
         """Group sites by the aggregates they apply (their views)."""
         self._groups, self._group_of = {}, {}
         for name, members in residency_groups(list(self._nodes.values())).items():
-            self._groups[name] = _Group(dict(members[0].view), [m.site_id for m in members], genesis)
+            applied = {m.site_id: m.applied_round for m in members}
+            self._groups[name] = Group(dict(members[0].view), [m.site_id for m in members], genesis, applied=applied)
             self._group_of.update({m.site_id: name for m in members})
         if len(self._groups) > 1:
             log.info(
@@ -250,7 +206,7 @@ class Coordinator:
                 "; ".join(f"{n}: {', '.join(g.sites)}" for n, g in sorted(self._groups.items())),
             )
 
-    def _group(self, node: str) -> _Group:
+    def _group(self, node: str) -> Group:
         return self._groups[self._group_of[self._nodes[node].site_id]]
 
     # rounds ------------------------------------------------------------------------------------
@@ -328,57 +284,17 @@ class Coordinator:
 
     def run_round(self, rnd: int, version: str) -> RoundResult:
         """Run round ``rnd``; ``version`` is the federation's version before it."""
-        fed = self.config.federation
         selected = self._select(rnd)
         token = secrets.token_hex(16)
-        site_ids = tuple(self._nodes[n].site_id for n in selected)
-        versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
-        spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())))
-        opened = []
-        try:
-            for name, zone in self.zones.items():
-                zone.open_round(spec)
-                opened.append(name)
-        except FedshardError:
-            self._abort(rnd, opened)
-            raise
-        t = self.config.training
-        weight_scale = float(max(i.num_examples for i in self._nodes.values()))
-        instructions = {
-            node: TrainInstruction(
-                round=rnd,
-                token=token,
-                base_version=self._group(node).version,
-                history=list(self._group(node).history),
-                zones=self.endpoints,
-                epochs=t.local_epochs,
-                batch_size=t.batch_size,
-                learning_rate=t.learning_rate,
-                seed=derive_seed(fed.seed, rnd, self._nodes[node].site_id),
-                privacy=self._privacy_plan(self._nodes[node].site_id),
-                apply=self._apply_rule,
-                weight_scale=weight_scale,
-            )
-            for node in selected
-        }
-        replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
-        reports: list[TrainReport] = []
-        refused: dict[str, str] = {}
-        for node, reply in replies.items():
-            site_id = self._nodes[node].site_id
-            if isinstance(reply, TrainReport) and reply.privacy is not None:
-                self._privacy[site_id] = reply.privacy
-            if isinstance(reply, TrainReport) and reply.ok:
-                reports.append(reply)
-            else:
-                refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
-                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
-        if len(reports) < fed.min_sites:
+        self._open(rnd, token, version, selected)
+        reports, refused = self._train(rnd, token, selected)
+        min_sites = self.config.federation.min_sites
+        if len(reports) < min_sites:
             self._abort(rnd, list(self.zones))
             details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))
             raise RoundError(
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
-                f"(federation.min_sites is {fed.min_sites}). {details}"
+                f"(federation.min_sites is {min_sites}). {details}"
             )
         published = self._close(rnd)
         counted = {s for summary in published.values() for s in summary.sites}
@@ -387,11 +303,7 @@ class Coordinator:
         announced = [
             PublishedAggregate(zone=s.zone, group=s.group, merkle_root=s.merkle_root) for s in published.values()
         ]
-        roots = {}
-        for name, group in sorted(self._groups.items()):
-            roots[name] = root = group.applied_root(published)
-            group.version = next_version(group.version, root)
-            group.history.append(AppliedRound(round=rnd, merkle_root=root, aggregates=announced))
+        roots = {name: group.extend(rnd, published, announced) for name, group in sorted(self._groups.items())}
         accuracy, loss = self._evaluate(rnd)
         ok = [r for r in reports if r.site_id in counted]
         weight = sum(r.num_examples for r in ok) or 1
@@ -413,6 +325,60 @@ class Coordinator:
                 {"zone": s.zone, "group": s.group, "shards": len(s.shards), "sites": list(s.sites)}
                 for s in published.values()
             ],
+        )
+
+    def _open(self, rnd: int, token: str, version: str, selected: list[str]) -> None:
+        """Open the round at every zone (all or none)."""
+        site_ids = tuple(self._nodes[n].site_id for n in selected)
+        versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
+        spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())))
+        opened = []
+        try:
+            for name, zone in self.zones.items():
+                zone.open_round(spec)
+                opened.append(name)
+        except FedshardError:
+            self._abort(rnd, opened)
+            raise
+
+    def _train(self, rnd: int, token: str, selected: list[str]) -> tuple[list[TrainReport], dict[str, str]]:
+        """Send the train messages; the reports of sites that pushed, and why the others did not."""
+        weight_scale = float(max(i.num_examples for i in self._nodes.values()))
+        instructions = {node: self._instruction(node, rnd, token, weight_scale) for node in selected}
+        replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
+        reports: list[TrainReport] = []
+        refused: dict[str, str] = {}
+        for node, reply in replies.items():
+            site_id = self._nodes[node].site_id
+            if isinstance(reply, TrainReport):
+                self._group(node).record(site_id, reply.applied_round)
+                if reply.privacy is not None:
+                    self._privacy[site_id] = reply.privacy
+            if isinstance(reply, TrainReport) and reply.ok:
+                reports.append(reply)
+            else:
+                refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
+                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
+        return reports, refused
+
+    def _instruction(self, node: str, rnd: int, token: str, weight_scale: float) -> TrainInstruction:
+        """What one site needs for round ``rnd``: its group's head and the rounds it has not applied."""
+        site_id = self._nodes[node].site_id
+        group = self._group(node)
+        t = self.config.training
+        return TrainInstruction(
+            round=rnd,
+            token=token,
+            base_version=group.version,
+            missed=group.missed(site_id),
+            zones=self.endpoints,
+            epochs=t.local_epochs,
+            batch_size=t.batch_size,
+            learning_rate=t.learning_rate,
+            seed=derive_seed(self.config.federation.seed, rnd, site_id),
+            privacy=self._privacy_plan(site_id),
+            apply=self._apply_rule,
+            weight_scale=weight_scale,
         )
 
     def _abort(self, rnd: int, zones: list[str]) -> None:
@@ -443,7 +409,7 @@ class Coordinator:
             node: EvaluateInstruction(
                 round=rnd,
                 version=self._group(node).version,
-                history=list(self._group(node).history),
+                missed=self._group(node).missed(self._nodes[node].site_id),
                 zones=self.endpoints,
                 apply=self._apply_rule,
             )
@@ -452,7 +418,9 @@ class Coordinator:
         replies = self.sites.send(MessageKind.EVALUATE, messages, self._timeout)
         reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
         for node, reply in replies.items():
-            if not isinstance(reply, EvaluateReport):
+            if isinstance(reply, EvaluateReport):
+                self._group(node).record(self._nodes[node].site_id, reply.applied_round)
+            else:
                 log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)
         expected = {self._nodes[n].site_id: self._group(n).version for n in self._nodes}
         disagree = [r.site_id for r in reports if r.version != expected.get(r.site_id)]

@@ -53,7 +53,7 @@ class PublishedAggregate(_Msg):
 
 
 class AppliedRound(_Msg):
-    """One round of the model's history as one site sees it.
+    """One round a site has not applied yet, as its residency group sees it.
 
     ``aggregates`` are all the aggregates published in the round; ``merkle_root`` is
     the root over the shards *this site* applies from them (its residency group's
@@ -145,15 +145,23 @@ class SiteInfo(_Msg):
     genesis_version: str
     privacy: PrivacyReport | None = None
     view: dict[str, list[str]] = Field(default_factory=dict)  # "zone|group" -> shard ids this site applies
+    version: str = ""  # the site's model version now (its genesis until it applies a round)
+    applied_round: int = 0  # the last round the site applied
 
 
 class TrainInstruction(_Msg):
-    """Train on the model after ``history`` and push the update for ``round``."""
+    """Apply the rounds in ``missed``, check the model is at ``base_version``, train, push the update.
+
+    ``missed`` holds only the rounds after the one the site last reported applying
+    (the coordinator knows it from the site's reports), oldest first; the site extends
+    its own version chain with them and refuses unless it arrives at ``base_version``,
+    its residency group's head. The message does not grow with the round number.
+    """
 
     round: int
     token: str
     base_version: str
-    history: list[AppliedRound]
+    missed: list[AppliedRound]
     zones: dict[str, str]  # zone name -> endpoint
     epochs: int
     batch_size: int
@@ -178,14 +186,16 @@ class TrainReport(_Msg):
     zone: str = ""
     merkle_root: str = ""
     privacy: PrivacyReport | None = None
+    applied_round: int | None = None  # the last round the site's model has applied (None: unknown)
 
 
 class EvaluateInstruction(_Msg):
-    """Bring the model up to ``history`` and evaluate it on local test data."""
+    """Apply the rounds in ``missed`` (see :class:`TrainInstruction`), check the model is at
+    ``version``, and evaluate it on local test data."""
 
     round: int
     version: str
-    history: list[AppliedRound]
+    missed: list[AppliedRound]
     zones: dict[str, str]
     apply: ApplyRule = ApplyRule()
 
@@ -199,6 +209,7 @@ class EvaluateReport(_Msg):
     num_examples: int
     loss: float
     accuracy: float
+    applied_round: int | None = None  # the last round the site's model has applied
 
 
 class SiteFailure(_Msg):

@@ -1,24 +1,35 @@
 """Where a site keeps its model between messages: its on-prem shard store.
 
-Every Flower message starts a fresh ClientApp process, so the site's model (parameter
-shards, server-optimiser state, model version) lives here between messages.
+The site's model (parameter shards, server-optimiser state, model version) lives here
+between messages; the site holds the module itself in memory
+(:class:`~fedshard.site.model.HeldModel`) and the store reads straight into the
+module's tensors and writes straight from them: no intermediate copy of the model.
 
 * :class:`SealedModelStore` (default): a :class:`~fedshard.store.SealedShardStore` in
   ``<state_dir>/shards``: every shard AES-256-GCM-sealed under its own data key, the
   data keys wrapped by the site's key-encryption key (a key file kept away from the
-  data), every read verified; the model is read back layer by layer through the
-  prefetching loader; each save is one atomic commit.
+  data), every read verified; shards are decrypted layer by layer through the
+  prefetching loader into the module; each save is one atomic commit.
 * :class:`SnapshotModelStore`: one plaintext ``.npz`` snapshot (``store.encrypt: false``).
+
+Both keep the same metadata (``version``, ``genesis``, ``applied_round``, ``plan`` as
+canonical JSON, ``site_id``, ``rule``) and refuse a store written for another shard plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import json
+import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from fedshard.errors import StoreError
+from fedshard.site.model import ShardViews
 from fedshard.store import LocalShardStore
 
 if TYPE_CHECKING:
@@ -29,22 +40,52 @@ __all__ = ["ModelStore", "SealedModelStore", "SnapshotModelStore", "site_kek"]
 
 _META = "site"  # the store metadata key of the site's model state
 _SNAPSHOT = "current"
+_NPZ_META = "__meta__"  # the metadata entry of a LocalShardStore snapshot; shards are "s:<id>"
 
 
 class ModelStore(Protocol):
-    """A site's model state: shards and small arrays by id, plus JSON metadata."""
+    """A site's saved model: its plan's shards, extra arrays (optimiser state) and metadata."""
 
     def exists(self) -> bool:
         """Whether a model was saved."""
         ...
 
-    def load(self, plan: ShardPlan | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """``(meta, arrays)``; ``plan`` (when known) lets the store load the model layer by layer."""
+    def meta(self) -> dict[str, Any]:
+        """The saved model's metadata, without reading its arrays."""
         ...
 
-    def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        """Replace the saved state atomically."""
+    def load_into(
+        self, plan: ShardPlan, tensors: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Write the saved values into ``tensors`` (the module's, by name); ``(meta, extra arrays)``."""
         ...
+
+    def save(
+        self,
+        plan: ShardPlan,
+        shards: Mapping[str, np.ndarray],
+        extras: Mapping[str, np.ndarray],
+        meta: Mapping[str, Any],
+    ) -> None:
+        """Replace the saved model atomically: ``shards`` (every shard of ``plan``), ``extras``, ``meta``."""
+        ...
+
+    def load(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Metadata and every array as a copy, shards by id (for tools and tests)."""
+        ...
+
+
+def _check_plan(meta: Mapping[str, Any], plan: ShardPlan, where: object) -> None:
+    """Refuse a store written for another shard plan (digest of the stored canonical JSON)."""
+    stored = meta.get("plan")
+    if not isinstance(stored, str):
+        raise StoreError(f"the model store {where} records no shard plan; it was not written by a fedshard site")
+    digest = hashlib.sha256(stored.encode()).hexdigest()
+    if digest != plan.digest:
+        raise StoreError(
+            f"the model store {where} holds a model of shard plan {digest[:12]}…, this site's model has "
+            f"{plan.digest[:12]}… (the task, its options or sharding.tile changed); use a new state folder"
+        )
 
 
 class SnapshotModelStore:
@@ -52,18 +93,67 @@ class SnapshotModelStore:
 
     def __init__(self, state_dir: Path) -> None:
         self._store = LocalShardStore(state_dir)
+        self._path = Path(state_dir) / f"{_SNAPSHOT}.npz"
 
     def exists(self) -> bool:
         """Whether a snapshot exists."""
         return self._store.exists(_SNAPSHOT)
 
-    def load(self, plan: ShardPlan | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    @contextmanager
+    def _open(self) -> Iterator[Any]:
+        try:
+            with np.load(self._path, allow_pickle=False) as data:
+                yield data
+        # RuntimeError: zipfile raises it (and NotImplementedError) for damaged header flags.
+        except (OSError, ValueError, KeyError, RuntimeError, zipfile.BadZipFile, EOFError) as exc:
+            raise StoreError(
+                f"store file {self._path} is corrupt ({exc}); restore it from a backup or delete it"
+            ) from None
+
+    def meta(self) -> dict[str, Any]:
+        """The snapshot's metadata."""
+        with self._open() as data:
+            meta: dict[str, Any] = json.loads(bytes(data[_NPZ_META]).decode())
+        return meta
+
+    def load_into(
+        self, plan: ShardPlan, tensors: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Copy the snapshot's shards into ``tensors`` one at a time; ``(meta, extra arrays)``."""
+        views = ShardViews(plan, tensors)
+        extras: dict[str, np.ndarray] = {}
+        seen = 0
+        with self._open() as data:
+            meta = json.loads(bytes(data[_NPZ_META]).decode())
+            _check_plan(meta, plan, self._path)
+            for name in data.files:
+                if name == _NPZ_META:
+                    continue
+                sid, values = name[2:], data[name]
+                if sid not in plan:
+                    extras[sid] = values
+                    continue
+                if values.shape != plan.shard(sid).shape:
+                    raise StoreError(f"store file {self._path}: shard {sid!r} has shape {values.shape}")
+                views[sid] = values
+                seen += 1
+        if seen != len(plan):
+            raise StoreError(f"store file {self._path} lacks {len(plan) - seen} shard(s) of the model")
+        return meta, extras
+
+    def save(
+        self,
+        plan: ShardPlan,
+        shards: Mapping[str, np.ndarray],
+        extras: Mapping[str, np.ndarray],
+        meta: Mapping[str, Any],
+    ) -> None:
+        """Write the snapshot (temporary file, then rename)."""
+        self._store.save(_SNAPSHOT, {**shards, **extras}, meta)
+
+    def load(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The snapshot's metadata and arrays."""
         return self._store.load(_SNAPSHOT)
-
-    def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        """Write the snapshot (temporary file, then rename)."""
-        self._store.save(_SNAPSHOT, arrays, meta)
 
 
 class SealedModelStore:
@@ -76,7 +166,7 @@ class SealedModelStore:
     kek:
         The site's key-encryption key (see :func:`site_kek`).
     lookahead:
-        Layers the loader decrypts ahead of the one being assembled.
+        Layers the loader decrypts ahead of the one being filled.
     """
 
     def __init__(self, root: str | Path, kek: Kek, lookahead: int = 2) -> None:
@@ -91,47 +181,64 @@ class SealedModelStore:
 
         return backend_for(self.root).read(CATALOG) is not None
 
-    def load(self, plan: ShardPlan | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Metadata and arrays; the plan's shards through the prefetching loader, layer by layer."""
-        from fedshard.sharding import ShardPlan
-        from fedshard.store.prefetch import PrefetchLoader
+    def meta(self) -> dict[str, Any]:
+        """The model's metadata (the store's catalog is authenticated; no shard is read)."""
         from fedshard.store.sealed_store import SealedShardStore
 
-        store = SealedShardStore.open(self.root, self.kek)
-        try:
+        with SealedShardStore.open(self.root, self.kek) as store:
+            return dict(store.get_meta(_META) or {})
+
+    def load_into(
+        self, plan: ShardPlan, tensors: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Decrypt and verify every shard straight into ``tensors``, layer by layer; ``(meta, extra arrays)``."""
+        from fedshard.store.model_io import read_into
+        from fedshard.store.sealed_store import SealedShardStore
+
+        with SealedShardStore.open(self.root, self.kek) as store:
             meta = dict(store.get_meta(_META) or {})
-            plan = plan or ShardPlan.from_json(meta["plan"])
-            tensors: dict[str, np.ndarray] = {}
-            for _, layer in PrefetchLoader(store.get, plan, lookahead=self.lookahead):
-                tensors.update(layer)
-            arrays = plan.split(tensors)
-            extra = [sid for sid in store.list() if sid not in arrays]
-            arrays.update(store.get_many(extra))
-        finally:
-            store.close()
-        return meta, arrays
+            _check_plan(meta, plan, self.root)
+            read_into(store, plan, tensors, lookahead=self.lookahead)
+            extras = store.get_many([sid for sid in store.list() if sid not in plan])
+        return meta, extras
 
-    def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        """Write every array and the metadata in one commit; drop arrays no longer saved.
+    def save(
+        self,
+        plan: ShardPlan,
+        shards: Mapping[str, np.ndarray],
+        extras: Mapping[str, np.ndarray],
+        meta: Mapping[str, Any],
+    ) -> None:
+        """Write every shard, the extra arrays and the metadata in one commit; drop arrays no longer saved.
 
-        The commit also records the plan, the model version and the Merkle root of the
-        parameter shards, which ``fedshard verify --store`` checks the shards against.
+        Shards are sealed one at a time (a view of the module is copied only if it is
+        not contiguous). The commit also records the plan, the model version and the
+        Merkle root of the parameter shards, which ``fedshard verify --store`` checks.
         """
-        from fedshard.sharding import ShardPlan
         from fedshard.store.model_io import record_model
         from fedshard.store.sealed_store import SealedShardStore
 
-        store = SealedShardStore.open(self.root, self.kek, create=True)
-        try:
-            with store.batch():
-                store.put_many(arrays)
-                for sid in store.list():
-                    if sid not in arrays:
-                        store.delete(sid)
-                store.set_meta(_META, dict(meta))
-                record_model(store, ShardPlan.from_json(meta["plan"]), str(meta["version"]))
-        finally:
-            store.close()
+        with SealedShardStore.open(self.root, self.kek, create=True) as store, store.batch():
+            store.put_many(shards)
+            store.put_many(extras)
+            for sid in store.list():
+                if sid not in plan and sid not in extras:
+                    store.delete(sid)
+            store.set_meta(_META, dict(meta))
+            record_model(store, plan, str(meta["version"]))
+
+    def load(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Metadata and every array, shards by id (for tools and tests)."""
+        from fedshard.sharding import ShardPlan
+        from fedshard.store.model_io import read_tensors
+        from fedshard.store.sealed_store import SealedShardStore
+
+        with SealedShardStore.open(self.root, self.kek) as store:
+            meta = dict(store.get_meta(_META) or {})
+            plan = ShardPlan.from_json(meta["plan"])
+            arrays = plan.split(read_tensors(store, self.lookahead))
+            arrays.update(store.get_many([sid for sid in store.list() if sid not in arrays]))
+        return meta, arrays
 
 
 def site_kek(key_file: Path, *, create: bool) -> Kek:

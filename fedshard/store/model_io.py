@@ -11,7 +11,7 @@ model the check reaches the version; later versions chain the aggregates' roots
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "load_module",
     "model_record",
     "plan_of",
+    "read_into",
     "read_tensors",
     "record_model",
     "write_tensors",
@@ -133,13 +134,32 @@ class LoadReport:
     peak_resident_bytes: int
 
 
+def read_into(
+    store: SealedShardStore,
+    plan: ShardPlan,
+    out: Mapping[str, np.ndarray],
+    *,
+    lookahead: int = 2,
+    workers: int = 2,
+) -> LoadReport:
+    """Decrypt and verify every shard of ``plan`` straight into ``out`` (``{tensor name: array}``).
+
+    The arrays (typically views of a module's tensors) must be C-contiguous and of the
+    plan's shapes; nothing else is allocated for the model (``lookahead`` layers ahead,
+    ``workers`` shards at a time; see :class:`~fedshard.store.prefetch.PrefetchLoader`).
+    """
+    t0 = time.perf_counter()
+    loader = PrefetchLoader(store.get, plan, lookahead=lookahead, out=out, workers=workers)
+    count = sum(len(tensors) for _, tensors in loader)
+    return LoadReport(time.perf_counter() - t0, len(loader.layers), count, loader.peak_resident, loader.peak_bytes)
+
+
 def load_module(module: nn.Module, store: SealedShardStore, *, lookahead: int = 2, workers: int = 2) -> LoadReport:
     """Fill ``module``'s parameters and buffers from the store, layer by layer in forward order.
 
     A module built on the ``meta`` device is given real (CPU) storage first, so a large
     model never exists twice in memory: shards are decrypted, checked and written
-    straight into the module's tensors (``lookahead`` layers ahead, ``workers`` shards
-    at a time; see :class:`~fedshard.store.prefetch.PrefetchLoader`). The module's tensor
+    straight into the module's tensors (see :func:`read_into`). The module's tensor
     names, shapes and dtypes must match the plan's.
     """
     import torch
@@ -160,6 +180,7 @@ def load_module(module: nn.Module, store: SealedShardStore, *, lookahead: int = 
         if tuple(target.shape) != spec.shape or target.dtype != torch.from_numpy(np.empty(0, spec.dtype)).dtype:
             raise ShardError(f"tensor {spec.name!r} of the module does not match the stored plan ({spec.shape})")
         out[spec.name] = target.numpy()  # shares the module's memory
-    loader = PrefetchLoader(store.get, record.plan, lookahead=lookahead, out=out, workers=workers)
-    count = sum(len(tensors) for _, tensors in loader)
-    return LoadReport(time.perf_counter() - t0, len(loader.layers), count, loader.peak_resident, loader.peak_bytes)
+    report = read_into(store, record.plan, out, lookahead=lookahead, workers=workers)
+    return LoadReport(
+        time.perf_counter() - t0, report.layers, report.tensors, report.peak_resident_layers, report.peak_resident_bytes
+    )

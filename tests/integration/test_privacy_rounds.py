@@ -119,7 +119,7 @@ def test_a_site_killed_between_reserve_and_commit_counts_the_round_as_spent(tmp_
                 RoundSpec(rnd, "t", info.plan_json, info.genesis_version, (site.site_id,)))
             report = site.train(TrainInstruction(
                 round=rnd, token="t", base_version=info.genesis_version,
-                history=[], zones=endpoints, epochs=1, batch_size=10, learning_rate=0.05, seed=1, privacy=plan))
+                missed=[], zones=endpoints, epochs=1, batch_size=10, learning_rate=0.05, seed=1, privacy=plan))
             print(json.dumps(report.model_dump()))
         """
     )

@@ -2,7 +2,9 @@
 
 Flower may start a fresh process per message, so this module imports only Flower at
 the top; the site, its task and torch load inside the handlers. The site's state
-(parameter shards, model version) lives on disk under its state directory.
+(parameter shards, model version) lives on disk under its state directory; a process
+that handles several messages keeps its Site, and so its model, between them
+(:func:`fedshard.assembly.site_for`).
 
 Deployment (``fedshard site up``): the node config gives ``site-config``, the site's own
 config file on its host (federation config copy, state folder, key bundle), plus
@@ -16,6 +18,8 @@ defaults given to :func:`create_client_app`); the node config gives ``partition-
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +27,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 if TYPE_CHECKING:
+    from fedshard.config import FederationConfig
     from fedshard.site.site import Site
 
 __all__ = ["create_client_app"]
@@ -32,22 +37,31 @@ def _site(context: Context, defaults: Mapping[str, Any]) -> Site:
     """The site this node runs: from its own config file (deployment) or the run config (simulation)."""
     from pathlib import Path
 
-    from fedshard.assembly import make_deployed_site, make_site
-    from fedshard.config import load_federation
+    from fedshard.assembly import deployed_site_for, site_for
 
     node = dict(context.node_config)
     if "site-config" in node:  # deployment: the site's own config file, on its own host
-        return make_deployed_site(
+        return deployed_site_for(
             Path(str(node["site-config"])),
             site_id=str(node.get("site-id", "")),
             jurisdiction=str(node.get("jurisdiction", "")),
         )
     settings = {**defaults, **dict(context.run_config)}
-    config = load_federation(str(settings["config"]))
+    path = str(settings["config"])
+    stat = os.stat(path)
+    config = _federation(path, stat.st_mtime_ns, stat.st_size)
     # simulation numbers the nodes, the n-th being the config's n-th site
     site_id = str(node["site-id"]) if "site-id" in node else config.sites[int(node["partition-id"])].id
     state_root = Path(str(node["state-dir"])).parent if "state-dir" in node else Path(str(settings["state-root"]))
-    return make_site(config, site_id, state_root)
+    return site_for(config, site_id, state_root)
+
+
+@functools.lru_cache(maxsize=4)
+def _federation(path: str, mtime_ns: int, size: int) -> FederationConfig:
+    """The federation config in ``path``, parsed once per version of the file (per process)."""
+    from fedshard.config import load_federation
+
+    return load_federation(path)
 
 
 def _handle(kind_value: str, msg: Message, context: Context, defaults: Mapping[str, Any]) -> Message:

@@ -1,0 +1,88 @@
+"""Residency groups and their model-version chains (metadata only).
+
+Sites whose shards end up in the same aggregates form a **residency group** (for
+example, EU sites share regional EU aggregates of their personal layers, while
+everyone shares the global ones). Each group has its own model and version chain;
+the run's ``version`` combines them.
+
+A group remembers the rounds it applied and, from its sites' reports, the last round
+each site applied, so each message carries only the rounds that site has not applied
+(:meth:`Group.missed`): the head it must reach and the aggregates since its own round,
+never the whole history. Sites keep their own chain and extend it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fedshard.integrity import merkle_root, next_version
+from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SiteInfo
+from fedshard.protocol.rounds import AggregateSummary
+
+__all__ = ["Group", "combine_versions", "residency_groups"]
+
+
+@dataclass
+class Group:
+    """Sites that apply the same aggregates, their model's version chain, and where each site stands."""
+
+    view: dict[str, list[str]]  # "zone|group" -> shard ids
+    sites: list[str]
+    version: str
+    rounds: list[AppliedRound] = field(default_factory=list)  # every round the group applied, in order
+    applied: dict[str, int] = field(default_factory=dict)  # site id -> last round it reported applying
+
+    def applied_root(self, published: Mapping[str, AggregateSummary]) -> str:
+        """Root over the shards this group applies from the round's aggregates."""
+        digests: dict[str, str] = {}
+        for key, shard_ids in self.view.items():
+            summary = published.get(key)
+            if summary is None:
+                continue
+            entries = {e.shard_id: e.digest for e in summary.shards}
+            digests.update({sid: entries[sid] for sid in shard_ids if sid in entries})
+        return merkle_root(digests)
+
+    def extend(self, rnd: int, published: Mapping[str, AggregateSummary], announced: list[PublishedAggregate]) -> str:
+        """Apply round ``rnd`` to the chain; the root over what the group applies."""
+        root = self.applied_root(published)
+        self.version = next_version(self.version, root)
+        self.rounds.append(AppliedRound(round=rnd, merkle_root=root, aggregates=announced))
+        return root
+
+    def missed(self, site_id: str) -> list[AppliedRound]:
+        """The rounds ``site_id`` has not applied, as far as its reports tell, oldest first."""
+        since = self.applied.get(site_id, 0)
+        start = len(self.rounds)
+        while start > 0 and self.rounds[start - 1].round > since:
+            start -= 1
+        return self.rounds[start:]
+
+    def record(self, site_id: str, applied_round: int | None) -> None:
+        """Note the last round ``site_id`` applied, from its report (None: the report does not say)."""
+        if applied_round is not None and site_id in self.sites:
+            self.applied[site_id] = applied_round
+
+
+def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
+    """Sites that apply the same aggregates, by group name (their jurisdictions, joined by ``+``)."""
+    by_view: dict[str, list[SiteInfo]] = {}
+    for info in sorted(sites, key=lambda i: i.site_id):
+        by_view.setdefault(json.dumps(info.view, sort_keys=True), []).append(info)
+    groups: dict[str, list[SiteInfo]] = {}
+    for members in by_view.values():
+        name = "+".join(sorted({m.jurisdiction for m in members}))
+        while name in groups:
+            name += "'"
+        groups[name] = members
+    return groups
+
+
+def combine_versions(versions: Mapping[str, str]) -> str:
+    """One version for the whole federation: the only group's, or a digest over all groups'."""
+    if len(versions) == 1:
+        return next(iter(versions.values()))
+    return hashlib.sha256(json.dumps(dict(sorted(versions.items()))).encode()).hexdigest()

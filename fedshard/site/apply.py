@@ -1,0 +1,197 @@
+"""Bringing a site's model up to its group's head: fetch, verify, decrypt, apply in place.
+
+The coordinator sends a site only the rounds it has not applied (``missed``); the
+site extends its own model-version chain with them. Each round's aggregates are
+fetched from the zones that published them, checked against the roots the
+coordinator announced, decrypted where they are CKKS sums, and applied by the
+federation's server-side optimiser straight into the module's tensors. However many
+rounds a site missed, its store is written once, after the last (the caller saves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedshard.aggregation import ServerOptimizer, ServerOptimizerKind
+from fedshard.errors import IntegrityError, RoundError
+from fedshard.integrity import merkle_root, next_version, shard_digest
+from fedshard.protocol.channels import ZoneConnector
+from fedshard.protocol.messages import AppliedRound, ApplyRule
+from fedshard.site.routes import view_key
+
+if TYPE_CHECKING:
+    from fedshard.crypto.he import HeCodec
+    from fedshard.sharding import ShardPlan
+
+__all__ = [
+    "OPTIMIZER_PREFIX",
+    "ModelState",
+    "apply_rounds",
+    "check_chain",
+    "decrypt_aggregate",
+    "fetch_view",
+    "optimizer_for",
+]
+
+OPTIMIZER_PREFIX = "optimizer/"  # store ids of the server-optimiser state (m, v) beside the model's shards
+
+
+@dataclass
+class ModelState:
+    """Where a site's model stands: its version chain and server-optimiser state."""
+
+    version: str
+    genesis: str
+    applied_round: int
+    rule: str = ""  # the server optimiser that produced these parameters
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # server optimiser state (m, v)
+
+    @classmethod
+    def from_store(cls, meta: Mapping[str, Any], extras: Mapping[str, np.ndarray]) -> ModelState:
+        """The state a store's metadata and extra arrays describe."""
+        n = len(OPTIMIZER_PREFIX)
+        optimizer = {k[n:]: v for k, v in extras.items() if k.startswith(OPTIMIZER_PREFIX)}
+        return cls(
+            str(meta["version"]), str(meta["genesis"]), int(meta["applied_round"]), meta.get("rule", ""), optimizer
+        )
+
+    def meta(self, plan_json: str, site_id: str) -> dict[str, Any]:
+        """The store metadata of this state."""
+        return {
+            "version": self.version,
+            "genesis": self.genesis,
+            "applied_round": self.applied_round,
+            "plan": plan_json,
+            "site_id": site_id,
+            "rule": self.rule,
+        }
+
+    def extras(self) -> dict[str, np.ndarray]:
+        """The arrays saved beside the model's shards."""
+        return {OPTIMIZER_PREFIX + k: v for k, v in self.optimizer.items()}
+
+
+def optimizer_for(rule: ApplyRule, state: ModelState, pending: bool, site_id: str) -> ServerOptimizer:
+    """The federation's server optimiser; refuses a rule change while rounds remain to apply."""
+    optimizer = ServerOptimizer(ServerOptimizerKind(rule.kind), rule.learning_rate, rule.beta1, rule.beta2, rule.tau)
+    if state.rule and state.rule != optimizer.describe() and pending:
+        raise RoundError(
+            f"site {site_id}: the server optimiser changed mid-federation ({state.rule} → "
+            f"{optimizer.describe()}); sites would no longer hold the same model"
+        )
+    return optimizer
+
+
+def fetch_view(
+    site_id: str,
+    applied: AppliedRound,
+    view: Mapping[str, list[str]],
+    zones: Mapping[str, str],
+    connect: ZoneConnector,
+) -> dict[str, np.ndarray]:
+    """Download the round's aggregates this site applies: its shards from each."""
+    out: dict[str, np.ndarray] = {}
+    for published in applied.aggregates:
+        wanted = view.get(view_key(published.zone, published.group))
+        if not wanted:
+            continue
+        endpoint = zones.get(published.zone)
+        if endpoint is None:
+            raise RoundError(f"site {site_id}: no endpoint for zone {published.zone!r} of round {applied.round}")
+        client = connect(published.zone, endpoint)
+        try:
+            summary, aggregate = client.fetch_aggregate(applied.round, published.group, site_id)
+        finally:
+            client.close()
+        if summary.merkle_root != published.merkle_root:
+            raise IntegrityError(
+                f"site {site_id}: aggregate {published.group} of round {applied.round} from zone "
+                f"{published.zone} has root {summary.merkle_root[:12]}…, the coordinator announced "
+                f"{published.merkle_root[:12]}…"
+            )
+        out.update({sid: aggregate[sid] for sid in wanted if sid in aggregate})
+        del aggregate  # shards this site does not apply go now
+    return out
+
+
+def decrypt_aggregate(
+    site_id: str,
+    plan: ShardPlan,
+    aggregate: dict[str, np.ndarray],
+    codec: Callable[[], HeCodec],
+    encrypted: frozenset[str] | None,
+) -> None:
+    """Replace encrypted sums in ``aggregate`` by the weighted means they hold.
+
+    ``encrypted`` (the shards the policy encrypts; None without residency routing)
+    refuses a shard that arrives encrypted although the policy sends it in clear.
+    """
+    for sid in [sid for sid, arr in aggregate.items() if arr.dtype == np.uint8]:
+        if encrypted is not None and sid not in encrypted:
+            raise IntegrityError(f"site {site_id}: shard {sid} arrived encrypted, the policy sends it in clear")
+        spec = plan.shard(sid)
+        mean = codec().decrypt_mean(aggregate[sid].tobytes(), spec.size)
+        aggregate[sid] = mean.reshape(spec.shape).astype(spec.dtype)
+
+
+def apply_rounds(
+    state: ModelState,
+    pending: Sequence[AppliedRound],
+    optimizer: ServerOptimizer,
+    shards: MutableMapping[str, np.ndarray],
+    fetch: Callable[[AppliedRound], dict[str, np.ndarray]],
+    decrypt: Callable[[dict[str, np.ndarray]], None],
+    *,
+    plan: ShardPlan,
+    site_id: str,
+    skip: frozenset[str] = frozenset(),
+) -> int:
+    """Apply each round of ``pending`` in order, in place on ``shards``; the rounds applied.
+
+    ``fetch`` returns a round's aggregate shards as published (their roots are checked
+    here), ``decrypt`` turns encrypted sums into means in place. Everything of a round
+    is checked before any of it is applied, so on an error ``shards`` and ``state``
+    stand at the last round applied. ``skip``: shards whose memory a later shard shares
+    (tied weights), applied through that one.
+    """
+    done = 0
+    for applied in pending:
+        aggregate = fetch(applied)
+        for shard_id in aggregate:
+            plan.shard(shard_id)  # refuses shards outside the plan
+        root = merkle_root({sid: shard_digest(arr) for sid, arr in aggregate.items()})
+        if root != applied.merkle_root:
+            raise IntegrityError(
+                f"site {site_id}: the aggregates of round {applied.round} give root {root[:12]}… for this "
+                f"site's shards, the coordinator announced {applied.merkle_root[:12]}…"
+            )
+        decrypt(aggregate)
+        optimizer.apply(shards, {k: v for k, v in aggregate.items() if k not in skip}, state.optimizer)
+        state.rule = optimizer.describe()
+        state.version = next_version(state.version, applied.merkle_root)
+        state.applied_round = applied.round
+        done += 1
+    return done
+
+
+def check_chain(site_id: str, state: ModelState, pending: Sequence[AppliedRound], head: str) -> None:
+    """Refuse unless the site's version extended by the roots of ``pending`` is ``head``."""
+    version = state.version
+    for applied in pending:
+        version = next_version(version, applied.merkle_root)
+    if version == head:
+        return
+    if not pending:
+        raise IntegrityError(
+            f"site {site_id}: model version {state.version[:12]}… (round {state.applied_round}) differs from the "
+            f"round's {head[:12]}…"
+        )
+    raise IntegrityError(
+        f"site {site_id}: model version {state.version[:12]}… (round {state.applied_round}) with rounds "
+        f"{pending[0].round}–{pending[-1].round} gives {version[:12]}…, not the round's {head[:12]}… "
+        "(a round the site missed was not sent, or its model diverged)"
+    )

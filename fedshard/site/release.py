@@ -1,0 +1,136 @@
+"""Releasing a site's update: split once, update-level DP, CKKS, signed manifests, pushes.
+
+The update is computed shard by shard over the pre-training copy of the model (the
+one copy a train message makes), so it exists once; the shards the policy encrypts
+are replaced by their ciphertexts; each zone gets a signed manifest and its shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedshard.errors import FedshardError, RoundError
+from fedshard.integrity import build_manifest
+from fedshard.privacy.update_dp import clip_and_noise
+from fedshard.protocol.channels import ZoneConnector
+from fedshard.protocol.messages import TrainInstruction, UpdatePlan
+from fedshard.site.routes import SiteRouting
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedshard.crypto.he import HeCodec
+
+__all__ = ["Pushed", "encrypt_shards", "noised", "push_update", "update_over"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Pushed:
+    """What the zones acknowledged."""
+
+    bytes: int
+    shards: int
+    zones: tuple[str, ...]
+    roots: tuple[str, ...]
+
+
+def update_over(base: dict[str, np.ndarray], trained: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``trained − base`` for every shard, written over ``base`` (returned): the update needs no new memory."""
+    for sid, before in base.items():
+        np.subtract(trained[sid], before, out=before)
+    return base
+
+
+def noised(update: dict[str, np.ndarray], plan: UpdatePlan | None) -> dict[str, np.ndarray]:
+    """The update with update-level DP applied (clipped and noised), or as is without it."""
+    if plan is None:
+        return update
+    # With distributed noise (HE on every shard) each site adds its share σ/√n; the
+    # decrypted aggregate of ≥ n sites carries σ, which the ledger accounts.
+    out, _ = clip_and_noise(update, plan.clip_norm, plan.noise_multiplier * plan.noise_share)
+    return out
+
+
+def encrypt_shards(
+    payload: dict[str, np.ndarray],
+    encrypted: frozenset[str],
+    codec: Callable[[], HeCodec],
+    weight: float,
+    context: str,
+) -> None:
+    """Replace the shards in ``encrypted`` by their CKKS ciphertexts (``uint8`` rows), in place."""
+    if not encrypted:
+        return
+    he = codec()
+    blobs, clipped = he.encrypt_many({sid: payload[sid] for sid in encrypted}, min(weight, 1.0))
+    payload.update({sid: np.frombuffer(b, dtype=np.uint8).reshape(1, -1) for sid, b in blobs.items()})
+    if clipped:
+        log.warning(
+            "%s: %d update value(s) exceeded he.value_range=%g and were clipped to encrypt them",
+            context,
+            clipped,
+            he.value_range,
+        )
+
+
+def push_update(
+    payload: Mapping[str, np.ndarray],
+    routing: SiteRouting,
+    message: TrainInstruction,
+    *,
+    site_id: str,
+    plan_digest: str,
+    weight: float,
+    signing_key: Ed25519PrivateKey | None,
+    connect: ZoneConnector,
+) -> Pushed:
+    """Push every zone its shards with a (signed) manifest.
+
+    Raises
+    ------
+    RoundError
+        With the reason to report: the round names no endpoint for a zone the routes
+        use, or a zone refused the push.
+    """
+    receipts, roots = [], []
+    for zone, shard_ids in routing.by_zone().items():
+        if zone not in message.zones:
+            raise RoundError(
+                f"the round names no endpoint for zone {zone}, where residency routes {len(shard_ids)} shard(s)"
+            )
+        part = {sid: payload[sid] for sid in shard_ids}
+        manifest = build_manifest(
+            site_id=site_id,
+            round=message.round,
+            plan_digest=plan_digest,
+            base_version=message.base_version,
+            zone=zone,
+            weight=weight,
+            shards=part,
+            classes={sid: routing.routes[sid].shard_class for sid in shard_ids},
+            policy_digest=routing.policy_digest,
+            encrypted=frozenset(shard_ids) & routing.encrypted,
+        )
+        if signing_key is not None:
+            manifest = manifest.signed(signing_key)
+        client = connect(zone, message.zones[zone])
+        try:
+            receipts.append(client.push(manifest, message.token, part))
+        except FedshardError as exc:
+            raise RoundError(f"push to zone {zone} failed: {exc}") from None
+        finally:
+            client.close()
+        roots.append(manifest.merkle_root)
+    return Pushed(
+        bytes=sum(r.bytes for r in receipts),
+        shards=sum(r.shards for r in receipts),
+        zones=tuple(r.zone for r in receipts),
+        roots=tuple(roots),
+    )
