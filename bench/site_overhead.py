@@ -353,7 +353,10 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, desc: d
         "model's size beyond the model itself."
     )
     runs = f"{big['rounds']} rounds (transformer), {results['demo']['rounds']} rounds (demo)"
-    c.publish(args, SECTION, "Site message overhead", runs, desc, notes, headers, rows, interpretation)
+    headline = {"mode": "quick" if args.quick else "full", **headline}
+    c.publish(
+        args, SECTION, "Site message overhead", runs, desc, notes, headers, rows, interpretation, headline=headline
+    )
     return headline
 
 
@@ -361,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     """Measure both models (each in its own process), print, publish, and print the headline JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
-    parser.add_argument("--json", action="store_true", help="print the headline figures as one JSON line last")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per model (default: 4 demo / 3 transformer)")
     parser.add_argument("--child", choices=["demo", "transformer"], help=argparse.SUPPRESS)
     parser.add_argument("--transformer", type=json.loads, default=None, help=argparse.SUPPRESS)
@@ -376,9 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo": _child("demo", None, args.rounds or (4 if args.quick else 8)),
         "transformer": _child("transformer", transformer, args.rounds or 3),
     }
-    headline = report(results, args, desc)
-    if args.json:
-        print(json.dumps({"mode": "quick" if args.quick else "full", **headline}))
+    report(results, args, desc)
     return 0
 
 

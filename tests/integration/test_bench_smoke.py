@@ -185,6 +185,22 @@ def _dp_accuracy_shown(h: dict[str, Any], section: str) -> None:
     assert "every site spent at most its budget: yes" in section
 
 
+def _site_overhead(h: dict[str, Any]) -> None:
+    assert h["mode"] == "quick"
+    assert h["demo_message_s"] > 0 and h["transformer_message_s"] > 0 and h["transformer_params"] > 1e6
+    # the goal of issue 12: no model build after a site process's first message. (The other goal, a message
+    # needing ≤ 2× the model in extra memory, is for the 118 M model of the full run: the quick run's 2.7 M
+    # model is smaller than the process's fixed allocations, so its ratio says little.)
+    assert h["model_builds_after_first"] == 0
+    assert h["peak_extra_over_model"] > 0
+    assert abs(h["instruction_bytes_growth"]) < 16  # the train message does not grow with the round
+
+
+def _site_overhead_shown(h: dict[str, Any], section: str) -> None:
+    cells = _cells(_row(section, "transformer"))
+    assert cells[4] == "1 / 0" and cells[5].startswith(f"{h['peak_extra_over_model']:.2f}×")
+
+
 EXPECT: dict[str, Expect] = {
     "zone_accumulate": Expect(
         {
@@ -275,6 +291,19 @@ EXPECT: dict[str, Expect] = {
         },
         _store,
         _store_shown,
+    ),
+    "site_overhead": Expect(
+        {
+            "mode",
+            "demo_message_s",
+            "transformer_message_s",
+            "transformer_params",
+            "model_builds_after_first",
+            "peak_extra_over_model",
+            "instruction_bytes_growth",
+        },
+        _site_overhead,
+        _site_overhead_shown,
     ),
 }
 
