@@ -4,6 +4,7 @@
 ``rounds``     round specs, push receipts, aggregates and their summaries, partial sums, the
                (zone, group) key of an aggregate (coordinator/site ↔ zone)
 ``channels``   the channel protocols the roles depend on: :class:`SiteGateway`, :class:`ZoneClient`
+``codes``      refusal codes: an error's code, a code's error class, one-line reasons
 ``codes``      refusals across the wire: a typed code, the error it raises, one line of reason
 
 Transports (in-process, Flower, gRPC) implement the channels; the coordinator, sites
