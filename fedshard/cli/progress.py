@@ -10,9 +10,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from fedshard.coordinator.coordinator import RoundResult
-from fedshard.protocol.messages import SiteInfo
+from fedshard.protocol.messages import PrivacyStatus, SiteInfo
 
-__all__ = ["RoundProgress", "format_bytes", "results_table"]
+__all__ = ["STATUS_COLOURS", "RoundProgress", "format_bytes", "results_table", "zones_table"]
+
+STATUS_COLOURS: dict[str, str] = {
+    PrivacyStatus.ACTIVE: "green",
+    PrivacyStatus.EXHAUSTED: "red",
+    PrivacyStatus.REFUSED: "yellow",
+}
+"""How a site's privacy status is coloured (keys are the statuses' wire values)."""
 
 
 def format_bytes(n: float) -> str:
@@ -74,8 +81,8 @@ class RoundProgress:
 
 def _epsilon(site: str, privacy: dict[str, Any]) -> str:
     status = privacy["status"]
-    colour = {"active": "green", "exhausted": "red", "refused": "yellow"}.get(status, "white")
-    mark = "" if status == "active" else f" [{colour}]{status}[/]"
+    colour = STATUS_COLOURS.get(status, "white")
+    mark = "" if status == PrivacyStatus.ACTIVE else f" [{colour}]{status}[/]"
     return f"{site} [{colour}]{privacy['epsilon_spent']:.2f}[/]/{privacy['epsilon_budget']:g}{mark}"
 
 

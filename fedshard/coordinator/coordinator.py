@@ -22,10 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fedshard.aggregation import ServerOptimizerKind
 from fedshard.config import FederationConfig
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
 from fedshard.errors import FedshardError, RoundError
 from fedshard.integrity import merkle_root
+from fedshard.privacy.accountant import AccountantKind
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
     ApplyRule,
@@ -84,7 +86,7 @@ class RunResult:
     @property
     def privacy(self) -> dict[str, dict[str, Any]]:
         """Each site's privacy as last reported (at discovery, then after each round)."""
-        latest = {s.site_id: s.privacy.model_dump() for s in self.sites if s.privacy is not None}
+        latest = {s.site_id: s.privacy.model_dump(mode="json") for s in self.sites if s.privacy is not None}
         for r in self.rounds:
             latest.update(r.privacy)
         return latest
@@ -137,7 +139,14 @@ class Coordinator:
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
-        self._apply_rule = ApplyRule(**config.training.server_optimizer.model_dump())
+        rule = config.training.server_optimizer
+        self._apply_rule = ApplyRule(
+            kind=ServerOptimizerKind(rule.kind),
+            learning_rate=rule.learning_rate,
+            beta1=rule.beta1,
+            beta2=rule.beta2,
+            tau=rule.tau,
+        )
         self._plan_json = ""
 
     @property
@@ -242,7 +251,7 @@ class Coordinator:
         t = self.config.training
         record = p.record_level
         return PrivacyPlan(
-            accountant=record.accountant,
+            accountant=AccountantKind(record.accountant),
             epsilon=budget.epsilon,
             delta=budget.delta,
             batch_size=t.batch_size,
@@ -318,7 +327,7 @@ class Coordinator:
             accuracy=accuracy,
             loss=loss,
             bytes_up=sum(r.bytes_up for r in ok),
-            privacy={site: report.model_dump() for site, report in sorted(self._privacy.items())},
+            privacy={site: report.model_dump(mode="json") for site, report in sorted(self._privacy.items())},
             versions=group_versions,
             roots=roots,
             aggregates=[

@@ -36,7 +36,7 @@ class EventLog:
                 "event": "start",
                 "rounds": rounds,
                 "genesis_version": genesis_version,
-                "sites": [s.model_dump() for s in sites],
+                "sites": [s.model_dump(mode="json") for s in sites],
             }
         )
 

@@ -11,6 +11,9 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedshard.aggregation import ServerOptimizerKind
+from fedshard.privacy.accountant import AccountantKind
+
 __all__ = [
     "AppliedRound",
     "ApplyRule",
@@ -19,6 +22,7 @@ __all__ = [
     "MessageKind",
     "PrivacyPlan",
     "PrivacyReport",
+    "PrivacyStatus",
     "PublishedAggregate",
     "QueryRequest",
     "RecordPlan",
@@ -42,6 +46,17 @@ class MessageKind(StrEnum):
     QUERY = "query"
     TRAIN = "train"
     EVALUATE = "evaluate"
+
+
+class PrivacyStatus(StrEnum):
+    """Where a site's privacy budget stands, as it reports it."""
+
+    ACTIVE = "active"
+    """The site can afford the next round."""
+    EXHAUSTED = "exhausted"
+    """The next round would overrun the site's budget: it takes part in no more rounds."""
+    REFUSED = "refused"
+    """The site refused this round's release (its reservation stays counted as spent)."""
 
 
 class PublishedAggregate(_Msg):
@@ -88,7 +103,7 @@ class PrivacyPlan(_Msg):
     a site's budget, never raise it.
     """
 
-    accountant: str
+    accountant: AccountantKind
     epsilon: float
     delta: float
     batch_size: int  # local training per round, which the cost of a round depends on
@@ -106,7 +121,7 @@ class PrivacyReport(_Msg):
     epsilon_record: float = 0.0
     epsilon_update: float = 0.0
     rounds_participated: int = 0
-    status: str = "active"  # active | exhausted | refused
+    status: PrivacyStatus = PrivacyStatus.ACTIVE
     can_afford_next: bool = True
     projected_rounds_left: int | None = None
     note: str = ""
@@ -115,7 +130,7 @@ class PrivacyReport(_Msg):
 class ApplyRule(_Msg):
     """How sites apply each aggregate to their parameters (server-side optimiser)."""
 
-    kind: str = "avg"
+    kind: ServerOptimizerKind = ServerOptimizerKind.AVG
     learning_rate: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.99

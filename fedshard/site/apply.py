@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.aggregation import ServerOptimizer, ServerOptimizerKind
+from fedshard.aggregation import ServerOptimizer
 from fedshard.errors import IntegrityError, RoundError
 from fedshard.integrity import merkle_root, next_version, shard_digest
 from fedshard.protocol.channels import ZoneConnector
@@ -77,7 +77,7 @@ class ModelState:
 
 def optimizer_for(rule: ApplyRule, state: ModelState, pending: bool, site_id: str) -> ServerOptimizer:
     """The federation's server optimiser; refuses a rule change while rounds remain to apply."""
-    optimizer = ServerOptimizer(ServerOptimizerKind(rule.kind), rule.learning_rate, rule.beta1, rule.beta2, rule.tau)
+    optimizer = ServerOptimizer(rule.kind, rule.learning_rate, rule.beta1, rule.beta2, rule.tau)
     if state.rule and state.rule != optimizer.describe() and pending:
         raise RoundError(
             f"site {site_id}: the server optimiser changed mid-federation ({state.rule} → "

@@ -37,6 +37,7 @@ from fedshard.protocol.messages import (
     EvaluateReport,
     MessageKind,
     PrivacyReport,
+    PrivacyStatus,
     QueryRequest,
     SiteInfo,
     TrainInstruction,
@@ -346,7 +347,7 @@ class Site:
             try:
                 reservation = ledger.reserve(message.round, events)
             except BudgetExhaustedError as exc:
-                return refuse(str(exc), self.privacy.report(ledger, events, status="exhausted", note=note))
+                return refuse(str(exc), self.privacy.report(ledger, events, status=PrivacyStatus.EXHAUSTED, note=note))
             record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
             dp = _RoundDP(
                 RecordPrivacy(record, message.privacy.record.max_grad_norm)
@@ -357,7 +358,7 @@ class Site:
             try:
                 report = self._train_and_push(message, state, routing, dp)
             except (PrivacyError, RoundError) as exc:
-                return refuse(str(exc), self.privacy.report(ledger, events, status="refused", note=note))
+                return refuse(str(exc), self.privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
             ledger.commit(reservation)
             return report.model_copy(update={"privacy": self.privacy.report(ledger, events, note=note)})
 
