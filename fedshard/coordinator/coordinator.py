@@ -45,7 +45,7 @@ from fedshard.protocol.messages import (
     TrainReport,
     UpdatePlan,
 )
-from fedshard.protocol.rounds import AggregateSummary, RoundSpec, derive_seed
+from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
 
 __all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult", "combine_versions", "residency_groups"]
@@ -320,7 +320,7 @@ class Coordinator:
         return RoundResult(
             round=rnd,
             version=combine_versions(group_versions),
-            merkle_root=merkle_root({f"{s.zone}|{s.group}": s.merkle_root for s in published.values()}),
+            merkle_root=merkle_root({str(key): s.merkle_root for key, s in published.items()}),
             sites=tuple(sorted(counted)),
             refused=refused,
             train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
@@ -397,19 +397,19 @@ class Coordinator:
             except FedshardError as exc:
                 log.warning("round %d: zone %s could not abort: %s", rnd, name, exc)
 
-    def _close(self, rnd: int) -> dict[str, AggregateSummary]:
-        """Close the round at every zone, the reducing zone last; summaries by ``zone|group``."""
+    def _close(self, rnd: int) -> dict[AggregateKey, AggregateSummary]:
+        """Close the round at every zone, the reducing zone last; summaries by aggregate."""
         reducer = self.config.reducing_zone
         forward_to = (reducer, self.endpoints[reducer]) if reducer is not None else None
         order = sorted(self.zones, key=lambda name: (name == reducer, name))
-        published: dict[str, AggregateSummary] = {}
+        published: dict[AggregateKey, AggregateSummary] = {}
         for name in order:
             try:
                 summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
             except FedshardError as exc:
                 self._abort(rnd, list(self.zones))
                 raise RoundError(f"round {rnd}: zone {name} could not close the round: {exc}") from None
-            published.update({f"{s.zone}|{s.group}": s for s in summaries})
+            published.update({s.key: s for s in summaries})
         return published
 
     def _evaluate(self, rnd: int) -> tuple[float, float]:

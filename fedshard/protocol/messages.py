@@ -7,14 +7,16 @@ same way: ``encode(msg)`` → JSON bytes, ``decode(Model, data)``.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
 from fedshard.aggregation import ServerOptimizerKind
 from fedshard.privacy.accountant import AccountantKind
+from fedshard.residency.router import AggregateKey
 
 __all__ = [
+    "AggregateKeyField",
     "AppliedRound",
     "ApplyRule",
     "EvaluateInstruction",
@@ -34,6 +36,19 @@ __all__ = [
     "decode",
     "encode",
 ]
+
+
+def _aggregate_key(value: object) -> AggregateKey:
+    if isinstance(value, AggregateKey):
+        return value
+    if isinstance(value, str):
+        return AggregateKey.parse(value)
+    raise ValueError(f"expected an aggregate key written zone|group, got {value!r}")
+
+
+AggregateKeyField = Annotated[AggregateKey, BeforeValidator(_aggregate_key), PlainSerializer(str, return_type=str)]
+"""An :class:`~fedshard.residency.AggregateKey` in a message: ``zone|group`` on the wire
+(a JSON object key), the typed key in Python; a malformed one is refused on decode."""
 
 
 class _Msg(BaseModel):
@@ -65,6 +80,11 @@ class PublishedAggregate(_Msg):
     zone: str
     group: str
     merkle_root: str
+
+    @property
+    def key(self) -> AggregateKey:
+        """``(zone, group)``: which aggregate this is."""
+        return AggregateKey(self.zone, self.group)
 
 
 class AppliedRound(_Msg):
@@ -159,7 +179,7 @@ class SiteInfo(_Msg):
     plan_json: str
     genesis_version: str
     privacy: PrivacyReport | None = None
-    view: dict[str, list[str]] = Field(default_factory=dict)  # "zone|group" -> shard ids this site applies
+    view: dict[AggregateKeyField, list[str]] = Field(default_factory=dict)  # aggregate -> shard ids the site applies
     version: str = ""  # the site's model version now (its genesis until it applies a round)
     applied_round: int = 0  # the last round the site applied
 

@@ -19,6 +19,7 @@ from fedshard.integrity import build_manifest
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import TrainInstruction, UpdatePlan
+from fedshard.protocol.rounds import ShardPayload
 from fedshard.site.routes import SiteRouting
 
 if TYPE_CHECKING:
@@ -59,18 +60,19 @@ def noised(update: dict[str, np.ndarray], plan: UpdatePlan | None) -> dict[str, 
 
 
 def encrypt_shards(
-    payload: dict[str, np.ndarray],
+    update: dict[str, np.ndarray],
     encrypted: frozenset[str],
     codec: Callable[[], HeCodec],
     weight: float,
     context: str,
-) -> None:
-    """Replace the shards in ``encrypted`` by their CKKS ciphertexts (``uint8`` rows), in place."""
+) -> dict[str, ShardPayload]:
+    """The payload of ``update``: the shards in ``encrypted`` as their CKKS ciphertext
+    ``bytes``, the others as they are (same order; the arrays are not copied)."""
     if not encrypted:
-        return
+        return dict(update)
     he = codec()
-    blobs, clipped = he.encrypt_many({sid: payload[sid] for sid in encrypted}, min(weight, 1.0))
-    payload.update({sid: np.frombuffer(b, dtype=np.uint8).reshape(1, -1) for sid, b in blobs.items()})
+    blobs, clipped = he.encrypt_many({sid: update[sid] for sid in encrypted}, min(weight, 1.0))
+    payload: dict[str, ShardPayload] = {sid: blobs.get(sid, values) for sid, values in update.items()}
     if clipped:
         log.warning(
             "%s: %d update value(s) exceeded he.value_range=%g and were clipped to encrypt them",
@@ -78,10 +80,11 @@ def encrypt_shards(
             clipped,
             he.value_range,
         )
+    return payload
 
 
 def push_update(
-    payload: Mapping[str, np.ndarray],
+    payload: Mapping[str, ShardPayload],
     routing: SiteRouting,
     message: TrainInstruction,
     *,
@@ -91,7 +94,7 @@ def push_update(
     signing_key: Ed25519PrivateKey | None,
     connect: ZoneConnector,
 ) -> Pushed:
-    """Push every zone its shards with a (signed) manifest.
+    """Push every zone its shards (ciphertext ``bytes`` where the routes encrypt) with a (signed) manifest.
 
     Raises
     ------

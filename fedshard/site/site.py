@@ -383,9 +383,12 @@ class Site:
             record.verify()
         update = noised(update, dp.update if dp is not None else None)
         weight = metrics.num_examples / (message.weight_scale or metrics.num_examples)
-        encrypt_shards(update, routing.encrypted, self._codec, weight, f"site {self.site_id} round {message.round}")
+        payload = encrypt_shards(
+            update, routing.encrypted, self._codec, weight, f"site {self.site_id} round {message.round}"
+        )
+        del base, update  # the values of the encrypted shards go now
         pushed = push_update(
-            update,
+            payload,
             routing,
             message,
             site_id=self.site_id,

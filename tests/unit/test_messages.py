@@ -9,7 +9,16 @@ from pydantic import ValidationError
 
 from fedshard.aggregation import ServerOptimizerKind
 from fedshard.privacy.accountant import AccountantKind
-from fedshard.protocol.messages import ApplyRule, PrivacyPlan, PrivacyReport, PrivacyStatus, decode, encode
+from fedshard.protocol.messages import (
+    ApplyRule,
+    PrivacyPlan,
+    PrivacyReport,
+    PrivacyStatus,
+    SiteInfo,
+    decode,
+    encode,
+)
+from fedshard.protocol.rounds import AggregateKey
 
 
 def _report(status: PrivacyStatus) -> PrivacyReport:
@@ -50,3 +59,31 @@ def test_the_apply_rule_and_the_accountant_are_their_enums() -> None:
     assert decode(PrivacyPlan, encode(plan)).accountant is AccountantKind.RDP
     with pytest.raises(ValidationError, match="accountant"):
         decode(PrivacyPlan, encode(plan).replace(b'"rdp"', b'"gdp"'))
+
+
+def _info(view: dict) -> SiteInfo:  # type: ignore[type-arg]
+    return SiteInfo(
+        site_id="s1",
+        jurisdiction="EU",
+        num_examples=10,
+        plan_digest="p",
+        plan_json="{}",
+        genesis_version="g",
+        view=view,
+    )
+
+
+def test_a_sites_view_is_keyed_by_aggregate_key_and_written_zone_bar_group() -> None:
+    view = {AggregateKey("eu-central", "regional/EU"): ["fc1.weight#r0c0"], AggregateKey("us-east", "global"): ["b"]}
+
+    wire = json.loads(encode(_info(view)))
+    back = decode(SiteInfo, encode(_info(view)))
+
+    assert wire["view"] == {"eu-central|regional/EU": ["fc1.weight#r0c0"], "us-east|global": ["b"]}
+    assert back.view == view and all(type(k) is AggregateKey for k in back.view)
+    assert SiteInfo(**_info(view).model_dump(mode="json")).view == view  # as an event log replays it
+
+
+def test_a_malformed_view_key_is_refused_on_decode() -> None:
+    with pytest.raises(ValidationError, match=r"malformed aggregate key 'eu-central': expected zone\|group"):
+        decode(SiteInfo, encode(_info({})).replace(b'"view":{}', b'"view":{"eu-central":["b"]}'))
