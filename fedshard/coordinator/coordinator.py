@@ -19,12 +19,11 @@ import math
 import random
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from fedshard.aggregation import ServerOptimizerKind
 from fedshard.config import FederationConfig
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
+from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, refusal_line
 from fedshard.errors import FedshardError, RoundError
 from fedshard.integrity import merkle_root
 from fedshard.privacy.accountant import AccountantKind
@@ -48,60 +47,9 @@ from fedshard.protocol.messages import (
 from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
 
-__all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult", "combine_versions", "residency_groups"]
+__all__ = ["Coordinator"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundResult:
-    """What one round produced (metadata only)."""
-
-    round: int
-    version: str
-    merkle_root: str
-    sites: tuple[str, ...]
-    refused: dict[str, str]
-    train_loss: float
-    accuracy: float
-    loss: float
-    bytes_up: int
-    privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # site id -> PrivacyReport fields
-    versions: dict[str, str] = field(default_factory=dict)  # residency group -> its model version
-    roots: dict[str, str] = field(default_factory=dict)  # residency group -> root of what it applied
-    aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published
-
-
-@dataclass
-class RunResult:
-    """A whole run."""
-
-    sites: list[SiteInfo]
-    genesis_version: str
-    version: str
-    rounds: list[RoundResult] = field(default_factory=list)
-    stopped_reason: str = ""
-    groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
-
-    @property
-    def privacy(self) -> dict[str, dict[str, Any]]:
-        """Each site's privacy as last reported (at discovery, then after each round)."""
-        latest = {s.site_id: s.privacy.model_dump(mode="json") for s in self.sites if s.privacy is not None}
-        for r in self.rounds:
-            latest.update(r.privacy)
-        return latest
-
-
-class RoundObserver(Protocol):
-    """Receives progress events (progress display, event log)."""
-
-    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
-        """The federation is assembled."""
-        ...
-
-    def on_round(self, result: RoundResult) -> None:
-        """A round finished."""
-        ...
 
 
 class Coordinator:
@@ -297,10 +245,12 @@ class Coordinator:
         token = secrets.token_hex(16)
         self._open(rnd, token, version, selected)
         reports, refused = self._train(rnd, token, selected)
+        codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
+        reasons = {s: r.reason for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
         if len(reports) < min_sites:
             self._abort(rnd, list(self.zones))
-            details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))
+            details = "; ".join(f"{s}: {refusal_line(r, codes.get(s))}" for s, r in sorted(reasons.items()))
             raise RoundError(
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
                 f"(federation.min_sites is {min_sites}). {details}"
@@ -322,7 +272,8 @@ class Coordinator:
             version=combine_versions(group_versions),
             merkle_root=merkle_root({str(key): s.merkle_root for key, s in published.items()}),
             sites=tuple(sorted(counted)),
-            refused=refused,
+            refused=reasons,
+            refusal_codes=codes,
             train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
             accuracy=accuracy,
             loss=loss,
@@ -350,13 +301,15 @@ class Coordinator:
             self._abort(rnd, opened)
             raise
 
-    def _train(self, rnd: int, token: str, selected: list[str]) -> tuple[list[TrainReport], dict[str, str]]:
-        """Send the train messages; the reports of sites that pushed, and why the others did not."""
+    def _train(
+        self, rnd: int, token: str, selected: list[str]
+    ) -> tuple[list[TrainReport], dict[str, TrainReport | SiteFailure]]:
+        """Send the train messages; the reports of sites that pushed, and the refusals or failures of the others."""
         weight_scale = float(max(i.num_examples for i in self._nodes.values()))
         instructions = {node: self._instruction(node, rnd, token, weight_scale) for node in selected}
         replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
         reports: list[TrainReport] = []
-        refused: dict[str, str] = {}
+        refused: dict[str, TrainReport | SiteFailure] = {}
         for node, reply in replies.items():
             site_id = self._nodes[node].site_id
             if isinstance(reply, TrainReport):
@@ -366,8 +319,10 @@ class Coordinator:
             if isinstance(reply, TrainReport) and reply.ok:
                 reports.append(reply)
             else:
-                refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
-                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
+                refused[site_id] = (
+                    reply if isinstance(reply, TrainReport | SiteFailure) else SiteFailure(reason=str(reply))
+                )
+                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id].reason)
         return reports, refused
 
     def _instruction(self, node: str, rnd: int, token: str, weight_scale: float) -> TrainInstruction:

@@ -9,15 +9,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fedshard.coordinator.coordinator import RoundResult, RunResult, residency_groups
-from fedshard.errors import RoundError
+from fedshard.coordinator.groups import residency_groups
+from fedshard.coordinator.results import RoundResult, RunResult
+from fedshard.errors import RefusalCode, RoundError
 from fedshard.protocol.messages import SiteInfo
 
 __all__ = ["EventLog", "replay", "round_from_event"]
 
 
 class EventLog:
-    """A :class:`~fedshard.coordinator.coordinator.RoundObserver` appending to ``path``."""
+    """A :class:`~fedshard.coordinator.results.RoundObserver` appending to ``path``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -87,4 +88,5 @@ def round_from_event(event: dict[str, Any]) -> RoundResult:
     """Rebuild a RoundResult from its event."""
     fields = {k: v for k, v in event.items() if k not in ("event", "at")}
     fields["sites"] = tuple(fields["sites"])
+    fields["refusal_codes"] = {s: RefusalCode.parse(c) for s, c in fields.get("refusal_codes", {}).items()}
     return RoundResult(**fields)

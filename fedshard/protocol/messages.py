@@ -12,6 +12,7 @@ from typing import Annotated, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
 from fedshard.aggregation import ServerOptimizerKind
+from fedshard.errors import RefusalCode
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.residency.router import AggregateKey
 
@@ -33,6 +34,7 @@ __all__ = [
     "TrainInstruction",
     "TrainReport",
     "UpdatePlan",
+    "ZonePush",
     "decode",
     "encode",
 ]
@@ -207,21 +209,45 @@ class TrainInstruction(_Msg):
     weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest site's examples)
 
 
+class ZonePush(_Msg):
+    """What one zone acknowledged of a site's update: the root of the manifest it counted,
+    the shards and bytes it received."""
+
+    zone: str
+    merkle_root: str
+    shards: int
+    nbytes: int
+
+
 class TrainReport(_Msg):
-    """What a site did with a train instruction."""
+    """What a site did with a train instruction.
+
+    ``pushes`` lists each zone's acknowledgement (zones by name) when ``ok``; otherwise
+    ``reason`` says why in one line and ``code`` is the :class:`~fedshard.errors.RefusalCode`
+    of the refusal that stopped the site, where one did (a zone refused its push, or
+    refused to serve it an aggregate).
+    """
 
     site_id: str
     round: int
     ok: bool
     reason: str = ""
+    code: RefusalCode | None = None
     num_examples: int = 0
     loss: float = 0.0
-    bytes_up: int = 0
-    shards: int = 0
-    zone: str = ""
-    merkle_root: str = ""
+    pushes: list[ZonePush] = Field(default_factory=list)
     privacy: PrivacyReport | None = None
     applied_round: int | None = None  # the last round the site's model has applied (None: unknown)
+
+    @property
+    def bytes_up(self) -> int:
+        """Bytes the zones received from the site."""
+        return sum(p.nbytes for p in self.pushes)
+
+    @property
+    def shards(self) -> int:
+        """Shards the zones received from the site."""
+        return sum(p.shards for p in self.pushes)
 
 
 class EvaluateInstruction(_Msg):

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 from fedshard.config import load_federation
-from fedshard.coordinator.coordinator import RoundObserver, RunResult
 from fedshard.coordinator.events import EventLog, replay, round_from_event
+from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.protocol.messages import SiteInfo
 
 __all__ = ["run_flower_simulation"]

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedshard.errors import FedshardError, RoundError
+from fedshard.errors import FedshardError, PushRejectedError, RoundError
 from fedshard.integrity import build_manifest
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
-from fedshard.protocol.messages import TrainInstruction, UpdatePlan
+from fedshard.protocol.messages import TrainInstruction, UpdatePlan, ZonePush
 from fedshard.protocol.rounds import ShardPayload
 from fedshard.site.routes import SiteRouting
 
@@ -27,19 +26,9 @@ if TYPE_CHECKING:
 
     from fedshard.crypto.he import HeCodec
 
-__all__ = ["Pushed", "encrypt_shards", "noised", "push_update", "update_over"]
+__all__ = ["encrypt_shards", "noised", "push_update", "update_over"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Pushed:
-    """What the zones acknowledged."""
-
-    bytes: int
-    shards: int
-    zones: tuple[str, ...]
-    roots: tuple[str, ...]
 
 
 def update_over(base: dict[str, np.ndarray], trained: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -93,16 +82,22 @@ def push_update(
     weight: float,
     signing_key: Ed25519PrivateKey | None,
     connect: ZoneConnector,
-) -> Pushed:
+) -> list[ZonePush]:
     """Push every zone its shards (ciphertext ``bytes`` where the routes encrypt) with a (signed) manifest.
+
+    Returns
+    -------
+    list[ZonePush]
+        What each zone acknowledged, zones by name.
 
     Raises
     ------
     RoundError
         With the reason to report: the round names no endpoint for a zone the routes
-        use, or a zone refused the push.
+        use, or a zone refused the push (then with the zone's :class:`RefusalCode` in
+        ``code`` and the zone's own line as the message).
     """
-    receipts, roots = [], []
+    pushes: list[ZonePush] = []
     for zone, shard_ids in routing.by_zone().items():
         if zone not in message.zones:
             raise RoundError(
@@ -125,15 +120,14 @@ def push_update(
             manifest = manifest.signed(signing_key)
         client = connect(zone, message.zones[zone])
         try:
-            receipts.append(client.push(manifest, message.token, part))
+            receipt = client.push(manifest, message.token, part)
+        except PushRejectedError as exc:  # the zone's own line names the zone, the site and the round
+            raise RoundError(str(exc), code=exc.code) from None
         except FedshardError as exc:
-            raise RoundError(f"push to zone {zone} failed: {exc}") from None
+            raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
         finally:
             client.close()
-        roots.append(manifest.merkle_root)
-    return Pushed(
-        bytes=sum(r.bytes for r in receipts),
-        shards=sum(r.shards for r in receipts),
-        zones=tuple(r.zone for r in receipts),
-        roots=tuple(roots),
-    )
+        pushes.append(
+            ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
+        )
+    return pushes

@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedshard.assembly import make_site, make_zone, running_zones
 from fedshard.config import FederationConfig
-from fedshard.coordinator.coordinator import Coordinator, RunResult
+from fedshard.coordinator.coordinator import Coordinator
+from fedshard.coordinator.results import RunResult
 from fedshard.crypto.signing import public_key_bytes
 from fedshard.errors import ConfigError, PushRejectedError, RefusalCode, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
