@@ -16,7 +16,7 @@ from fedshard.assembly import grpc_connector, make_site, running_zones
 from fedshard.cli.progress import RoundProgress
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
-from fedshard.coordinator.events import EventLog, replay
+from fedshard.coordinator.events import EventKind, EventLog, replay
 from fedshard.coordinator.results import RoundObserver, RoundResult
 from fedshard.errors import RefusalCode
 from fedshard.integrity import Manifest
@@ -169,3 +169,11 @@ def test_a_train_report_carries_its_code_on_the_wire(code: RefusalCode | None) -
     report = TrainReport(site_id="s", round=3, ok=False, reason="one line", code=code)
     back = decode(TrainReport, encode(report))
     assert back.code is code and back.reason == "one line"
+
+
+def test_the_event_log_writes_its_kinds_as_their_values(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "events.jsonl")
+    log.on_stop("")
+    (event,), _ = log.read()
+    assert event["event"] == "stop" and type(event["event"]) is str  # readers of events.jsonl see plain values
+    assert [k.value for k in EventKind] == ["start", "round", "stop"]
