@@ -16,7 +16,7 @@ from fedshard.site.privacy import SitePrivacy
 
 def _plan(eps: float = 3.0, delta: float = 1e-5, sigma: float | None = 1.5, update: bool = False) -> PrivacyPlan:
     return PrivacyPlan(
-        accountant="rdp",
+        accountant=AccountantKind.RDP,
         epsilon=eps,
         delta=delta,
         batch_size=10,
