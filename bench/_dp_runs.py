@@ -110,6 +110,7 @@ def run_central(s: Central, seed: int, fold: int, validation: bool) -> Outcome:
 
 def run_federated(s: Federated, epsilon: float, seed: int, fold: int, validation: bool) -> Outcome:
     """Run a DP federation with settings ``s`` at budget ``epsilon`` on one fold; score its final model."""
+    from fedshard.protocol.messages import PrivacyStatus
     from fedshard.simulate.run import simulate
 
     quiet()
@@ -120,7 +121,7 @@ def run_federated(s: Federated, epsilon: float, seed: int, fold: int, validation
     with tempfile.TemporaryDirectory(prefix="dp-accuracy-") as out:
         summary = simulate(config, out)
     seconds = time.perf_counter() - t0
-    if summary["rounds"] != s.rounds or any(site.get("status") == "refused" for site in summary["sites"]):
+    if summary["rounds"] != s.rounds or any(site.get("status") == PrivacyStatus.REFUSED for site in summary["sites"]):
         raise RuntimeError(f"{s.name} ε={epsilon} seed {seed} fold {fold}: {summary['stopped_reason']}")
     total = num_test(s.hidden, seed, fold, validation)
     correct = round(summary["final_accuracy"] * total)

@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, add_output_args, cpu_ticks, fmt, publish, steal_note
 
 from fedshard.config import load_federation
+from fedshard.coordinator.events import EventKind
 from fedshard.deploy.aggregator import AggregatorHost
 from fedshard.deploy.app import write_run_config
 from fedshard.deploy.keys import provision
@@ -142,9 +143,9 @@ class Deployment:
         summary = self.host.run()
         events = [json.loads(line) for line in (self.host.run_dir / "events.jsonl").read_text().splitlines()]
         if not summary or summary["stopped_reason"]:
-            reason = summary.get("stopped_reason") or [e.get("reason") for e in events if e["event"] == "stop"]
+            reason = summary.get("stopped_reason") or [e.get("reason") for e in events if e["event"] == EventKind.STOP]
             raise RuntimeError(f"the fedshard run in {self.host.run_dir} did not complete: {reason}")
-        marks = [e["at"] for e in events if e["event"] in ("start", "round")]
+        marks = [e["at"] for e in events if e["event"] in (EventKind.START, EventKind.ROUND)]
         return [b - a for a, b in itertools.pairwise(marks)], float(summary["final_accuracy"])
 
 

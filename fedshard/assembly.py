@@ -92,20 +92,28 @@ def load_site_keys(folder: str | Path) -> dict[str, bytes]:
 
 
 def make_site(
-    config: FederationConfig, site_id: str, state_root: str | Path, routing: FederationRouting | None = None
+    config: FederationConfig,
+    site_id: str,
+    state_root: str | Path,
+    routing: FederationRouting | None = None,
+    *,
+    connect: ZoneConnector | None = None,
 ) -> Site:
     """The :class:`Site` for ``site_id``, keeping its state under ``state_root/site_id``.
 
     The site routes by ``routing`` when given (shared by the sites of one process);
     otherwise it classifies its shards with its own model, once, and keeps the result
     in its state folder. It signs its manifests with ``state_root/site_id/signing.key``
-    when that file exists.
+    when that file exists. It reaches the zones through ``connect`` (default: gRPC in
+    plain text, for loopback).
     """
     state_dir = Path(state_root) / site_id
     he_dir = he_keys(config) if config.residency.encrypting else None
     kek_file = Path(state_root).parent / STORE_KEYS_DIR / f"{site_id}.kek"
     store = _model_store(config, state_dir, kek_file, create_key=True)
-    return _site(config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, store, routing=routing)
+    return _site(
+        config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, store, routing=routing, connect=connect
+    )
 
 
 def site_for(config: FederationConfig, site_id: str, state_root: str | Path) -> Site:
@@ -214,6 +222,7 @@ def _site(
     *,
     routing: FederationRouting | None = None,
     cap: BudgetConfig | None = None,
+    connect: ZoneConnector | None = None,
 ) -> Site:
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))
@@ -240,7 +249,7 @@ def _site(
         tile=config.sharding.tile,
         seed=config.federation.seed,
         state_dir=state_dir,
-        connect=tls_connector(tls),
+        connect=connect if connect is not None else tls_connector(tls),
         privacy=SitePrivacy(site.id, state_dir, cap=cap if cap is not None else site.cap),
         dp_layers=config.privacy.layer_policy,
         routing=_route_source(config, site_id, state_dir, routing),

@@ -21,7 +21,9 @@ console = Console()
 def ledger_summary(site_config: Path) -> dict[str, Any]:
     """A site's budget, read from its own ledger (the authoritative record)."""
     from fedshard.config import load_site
+    from fedshard.privacy.events import Guarantee
     from fedshard.privacy.ledger import Budget, PrivacyLedger
+    from fedshard.protocol.messages import PrivacyStatus
     from fedshard.site.privacy import LEDGER_FILE
 
     site = load_site(site_config).site
@@ -31,21 +33,21 @@ def ledger_summary(site_config: Path) -> dict[str, Any]:
         last_round = max((e.round for e in entries), default=None)
         next_round = [e.event for e in entries if e.round == last_round]
         status = ledger.status(next_round)
-    spent = {g.value: eps for g, eps in status.spent.items()}
-    binding = "record" if "record" in spent else "update"
+    spent = status.spent
+    binding = Guarantee.RECORD if Guarantee.RECORD in spent else Guarantee.UPDATE
     return {
         "id": site.id,
         "jurisdiction": site.jurisdiction,
         "epsilon_budget": status.budget.epsilon,
         "delta": status.budget.delta,
         "epsilon_spent": spent.get(binding, 0.0),
-        "epsilon_record": spent.get("record", 0.0),
-        "epsilon_update": spent.get("update", 0.0),
+        "epsilon_record": spent.get(Guarantee.RECORD, 0.0),
+        "epsilon_update": spent.get(Guarantee.UPDATE, 0.0),
         "epsilon_remaining": max(status.budget.epsilon - spent.get(binding, 0.0), 0.0),
         "rounds_participated": status.rounds_participated,
         "pending_rounds": list(status.pending),
         "projected_rounds_left": status.projected_rounds_left,
-        "status": "active" if status.can_afford_next or not next_round else "exhausted",
+        "status": (PrivacyStatus.ACTIVE if status.can_afford_next or not next_round else PrivacyStatus.EXHAUSTED).value,
     }
 
 
@@ -82,13 +84,15 @@ def _table(sites: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
     for column in ("site", "jurisdiction", "ε budget", "δ", "ε spent", "ε left", "rounds", "rounds left", "status"):
         table.add_column(column, justify="left" if column in ("site", "jurisdiction", "status") else "right")
-    colours = {"active": "green", "exhausted": "red", "refused": "yellow"}
+    from fedshard.cli.progress import STATUS_COLOURS
+    from fedshard.protocol.messages import PrivacyStatus
+
     for s in sites:
         if "epsilon_budget" not in s:
             table.add_row(s["id"], s["jurisdiction"], "—", "—", "—", "—", "—", "—", "no DP report")
             continue
         left = s.get("projected_rounds_left")
-        status = s.get("status", "active")
+        status = s.get("status", PrivacyStatus.ACTIVE.value)
         table.add_row(
             s["id"],
             s["jurisdiction"],
@@ -98,7 +102,7 @@ def _table(sites: list[dict[str, Any]], title: str) -> Table:
             f"{s['epsilon_remaining']:.3f}",
             str(s["rounds_participated"]),
             "—" if left is None else str(left),
-            f"[{colours.get(status, 'white')}]{status}[/]",
+            f"[{STATUS_COLOURS.get(status, 'white')}]{status}[/]",
         )
     return table
 

@@ -6,13 +6,21 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedshard.coordinator.coordinator import RoundResult
-from fedshard.protocol.messages import SiteInfo
+from fedshard.coordinator.results import RoundResult
+from fedshard.protocol.messages import PrivacyStatus, SiteInfo
 
-__all__ = ["RoundProgress", "format_bytes", "results_table"]
+__all__ = ["STATUS_COLOURS", "RoundProgress", "format_bytes", "results_table", "zones_table"]
+
+STATUS_COLOURS: dict[str, str] = {
+    PrivacyStatus.ACTIVE: "green",
+    PrivacyStatus.EXHAUSTED: "red",
+    PrivacyStatus.REFUSED: "yellow",
+}
+"""How a site's privacy status is coloured (keys are the statuses' wire values)."""
 
 
 def format_bytes(n: float) -> str:
@@ -25,7 +33,7 @@ def format_bytes(n: float) -> str:
 
 
 class RoundProgress:
-    """A :class:`~fedshard.coordinator.coordinator.RoundObserver` that shows a progress bar
+    """A :class:`~fedshard.coordinator.results.RoundObserver` that shows a progress bar
     and one line per finished round (accuracy, loss, bytes sent)."""
 
     def __init__(self, console: Console | None = None) -> None:
@@ -64,6 +72,8 @@ class RoundProgress:
             f"train loss {result.train_loss:.4f}  sent {format_bytes(result.bytes_up)}  "
             f"sites {len(result.sites)}{refused}  version {result.version[:12]}"
         )
+        for site in sorted(result.refused):
+            self._progress.console.print(f"          [yellow]{escape(site)}[/] {escape(result.refusal(site))}")
         if result.privacy:
             self._progress.console.print(
                 "          ε " + "  ".join(_epsilon(site, p) for site, p in result.privacy.items())
@@ -74,8 +84,8 @@ class RoundProgress:
 
 def _epsilon(site: str, privacy: dict[str, Any]) -> str:
     status = privacy["status"]
-    colour = {"active": "green", "exhausted": "red", "refused": "yellow"}.get(status, "white")
-    mark = "" if status == "active" else f" [{colour}]{status}[/]"
+    colour = STATUS_COLOURS.get(status, "white")
+    mark = "" if status == PrivacyStatus.ACTIVE else f" [{colour}]{status}[/]"
     return f"{site} [{colour}]{privacy['epsilon_spent']:.2f}[/]/{privacy['epsilon_budget']:g}{mark}"
 
 

@@ -3,6 +3,7 @@ and the zones' lifecycle calls. It sees metadata only, never parameters or updat
 
 ``coordinator``  selection, round driving
 ``groups``       residency groups: one version chain each, and the rounds each site has not applied
+``results``      what a round and a run produced (refusals with their codes), and the observer of them
 ``events``       the JSON-lines event log a run writes (and replays for status and summaries)
 """
 

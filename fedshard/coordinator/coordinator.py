@@ -19,13 +19,14 @@ import math
 import random
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
+from fedshard.aggregation import ServerOptimizerKind
 from fedshard.config import FederationConfig
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
+from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, refusal_line
 from fedshard.errors import FedshardError, RoundError
 from fedshard.integrity import merkle_root
+from fedshard.privacy.accountant import AccountantKind
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
     ApplyRule,
@@ -43,63 +44,12 @@ from fedshard.protocol.messages import (
     TrainReport,
     UpdatePlan,
 )
-from fedshard.protocol.rounds import AggregateSummary, RoundSpec, derive_seed
+from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
 
-__all__ = ["Coordinator", "RoundObserver", "RoundResult", "RunResult", "combine_versions", "residency_groups"]
+__all__ = ["Coordinator"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundResult:
-    """What one round produced (metadata only)."""
-
-    round: int
-    version: str
-    merkle_root: str
-    sites: tuple[str, ...]
-    refused: dict[str, str]
-    train_loss: float
-    accuracy: float
-    loss: float
-    bytes_up: int
-    privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # site id -> PrivacyReport fields
-    versions: dict[str, str] = field(default_factory=dict)  # residency group -> its model version
-    roots: dict[str, str] = field(default_factory=dict)  # residency group -> root of what it applied
-    aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published
-
-
-@dataclass
-class RunResult:
-    """A whole run."""
-
-    sites: list[SiteInfo]
-    genesis_version: str
-    version: str
-    rounds: list[RoundResult] = field(default_factory=list)
-    stopped_reason: str = ""
-    groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
-
-    @property
-    def privacy(self) -> dict[str, dict[str, Any]]:
-        """Each site's privacy as last reported (at discovery, then after each round)."""
-        latest = {s.site_id: s.privacy.model_dump() for s in self.sites if s.privacy is not None}
-        for r in self.rounds:
-            latest.update(r.privacy)
-        return latest
-
-
-class RoundObserver(Protocol):
-    """Receives progress events (progress display, event log)."""
-
-    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
-        """The federation is assembled."""
-        ...
-
-    def on_round(self, result: RoundResult) -> None:
-        """A round finished."""
-        ...
 
 
 class Coordinator:
@@ -137,7 +87,14 @@ class Coordinator:
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
-        self._apply_rule = ApplyRule(**config.training.server_optimizer.model_dump())
+        rule = config.training.server_optimizer
+        self._apply_rule = ApplyRule(
+            kind=ServerOptimizerKind(rule.kind),
+            learning_rate=rule.learning_rate,
+            beta1=rule.beta1,
+            beta2=rule.beta2,
+            tau=rule.tau,
+        )
         self._plan_json = ""
 
     @property
@@ -242,7 +199,7 @@ class Coordinator:
         t = self.config.training
         record = p.record_level
         return PrivacyPlan(
-            accountant=record.accountant,
+            accountant=AccountantKind(record.accountant),
             epsilon=budget.epsilon,
             delta=budget.delta,
             batch_size=t.batch_size,
@@ -288,10 +245,12 @@ class Coordinator:
         token = secrets.token_hex(16)
         self._open(rnd, token, version, selected)
         reports, refused = self._train(rnd, token, selected)
+        codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
+        reasons = {s: r.reason for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
         if len(reports) < min_sites:
             self._abort(rnd, list(self.zones))
-            details = "; ".join(f"{s}: {r}" for s, r in sorted(refused.items()))
+            details = "; ".join(f"{s}: {refusal_line(r, codes.get(s))}" for s, r in sorted(reasons.items()))
             raise RoundError(
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
                 f"(federation.min_sites is {min_sites}). {details}"
@@ -311,14 +270,15 @@ class Coordinator:
         return RoundResult(
             round=rnd,
             version=combine_versions(group_versions),
-            merkle_root=merkle_root({f"{s.zone}|{s.group}": s.merkle_root for s in published.values()}),
+            merkle_root=merkle_root({str(key): s.merkle_root for key, s in published.items()}),
             sites=tuple(sorted(counted)),
-            refused=refused,
+            refused=reasons,
+            refusal_codes=codes,
             train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
             accuracy=accuracy,
             loss=loss,
             bytes_up=sum(r.bytes_up for r in ok),
-            privacy={site: report.model_dump() for site, report in sorted(self._privacy.items())},
+            privacy={site: report.model_dump(mode="json") for site, report in sorted(self._privacy.items())},
             versions=group_versions,
             roots=roots,
             aggregates=[
@@ -341,13 +301,15 @@ class Coordinator:
             self._abort(rnd, opened)
             raise
 
-    def _train(self, rnd: int, token: str, selected: list[str]) -> tuple[list[TrainReport], dict[str, str]]:
-        """Send the train messages; the reports of sites that pushed, and why the others did not."""
+    def _train(
+        self, rnd: int, token: str, selected: list[str]
+    ) -> tuple[list[TrainReport], dict[str, TrainReport | SiteFailure]]:
+        """Send the train messages; the reports of sites that pushed, and the refusals or failures of the others."""
         weight_scale = float(max(i.num_examples for i in self._nodes.values()))
         instructions = {node: self._instruction(node, rnd, token, weight_scale) for node in selected}
         replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
         reports: list[TrainReport] = []
-        refused: dict[str, str] = {}
+        refused: dict[str, TrainReport | SiteFailure] = {}
         for node, reply in replies.items():
             site_id = self._nodes[node].site_id
             if isinstance(reply, TrainReport):
@@ -357,8 +319,10 @@ class Coordinator:
             if isinstance(reply, TrainReport) and reply.ok:
                 reports.append(reply)
             else:
-                refused[site_id] = reply.reason if isinstance(reply, TrainReport | SiteFailure) else str(reply)
-                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id])
+                refused[site_id] = (
+                    reply if isinstance(reply, TrainReport | SiteFailure) else SiteFailure(reason=str(reply))
+                )
+                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id].reason)
         return reports, refused
 
     def _instruction(self, node: str, rnd: int, token: str, weight_scale: float) -> TrainInstruction:
@@ -388,19 +352,19 @@ class Coordinator:
             except FedshardError as exc:
                 log.warning("round %d: zone %s could not abort: %s", rnd, name, exc)
 
-    def _close(self, rnd: int) -> dict[str, AggregateSummary]:
-        """Close the round at every zone, the reducing zone last; summaries by ``zone|group``."""
+    def _close(self, rnd: int) -> dict[AggregateKey, AggregateSummary]:
+        """Close the round at every zone, the reducing zone last; summaries by aggregate."""
         reducer = self.config.reducing_zone
         forward_to = (reducer, self.endpoints[reducer]) if reducer is not None else None
         order = sorted(self.zones, key=lambda name: (name == reducer, name))
-        published: dict[str, AggregateSummary] = {}
+        published: dict[AggregateKey, AggregateSummary] = {}
         for name in order:
             try:
                 summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
             except FedshardError as exc:
                 self._abort(rnd, list(self.zones))
                 raise RoundError(f"round {rnd}: zone {name} could not close the round: {exc}") from None
-            published.update({f"{s.zone}|{s.group}": s for s in summaries})
+            published.update({s.key: s for s in summaries})
         return published
 
     def _evaluate(self, rnd: int) -> tuple[float, float]:

@@ -6,18 +6,31 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fedshard.coordinator.coordinator import RoundResult, RunResult, residency_groups
-from fedshard.errors import RoundError
+from fedshard.coordinator.groups import residency_groups
+from fedshard.coordinator.results import RoundResult, RunResult
+from fedshard.errors import RefusalCode, RoundError
 from fedshard.protocol.messages import SiteInfo
 
-__all__ = ["EventLog", "replay", "round_from_event"]
+__all__ = ["EventKind", "EventLog", "replay", "round_from_event"]
+
+
+class EventKind(StrEnum):
+    """What a line of the event log records (its ``event`` field)."""
+
+    START = "start"
+    """The federation assembled: its sites, rounds and genesis version."""
+    ROUND = "round"
+    """A round finished: the fields of its :class:`~fedshard.coordinator.results.RoundResult`."""
+    STOP = "stop"
+    """The run ended: ``reason`` is empty when it completed."""
 
 
 class EventLog:
-    """A :class:`~fedshard.coordinator.coordinator.RoundObserver` appending to ``path``."""
+    """A :class:`~fedshard.coordinator.results.RoundObserver` appending to ``path``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -33,20 +46,20 @@ class EventLog:
         """Record the assembled federation."""
         self._write(
             {
-                "event": "start",
+                "event": EventKind.START,
                 "rounds": rounds,
                 "genesis_version": genesis_version,
-                "sites": [s.model_dump() for s in sites],
+                "sites": [s.model_dump(mode="json") for s in sites],
             }
         )
 
     def on_round(self, result: RoundResult) -> None:
         """Record one finished round."""
-        self._write({"event": "round", **asdict(result)})
+        self._write({"event": EventKind.ROUND, **asdict(result)})
 
     def on_stop(self, reason: str) -> None:
         """Record the end of the run (empty reason: completed)."""
-        self._write({"event": "stop", "reason": reason})
+        self._write({"event": EventKind.STOP, "reason": reason})
 
     def read(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Events written since byte ``offset``; returns them and the new offset."""
@@ -63,7 +76,7 @@ class EventLog:
 def replay(path: str | Path) -> RunResult:
     """Rebuild the result of the run recorded in ``path`` (its last start onwards)."""
     events, _ = EventLog(path).read()
-    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+    starts = [i for i, e in enumerate(events) if e["event"] == EventKind.START]
     if not starts:
         raise RoundError(f"{path}: the run never assembled its sites (no start event)")
     start = events[starts[-1]]
@@ -75,10 +88,10 @@ def replay(path: str | Path) -> RunResult:
         groups={name: [m.site_id for m in members] for name, members in sorted(residency_groups(sites).items())},
     )
     for event in events[starts[-1] + 1 :]:
-        if event["event"] == "round":
+        if event["event"] == EventKind.ROUND:
             result.rounds.append(round_from_event(event))
             result.version = result.rounds[-1].version
-        elif event["event"] == "stop":
+        elif event["event"] == EventKind.STOP:
             result.stopped_reason = event["reason"]
     return result
 
@@ -87,4 +100,5 @@ def round_from_event(event: dict[str, Any]) -> RoundResult:
     """Rebuild a RoundResult from its event."""
     fields = {k: v for k, v in event.items() if k not in ("event", "at")}
     fields["sites"] = tuple(fields["sites"])
+    fields["refusal_codes"] = {s: RefusalCode.parse(c) for s, c in fields.get("refusal_codes", {}).items()}
     return RoundResult(**fields)

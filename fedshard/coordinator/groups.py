@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from fedshard.integrity import merkle_root, next_version
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SiteInfo
-from fedshard.protocol.rounds import AggregateSummary
+from fedshard.protocol.rounds import AggregateKey, AggregateSummary
 
 __all__ = ["Group", "combine_versions", "residency_groups"]
 
@@ -29,13 +29,13 @@ __all__ = ["Group", "combine_versions", "residency_groups"]
 class Group:
     """Sites that apply the same aggregates, their model's version chain, and where each site stands."""
 
-    view: dict[str, list[str]]  # "zone|group" -> shard ids
+    view: dict[AggregateKey, list[str]]  # aggregate -> the shard ids the group applies from it
     sites: list[str]
     version: str
     rounds: list[AppliedRound] = field(default_factory=list)  # every round the group applied, in order
     applied: dict[str, int] = field(default_factory=dict)  # site id -> last round it reported applying
 
-    def applied_root(self, published: Mapping[str, AggregateSummary]) -> str:
+    def applied_root(self, published: Mapping[AggregateKey, AggregateSummary]) -> str:
         """Root over the shards this group applies from the round's aggregates."""
         digests: dict[str, str] = {}
         for key, shard_ids in self.view.items():
@@ -46,7 +46,9 @@ class Group:
             digests.update({sid: entries[sid] for sid in shard_ids if sid in entries})
         return merkle_root(digests)
 
-    def extend(self, rnd: int, published: Mapping[str, AggregateSummary], announced: list[PublishedAggregate]) -> str:
+    def extend(
+        self, rnd: int, published: Mapping[AggregateKey, AggregateSummary], announced: list[PublishedAggregate]
+    ) -> str:
         """Apply round ``rnd`` to the chain; the root over what the group applies."""
         root = self.applied_root(published)
         self.version = next_version(self.version, root)
@@ -69,9 +71,10 @@ class Group:
 
 def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
     """Sites that apply the same aggregates, by group name (their jurisdictions, joined by ``+``)."""
-    by_view: dict[str, list[SiteInfo]] = {}
+    by_view: dict[tuple[tuple[AggregateKey, tuple[str, ...]], ...], list[SiteInfo]] = {}
     for info in sorted(sites, key=lambda i: i.site_id):
-        by_view.setdefault(json.dumps(info.view, sort_keys=True), []).append(info)
+        view = tuple(sorted((key, tuple(shards)) for key, shards in info.view.items()))
+        by_view.setdefault(view, []).append(info)
     groups: dict[str, list[SiteInfo]] = {}
     for members in by_view.values():
         name = "+".join(sorted({m.jurisdiction for m in members}))

@@ -291,7 +291,7 @@ class AggregatorHost:
 
     def _follow(self) -> str:
         """Wait for the run to end (its stop event, or Flower saying it finished); the final phase."""
-        from fedshard.coordinator.events import EventLog
+        from fedshard.coordinator.events import EventKind, EventLog
 
         events = EventLog(self.run_dir / "events.jsonl")
         offset, last_check = 0, 0.0
@@ -301,7 +301,7 @@ class AggregatorHost:
             batch, offset = events.read(offset)
             if batch:
                 self._update()
-            if any(e["event"] == "stop" for e in batch):
+            if any(e["event"] == EventKind.STOP for e in batch):
                 return "finished"
             if time.monotonic() - last_check > 5.0:
                 last_check = time.monotonic()
@@ -309,7 +309,7 @@ class AggregatorHost:
                 status = self.flwr.run_status(self.state.run_id)
                 if status in _FINISHED:
                     time.sleep(0.5)  # the stop event may land just after Flower's status
-                    if any(e["event"] == "stop" for e in events.read(offset)[0]):
+                    if any(e["event"] == EventKind.STOP for e in events.read(offset)[0]):
                         return "finished"
                     raise DeployError(
                         f"run {self.state.run_id} ended ({status}) without finishing; "

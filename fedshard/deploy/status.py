@@ -84,11 +84,13 @@ def _events(run_dir: str | None) -> list[dict[str, Any]]:
 
 def render_status(config: FederationConfig, state: HostState) -> RenderableType:
     """Sites connected, round, ε per site and zones, as a rich renderable."""
+    from fedshard.coordinator.events import EventKind
+
     events = _events(state.run_dir)
-    rounds = [e for e in events if e["event"] == "round"]
+    rounds = [e for e in events if e["event"] == EventKind.ROUND]
     privacy: dict[str, dict[str, Any]] = rounds[-1].get("privacy", {}) if rounds else {}
     if not privacy:
-        starts = [e for e in events if e["event"] == "start"]
+        starts = [e for e in events if e["event"] == EventKind.START]
         for site in starts[-1]["sites"] if starts else []:
             if site.get("privacy"):
                 privacy[site["site_id"]] = site["privacy"]

@@ -195,8 +195,8 @@ def _digest(shard_id: str, value: np.ndarray | bytes, encrypted: bool) -> tuple[
         if not encrypted:
             raise ShardError(f"shard {shard_id} is ciphertext bytes but not listed as encrypted")
         return ciphertext_digest(value), len(value)
-    if encrypted and not (value.dtype == np.uint8 and value.ndim == 2 and value.shape[0] == 1):
-        # (1, n) uint8 arrays: how sites handed ciphertexts over before they were bytes
-        # (same digest); anything else listed as encrypted is a mistake.
-        raise ShardError(f"shard {shard_id} is listed as encrypted but holds {value.dtype} values, not ciphertext")
+    if encrypted:
+        raise ShardError(
+            f"shard {shard_id} is listed as encrypted but holds {value.dtype} values, not ciphertext bytes"
+        )
     return shard_digest(value), int(value.nbytes)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-import numpy as np
 from pydantic import BaseModel
 
 from fedshard.integrity import Manifest
@@ -59,13 +58,6 @@ class ZoneClient(Protocol):
 
     def fetch(self, round: int, group: str = DEFAULT_GROUP, site_id: str = "") -> Aggregate:
         """Download a published aggregate (site ``site_id``): means, and encrypted sums as ``bytes``."""
-        ...
-
-    def fetch_aggregate(
-        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
-    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Transitional form of :meth:`fetch` (encrypted sums as ``(1, n)`` uint8 arrays);
-        goes once the site calls :meth:`fetch`."""
         ...
 
     def close(self) -> None:

@@ -7,11 +7,17 @@ same way: ``encode(msg)`` → JSON bytes, ``decode(Model, data)``.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+from fedshard.aggregation import ServerOptimizerKind
+from fedshard.errors import RefusalCode
+from fedshard.privacy.accountant import AccountantKind
+from fedshard.residency.router import AggregateKey
 
 __all__ = [
+    "AggregateKeyField",
     "AppliedRound",
     "ApplyRule",
     "EvaluateInstruction",
@@ -19,6 +25,7 @@ __all__ = [
     "MessageKind",
     "PrivacyPlan",
     "PrivacyReport",
+    "PrivacyStatus",
     "PublishedAggregate",
     "QueryRequest",
     "RecordPlan",
@@ -27,9 +34,23 @@ __all__ = [
     "TrainInstruction",
     "TrainReport",
     "UpdatePlan",
+    "ZonePush",
     "decode",
     "encode",
 ]
+
+
+def _aggregate_key(value: object) -> AggregateKey:
+    if isinstance(value, AggregateKey):
+        return value
+    if isinstance(value, str):
+        return AggregateKey.parse(value)
+    raise ValueError(f"expected an aggregate key written zone|group, got {value!r}")
+
+
+AggregateKeyField = Annotated[AggregateKey, BeforeValidator(_aggregate_key), PlainSerializer(str, return_type=str)]
+"""An :class:`~fedshard.residency.AggregateKey` in a message: ``zone|group`` on the wire
+(a JSON object key), the typed key in Python; a malformed one is refused on decode."""
 
 
 class _Msg(BaseModel):
@@ -44,12 +65,28 @@ class MessageKind(StrEnum):
     EVALUATE = "evaluate"
 
 
+class PrivacyStatus(StrEnum):
+    """Where a site's privacy budget stands, as it reports it."""
+
+    ACTIVE = "active"
+    """The site can afford the next round."""
+    EXHAUSTED = "exhausted"
+    """The next round would overrun the site's budget: it takes part in no more rounds."""
+    REFUSED = "refused"
+    """The site refused this round's release (its reservation stays counted as spent)."""
+
+
 class PublishedAggregate(_Msg):
     """One aggregate a zone published in a round: the zone, its group and Merkle root."""
 
     zone: str
     group: str
     merkle_root: str
+
+    @property
+    def key(self) -> AggregateKey:
+        """``(zone, group)``: which aggregate this is."""
+        return AggregateKey(self.zone, self.group)
 
 
 class AppliedRound(_Msg):
@@ -88,7 +125,7 @@ class PrivacyPlan(_Msg):
     a site's budget, never raise it.
     """
 
-    accountant: str
+    accountant: AccountantKind
     epsilon: float
     delta: float
     batch_size: int  # local training per round, which the cost of a round depends on
@@ -106,7 +143,7 @@ class PrivacyReport(_Msg):
     epsilon_record: float = 0.0
     epsilon_update: float = 0.0
     rounds_participated: int = 0
-    status: str = "active"  # active | exhausted | refused
+    status: PrivacyStatus = PrivacyStatus.ACTIVE
     can_afford_next: bool = True
     projected_rounds_left: int | None = None
     note: str = ""
@@ -115,7 +152,7 @@ class PrivacyReport(_Msg):
 class ApplyRule(_Msg):
     """How sites apply each aggregate to their parameters (server-side optimiser)."""
 
-    kind: str = "avg"
+    kind: ServerOptimizerKind = ServerOptimizerKind.AVG
     learning_rate: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.99
@@ -144,7 +181,7 @@ class SiteInfo(_Msg):
     plan_json: str
     genesis_version: str
     privacy: PrivacyReport | None = None
-    view: dict[str, list[str]] = Field(default_factory=dict)  # "zone|group" -> shard ids this site applies
+    view: dict[AggregateKeyField, list[str]] = Field(default_factory=dict)  # aggregate -> shard ids the site applies
     version: str = ""  # the site's model version now (its genesis until it applies a round)
     applied_round: int = 0  # the last round the site applied
 
@@ -172,21 +209,45 @@ class TrainInstruction(_Msg):
     weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest site's examples)
 
 
+class ZonePush(_Msg):
+    """What one zone acknowledged of a site's update: the root of the manifest it counted,
+    the shards and bytes it received."""
+
+    zone: str
+    merkle_root: str
+    shards: int
+    nbytes: int
+
+
 class TrainReport(_Msg):
-    """What a site did with a train instruction."""
+    """What a site did with a train instruction.
+
+    ``pushes`` lists each zone's acknowledgement (zones by name) when ``ok``; otherwise
+    ``reason`` says why in one line and ``code`` is the :class:`~fedshard.errors.RefusalCode`
+    of the refusal that stopped the site, where one did (a zone refused its push, or
+    refused to serve it an aggregate).
+    """
 
     site_id: str
     round: int
     ok: bool
     reason: str = ""
+    code: RefusalCode | None = None
     num_examples: int = 0
     loss: float = 0.0
-    bytes_up: int = 0
-    shards: int = 0
-    zone: str = ""
-    merkle_root: str = ""
+    pushes: list[ZonePush] = Field(default_factory=list)
     privacy: PrivacyReport | None = None
     applied_round: int | None = None  # the last round the site's model has applied (None: unknown)
+
+    @property
+    def bytes_up(self) -> int:
+        """Bytes the zones received from the site."""
+        return sum(p.nbytes for p in self.pushes)
+
+    @property
+    def shards(self) -> int:
+        """Shards the zones received from the site."""
+        return sum(p.shards for p in self.pushes)
 
 
 class EvaluateInstruction(_Msg):

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 from fedshard.config import load_federation
-from fedshard.coordinator.coordinator import RoundObserver, RunResult
-from fedshard.coordinator.events import EventLog, replay, round_from_event
+from fedshard.coordinator.events import EventKind, EventLog, replay, round_from_event
+from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.protocol.messages import SiteInfo
 
 __all__ = ["run_flower_simulation"]
@@ -23,10 +23,10 @@ def _follow(events: EventLog, observer: RoundObserver, stop: threading.Event) ->
         done = stop.is_set()
         batch, offset = events.read(offset)
         for event in batch:
-            if event["event"] == "start":
+            if event["event"] == EventKind.START:
                 sites = [SiteInfo(**s) for s in event["sites"]]
                 observer.on_start(sites, event["rounds"], event["genesis_version"])
-            elif event["event"] == "round":
+            elif event["event"] == EventKind.ROUND:
                 observer.on_round(round_from_event(event))
         if done:
             return

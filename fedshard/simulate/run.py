@@ -17,8 +17,9 @@ import yaml
 
 from fedshard.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig
-from fedshard.coordinator.coordinator import Coordinator, RoundObserver, RunResult
+from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
+from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.errors import ConfigError
 from fedshard.protocol.messages import SiteInfo
 from fedshard.simulate.baseline import centralized_baseline
@@ -182,7 +183,8 @@ def build_summary(
                 "train_loss": r.train_loss,
                 "bytes_up": r.bytes_up,
                 "sites": list(r.sites),
-                "refused": r.refused,
+                "refused": {site: r.refusal(site) for site in sorted(r.refused)},
+                "refusal_codes": {site: code.value for site, code in sorted(r.refusal_codes.items())},
                 "merkle_root": r.merkle_root,
                 "model_version": r.version,
                 "group_versions": r.versions,

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.aggregation import ServerOptimizer, ServerOptimizerKind
+from fedshard.aggregation import ServerOptimizer
 from fedshard.errors import IntegrityError, RoundError
-from fedshard.integrity import merkle_root, next_version, shard_digest
+from fedshard.integrity import ciphertext_digest, merkle_root, next_version, shard_digest
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import AppliedRound, ApplyRule
-from fedshard.site.routes import view_key
+from fedshard.protocol.rounds import AggregateKey
 
 if TYPE_CHECKING:
     from fedshard.crypto.he import HeCodec
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OPTIMIZER_PREFIX",
     "ModelState",
+    "RoundShards",
     "apply_rounds",
     "check_chain",
     "decrypt_aggregate",
@@ -77,7 +78,7 @@ class ModelState:
 
 def optimizer_for(rule: ApplyRule, state: ModelState, pending: bool, site_id: str) -> ServerOptimizer:
     """The federation's server optimiser; refuses a rule change while rounds remain to apply."""
-    optimizer = ServerOptimizer(ServerOptimizerKind(rule.kind), rule.learning_rate, rule.beta1, rule.beta2, rule.tau)
+    optimizer = ServerOptimizer(rule.kind, rule.learning_rate, rule.beta1, rule.beta2, rule.tau)
     if state.rule and state.rule != optimizer.describe() and pending:
         raise RoundError(
             f"site {site_id}: the server optimiser changed mid-federation ({state.rule} → "
@@ -86,17 +87,37 @@ def optimizer_for(rule: ApplyRule, state: ModelState, pending: bool, site_id: st
     return optimizer
 
 
+@dataclass
+class RoundShards:
+    """The shards a site applies from one round's aggregates, as the zones serve them:
+    weighted means, and encrypted sums as CKKS ciphertext ``bytes`` (the shards each
+    aggregate's summary flags ``encrypted``)."""
+
+    means: dict[str, np.ndarray] = field(default_factory=dict)
+    ciphertexts: dict[str, bytes] = field(default_factory=dict)
+
+    def shard_ids(self) -> list[str]:
+        """Every shard, means first."""
+        return [*self.means, *self.ciphertexts]
+
+    def digests(self) -> dict[str, str]:
+        """Shard id → digest, as the zones listed them (ciphertexts: over their bytes)."""
+        out = {sid: shard_digest(v) for sid, v in self.means.items()}
+        out.update({sid: ciphertext_digest(c) for sid, c in self.ciphertexts.items()})
+        return out
+
+
 def fetch_view(
     site_id: str,
     applied: AppliedRound,
-    view: Mapping[str, list[str]],
+    view: Mapping[AggregateKey, list[str]],
     zones: Mapping[str, str],
     connect: ZoneConnector,
-) -> dict[str, np.ndarray]:
+) -> RoundShards:
     """Download the round's aggregates this site applies: its shards from each."""
-    out: dict[str, np.ndarray] = {}
+    out = RoundShards()
     for published in applied.aggregates:
-        wanted = view.get(view_key(published.zone, published.group))
+        wanted = view.get(published.key)
         if not wanted:
             continue
         endpoint = zones.get(published.zone)
@@ -104,16 +125,17 @@ def fetch_view(
             raise RoundError(f"site {site_id}: no endpoint for zone {published.zone!r} of round {applied.round}")
         client = connect(published.zone, endpoint)
         try:
-            summary, aggregate = client.fetch_aggregate(applied.round, published.group, site_id)
+            aggregate = client.fetch(applied.round, published.group, site_id)
         finally:
             client.close()
-        if summary.merkle_root != published.merkle_root:
+        if aggregate.summary.merkle_root != published.merkle_root:
             raise IntegrityError(
                 f"site {site_id}: aggregate {published.group} of round {applied.round} from zone "
-                f"{published.zone} has root {summary.merkle_root[:12]}…, the coordinator announced "
+                f"{published.zone} has root {aggregate.summary.merkle_root[:12]}…, the coordinator announced "
                 f"{published.merkle_root[:12]}…"
             )
-        out.update({sid: aggregate[sid] for sid in wanted if sid in aggregate})
+        out.means.update({sid: aggregate.means[sid] for sid in wanted if sid in aggregate.means})
+        out.ciphertexts.update({sid: aggregate.ciphertexts[sid] for sid in wanted if sid in aggregate.ciphertexts})
         del aggregate  # shards this site does not apply go now
     return out
 
@@ -121,21 +143,29 @@ def fetch_view(
 def decrypt_aggregate(
     site_id: str,
     plan: ShardPlan,
-    aggregate: dict[str, np.ndarray],
+    fetched: RoundShards,
     codec: Callable[[], HeCodec],
     encrypted: frozenset[str] | None,
-) -> None:
-    """Replace encrypted sums in ``aggregate`` by the weighted means they hold.
+) -> dict[str, np.ndarray]:
+    """Every shard of ``fetched`` as a weighted mean: the means as they are, the encrypted
+    sums decrypted and divided (the ciphertexts are dropped from ``fetched`` as they go).
 
     ``encrypted`` (the shards the policy encrypts; None without residency routing)
-    refuses a shard that arrives encrypted although the policy sends it in clear.
+    refuses a shard that arrives encrypted although the policy sends it in clear, or
+    in clear although the policy encrypts it.
     """
-    for sid in [sid for sid, arr in aggregate.items() if arr.dtype == np.uint8]:
+    if encrypted is not None:
+        clear = next((sid for sid in fetched.means if sid in encrypted), None)
+        if clear is not None:
+            raise IntegrityError(f"site {site_id}: shard {clear} arrived in clear, the policy encrypts it")
+    out = fetched.means
+    for sid in list(fetched.ciphertexts):
         if encrypted is not None and sid not in encrypted:
             raise IntegrityError(f"site {site_id}: shard {sid} arrived encrypted, the policy sends it in clear")
         spec = plan.shard(sid)
-        mean = codec().decrypt_mean(aggregate[sid].tobytes(), spec.size)
-        aggregate[sid] = mean.reshape(spec.shape).astype(spec.dtype)
+        mean = codec().decrypt_mean(fetched.ciphertexts.pop(sid), spec.size)
+        out[sid] = mean.reshape(spec.shape).astype(spec.dtype)
+    return out
 
 
 def apply_rounds(
@@ -143,8 +173,8 @@ def apply_rounds(
     pending: Sequence[AppliedRound],
     optimizer: ServerOptimizer,
     shards: MutableMapping[str, np.ndarray],
-    fetch: Callable[[AppliedRound], dict[str, np.ndarray]],
-    decrypt: Callable[[dict[str, np.ndarray]], None],
+    fetch: Callable[[AppliedRound], RoundShards],
+    decrypt: Callable[[RoundShards], dict[str, np.ndarray]],
     *,
     plan: ShardPlan,
     site_id: str,
@@ -153,24 +183,24 @@ def apply_rounds(
     """Apply each round of ``pending`` in order, in place on ``shards``; the rounds applied.
 
     ``fetch`` returns a round's aggregate shards as published (their roots are checked
-    here), ``decrypt`` turns encrypted sums into means in place. Everything of a round
+    here), ``decrypt`` turns them into means (decrypting the encrypted sums). Everything of a round
     is checked before any of it is applied, so on an error ``shards`` and ``state``
     stand at the last round applied. ``skip``: shards whose memory a later shard shares
     (tied weights), applied through that one.
     """
     done = 0
     for applied in pending:
-        aggregate = fetch(applied)
-        for shard_id in aggregate:
+        fetched = fetch(applied)
+        for shard_id in fetched.shard_ids():
             plan.shard(shard_id)  # refuses shards outside the plan
-        root = merkle_root({sid: shard_digest(arr) for sid, arr in aggregate.items()})
+        root = merkle_root(fetched.digests())
         if root != applied.merkle_root:
             raise IntegrityError(
                 f"site {site_id}: the aggregates of round {applied.round} give root {root[:12]}… for this "
                 f"site's shards, the coordinator announced {applied.merkle_root[:12]}…"
             )
-        decrypt(aggregate)
-        optimizer.apply(shards, {k: v for k, v in aggregate.items() if k not in skip}, state.optimizer)
+        means = decrypt(fetched)
+        optimizer.apply(shards, {k: v for k, v in means.items() if k not in skip}, state.optimizer)
         state.rule = optimizer.describe()
         state.version = next_version(state.version, applied.merkle_root)
         state.applied_round = applied.round

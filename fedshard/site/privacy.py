@@ -14,12 +14,12 @@ from pathlib import Path
 
 from fedshard.config import BudgetConfig
 from fedshard.errors import ConfigError
-from fedshard.privacy.accountant import AccountantKind, calibrate_noise
+from fedshard.privacy.accountant import calibrate_noise
 from fedshard.privacy.dpsgd import planned_record_event
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, PrivacyLedger
 from fedshard.privacy.update_dp import update_event
-from fedshard.protocol.messages import PrivacyPlan, PrivacyReport
+from fedshard.protocol.messages import PrivacyPlan, PrivacyReport, PrivacyStatus
 
 __all__ = ["LEDGER_FILE", "SitePrivacy"]
 
@@ -69,7 +69,7 @@ class SitePrivacy:
                 f"{1.0 / num_examples:.3g}; choose δ ≤ {1.0 / num_examples:.3g}"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        ledger = PrivacyLedger(self.ledger_path, budget, accountant=AccountantKind(plan.accountant))
+        ledger = PrivacyLedger(self.ledger_path, budget, accountant=plan.accountant)
         kept = ledger.budget
         if kept.epsilon < budget.epsilon and not note:
             note = f"site {self.site_id} keeps its earlier, lower budget ε={kept.epsilon:g}"
@@ -94,19 +94,17 @@ class SitePrivacy:
         budget = ledger.budget
         one = planned_record_event(num_examples, plan.batch_size, plan.epochs, 1.0)
         steps = one.steps * plan.record.planned_rounds
-        key = f"{plan.accountant}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
+        key = f"{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
         path = self.state_dir / _CALIBRATION_FILE
         cache: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
         if key not in cache:
-            cache[key] = calibrate_noise(
-                budget.epsilon, budget.delta, one.sample_rate, steps, AccountantKind(plan.accountant)
-            )
+            cache[key] = calibrate_noise(budget.epsilon, budget.delta, one.sample_rate, steps, plan.accountant)
             path.write_text(json.dumps(cache, indent=1, sort_keys=True))
         return cache[key]
 
     @staticmethod
     def report(
-        ledger: PrivacyLedger, next_events: list[DPEvent], *, status: str | None = None, note: str = ""
+        ledger: PrivacyLedger, next_events: list[DPEvent], *, status: PrivacyStatus | None = None, note: str = ""
     ) -> PrivacyReport:
         """The site's privacy report for the coordinator."""
         st = ledger.status(next_events)
@@ -114,7 +112,7 @@ class SitePrivacy:
         update = st.spent.get(Guarantee.UPDATE, 0.0)
         binding = Guarantee.RECORD if any(e.guarantee is Guarantee.RECORD for e in next_events) else Guarantee.UPDATE
         if status is None:
-            status = "active" if st.can_afford_next else "exhausted"
+            status = PrivacyStatus.ACTIVE if st.can_afford_next else PrivacyStatus.EXHAUSTED
         left = st.projected_rounds_left
         return PrivacyReport(
             epsilon_budget=st.budget.epsilon,

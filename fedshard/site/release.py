@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedshard.errors import FedshardError, RoundError
+from fedshard.errors import FedshardError, PushRejectedError, RoundError
 from fedshard.integrity import build_manifest
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
-from fedshard.protocol.messages import TrainInstruction, UpdatePlan
+from fedshard.protocol.messages import TrainInstruction, UpdatePlan, ZonePush
+from fedshard.protocol.rounds import ShardPayload
 from fedshard.site.routes import SiteRouting
 
 if TYPE_CHECKING:
@@ -26,19 +26,9 @@ if TYPE_CHECKING:
 
     from fedshard.crypto.he import HeCodec
 
-__all__ = ["Pushed", "encrypt_shards", "noised", "push_update", "update_over"]
+__all__ = ["encrypt_shards", "noised", "push_update", "update_over"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Pushed:
-    """What the zones acknowledged."""
-
-    bytes: int
-    shards: int
-    zones: tuple[str, ...]
-    roots: tuple[str, ...]
 
 
 def update_over(base: dict[str, np.ndarray], trained: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -59,18 +49,19 @@ def noised(update: dict[str, np.ndarray], plan: UpdatePlan | None) -> dict[str, 
 
 
 def encrypt_shards(
-    payload: dict[str, np.ndarray],
+    update: dict[str, np.ndarray],
     encrypted: frozenset[str],
     codec: Callable[[], HeCodec],
     weight: float,
     context: str,
-) -> None:
-    """Replace the shards in ``encrypted`` by their CKKS ciphertexts (``uint8`` rows), in place."""
+) -> dict[str, ShardPayload]:
+    """The payload of ``update``: the shards in ``encrypted`` as their CKKS ciphertext
+    ``bytes``, the others as they are (same order; the arrays are not copied)."""
     if not encrypted:
-        return
+        return dict(update)
     he = codec()
-    blobs, clipped = he.encrypt_many({sid: payload[sid] for sid in encrypted}, min(weight, 1.0))
-    payload.update({sid: np.frombuffer(b, dtype=np.uint8).reshape(1, -1) for sid, b in blobs.items()})
+    blobs, clipped = he.encrypt_many({sid: update[sid] for sid in encrypted}, min(weight, 1.0))
+    payload: dict[str, ShardPayload] = {sid: blobs.get(sid, values) for sid, values in update.items()}
     if clipped:
         log.warning(
             "%s: %d update value(s) exceeded he.value_range=%g and were clipped to encrypt them",
@@ -78,10 +69,11 @@ def encrypt_shards(
             clipped,
             he.value_range,
         )
+    return payload
 
 
 def push_update(
-    payload: Mapping[str, np.ndarray],
+    payload: Mapping[str, ShardPayload],
     routing: SiteRouting,
     message: TrainInstruction,
     *,
@@ -90,16 +82,22 @@ def push_update(
     weight: float,
     signing_key: Ed25519PrivateKey | None,
     connect: ZoneConnector,
-) -> Pushed:
-    """Push every zone its shards with a (signed) manifest.
+) -> list[ZonePush]:
+    """Push every zone its shards (ciphertext ``bytes`` where the routes encrypt) with a (signed) manifest.
+
+    Returns
+    -------
+    list[ZonePush]
+        What each zone acknowledged, zones by name.
 
     Raises
     ------
     RoundError
         With the reason to report: the round names no endpoint for a zone the routes
-        use, or a zone refused the push.
+        use, or a zone refused the push (then with the zone's :class:`RefusalCode` in
+        ``code`` and the zone's own line as the message).
     """
-    receipts, roots = [], []
+    pushes: list[ZonePush] = []
     for zone, shard_ids in routing.by_zone().items():
         if zone not in message.zones:
             raise RoundError(
@@ -122,15 +120,14 @@ def push_update(
             manifest = manifest.signed(signing_key)
         client = connect(zone, message.zones[zone])
         try:
-            receipts.append(client.push(manifest, message.token, part))
+            receipt = client.push(manifest, message.token, part)
+        except PushRejectedError as exc:  # the zone's own line names the zone, the site and the round
+            raise RoundError(str(exc), code=exc.code) from None
         except FedshardError as exc:
-            raise RoundError(f"push to zone {zone} failed: {exc}") from None
+            raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
         finally:
             client.close()
-        roots.append(manifest.merkle_root)
-    return Pushed(
-        bytes=sum(r.bytes for r in receipts),
-        shards=sum(r.shards for r in receipts),
-        zones=tuple(r.zone for r in receipts),
-        roots=tuple(roots),
-    )
+        pushes.append(
+            ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
+        )
+    return pushes

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedshard.residency import Classification, RouteDecision
+from fedshard.residency import AggregateKey, Classification, RouteDecision
 
 if TYPE_CHECKING:
     import torch
 
     from fedshard.sharding import ShardPlan
 
-__all__ = ["CLASSES_FILE", "RouteSource", "SiteRouting", "read_classes", "view_key", "write_classes"]
+__all__ = ["CLASSES_FILE", "RouteSource", "SiteRouting", "read_classes", "write_classes"]
 
 CLASSES_FILE = "classes.json"
 """In a site's state folder: the classification of its model's shards."""
@@ -32,11 +32,6 @@ _CLASSES_FORMAT = 1
 
 ModelSource = Callable[[], "tuple[ShardPlan, torch.nn.Module]"]
 """The site's shard plan and model (built on first call)."""
-
-
-def view_key(zone: str, group: str) -> str:
-    """``zone|group``: names one aggregate a site applies."""
-    return f"{zone}|{group}"
 
 
 @dataclass(frozen=True)
@@ -69,11 +64,11 @@ class SiteRouting:
             out.setdefault(d.zone, []).append(sid)
         return dict(sorted(out.items()))
 
-    def view(self) -> dict[str, list[str]]:
-        """``zone|group`` → the shards the site applies from that aggregate."""
-        out: dict[str, list[str]] = {}
+    def view(self) -> dict[AggregateKey, list[str]]:
+        """Aggregate → the shards the site applies from it (aggregates sorted by zone, then group)."""
+        out: dict[AggregateKey, list[str]] = {}
         for sid, d in self.routes.items():
-            out.setdefault(view_key(*d.aggregate), []).append(sid)
+            out.setdefault(d.aggregate, []).append(sid)
         return dict(sorted(out.items()))
 
 

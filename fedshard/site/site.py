@@ -37,6 +37,7 @@ from fedshard.protocol.messages import (
     EvaluateReport,
     MessageKind,
     PrivacyReport,
+    PrivacyStatus,
     QueryRequest,
     SiteInfo,
     TrainInstruction,
@@ -315,13 +316,15 @@ class Site:
         """
         applied: int | None = None
 
-        def refuse(reason: str, privacy: PrivacyReport | None = None) -> TrainReport:
-            log.warning("site %s refuses round %d: %s", self.site_id, message.round, reason)
+        def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
+            code = f" [{error.code}]" if error.code is not None else ""
+            log.warning("site %s refuses round %d%s: %s", self.site_id, message.round, code, error)
             return TrainReport(
                 site_id=self.site_id,
                 round=message.round,
                 ok=False,
-                reason=reason,
+                reason=str(error),
+                code=error.code,
                 privacy=privacy,
                 applied_round=applied,
             )
@@ -329,24 +332,24 @@ class Site:
         try:
             state = self._catch_up(message.missed, message.zones, message.apply, message.base_version)
         except FedshardError as exc:
-            return refuse(str(exc))
+            return refuse(exc)
         applied = state.applied_round
         try:
             routing = self._routes(message.zones)  # a shard no zone may hold: refuse before anything is spent
         except FedshardError as exc:
-            return refuse(str(exc))
+            return refuse(exc)
         if message.privacy is None:
             try:
                 return self._train_and_push(message, state, routing, None)
             except RoundError as exc:
-                return refuse(str(exc))
+                return refuse(exc)
         ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train)
         with ledger:
             events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
             try:
                 reservation = ledger.reserve(message.round, events)
             except BudgetExhaustedError as exc:
-                return refuse(str(exc), self.privacy.report(ledger, events, status="exhausted", note=note))
+                return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.EXHAUSTED, note=note))
             record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
             dp = _RoundDP(
                 RecordPrivacy(record, message.privacy.record.max_grad_norm)
@@ -357,7 +360,7 @@ class Site:
             try:
                 report = self._train_and_push(message, state, routing, dp)
             except (PrivacyError, RoundError) as exc:
-                return refuse(str(exc), self.privacy.report(ledger, events, status="refused", note=note))
+                return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
             ledger.commit(reservation)
             return report.model_copy(update={"privacy": self.privacy.report(ledger, events, note=note)})
 
@@ -382,9 +385,12 @@ class Site:
             record.verify()
         update = noised(update, dp.update if dp is not None else None)
         weight = metrics.num_examples / (message.weight_scale or metrics.num_examples)
-        encrypt_shards(update, routing.encrypted, self._codec, weight, f"site {self.site_id} round {message.round}")
-        pushed = push_update(
-            update,
+        payload = encrypt_shards(
+            update, routing.encrypted, self._codec, weight, f"site {self.site_id} round {message.round}"
+        )
+        del base, update  # the values of the encrypted shards go now
+        pushes = push_update(
+            payload,
             routing,
             message,
             site_id=self.site_id,
@@ -399,10 +405,7 @@ class Site:
             ok=True,
             num_examples=metrics.num_examples,
             loss=metrics.loss,
-            bytes_up=pushed.bytes,
-            shards=pushed.shards,
-            zone=",".join(pushed.zones),
-            merkle_root=",".join(pushed.roots),
+            pushes=pushes,
             applied_round=state.applied_round,
         )
 

@@ -1,7 +1,8 @@
 """In-process adapters: sites called directly, zones called directly (no network).
 
-The embedded demo uses :class:`InProcessSiteGateway` with real gRPC zones; unit
-tests may also use :class:`InProcessZoneClient`.
+The embedded demo uses :class:`InProcessSiteGateway` with real gRPC zones; tests may
+also reach zones directly, through :func:`in_process_connector` (the same
+:class:`~fedshard.protocol.channels.ZoneClient` contract as the gRPC client).
 """
 
 from __future__ import annotations
@@ -9,17 +10,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 
-import numpy as np
 from pydantic import BaseModel
 
-from fedshard.errors import FedshardError
+from fedshard.errors import FedshardError, ZoneError
 from fedshard.integrity import Manifest
+from fedshard.protocol.channels import ZoneClient, ZoneConnector
 from fedshard.protocol.messages import MessageKind, SiteFailure
-from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, PartialSum, PushReceipt, RoundSpec
+from fedshard.protocol.rounds import (
+    DEFAULT_GROUP,
+    Aggregate,
+    AggregateSummary,
+    PartialSum,
+    PushReceipt,
+    RoundSpec,
+    ShardPayload,
+)
 from fedshard.site.site import Site
 from fedshard.zone.aggregator import ZoneAggregator
 
-__all__ = ["InProcessSiteGateway", "InProcessZoneClient"]
+__all__ = ["InProcessSiteGateway", "InProcessZoneClient", "in_process_connector"]
 
 
 class InProcessZoneClient:
@@ -32,32 +41,44 @@ class InProcessZoneClient:
         """See :class:`ZoneClient`."""
         self.zone.open_round(spec)
 
-    def push(self, manifest: Manifest, token: str, shards: Mapping[str, np.ndarray]) -> PushReceipt:
+    def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
         """See :class:`ZoneClient`."""
-        return self.zone.push(manifest, token, dict(shards))
+        return self.zone.push(manifest, token, shards)
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
         """See :class:`ZoneClient`."""
         return self.zone.close_round(round, forward_to)
 
-    def forward(self, partial: PartialSum, sums: Mapping[str, np.ndarray]) -> int:
+    def forward(self, partial: PartialSum, sums: Mapping[str, ShardPayload]) -> int:
         """See :class:`ZoneClient`."""
-        return self.zone.receive_partial(partial, dict(sums))
+        return self.zone.receive_partial(partial, sums)
 
     def abort_round(self, round: int) -> None:
         """See :class:`ZoneClient`."""
         self.zone.abort_round(round)
 
-    def fetch_aggregate(
-        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
-    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """See :class:`ZoneClient`."""
+    def fetch(self, round: int, group: str = DEFAULT_GROUP, site_id: str = "") -> Aggregate:
+        """See :class:`ZoneClient`. The zone serves ``site_id`` as the jurisdiction its
+        residency config gives that site (a site it does not know is refused)."""
         residency = self.zone.residency
         jurisdiction = residency.jurisdictions.get(site_id) if residency is not None else None
-        return self.zone.aggregate(round, group, jurisdiction=jurisdiction)
+        return self.zone.fetch(round, group, jurisdiction=jurisdiction)
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def in_process_connector(zones: Mapping[str, ZoneAggregator]) -> ZoneConnector:
+    """Zone clients that call the zones of this process directly, by zone name (the
+    endpoint is ignored): the data plane of a federation without a network."""
+
+    def connect(name: str, endpoint: str) -> ZoneClient:
+        zone = zones.get(name)
+        if zone is None:
+            raise ZoneError(f"no zone named {name!r} in this process (known: {', '.join(sorted(zones)) or 'none'})")
+        return InProcessZoneClient(zone)
+
+    return connect
 
 
 class InProcessSiteGateway:

@@ -213,8 +213,7 @@ class ZoneAggregator:
     def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
         """Push a whole update at once (in-process use; the gRPC service streams instead).
 
-        Shards the manifest lists ``encrypted`` are ciphertext ``bytes`` (transitional:
-        or the ``(1, n)`` uint8 arrays sites used to pass).
+        Shards the manifest lists ``encrypted`` are ciphertext ``bytes``.
         """
         encrypted = {e.shard_id for e in manifest.shards if e.encrypted}
         with self.begin_push(manifest, token) as session:
@@ -407,16 +406,6 @@ class ZoneAggregator:
                 self._record(Decision.REFUSED, round=round, group=group, to=jurisdiction or "?", reason=str(exc))
                 raise ResidencyViolationError(f"zone {self.name}: {exc}", code=RefusalCode.NOT_SERVED) from None
         return aggregate
-
-    def aggregate(
-        self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None
-    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Transitional form of :meth:`fetch`: encrypted sums as ``(1, n)`` uint8 views of
-        their bytes (the site's in-process client reads them so until it uses :meth:`fetch`)."""
-        aggregate = self.fetch(round, group, jurisdiction=jurisdiction)
-        shards = dict(aggregate.means)
-        shards.update({sid: np.frombuffer(c, np.uint8).reshape(1, -1) for sid, c in aggregate.ciphertexts.items()})
-        return aggregate.summary, shards
 
     def close(self) -> None:
         """Close the audit log (the zone accepts nothing more)."""

@@ -265,7 +265,11 @@ def shard_chunks(
         Ciphertext bytes for a shard in clear, or an encrypted shard that is not bytes.
     """
     if encrypted:
-        yield from _ciphertext_chunks(shard_id, value, chunk_bytes)
+        if not isinstance(value, bytes):
+            raise ShardError(
+                f"shard {shard_id} is listed as encrypted but holds {value.dtype} values, not ciphertext bytes"
+            )
+        yield from _cut(shard_id, value, chunk_bytes, CKKS_DTYPE, ())
         return
     if isinstance(value, bytes):
         raise ShardError(f"shard {shard_id}: ciphertext bytes for a shard its header lists in clear")
@@ -274,17 +278,6 @@ def shard_chunks(
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     raw = arr.reshape(-1).view(np.uint8).data  # not memoryview.cast("B"): it refuses zero-size arrays
     yield from _cut(shard_id, raw, chunk_bytes, arr.dtype.str, tuple(int(d) for d in arr.shape))
-
-
-def _ciphertext_chunks(shard_id: str, value: ShardPayload, chunk_bytes: int | None) -> Iterator[Chunk]:
-    if isinstance(value, bytes):
-        data: Buffer = value
-    elif value.dtype == np.uint8 and value.ndim == 2 and value.shape[0] == 1:
-        # Transitional: the (1, n) uint8 array ciphertexts travelled as before they were bytes.
-        data = np.ascontiguousarray(value).reshape(-1).data
-    else:
-        raise ShardError(f"shard {shard_id} is listed as encrypted but holds {value.dtype} values, not ciphertext")
-    yield from _cut(shard_id, data, chunk_bytes, CKKS_DTYPE, ())
 
 
 def _cut(shard_id: str, data: Buffer, chunk_bytes: int | None, dtype: str, shape: tuple[int, ...]) -> Iterator[Chunk]:

@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedshard.assembly import make_site, make_zone, running_zones
 from fedshard.config import FederationConfig
-from fedshard.coordinator.coordinator import Coordinator, RunResult
+from fedshard.coordinator.coordinator import Coordinator
+from fedshard.coordinator.results import RunResult
 from fedshard.crypto.signing import public_key_bytes
 from fedshard.errors import ConfigError, PushRejectedError, RefusalCode, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
@@ -396,13 +397,17 @@ def test_encrypted_personal_shards_give_the_plaintext_model_within_quantisation(
     for site, shards in plain_models.items():
         for sid, values in shards.items():
             assert np.allclose(he_models[site][sid], values, atol=2e-3), (site, sid)
-    # what the zones stored for personal shards is ciphertext (uint8), for public ones floats
+    # what the zones stored and serve for personal shards is ciphertext (bytes), for public ones floats
     personal = {sid for sid, c in FederationRouting(plain).classes.items() if c.shard_class == "personal"}
     eu = LocalShardStore(tmp_path / "he" / "zones" / "eu-central")
-    _, regional = eu.load("aggregate-000002-regional-EU")
-    assert regional and all(arr.dtype == np.uint8 for arr in regional.values())
-    _, global_ = eu.load("aggregate-000002-global")
-    assert {sid for sid, arr in global_.items() if arr.dtype == np.uint8} == personal & set(global_)
+    meta, regional = eu.load("aggregate-000002-regional-EU")
+    assert regional and set(meta["encrypted"]) == set(regional)
+    meta, global_ = eu.load("aggregate-000002-global")
+    assert set(meta["encrypted"]) == personal & set(global_) != set()
+    served = ZoneAggregator("eu-central", "EU", store_dir=tmp_path / "he" / "zones" / "eu-central").fetch(2, "global")
+    assert set(served.ciphertexts) == personal & set(global_)
+    assert all(type(c) is bytes for c in served.ciphertexts.values())
+    assert all(served.means[sid].dtype == np.float32 for sid in set(global_) - personal)
     # the zones were given the public context only
     for audit in (tmp_path / "he" / "zones").glob("*/audit.jsonl"):
         assert verify_audit_log(audit).ok
@@ -469,7 +474,7 @@ def test_distributed_noise_runs_and_zones_refuse_to_publish_too_few_shares(tmp_p
     from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
 
     codec = HeCodec(load_context(tmp_path / "keys" / SECRET_CONTEXT_FILE, secret=True))
-    blob = np.frombuffer(codec.encrypt(np.zeros(routing.plan.shard(sid).size), 1.0)[0], np.uint8).reshape(1, -1)
+    blob = codec.encrypt(np.zeros(routing.plan.shard(sid).size), 1.0)[0]
     manifest = _manifest(routing, "eu-a", "eu-central", {sid: blob}, encrypted=frozenset({sid}))
     zone.push(manifest, TOKEN, {sid: blob})
     with pytest.raises(ZoneError, match="fewer than 2 sites' noise shares"):

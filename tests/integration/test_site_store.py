@@ -11,7 +11,8 @@ import pytest
 
 from fedshard.assembly import grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig
-from fedshard.coordinator.coordinator import Coordinator, RunResult
+from fedshard.coordinator.coordinator import Coordinator
+from fedshard.coordinator.results import RunResult
 from fedshard.site.site import Site
 from fedshard.store.verify import check_store
 from fedshard.transports.inprocess import InProcessSiteGateway

@@ -381,7 +381,6 @@ def test_ciphertexts_travel_as_bytes_labelled_ckks_in_many_chunks(he: tuple[HeCo
             client.push(manifest, TOKEN, blob)
             (summary,) = client.close_round(1)
             aggregate = client.fetch(1)
-            legacy = client.fetch_aggregate(1)[1][sid]  # transitional form, as sites read it today
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stream = list(pb_grpc.ZoneStub(channel).FetchAggregate(pb.FetchAggregateRequest(round=1), timeout=20))
     finally:
@@ -394,7 +393,7 @@ def test_ciphertexts_travel_as_bytes_labelled_ckks_in_many_chunks(he: tuple[HeCo
     assert (stream[1].chunk.dtype, list(stream[1].chunk.shape)) == (CKKS_DTYPE, [])
     assert len(stream) == 2 + len(data) // (1 << 20)  # the zone's own 1 MiB chunks
     np.testing.assert_allclose(codec.decrypt_mean(data, 6000).reshape(2, 3000), x, atol=codec.step)
-    assert legacy.dtype == np.uint8 and legacy.tobytes() == data
+    assert not hasattr(client, "fetch_aggregate")  # the one way to fetch: bytes, flagged by the summary
 
 
 def test_an_encrypted_shard_labelled_as_values_is_refused(he: tuple[HeCodec, object]) -> None:

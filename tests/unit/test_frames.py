@@ -257,5 +257,9 @@ def test_chunks_are_cut_as_the_header_says_the_shard_is() -> None:
         list(shard_chunks("c", BLOB))
     with pytest.raises(ShardError, match="listed as encrypted but holds float32 values"):
         list(shard_chunks("w", W, encrypted=True))
-    legacy = np.frombuffer(BLOB, np.uint8).reshape(1, -1)  # transitional: how sites hand ciphertexts over today
-    assert b"".join(bytes(c.data) for c in shard_chunks("c", legacy, 100, encrypted=True)) == BLOB
+    as_array = np.frombuffer(BLOB, np.uint8).reshape(1, -1)  # how ciphertexts travelled before they were bytes
+    with pytest.raises(ShardError, match="listed as encrypted but holds uint8 values, not ciphertext bytes"):
+        list(shard_chunks("c", as_array, encrypted=True))
+    pieces = list(shard_chunks("c", BLOB, 100, encrypted=True))
+    assert b"".join(bytes(c.data) for c in pieces) == BLOB
+    assert [(c.offset, c.dtype, c.shape) for c in pieces[:2]] == [(0, CKKS_DTYPE, ()), (100, "", ())]

@@ -151,8 +151,6 @@ def test_encrypted_pushes_are_summed_and_served_as_bytes(keys, codec: HeCodec) -
     mean = codec.decrypt_mean(data, 6000).reshape(2, 3000)
     expected = sum(ws[s] * xs[s] for s in xs) / sum(ws.values())
     assert np.abs(mean - expected).max() <= 2 * codec.step / 2 / sum(ws.values())
-    _, legacy = zone.aggregate(1)  # transitional form: a (1, n) uint8 view of the same bytes
-    assert legacy[sid].dtype == np.uint8 and legacy[sid].shape == (1, len(data)) and legacy[sid].tobytes() == data
 
 
 def test_a_restarted_zone_serves_the_stored_ciphertexts_as_bytes(keys, codec: HeCodec, tmp_path: Path) -> None:
@@ -176,16 +174,19 @@ def test_ciphertext_digests_are_those_of_the_arrays_ciphertexts_used_to_travel_a
     assert ciphertext_digest(blob) == shard_digest(np.frombuffer(blob, np.uint8).reshape(1, -1))
 
 
-def test_a_push_may_still_hand_ciphertexts_over_as_uint8_arrays(keys, codec: HeCodec) -> None:
+def test_ciphertexts_handed_over_as_uint8_arrays_are_refused(keys, codec: HeCodec) -> None:
     zone, plan, sid = _encrypted_round(keys)
     blob, _ = codec.encrypt(np.zeros(6000), 1.0)
-    legacy = {sid: np.frombuffer(blob, np.uint8).reshape(1, -1)}
+    as_array = {sid: np.frombuffer(blob, np.uint8).reshape(1, -1)}  # how ciphertexts travelled before bytes
+    manifest = _encrypted_manifest("site-a", plan, {sid: blob})
 
-    manifest = _encrypted_manifest("site-a", plan, legacy)  # type: ignore[arg-type]
-    zone.push(manifest, TOKEN, legacy)
+    with pytest.raises(ShardError, match="listed as encrypted but holds uint8 values, not ciphertext bytes"):
+        _encrypted_manifest("site-a", plan, as_array)  # type: ignore[arg-type]
+    with pytest.raises(ShardError, match="listed as encrypted but holds uint8 values, not ciphertext bytes"):
+        zone.push(manifest, TOKEN, as_array)
 
-    assert manifest.shards[0].digest == ciphertext_digest(blob)
-    assert zone.close_round(1)[0].sites == ("site-a",)
+    assert zone.close_round(1) == []  # nothing counted
+    assert not hasattr(zone, "aggregate")  # served only as bytes, by fetch
 
 
 def test_bytes_for_a_clear_shard_or_values_for_an_encrypted_one_are_refused_at_the_source(codec: HeCodec) -> None:

@@ -53,3 +53,21 @@ def test_unknown_site_or_tensor_is_one_line() -> None:
 def test_reducing_zone_and_preferred_zone_must_be_zones() -> None:
     with pytest.raises(ValueError, match="reducing_zone 'mars'"):
         _three_zones(reducing_zone="mars")
+
+
+def test_a_sites_view_names_each_aggregate_by_its_key() -> None:
+    from fedshard.residency import AggregateKey
+    from fedshard.routing import FederationRouting
+
+    routing = FederationRouting(_three_zones()).site("charite-berlin")
+    view = routing.view()
+
+    assert all(type(key) is AggregateKey for key in view)
+    assert list(view) == sorted(view)
+    assert {sid for shards in view.values() for sid in shards} == set(routing.routes)
+    for key, shards in view.items():
+        assert all(routing.routes[sid].aggregate == key for sid in shards)
+    personal = {sid for sid, d in routing.routes.items() if d.shard_class == "personal"}
+    assert personal and {routing.routes[sid].aggregate for sid in personal} == {
+        AggregateKey("eu-central", "regional/EU")
+    }

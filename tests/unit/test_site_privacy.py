@@ -10,13 +10,13 @@ from fedshard.config import BudgetConfig
 from fedshard.errors import ConfigError
 from fedshard.privacy.accountant import AccountantKind, epsilon
 from fedshard.privacy.events import Guarantee
-from fedshard.protocol.messages import PrivacyPlan, RecordPlan, UpdatePlan
+from fedshard.protocol.messages import PrivacyPlan, PrivacyStatus, RecordPlan, UpdatePlan
 from fedshard.site.privacy import SitePrivacy
 
 
 def _plan(eps: float = 3.0, delta: float = 1e-5, sigma: float | None = 1.5, update: bool = False) -> PrivacyPlan:
     return PrivacyPlan(
-        accountant="rdp",
+        accountant=AccountantKind.RDP,
         epsilon=eps,
         delta=delta,
         batch_size=10,
@@ -84,5 +84,5 @@ def test_report_marks_exhaustion(tmp_path: Path) -> None:
     with ledger:
         events = site.round_events(plan, ledger, num_examples=100)
         report = site.report(ledger, events)
-        assert report.status == "exhausted" and not report.can_afford_next
+        assert report.status is PrivacyStatus.EXHAUSTED and not report.can_afford_next
         assert report.epsilon_spent == 0.0 and report.epsilon_budget == 1.0

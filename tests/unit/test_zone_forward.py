@@ -252,7 +252,7 @@ def test_a_zone_without_residency_reduces_nothing() -> None:
 
 
 def test_an_encrypted_sum_needs_a_zone_with_a_ckks_context(zone: ZoneAggregator) -> None:
-    blob = np.frombuffer(b"\x00" * 64, np.uint8).reshape(1, -1)
+    blob = b"\x00" * 64
     entry = PartialEntry("w#r0c0", "00" * 32, 64, 1.0, ("site-a",), encrypted=True)
 
     refused(

@@ -190,16 +190,6 @@ class GrpcZoneClient:
             raise self._error(exc) from None
         return Aggregate(summary, means, ciphertexts)
 
-    def fetch_aggregate(
-        self, round: int, group: str = DEFAULT_GROUP, site_id: str = ""
-    ) -> tuple[AggregateSummary, dict[str, np.ndarray]]:
-        """Transitional form of :meth:`fetch` for sites that still read encrypted sums as
-        ``(1, n)`` uint8 arrays (views of the bytes, no copy)."""
-        aggregate = self.fetch(round, group, site_id)
-        shards = dict(aggregate.means)
-        shards.update({sid: np.frombuffer(c, np.uint8).reshape(1, -1) for sid, c in aggregate.ciphertexts.items()})
-        return aggregate.summary, shards
-
 
 def _assemble(
     frames: Iterator[pb.AggregateFrame], summary: AggregateSummary, where: str
