@@ -6,14 +6,78 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from fedshard.config import load_federation
 from fedshard.coordinator.events import EventKind, EventLog, replay, round_from_event
 from fedshard.coordinator.results import RoundObserver, RunResult
+from fedshard.errors import RoundError
 from fedshard.protocol.messages import SiteInfo
+from fedshard.transports.flower.grid import ENGINE_STOPPED
 
 __all__ = ["run_flower_simulation"]
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 2
+"""Runs of the engine when one stops before any site answered (Ray sometimes fails to
+start on a loaded machine); a run that got its sites is never repeated."""
+
+_ENGINE_STOP_WAIT_S = 30.0
+"""How long the ServerApp may take to notice a stopped engine and end its run."""
+
+
+def _run_engine(settings: dict[str, str], sites: int, events: EventLog, offset: int) -> None:
+    """One run of Flower's simulation engine, logging to ``events`` after byte ``offset``;
+    returns once the engine and the ServerApp have stopped."""
+    from flwr.simulation import run_simulation
+
+    from fedshard.transports.flower.client_app import create_client_app
+    from fedshard.transports.flower.server_app import create_server_app
+
+    engine_stopped, cpus = threading.Event(), os.cpu_count() or 1
+    try:
+        run_simulation(
+            server_app=create_server_app(settings, engine_stopped=engine_stopped),
+            client_app=create_client_app(settings),
+            num_supernodes=sites,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                # site errors come back as error replies; actors' own chatter stays in Ray's logs
+                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
+            },
+        )
+    finally:
+        # the engine is gone: a ServerApp still waiting for replies ends now (it logs a stop event)
+        engine_stopped.set()
+        deadline = time.monotonic() + _ENGINE_STOP_WAIT_S
+        while not _logged(events, offset, EventKind.STOP) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _logged(events: EventLog, offset: int, kind: EventKind) -> bool:
+    """Whether an event of ``kind`` was logged after byte ``offset``."""
+    batch, _ = events.read(offset)
+    return any(e["event"] == kind for e in batch)
+
+
+def _engine_failed(events: EventLog, offset: int) -> bool:
+    """Whether the run logged after ``offset`` lost its engine before its sites answered
+    (no start event; stopped, if at all, because the engine had stopped)."""
+    batch, _ = events.read(offset)
+    if any(e["event"] == EventKind.START for e in batch):
+        return False
+    stops = [e for e in batch if e["event"] == EventKind.STOP]
+    return not stops or str(stops[-1].get("reason", "")).startswith(ENGINE_STOPPED)
+
+
+def _reset_ray() -> None:
+    """Shut down what is left of a Ray runtime that did not start, before starting anew."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def _follow(events: EventLog, observer: RoundObserver, stop: threading.Event) -> None:
@@ -44,7 +108,6 @@ def run_flower_simulation(
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    from flwr.simulation import run_simulation
 
     # Flower logs to its own handler; its records reaching the root logger too would
     # print every line twice in our progress display.
@@ -53,9 +116,6 @@ def run_flower_simulation(
     # We use the Python simulation API on purpose: `flwr run`'s local simulation installs
     # the app's dependencies per run, which machines without a package index cannot do.
     flwr_logger.addFilter(lambda record: "`run_simulation` function is deprecated" not in record.getMessage())
-
-    from fedshard.transports.flower.client_app import create_client_app
-    from fedshard.transports.flower.server_app import create_server_app
 
     config = load_federation(config_path)
     settings = {
@@ -69,18 +129,23 @@ def run_flower_simulation(
     if observer is not None:
         follower = threading.Thread(target=_follow, args=(events, observer, stop), daemon=True)
         follower.start()
-    cpus = os.cpu_count() or 1
     try:
-        run_simulation(
-            server_app=create_server_app(settings),
-            client_app=create_client_app(settings),
-            num_supernodes=len(config.sites),
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                # site errors come back as error replies; actors' own chatter stays in Ray's logs
-                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
-            },
-        )
+        for attempt in range(1, _ATTEMPTS + 1):
+            offset = events.path.stat().st_size if events.path.exists() else 0
+            try:
+                _run_engine(settings, len(config.sites), events, offset)
+            except Exception as exc:
+                if not _engine_failed(events, offset):
+                    raise
+                if attempt == _ATTEMPTS:
+                    raise RoundError(
+                        f"{ENGINE_STOPPED} before any site answered, {_ATTEMPTS} times ({exc}); check that Ray can "
+                        "start here (free memory, /tmp/ray), or run with --engine inprocess"
+                    ) from exc
+            if attempt == _ATTEMPTS or not _engine_failed(events, offset):
+                break
+            log.warning("%s before any site answered (Ray did not start?); retrying once", ENGINE_STOPPED)
+            _reset_ray()
     finally:
         stop.set()
         if follower is not None:

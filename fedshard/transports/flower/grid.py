@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from flwr.app import Message
     from flwr.serverapp import Grid
 
-__all__ = ["FlowerSiteGateway"]
+__all__ = ["ENGINE_STOPPED", "FlowerSiteGateway"]
+
+ENGINE_STOPPED = "Flower's simulation engine stopped"
+"""How the reason of a run that lost its simulation engine begins."""
 
 
 class FlowerSiteGateway:
@@ -32,18 +35,35 @@ class FlowerSiteGateway:
         How long to wait for them.
     poll_s:
         First pause between pulls for replies (it grows to 1 s while none arrive).
+    engine_alive:
+        In a simulation, whether Flower's engine still runs: once it has stopped no reply
+        can come, so every wait ends at once with a :class:`RoundError` instead of
+        running to its timeout (a deployment's SuperLink outlives the ServerApp: None).
     """
 
-    def __init__(self, grid: Grid, min_nodes: int, wait_s: float = 120.0, poll_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        min_nodes: int,
+        wait_s: float = 120.0,
+        poll_s: float = 0.05,
+        engine_alive: Callable[[], bool] | None = None,
+    ) -> None:
         self.grid = grid
         self.min_nodes = min_nodes
         self.wait_s = wait_s
         self.poll_s = poll_s
+        self.engine_alive = engine_alive
+
+    def _check_engine(self) -> None:
+        if self.engine_alive is not None and not self.engine_alive():
+            raise RoundError(f"{ENGINE_STOPPED}: no site can answer (see the log above for why)")
 
     def nodes(self) -> list[str]:
         """Connected node ids (waits until ``min_nodes`` are connected)."""
         deadline = time.monotonic() + self.wait_s
         while True:
+            self._check_engine()
             ids = [str(n) for n in self.grid.get_node_ids()]
             if len(ids) >= self.min_nodes:
                 return ids
@@ -81,6 +101,7 @@ class FlowerSiteGateway:
         deadline = time.monotonic() + timeout
         pause = self.poll_s
         while pending and time.monotonic() < deadline:
+            self._check_engine()
             replies = list(self.grid.pull_messages(pending))
             for reply in replies:
                 answered = reply.metadata.reply_to_message_id

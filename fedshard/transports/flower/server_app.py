@@ -13,6 +13,7 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,9 +23,16 @@ from flwr.serverapp import Grid, ServerApp
 __all__ = ["create_server_app"]
 
 
-def create_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
-    """A ServerApp whose settings are ``defaults`` overridden by the run config."""
+def create_server_app(
+    defaults: Mapping[str, Any] | None = None, *, engine_stopped: threading.Event | None = None
+) -> ServerApp:
+    """A ServerApp whose settings are ``defaults`` overridden by the run config.
+
+    ``engine_stopped`` (simulation only) is set when Flower's engine has stopped; the
+    coordinator then stops waiting for replies that cannot come.
+    """
     server_app = ServerApp()
+    alive = None if engine_stopped is None else (lambda: not engine_stopped.is_set())
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
@@ -41,7 +49,9 @@ def create_server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
             json.loads(str(settings["zones"])) if settings.get("zones") else {z.name: z.endpoint for z in config.zones}
         )
         events = EventLog(str(settings.get("events", "events.jsonl")))
-        gateway = FlowerSiteGateway(grid, min_nodes=len(config.sites), wait_s=config.federation.round_timeout_s)
+        gateway = FlowerSiteGateway(
+            grid, min_nodes=len(config.sites), wait_s=config.federation.round_timeout_s, engine_alive=alive
+        )
         tls = TlsFiles(**json.loads(str(settings["zone-tls"]))) if settings.get("zone-tls") else None
         connect = tls_connector(tls)
         zones = {name: connect(name, ep) for name, ep in endpoints.items()}
