@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import NoReturn
 
@@ -22,6 +22,7 @@ from fedshard.errors import FedshardError, PkiError, PushRejectedError, RefusalC
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
 from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.frames import Chunk
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.convert import GRPC_OPTIONS, chunk_of, chunks, summary_to_header
@@ -71,12 +72,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             with self.zone.begin_push(
                 manifest, first.header.round_token, self.push_timeout, certified=certified
             ) as session:
-                for frame in request_iterator:
-                    if frame.WhichOneof("frame") != "chunk":
-                        raise PushRejectedError(
-                            f"zone {self.zone.name}: manifest sent twice in one push", RefusalCode.PROTOCOL
-                        )
-                    session.take(chunk_of(frame.chunk))
+                self._feed(request_iterator, session.take, "manifest sent twice in one push")
                 receipt = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
@@ -89,6 +85,13 @@ class ZoneService(pb_grpc.ZoneServicer):
         if first is None or first.WhichOneof("frame") != "header":
             raise PushRejectedError(f"zone {self.zone.name}: {rule}", RefusalCode.PROTOCOL)
         return first
+
+    def _feed(self, frames: Iterator[pb.PushFrame], take: Callable[[Chunk], None], twice: str) -> None:
+        """Hand every chunk after the header to ``take``; a second header is refused."""
+        for frame in frames:
+            if frame.WhichOneof("frame") != "chunk":
+                raise PushRejectedError(f"zone {self.zone.name}: {twice}", RefusalCode.PROTOCOL)
+            take(chunk_of(frame.chunk))
 
     def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> str | None:
         """Under mTLS: check the caller is ``site_id``; its certified jurisdiction."""
@@ -118,12 +121,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             caller = self._caller(context, Role.ZONE)
             certified = caller.name if caller is not None else None
             with self.zone.begin_forward(partial, self.push_timeout, certified=certified) as session:
-                for frame in request_iterator:
-                    if frame.WhichOneof("frame") != "chunk":
-                        raise PushRejectedError(
-                            f"zone {self.zone.name}: header sent twice in one forward", RefusalCode.PROTOCOL
-                        )
-                    session.take(chunk_of(frame.chunk))
+                self._feed(request_iterator, session.take, "header sent twice in one forward")
                 shards = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
