@@ -65,7 +65,7 @@ def write_layout(root: Path, *, rounds: int, tls: bool = True) -> dict[str, Path
 
 @pytest.fixture
 def layout(tmp_path: Path) -> Iterator[dict[str, Path]]:
-    paths = write_layout(tmp_path, rounds=3)
+    paths = write_layout(tmp_path, rounds=4)
     provision(load_federation(paths["aggregator"]), tmp_path / "keys")
     yield paths
 
@@ -122,11 +122,12 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         assert refused.returncode == 2
         assert "could not join" in refused.stderr and "registered" in refused.stderr
 
-        # Crash one site once round 1 is in; restart it a little later.
+        # Crash one site once round 1 is in; restart it once round 2 has gone on without it. (Restarted
+        # sooner, it may reconnect before the SuperLink gives up on it, and answer round 2 after all.)
         _wait(lambda: any(e["event"] == "round" for e in _events(tmp_path)), 400, "round 1", procs)
         _kill_tree(sites["sgh-singapore"])
         sites["sgh-singapore"].wait(10)
-        time.sleep(5)
+        _wait(lambda: any(e.get("round") == 2 for e in _events(tmp_path)), 400, "round 2", procs)
         sites["sgh-singapore"] = _start(
             ["site", "up", "--config", str(layout["sgh-singapore"])], tmp_path, logs / "sgh-singapore.log"
         )
@@ -147,7 +148,7 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
 
     run_dir = next((tmp_path / "runs" / "aggregator").glob("run-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["engine"] == "deployment" and summary["rounds"] == 3 and not summary["stopped_reason"]
+    assert summary["engine"] == "deployment" and summary["rounds"] == 4 and not summary["stopped_reason"]
     history = summary["history"]
     # the crashed site missed a round, the others went on, and it rejoined
     missed = [h["round"] for h in history if "sgh-singapore" not in h["sites"]]
@@ -168,7 +169,7 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     assert site_summary["rounds_participated"] == len(ledger_rounds)
     # the status command reads the same state once
     status = _fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
-    assert status.returncode == 0 and "finished" in status.stdout and "round 3/3" in status.stdout
+    assert status.returncode == 0 and "finished" in status.stdout and "round 4/4" in status.stdout
 
 
 def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) -> None:
