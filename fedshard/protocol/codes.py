@@ -35,6 +35,8 @@ MAX_REASON_CHARS = 1000
 _ERROR_CLASS: MappingProxyType[RefusalCode, type[FedshardError]] = MappingProxyType(
     {
         RefusalCode.BUSY: ZoneError,
+        RefusalCode.LIMIT: ZoneError,
+        RefusalCode.IDLE: ZoneError,
         RefusalCode.LIFECYCLE: ZoneError,
         RefusalCode.PRIVACY: ZoneError,
         RefusalCode.INVALID: ZoneError,

@@ -27,6 +27,8 @@ from fedshard.zone.rpc.status import GRPC_STATUS, REFUSAL_CODE_KEY, abort_with, 
 
 NOT_PUSH = {
     RefusalCode.BUSY: ZoneError,
+    RefusalCode.LIMIT: ZoneError,
+    RefusalCode.IDLE: ZoneError,
     RefusalCode.LIFECYCLE: ZoneError,
     RefusalCode.PRIVACY: ZoneError,
     RefusalCode.INVALID: ZoneError,
