@@ -67,6 +67,21 @@ def pki_issue_site(
     console.print(f"site {site} ({jurisdiction}): {paths.cert}, key {paths.key}", highlight=False)
 
 
+@pki_app.command("issue-coordinator")
+def pki_issue_coordinator(
+    ca: Annotated[Path, typer.Option("--ca", help="Folder holding ca.pem and ca.key")],
+    region: Annotated[str, typer.Option("--region", help="The region the coordinator runs in, e.g. EU")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the coordinator's certificate and key")],
+    name: Annotated[str, typer.Option("--name", help="The certificate's common name")] = "coordinator",
+    force: Force = False,
+) -> None:
+    """Issue the coordinator's client certificate: the only one zones let open, close or abort a round."""
+    from fedshard.crypto.pki import issue_coordinator
+
+    paths = issue_coordinator(ca, region, out, name=name, force=force)
+    console.print(f"coordinator {name} ({region}): {paths.cert}, key {paths.key}", highlight=False)
+
+
 @audit_app.command("verify")
 def audit_verify(
     log: Annotated[Path, typer.Option("--log", help="A zone's audit log (JSON lines)")],

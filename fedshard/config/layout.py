@@ -6,7 +6,8 @@
       ca/                      ca.pem, ca.key      the federation CA; keep ca.key offline
       aggregator/              stays on the aggregator host
         ca.pem
-        superlink.pem/.key     SuperLink server certificate (the coordinator presents it to zones)
+        superlink.pem/.key     SuperLink server certificate
+        coordinator.pem/.key   the coordinator's client certificate: the only one zones let open/close rounds
         zones/<zone>.pem/.key  zone certificates (region inside)
         site-keys/<site>.pub   sites' manifest-signing public keys (zones refuse unsigned manifests)
         supernodes/<site>.pub  sites' SuperNode authentication public keys (registered at the SuperLink)
@@ -43,8 +44,13 @@ class AggregatorKeys:
 
     @property
     def superlink(self) -> TlsFiles:
-        """The SuperLink's certificate and key (also what the coordinator shows zones)."""
+        """The SuperLink's certificate and key."""
         return TlsFiles(self.root / "superlink.pem", self.root / "superlink.key", self.ca)
+
+    @property
+    def coordinator(self) -> TlsFiles:
+        """The coordinator's client certificate and key (what it shows zones to drive rounds)."""
+        return TlsFiles(self.root / "coordinator.pem", self.root / "coordinator.key", self.ca)
 
     def zone(self, name: str) -> TlsFiles:
         """A zone's certificate and key."""

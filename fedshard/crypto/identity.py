@@ -1,8 +1,10 @@
 """Who holds a federation certificate: reading and checking site and zone certificates.
 
-A site's certificate carries its **jurisdiction** and a zone's its **region**, each
-in a non-critical extension under fedshard's private OID (:data:`JURISDICTION_OID`,
-:data:`REGION_OID`) whose value is a DER ``UTF8String``. :func:`read_identity`
+A site's certificate carries its **jurisdiction** and a zone's (or the coordinator's)
+its **region**, each in a non-critical extension under fedshard's private OID
+(:data:`JURISDICTION_OID`, :data:`REGION_OID`) whose value is a DER ``UTF8String``.
+The coordinator's certificate also says so in :data:`ROLE_OID`: it is the only
+identity a zone lets open, close or abort a round. :func:`read_identity`
 trusts that value only after checking the certificate against the federation CA,
 so a zone learns where a shard comes from from what the CA signed, never from what
 a request claims. Issuing lives in :mod:`fedshard.crypto.pki`.
@@ -25,12 +27,15 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedshard.errors import PkiError
 
-__all__ = ["JURISDICTION_OID", "REGION_OID", "Identity", "Role", "read_identity", "read_pem"]
+__all__ = ["JURISDICTION_OID", "REGION_OID", "ROLE_OID", "Identity", "Role", "read_identity", "read_pem"]
 
 JURISDICTION_OID = x509.ObjectIdentifier("1.3.6.1.4.1.59999.1.1")
 """Extension holding a site's jurisdiction (``UTF8String``, non-critical)."""
 REGION_OID = x509.ObjectIdentifier("1.3.6.1.4.1.59999.1.2")
-"""Extension holding a zone's region (``UTF8String``, non-critical)."""
+"""Extension holding a zone's or the coordinator's region (``UTF8String``, non-critical)."""
+ROLE_OID = x509.ObjectIdentifier("1.3.6.1.4.1.59999.1.3")
+"""Extension naming a role the key usages cannot tell apart (``UTF8String``, non-critical):
+``"coordinator"`` on the coordinator's client certificate."""
 
 # The same shapes as the config's ``Name`` and ``Jurisdiction`` (fedshard.config.models).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -38,10 +43,12 @@ PLACE_PATTERN = re.compile(r"^[A-Z]{2,8}$")
 
 
 class Role(StrEnum):
-    """What a certificate lets its holder be: a site (TLS client) or a zone (TLS server)."""
+    """What a certificate lets its holder be: a site (TLS client), a zone (TLS server, and
+    client of the reducing zone) or the coordinator (TLS client that drives rounds)."""
 
     SITE = "site"
     ZONE = "zone"
+    COORDINATOR = "coordinator"
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,10 @@ class Identity:
     name:
         ``site_id`` of a site or name of a zone (the subject's CN).
     role:
-        :attr:`Role.SITE` or :attr:`Role.ZONE`, from the extended key usage.
+        :attr:`Role.SITE`, :attr:`Role.ZONE` or :attr:`Role.COORDINATOR`, from the
+        extended key usage and :data:`ROLE_OID`.
     jurisdiction_or_region:
-        A site's jurisdiction or a zone's region (e.g. ``"EU"``).
+        A site's jurisdiction or a zone's (coordinator's) region (e.g. ``"EU"``).
     fingerprint:
         SHA-256 of the certificate (DER), hex; names the certificate in audit records.
     """
@@ -165,6 +173,17 @@ def _role(cert: x509.Certificate, subject: str) -> Role:
         usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
         usages = set()
+    try:
+        raw = cert.extensions.get_extension_for_oid(ROLE_OID).value
+    except x509.ExtensionNotFound:
+        raw = None
+    if raw is not None:
+        named = utf8_string_decode(raw.value) if isinstance(raw, x509.UnrecognizedExtension) else None
+        if named != Role.COORDINATOR.value or ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+            raise PkiError(f"certificate of {subject!r} names an unknown role {named!r}")
+        if ExtendedKeyUsageOID.SERVER_AUTH in usages:
+            raise PkiError(f"certificate of {subject!r} claims the coordinator role and a zone's key usage")
+        return Role.COORDINATOR
     if ExtendedKeyUsageOID.SERVER_AUTH in usages:
         return Role.ZONE  # zones may also be TLS clients (of the reducing zone)
     if ExtendedKeyUsageOID.CLIENT_AUTH in usages:

@@ -1,4 +1,5 @@
-"""The federation PKI: one CA, server certificates for zones, client certificates for sites.
+"""The federation PKI: one CA, server certificates for zones, client certificates for sites
+and for the coordinator (the one identity zones let drive rounds).
 
 Every key is ECDSA P-256 (what gRPC's BoringSSL handles best) and every certificate
 is signed with SHA-256. A site's certificate carries its **jurisdiction** and a
@@ -35,6 +36,7 @@ from fedshard.crypto.identity import (
     NAME_PATTERN,
     PLACE_PATTERN,
     REGION_OID,
+    ROLE_OID,
     Identity,
     Role,
     aware_now,
@@ -57,6 +59,7 @@ __all__ = [
     "Identity",
     "Role",
     "init_ca",
+    "issue_coordinator",
     "issue_site",
     "issue_zone",
     "read_identity",
@@ -242,6 +245,46 @@ def issue_site(
     return _issue(ca_dir, out_dir, site_id, Role.SITE, jurisdiction, [], now=now, days=days, force=force)
 
 
+def issue_coordinator(
+    ca_dir: str | os.PathLike[str],
+    region: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    name: str = "coordinator",
+    now: datetime | None = None,
+    days: int = 825,
+    force: bool = False,
+) -> CertPaths:
+    """Issue the coordinator's TLS client certificate: ``<name>.pem`` and ``<name>.key`` in ``out_dir``.
+
+    Zones let only this role open, close or abort a round (:data:`ROLE_OID` says
+    ``coordinator``; a site or zone certificate cannot).
+
+    Parameters
+    ----------
+    ca_dir:
+        Folder holding ``ca.pem`` and ``ca.key``.
+    region:
+        Region the coordinator runs in, e.g. ``"EU"``; recorded in the certificate.
+    out_dir:
+        Folder to write into (created if missing).
+    name:
+        The certificate's CN.
+    now, days, force:
+        Issue time (default: now), validity in days (cut to the CA's), overwrite existing files.
+
+    Raises
+    ------
+    PkiError
+        The CA is missing, invalid or expired, or a file exists and ``force`` is false.
+    ConfigError
+        ``name`` or ``region`` is malformed.
+    """
+    _check_name(name, "coordinator name")
+    _check_place(region, "region")
+    return _issue(ca_dir, out_dir, name, Role.COORDINATOR, region, [], now=now, days=days, force=force)
+
+
 # -- issuing -------------------------------------------------------------------------------------------------
 
 
@@ -266,11 +309,12 @@ def _issue(
     key = ec.generate_private_key(ec.SECP256R1())
     # A zone is a TLS server to sites and the coordinator, and a TLS client of the
     # reducing zone when it forwards partial sums.
-    label, oid, eku = (
-        ("jurisdiction", JURISDICTION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH])
-        if role is Role.SITE
-        else ("region", REGION_OID, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
-    )
+    # The coordinator is a TLS client only; its role is named in ROLE_OID.
+    label, oid, eku = {
+        Role.SITE: ("jurisdiction", JURISDICTION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH]),
+        Role.ZONE: ("region", REGION_OID, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+        Role.COORDINATOR: ("region", REGION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH]),
+    }[role]
     subject = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedshard"),
@@ -294,6 +338,8 @@ def _issue(
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .add_extension(x509.UnrecognizedExtension(oid, utf8_string(place)), critical=False)
     )
+    if role is Role.COORDINATOR:
+        builder = builder.add_extension(x509.UnrecognizedExtension(ROLE_OID, utf8_string(role.value)), critical=False)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())

@@ -69,7 +69,8 @@ def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> Aggr
         check_public_context(he_folder(config, keys))
     if dep.tls and not insecure:
         hosted = dep.zones or names
-        needed = [keys.ca, keys.superlink.cert, keys.superlink.key, keys.site_keys]
+        needed = [keys.ca, keys.superlink.cert, keys.superlink.key, keys.coordinator.cert, keys.coordinator.key]
+        needed += [keys.site_keys]
         needed += [p for z in hosted for p in (keys.zone(z).cert, keys.zone(z).key)]
         needed += [keys.supernode_key(s.id) for s in config.sites]
         missing = [p for p in needed if not p.exists()]
@@ -276,15 +277,12 @@ class AggregatorHost:
         from fedshard.deploy.app import build_app, write_run_config
 
         app = build_app(self.state_dir / "app")
+        tls = self.keys.coordinator
         settings = {
             "config": str(self._config_path),
             "zones": json.dumps({z.name: z.endpoint for z in self.config.zones}),
             "events": str(self.run_dir / "events.jsonl"),
-            "zone-tls": json.dumps(
-                {"cert": str(self.keys.superlink.cert), "key": str(self.keys.superlink.key), "ca": str(self.keys.ca)}
-            )
-            if self.tls
-            else "",
+            "zone-tls": json.dumps({k: str(getattr(tls, k)) for k in ("cert", "key", "ca")}) if self.tls else "",
         }
         run_id = self.flwr.submit(app, write_run_config(self.run_dir / "run-config.toml", settings))
         self._update(phase="running", run_id=run_id)
@@ -344,7 +342,7 @@ class AggregatorHost:
     def _zone_details(self) -> list[dict[str, Any]]:
         from fedshard.zone.rpc.client import GrpcZoneClient
 
-        tls = self.keys.superlink if self.tls else None
+        tls = self.keys.coordinator if self.tls else None
         out = []
         for name, zone in self.state.zones.items():
             try:

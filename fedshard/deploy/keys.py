@@ -62,7 +62,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
     """
     from fedshard.crypto.at_rest import Kek
     from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, he_init
-    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_site, issue_zone
+    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_site, issue_zone
     from fedshard.crypto.signing import generate_signing_key, public_key_path
 
     if config.deployment is None:
@@ -71,6 +71,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
     agg = layout.aggregator
     encrypting = config.residency.encrypting
     planned = [layout.ca_dir / CA_CERT_FILE, layout.ca_dir / CA_KEY_FILE, agg.ca, agg.superlink.cert, agg.superlink.key]
+    planned += [agg.coordinator.cert, agg.coordinator.key]
     for zone in config.zones:
         planned += [agg.zone(zone.name).cert, agg.zone(zone.name).key]
     for site in config.sites:
@@ -89,6 +90,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
     write_files([(agg.ca, ca_pem, CERT_MODE)], force)
     region = next(z.region for z in config.zones if z.name == (config.reducing_zone or config.zones[0].name))
     issue_zone(layout.ca_dir, "superlink", region, agg.root, hosts=_superlink_hosts(config), force=force)
+    issue_coordinator(layout.ca_dir, region, agg.root, name=agg.coordinator.cert.stem, force=force)
     for zone in config.zones:
         issue_zone(
             layout.ca_dir, zone.name, zone.region, agg.root / "zones", hosts=_zone_hosts(zone.endpoint), force=force

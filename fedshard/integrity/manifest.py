@@ -118,6 +118,8 @@ class Manifest:
             )
         except IntegrityError:
             raise
+        except RecursionError:
+            raise IntegrityError("malformed manifest: JSON nested too deeply") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"malformed manifest: {exc}") from None
         manifest.check()
@@ -126,6 +128,8 @@ class Manifest:
     def check(self) -> None:
         """Raise :class:`IntegrityError` unless the manifest is self-consistent."""
         ids = [s.shard_id for s in self.shards]
+        if not ids:
+            raise IntegrityError(f"manifest of site {self.site_id!r} round {self.round} lists no shards")
         if len(set(ids)) != len(ids):
             raise IntegrityError(f"manifest of site {self.site_id!r} lists a shard twice")
         if not (self.weight > 0 and np.isfinite(self.weight)):

@@ -152,6 +152,8 @@ class PartialSum:
                 for s, d, n, w, cs, e in body["entries"]
             )
             return cls(str(body["zone"]), int(body["round"]), str(body["token"]), entries)
+        except RecursionError:
+            raise IntegrityError("malformed partial sum header: JSON nested too deeply") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"malformed partial sum header: {exc}") from None
 
