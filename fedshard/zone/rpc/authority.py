@@ -99,22 +99,32 @@ class Authority:
         self.members = members
         self.reducing = reducing
 
-    def check(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
-        """The caller of ``call``, if it may make it; None without mTLS.
+    def identify(self, context: grpc.ServicerContext) -> Identity | None:
+        """Who calls, from the certificate the CA signed; None without mTLS.
 
         Raises
         ------
         PushRejectedError
-            With code :attr:`~RefusalCode.IDENTITY` (no or bad certificate),
-            :attr:`~RefusalCode.MEMBER` (not a party of the federation) or
-            :attr:`~RefusalCode.AUTHORITY` (a party outside its role).
+            With code :attr:`~RefusalCode.IDENTITY`: no certificate, or it fails a check.
         """
         if self.ca_pem is None:
             return None
         try:
-            identity = peer_identity(context, self.ca_pem, role=None)
+            return peer_identity(context, self.ca_pem, role=None)
         except PkiError as exc:
             raise PushRejectedError(f"zone {self.zone}: {exc}", RefusalCode.IDENTITY) from None
+
+    def permit(self, identity: Identity | None, call: Call) -> None:
+        """Check ``identity`` may make ``call`` (anyone may without mTLS: ``identity`` None).
+
+        Raises
+        ------
+        PushRejectedError
+            With code :attr:`~RefusalCode.MEMBER` (not a party of the federation) or
+            :attr:`~RefusalCode.AUTHORITY` (a party outside its role).
+        """
+        if identity is None:
+            return
         who = f"{identity.role.value} {identity.name!r}"
         if self.members is not None and not self.members.admits(identity):
             raise PushRejectedError(
@@ -133,7 +143,6 @@ class Authority:
                 f"zone {self.zone}: {who} may not forward partial sums here: this zone does not reduce",
                 RefusalCode.AUTHORITY,
             )
-        return identity
 
 
 def caller_name(identity: Identity | None) -> str:

@@ -75,9 +75,14 @@ class ZoneService(pb_grpc.ZoneServicer):
     def _authorize(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
         """The caller, if it may make ``call``; else the call is refused (audited)."""
         try:
-            return self.authority.check(context, call)
+            identity = self.authority.identify(context)
         except FedshardError as exc:
             self._refuse(context, call, _peer(context), exc)
+        try:
+            self.authority.permit(identity, call)
+        except FedshardError as exc:
+            self._refuse(context, call, caller_name(identity), exc)
+        return identity
 
     def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
         caller = caller_name(self._authorize(context, Call.OPEN))
