@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
+from typer.testing import CliRunner
 
+from fedshard.cli.security import audit_app
 from fedshard.crypto.identity import read_identity
 from fedshard.crypto.pki import init_ca, issue_zone
-from fedshard.errors import PkiError, StoreError
+from fedshard.errors import FedshardError, PkiError, StoreError
 from fedshard.residency.audit import (
     GENESIS,
     Adoption,
@@ -349,6 +352,7 @@ def test_any_changed_byte_names_its_line(tmp_path: Path, zone_keys: dict[str, An
     path = tmp_path / "audit.jsonl"
     _write_signed(path, zone_keys, 3)
     original = path.read_bytes()
+    verifier = _trusting(zone_keys)
     starts = [0]
     for line in _lines(path):
         starts.append(starts[-1] + len(line))
@@ -357,7 +361,7 @@ def test_any_changed_byte_names_its_line(tmp_path: Path, zone_keys: dict[str, An
         changed[offset] ^= 0x01
         path.write_bytes(bytes(changed))
         line = next(i for i in range(3) if starts[i] <= offset < starts[i + 1]) + 1
-        verdict = verify_audit_log(path, verifier=_trusting(zone_keys))
+        verdict = verify_audit_log(path, verifier=verifier)
         assert (verdict.ok, verdict.first_bad_line) == (False, line), (offset, verdict)
     path.write_bytes(original)
     assert verify_audit_log(path, verifier=_trusting(zone_keys)).ok
@@ -516,3 +520,42 @@ def test_concurrent_signed_appends_end_in_one_signed_head(tmp_path: Path, zone_k
             t.join()
     verdict = verify_audit_log(path, verifier=_trusting(zone_keys))
     assert verdict.ok and verdict.signed is not None and verdict.signed.lines == 100
+
+
+# -- fedshard audit verify ---------------------------------------------------------------------------------
+
+
+def _audit_verify(*args: str) -> tuple[int, str]:
+    """``fedshard audit verify ARGS`` (typer's runner); exit 2 and the error line as ``main`` prints it."""
+    app = typer.Typer()
+    app.add_typer(audit_app, name="audit")
+    result = CliRunner().invoke(app, ["audit", "verify", *args], env={"COLUMNS": "400"})
+    if isinstance(result.exception, FedshardError):
+        return 2, f"error: {result.exception}"
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def test_cli_reports_the_signer_or_the_first_bad_record(tmp_path: Path, zone_keys: dict[str, Any]) -> None:
+    path = tmp_path / "audit.jsonl"
+    head = _write_signed(path, zone_keys, 3)
+    cert, ca = str(zone_keys["eu-1"].cert), str(zone_keys["ca"])
+    fingerprint = read_identity(zone_keys["eu-1"].cert.read_bytes(), zone_keys["ca"].read_bytes()).fingerprint
+    code, out = _audit_verify("--log", str(path), "--cert", cert, "--ca", ca)
+    assert code == 0, out
+    assert f"3 lines, chain intact, head {head}, signed by zone eu-1 (fingerprint {fingerprint[:16]}…) at line 3" in out
+    code, out = _audit_verify("--log", str(path))
+    assert code == 0 and "certificate NOT checked: pass --cert or --ca" in out
+    _forge_append(path, site="x")
+    code, out = _audit_verify("--log", str(path), "--ca", ca)
+    assert code == 2 and "line 4 was appended after the head the zone signed (line 3)" in out
+
+
+def test_cli_says_an_unsigned_log_is_unsigned(tmp_path: Path, zone_keys: dict[str, Any]) -> None:
+    path = tmp_path / "audit.jsonl"
+    _write_log(path, 2)
+    code, out = _audit_verify("--log", str(path))
+    assert code == 0 and "2 lines, chain intact" in out and "NOT signed (the zone ran without a key)" in out
+    code, out = _audit_verify("--log", str(path), "--ca", str(zone_keys["ca"]))
+    assert code == 2 and "the log is not signed: no head file" in out
