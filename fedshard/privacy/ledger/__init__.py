@@ -50,17 +50,22 @@ Modules
 
 from __future__ import annotations
 
+from fedshard.privacy.ledger.chain import UNKEYED, LedgerKey
 from fedshard.privacy.ledger.privacy_ledger import PrivacyLedger
-from fedshard.privacy.ledger.records import Budget, LedgerEntry, LedgerStatus, Reservation
+from fedshard.privacy.ledger.records import CARRIED_ROUND, Budget, LedgerEntry, LedgerHead, LedgerStatus, Reservation
 from fedshard.privacy.ledger.schema import FORMAT_VERSION
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
 
 __all__ = [
+    "CARRIED_ROUND",
     "FORMAT_VERSION",
     "MAX_PROJECTED_ROUNDS",
     "Budget",
     "LedgerEntry",
+    "LedgerHead",
+    "LedgerKey",
     "LedgerStatus",
     "PrivacyLedger",
     "Reservation",
+    "UNKEYED",
 ]
