@@ -28,6 +28,7 @@ from fedshard.privacy.dpsgd import planned_record_event
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, LedgerHead, PrivacyLedger
 from fedshard.privacy.ledger.chain import LedgerKey
+from fedshard.privacy.ledger.legacy import read_format1
 from fedshard.privacy.ledger.spend import Snapshot
 from fedshard.privacy.update_dp import update_event
 from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
@@ -204,14 +205,19 @@ class SitePrivacy:
         Raises
         ------
         StoreError
-            If nothing anchors the ledger (nothing to carry forward).
+            If nothing anchors the ledger and it is not a format-1 ledger (nothing to carry forward).
         """
         anchor = self.anchor.read() if self.anchor is not None else None
-        if anchor is None:
+        legacy = read_format1(self.ledger_path) if anchor is None and self.ledger_path.exists() else None
+        if anchor is None and legacy is None:
             raise StoreError(
                 f"site {self.site_id}: nothing anchors its privacy ledger, so there is no spend to carry forward; "
                 "restore the ledger from a backup"
             )
+        if anchor is None:  # a format-1 ledger: its events, taken on trust once
+            assert legacy is not None
+            budget, accountant, carried, replaces = legacy
+            anchor = Anchor(replaces, _spent_of(carried), tuple(carried), budget, accountant)
         path = self.ledger_path
         if path.exists():
             try:
@@ -311,6 +317,13 @@ class SitePrivacy:
             projected_rounds_left=0,
             note=reason,
         )
+
+
+def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:
+    spent: dict[Guarantee, float] = {}
+    for event, eps in carried:
+        spent[event.guarantee] = max(spent.get(event.guarantee, 0.0), eps)
+    return spent
 
 
 def ledger_key(kek: Kek) -> LedgerKey:

@@ -151,7 +151,7 @@ def open_checked(path: Path) -> sqlite3.Connection:
         if problems != ["ok"]:
             raise refuse(path, f"is corrupt ({problems[0] if problems else 'no quick_check result'})")
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not _TABLES.issubset(tables):
+        if "meta" not in tables:
             raise refuse(path, "is not a fedshard privacy ledger (tables missing)")
         found = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
         version = found[0] if found else None
@@ -168,6 +168,8 @@ def open_checked(path: Path) -> sqlite3.Connection:
             )
         if version != FORMAT_VERSION:
             raise refuse(path, f"has an unknown format {version!r}")
+        if not _TABLES.issubset(tables):
+            raise refuse(path, "is not a fedshard privacy ledger (tables missing)")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
     except sqlite3.DatabaseError as exc:
