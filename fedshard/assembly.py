@@ -116,7 +116,11 @@ def make_site(
     he_dir = he_keys(config) if config.residency.encrypting else None
     kek_file = Path(state_root).parent / STORE_KEYS_DIR / f"{site_id}.kek"
     store = _model_store(config, state_dir, kek_file, create_key=True)
-    ledger = _ledger_guard(store, kek_file, kek_file.with_suffix(".ledger-anchor"), create_key=True)
+    ledger = (
+        _ledger_guard(store, kek_file, kek_file.with_suffix(".ledger-anchor"), create_key=True)
+        if config.privacy.enabled
+        else None
+    )
     return _site(
         config,
         site_id,
@@ -207,7 +211,11 @@ def _deployed_site(loaded: DeployedSite) -> Site:
     tls = bundle.tls if local.deployment.tls else None
     he_dir = bundle.he if config.residency.encrypting else None
     store = _model_store(config, me.state_dir, bundle.store_kek, create_key=False)
-    ledger = _ledger_guard(store, bundle.store_kek, me.state_dir / LEDGER_ANCHOR_FILE, create_key=False)
+    ledger = (
+        _ledger_guard(store, bundle.store_kek, me.state_dir / LEDGER_ANCHOR_FILE, create_key=False)
+        if config.privacy.enabled
+        else None
+    )
     cap = _stricter(listed.cap, me.cap)
     return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=cap, ledger=ledger)
 
@@ -226,7 +234,7 @@ def _ledger_guard(
 ) -> tuple[LedgerKey, AnchorStore]:
     """The key that authenticates the site's privacy ledger (from its store key) and where
     the ledger's head is anchored: the sealed store's catalog, or ``anchor_file`` when the
-    store is not encrypted."""
+    store is not encrypted. Every site of a federation with DP on has both."""
     from fedshard.site.ledger_anchor import CatalogAnchor, FileAnchor
     from fedshard.site.model_store import SealedModelStore, site_kek
     from fedshard.site.privacy import ledger_key
