@@ -32,10 +32,13 @@ if TYPE_CHECKING:
     from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
+    from fedshard.privacy.ledger import LedgerKey
     from fedshard.routing import FederationRouting
+    from fedshard.site.ledger_anchor import AnchorStore
 
 __all__ = [
     "AUDIT_FILE",
+    "LEDGER_ANCHOR_FILE",
     "SIGNING_KEY_FILE",
     "SITE_CACHE_SIZE",
     "STORE_KEYS_DIR",
@@ -55,6 +58,8 @@ STORE_KEYS_DIR = "store-keys"
 """Beside ``state_root`` (never inside a site's folder): each simulated site's store key, ``<site>.kek``."""
 SIGNING_KEY_FILE = "signing.key"
 """A site's manifest-signing key, in its state folder (public key beside it, ``.pub``)."""
+LEDGER_ANCHOR_FILE = "ledger.anchor"
+"""A deployed site's ledger anchor, in its state folder, when its store is not encrypted."""
 AUDIT_FILE = "audit.jsonl"
 """A zone's audit log, in its store folder."""
 SITE_CACHE_SIZE = 8
@@ -111,8 +116,22 @@ def make_site(
     he_dir = he_keys(config) if config.residency.encrypting else None
     kek_file = Path(state_root).parent / STORE_KEYS_DIR / f"{site_id}.kek"
     store = _model_store(config, state_dir, kek_file, create_key=True)
+    ledger = (
+        _ledger_guard(store, kek_file, kek_file.with_suffix(".ledger-anchor"), create_key=True)
+        if config.privacy.enabled
+        else None
+    )
     return _site(
-        config, site_id, state_dir, state_dir / SIGNING_KEY_FILE, he_dir, None, store, routing=routing, connect=connect
+        config,
+        site_id,
+        state_dir,
+        state_dir / SIGNING_KEY_FILE,
+        he_dir,
+        None,
+        store,
+        routing=routing,
+        connect=connect,
+        ledger=ledger,
     )
 
 
@@ -192,8 +211,13 @@ def _deployed_site(loaded: DeployedSite) -> Site:
     tls = bundle.tls if local.deployment.tls else None
     he_dir = bundle.he if config.residency.encrypting else None
     store = _model_store(config, me.state_dir, bundle.store_kek, create_key=False)
+    ledger = (
+        _ledger_guard(store, bundle.store_kek, me.state_dir / LEDGER_ANCHOR_FILE, create_key=False)
+        if config.privacy.enabled
+        else None
+    )
     cap = _stricter(listed.cap, me.cap)
-    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=cap)
+    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=cap, ledger=ledger)
 
 
 def _model_store(config: FederationConfig, state_dir: Path, kek_file: Path, *, create_key: bool) -> ModelStore:
@@ -203,6 +227,22 @@ def _model_store(config: FederationConfig, state_dir: Path, kek_file: Path, *, c
     from fedshard.site.model_store import SealedModelStore, site_kek
 
     return SealedModelStore(state_dir / "shards", site_kek(kek_file, create=create_key), config.store.lookahead)
+
+
+def _ledger_guard(
+    store: ModelStore, kek_file: Path, anchor_file: Path, *, create_key: bool
+) -> tuple[LedgerKey, AnchorStore]:
+    """The key that authenticates the site's privacy ledger (from its store key) and where
+    the ledger's head is anchored: the sealed store's catalog, or ``anchor_file`` when the
+    store is not encrypted. Every site of a federation with DP on has both."""
+    from fedshard.site.ledger_anchor import CatalogAnchor, FileAnchor
+    from fedshard.site.model_store import SealedModelStore, site_kek
+    from fedshard.site.privacy import ledger_key
+
+    if isinstance(store, SealedModelStore):
+        return ledger_key(store.kek), CatalogAnchor(store.root, store.kek)
+    key = ledger_key(site_kek(kek_file, create=create_key))
+    return key, FileAnchor(anchor_file, key)
 
 
 def _stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
@@ -223,6 +263,7 @@ def _site(
     routing: FederationRouting | None = None,
     cap: BudgetConfig | None = None,
     connect: ZoneConnector | None = None,
+    ledger: tuple[LedgerKey, AnchorStore] | None = None,
 ) -> Site:
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))
@@ -250,7 +291,13 @@ def _site(
         seed=config.federation.seed,
         state_dir=state_dir,
         connect=connect if connect is not None else tls_connector(tls),
-        privacy=SitePrivacy(site.id, state_dir, cap=cap if cap is not None else site.cap),
+        privacy=SitePrivacy(
+            site.id,
+            state_dir,
+            cap=cap if cap is not None else site.cap,
+            key=ledger[0] if ledger is not None else None,
+            anchor=ledger[1] if ledger is not None else None,
+        ),
         dp_layers=config.privacy.layer_policy,
         routing=_route_source(config, site_id, state_dir, routing),
         signing_key=signing_key,

@@ -1,10 +1,11 @@
-"""``fedshard budget show``: what each site has spent of its privacy budget."""
+"""``fedshard budget show`` and ``recover``: what each site has spent of its privacy budget,
+and a new ledger for a site whose ledger was lost, rolled back or edited."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -12,23 +13,54 @@ from rich.table import Table
 
 from fedshard.errors import ConfigError, FedshardError
 
-__all__ = ["budget_app", "ledger_summary", "reported_summary"]
+if TYPE_CHECKING:
+    from fedshard.site.privacy import SitePrivacy
+
+__all__ = ["budget_app", "ledger_summary", "recover_ledger", "reported_summary"]
 
 budget_app = typer.Typer(no_args_is_help=True, help="Privacy budgets: what each site has spent.")
 console = Console()
 
 
-def ledger_summary(site_config: Path) -> dict[str, Any]:
+def _site_privacy(site_config: Path, key_file: Path | None) -> SitePrivacy:
+    """The site's privacy bookkeeping as the site assembles it: its ledger key (from
+    ``key_file`` or its key bundle's store.kek) and where its ledger is anchored."""
+    from fedshard.assembly import LEDGER_ANCHOR_FILE
+    from fedshard.config import load_site
+    from fedshard.config.layout import SiteBundle
+    from fedshard.crypto.at_rest import load_kek
+    from fedshard.site.ledger_anchor import AnchorStore, CatalogAnchor, FileAnchor
+    from fedshard.site.privacy import SitePrivacy, ledger_key
+
+    local = load_site(site_config)
+    site = local.site
+    if key_file is None and local.deployment is not None:
+        key_file = SiteBundle(local.deployment.keys).store_kek
+    if key_file is None:
+        return SitePrivacy(site.id, site.state_dir, site.cap)
+    kek = load_kek(key_file)
+    key = ledger_key(kek)
+    anchor: AnchorStore
+    if (site.state_dir / "shards" / "catalog").exists():
+        anchor = CatalogAnchor(site.state_dir / "shards", kek)
+    elif key_file.with_suffix(".ledger-anchor").exists():  # a simulated site without store encryption
+        anchor = FileAnchor(key_file.with_suffix(".ledger-anchor"), key)
+    else:
+        anchor = FileAnchor(site.state_dir / LEDGER_ANCHOR_FILE, key)
+    return SitePrivacy(site.id, site.state_dir, site.cap, key=key, anchor=anchor)
+
+
+def ledger_summary(site_config: Path, key_file: Path | None = None) -> dict[str, Any]:
     """A site's budget, read from its own ledger (the authoritative record)."""
     from fedshard.config import load_site
     from fedshard.privacy.events import Guarantee
     from fedshard.privacy.ledger import Budget, PrivacyLedger
     from fedshard.protocol.messages import PrivacyStatus
-    from fedshard.site.privacy import LEDGER_FILE
 
     site = load_site(site_config).site
+    privacy = _site_privacy(site_config, key_file)
     cap = Budget(site.cap.epsilon, site.cap.delta) if site.cap is not None else None
-    with PrivacyLedger(site.state_dir / LEDGER_FILE, cap) as ledger:
+    with PrivacyLedger(privacy.ledger_path, cap if privacy.key is None else None, key=privacy.key) as ledger:
         entries = ledger.entries()
         last_round = max((e.round for e in entries), default=None)
         next_round = [e.event for e in entries if e.round == last_round]
@@ -107,6 +139,32 @@ def _table(sites: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
+def recover_ledger(site_config: Path, key_file: Path | None = None) -> str:
+    """Start a new ledger for the site that carries its anchored spend forward (see
+    :meth:`fedshard.site.privacy.SitePrivacy.recover`); one line saying what was done."""
+    privacy = _site_privacy(site_config, key_file)
+    if privacy.key is None:
+        raise ConfigError(
+            f"{site_config}: no key to authenticate the ledger with; pass --key-file (the site's store.kek) "
+            "or use a site config with a deployment section"
+        )
+    return privacy.recover()
+
+
+@budget_app.command("recover")
+def recover(
+    site_config: Annotated[Path, typer.Option("--site-config", help="The site's own config")],
+    key_file: Annotated[
+        Path | None, typer.Option("--key-file", help="The site's store key (default: its key bundle's store.kek)")
+    ] = None,
+) -> None:
+    """Replace a missing, rolled-back or edited ledger by one that carries the anchored ε forward.
+
+    The old file is moved aside, never deleted; ε spent never goes down.
+    """
+    console.print(recover_ledger(site_config, key_file))
+
+
 @budget_app.command("show")
 def show(
     site_config: Annotated[
@@ -116,13 +174,17 @@ def show(
         Path | None, typer.Option("--config", help="A federation config: every site, as last reported")
     ] = None,
     run: Annotated[Path | None, typer.Option("--run", help="Run folder (default: the latest run)")] = None,
+    key_file: Annotated[
+        Path | None,
+        typer.Option("--key-file", help="With --site-config: the site's store key (default: its bundle's store.kek)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
 ) -> None:
     """Budget, ε spent and left, rounds taken part in, projected rounds left, per site."""
     if (site_config is None) == (config is None):
         raise ConfigError("give exactly one of --site-config FILE (a site's ledger) or --config FILE (a federation)")
     if site_config is not None:
-        sites = [ledger_summary(site_config)]
+        sites = [ledger_summary(site_config, key_file)]
         title = f"privacy ledger of {sites[0]['id']}"
     else:
         assert config is not None

@@ -32,6 +32,7 @@ from fedshard.protocol.messages import (
     ApplyRule,
     EvaluateInstruction,
     EvaluateReport,
+    LedgerHeadReport,
     MessageKind,
     PrivacyPlan,
     PrivacyReport,
@@ -87,6 +88,7 @@ class Coordinator:
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
+        self._ledger_heads: dict[str, LedgerHeadReport] = {}  # site id -> last ledger head it reported
         rule = config.training.server_optimizer
         self._apply_rule = ApplyRule(
             kind=ServerOptimizerKind(rule.kind),
@@ -137,6 +139,7 @@ class Coordinator:
                 del infos[node]
         self._nodes = infos
         self._privacy = {i.site_id: i.privacy for i in infos.values() if i.privacy is not None}
+        self._keep_ledger_heads(self._privacy)
         # The plan (names, shapes, dtypes; no values) is what zones check frames against.
         plan_json = next(i.plan_json for i in infos.values())
         if ShardPlan.from_json(plan_json).digest != plan_digest:
@@ -316,6 +319,7 @@ class Coordinator:
                 self._group(node).record(site_id, reply.applied_round)
                 if reply.privacy is not None:
                     self._privacy[site_id] = reply.privacy
+                    self._keep_ledger_heads({site_id: reply.privacy})
             if isinstance(reply, TrainReport) and reply.ok:
                 reports.append(reply)
             else:
@@ -343,7 +347,15 @@ class Coordinator:
             privacy=self._privacy_plan(site_id),
             apply=self._apply_rule,
             weight_scale=weight_scale,
+            ledger_head=self._ledger_heads.get(site_id),
         )
+
+    def _keep_ledger_heads(self, reports: dict[str, PrivacyReport]) -> None:
+        """Remember each site's last reported ledger head (a report without one keeps the earlier),
+        to send it back: a site whose ledger no longer contains it refuses to release."""
+        for site_id, report in reports.items():
+            if report.ledger_head is not None:
+                self._ledger_heads[site_id] = report.ledger_head
 
     def _abort(self, rnd: int, zones: list[str]) -> None:
         for name in zones:

@@ -22,6 +22,7 @@ __all__ = [
     "ApplyRule",
     "EvaluateInstruction",
     "EvaluateReport",
+    "LedgerHeadReport",
     "MessageKind",
     "PrivacyPlan",
     "PrivacyReport",
@@ -134,6 +135,19 @@ class PrivacyPlan(_Msg):
     update: UpdatePlan | None = None
 
 
+class LedgerHeadReport(_Msg):
+    """Where a site's privacy ledger (its MAC chain) ended, as the site reported it.
+
+    The coordinator sends the last one it saw back with the next train instruction; the
+    site refuses to release anything if its ledger does not contain it (deleted or
+    rolled back since). The MAC reveals nothing of the ledger's key.
+    """
+
+    ledger_id: str
+    length: int
+    mac: str
+
+
 class PrivacyReport(_Msg):
     """A site's privacy ledger, as it reports it (ε per guarantee, budget, status)."""
 
@@ -147,6 +161,7 @@ class PrivacyReport(_Msg):
     can_afford_next: bool = True
     projected_rounds_left: int | None = None
     note: str = ""
+    ledger_head: LedgerHeadReport | None = None
 
 
 class ApplyRule(_Msg):
@@ -207,6 +222,7 @@ class TrainInstruction(_Msg):
     privacy: PrivacyPlan | None = None
     apply: ApplyRule = ApplyRule()
     weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest site's examples)
+    ledger_head: LedgerHeadReport | None = None  # the site's ledger head as it last reported it
 
 
 class ZonePush(_Msg):

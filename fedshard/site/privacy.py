@@ -4,24 +4,40 @@ and what the site reports.
 The site decides, not the aggregator: the aggregator's budget counts only where it is
 stricter than the site's own cap, and the site checks its ledger before anything is
 released, whatever the coordinator asked.
+
+A site with a key (every simulated and deployed one) authenticates its ledger's rows
+with a key derived from its store key and anchors the ledger's head after every write
+(:mod:`fedshard.site.ledger_anchor`), before anything is released. Opening the ledger
+checks it against that anchor and against the head the coordinator last saw: a ledger
+deleted, rolled back, replaced or edited makes the site refuse, in one line that says
+how to recover (:meth:`SitePrivacy.recover`, ``fedshard budget recover``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedshard.config import BudgetConfig
-from fedshard.errors import ConfigError
-from fedshard.privacy.accountant import calibrate_noise
+from fedshard.errors import ConfigError, StoreError
+from fedshard.privacy.accountant import AccountantKind, calibrate_noise
 from fedshard.privacy.dpsgd import planned_record_event
 from fedshard.privacy.events import DPEvent, Guarantee
-from fedshard.privacy.ledger import Budget, PrivacyLedger
+from fedshard.privacy.ledger import Budget, LedgerHead, PrivacyLedger
+from fedshard.privacy.ledger.chain import LedgerKey
+from fedshard.privacy.ledger.legacy import read_format1
+from fedshard.privacy.ledger.spend import Snapshot
 from fedshard.privacy.update_dp import update_event
-from fedshard.protocol.messages import PrivacyPlan, PrivacyReport, PrivacyStatus
+from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
+from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
 
-__all__ = ["LEDGER_FILE", "SitePrivacy"]
+if TYPE_CHECKING:
+    from fedshard.crypto.at_rest import Kek
+
+__all__ = ["LEDGER_FILE", "SitePrivacy", "ledger_key"]
 
 LEDGER_FILE = "ledger.sqlite"
 _CALIBRATION_FILE = "privacy-calibration.json"
@@ -38,12 +54,29 @@ class SitePrivacy:
         The site's on-prem folder; the ledger lives there.
     cap:
         The site's own budget cap, if its local config sets one.
+    key:
+        Authenticates the ledger's rows (see :func:`ledger_key`); None for bare library
+        use (an unauthenticated ledger).
+    anchor:
+        Where the ledger's head is anchored outside its file; None: nowhere.
     """
 
-    def __init__(self, site_id: str, state_dir: Path, cap: BudgetConfig | None = None) -> None:
+    def __init__(
+        self,
+        site_id: str,
+        state_dir: Path,
+        cap: BudgetConfig | None = None,
+        *,
+        key: LedgerKey | None = None,
+        anchor: AnchorStore | None = None,
+    ) -> None:
         self.site_id = site_id
         self.state_dir = state_dir
         self.cap = cap
+        self.key = key
+        self.anchor = anchor
+        self._last_anchor: Anchor | None = None
+        self._accountant = AccountantKind.PRV  # the open ledger's, recorded in its anchor
 
     @property
     def ledger_path(self) -> Path:
@@ -60,8 +93,21 @@ class SitePrivacy:
             epsilon, delta = min(epsilon, self.cap.epsilon), min(delta, self.cap.delta)
         return Budget(epsilon, delta), note
 
-    def open_ledger(self, plan: PrivacyPlan, num_examples: int) -> tuple[PrivacyLedger, str]:
-        """Open (or create) the ledger under the effective budget; checks δ ≤ 1/records."""
+    def open_ledger(
+        self, plan: PrivacyPlan, num_examples: int, expected: LedgerHeadReport | None = None
+    ) -> tuple[PrivacyLedger, str]:
+        """Open (or create) the ledger under the effective budget, after checking it.
+
+        Checks δ ≤ 1/records, that the ledger holds its anchored head (it was not deleted,
+        rolled back or replaced) and ``expected``, the head the coordinator last saw.
+
+        Raises
+        ------
+        StoreError
+            If the ledger fails a check (one line saying how to recover); nothing was written.
+        ConfigError
+            If δ is too large for the site's records.
+        """
         budget, note = self.effective_budget(plan)
         if budget.delta > 1.0 / num_examples:
             raise ConfigError(
@@ -69,11 +115,134 @@ class SitePrivacy:
                 f"{1.0 / num_examples:.3g}; choose δ ≤ {1.0 / num_examples:.3g}"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        ledger = PrivacyLedger(self.ledger_path, budget, accountant=plan.accountant)
+        anchor = self.anchor.read() if self.anchor is not None else None
+        self._last_anchor = anchor
+        exists = self.ledger_path.exists()
+        if not exists and anchor is not None:
+            raise StoreError(
+                f"site {self.site_id}: {LEDGER_FILE} is missing but the site's store anchors {anchor.describe()}: "
+                f"restore it from a backup, or run {self._recover_command} to start a ledger that carries "
+                f"ε {max(anchor.spent.values(), default=0.0):.3g} forward"
+            )
+        if not exists and expected is not None:
+            raise StoreError(
+                f"site {self.site_id}: {LEDGER_FILE} is missing but the coordinator last saw a ledger of "
+                f"{expected.length} rows: restore it from a backup"
+            )
+        ledger = PrivacyLedger(
+            self.ledger_path,
+            None if exists else budget,
+            accountant=plan.accountant,
+            key=self.key,
+            on_grow=self._anchor_head,
+        )
+        try:
+            self._check(ledger, anchor, expected)
+            if exists:
+                ledger.lower_budget(budget)
+            self._catch_up_anchor(ledger, anchor)
+        except BaseException:
+            ledger.close()
+            raise
         kept = ledger.budget
         if kept.epsilon < budget.epsilon and not note:
             note = f"site {self.site_id} keeps its earlier, lower budget ε={kept.epsilon:g}"
         return ledger, note
+
+    @property
+    def _recover_command(self) -> str:
+        return "`fedshard budget recover --site-config FILE`"
+
+    def _check(self, ledger: PrivacyLedger, anchor: Anchor | None, expected: LedgerHeadReport | None) -> None:
+        """Refuse a ledger that lacks its anchored head or the coordinator's."""
+        if anchor is not None and not ledger.contains(anchor.head):
+            what = (
+                f"was rolled back or edited (the site's store anchors {anchor.describe()})"
+                if anchor.head.ledger_id == ledger.ledger_id
+                else f"was replaced (the site's store anchors another ledger: {anchor.describe()})"
+            )
+            raise StoreError(
+                f"site {self.site_id}: {LEDGER_FILE} {what}: restore it from a backup, or move it aside and run "
+                f"{self._recover_command}"
+            )
+        if expected is not None:
+            head = LedgerHead(expected.ledger_id, expected.length, expected.mac)
+            if not ledger.contains(head):
+                raise StoreError(
+                    f"site {self.site_id}: {LEDGER_FILE} does not contain the ledger the coordinator last saw "
+                    f"({expected.length} rows): it was rolled back or replaced; restore it from a backup"
+                )
+
+    def _catch_up_anchor(self, ledger: PrivacyLedger, anchor: Anchor | None) -> None:
+        """Anchor the ledger's head if the anchor is behind it (a crash after a write, or a new ledger)."""
+        if self.anchor is None:
+            return
+        self._accountant = ledger.accountant
+        head = ledger.head()
+        if anchor is None or anchor.head != head:
+            self._anchor_head(head, Snapshot(ledger.budget, tuple(ledger.entries())))
+
+    def _anchor_head(self, head: LedgerHead, snapshot: Snapshot) -> None:
+        """Anchor ``head`` (the ledger's ``on_grow``: after a write is durable, before any release)."""
+        if self.anchor is None:
+            return
+        anchor = anchor_of(head, snapshot, self._accountant)
+        self.anchor.write(anchor)
+        self._last_anchor = anchor
+
+    def recover(self) -> str:
+        """Replace a missing, rolled-back, replaced or edited ledger by one carrying the anchored spend.
+
+        The old file (if any) is moved aside, never deleted. The new ledger's first events
+        are the anchored events (per mechanism, steps summed), committed, so ε spent is
+        what the anchor recorded and never less.
+
+        Returns
+        -------
+        str
+            One line saying what was done.
+
+        Raises
+        ------
+        StoreError
+            If nothing anchors the ledger and it is not a format-1 ledger (nothing to carry forward).
+        """
+        anchor = self.anchor.read() if self.anchor is not None else None
+        legacy = read_format1(self.ledger_path) if anchor is None and self.ledger_path.exists() else None
+        if anchor is None and legacy is None:
+            raise StoreError(
+                f"site {self.site_id}: nothing anchors its privacy ledger, so there is no spend to carry forward; "
+                "restore the ledger from a backup"
+            )
+        if anchor is None:  # a format-1 ledger: its events, taken on trust once
+            assert legacy is not None
+            budget, accountant, carried, replaces = legacy
+            anchor = Anchor(replaces, _spent_of(carried), tuple(carried), budget, accountant)
+        path = self.ledger_path
+        if path.exists():
+            try:
+                with PrivacyLedger(path, None, key=self.key) as current:
+                    if current.contains(anchor.head):
+                        return f"site {self.site_id}: {path} holds its anchored head; nothing to recover"
+            except StoreError:
+                pass
+            aside = path.with_name(f"{path.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
+            path.rename(aside)
+            for suffix in ("-wal", "-shm"):
+                extra = path.with_name(path.name + suffix)
+                if extra.exists():
+                    extra.rename(aside.with_name(aside.name + suffix))
+            moved = f"moved {path.name} to {aside.name}; "
+        else:
+            moved = ""
+        with PrivacyLedger.recover(
+            path, anchor.budget, anchor.carried, anchor.head, key=self.key, accountant=anchor.accountant
+        ) as ledger:
+            self._catch_up_anchor(ledger, None)
+        return (
+            f"site {self.site_id}: {moved}started a new ledger carrying {anchor.describe()} forward "
+            f"(ε spent {max(anchor.spent.values(), default=0.0):.3g})"
+        )
 
     def round_events(self, plan: PrivacyPlan, ledger: PrivacyLedger, num_examples: int) -> list[DPEvent]:
         """What one round costs under ``plan``."""
@@ -125,4 +294,44 @@ class SitePrivacy:
             can_afford_next=st.can_afford_next,
             projected_rounds_left=None if left is None or not math.isfinite(left) else int(left),
             note=note,
+            ledger_head=LedgerHeadReport(**ledger.head().to_dict()),
         )
+
+    def refusal_report(self, plan: PrivacyPlan, reason: str) -> PrivacyReport:
+        """The report of a site whose ledger cannot be used: it takes part in no round.
+
+        The spend is the anchored one when there is an anchor (else 0: unknown).
+        """
+        budget, _ = self.effective_budget(plan)
+        anchor = self._last_anchor
+        spent = dict(anchor.spent) if anchor is not None else {}
+        record, update = spent.get(Guarantee.RECORD, 0.0), spent.get(Guarantee.UPDATE, 0.0)
+        return PrivacyReport(
+            epsilon_budget=budget.epsilon,
+            delta=budget.delta,
+            epsilon_spent=record if plan.record is not None else update,
+            epsilon_record=record,
+            epsilon_update=update,
+            status=PrivacyStatus.REFUSED,
+            can_afford_next=False,
+            projected_rounds_left=0,
+            note=reason,
+        )
+
+
+def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:
+    spent: dict[Guarantee, float] = {}
+    for event, eps in carried:
+        spent[event.guarantee] = max(spent.get(event.guarantee, 0.0), eps)
+    return spent
+
+
+def ledger_key(kek: Kek) -> LedgerKey:
+    """The key that authenticates a site's ledger, derived (HKDF) from its store key.
+
+    The store key is the site's secret kept away from its state folder (a key file
+    inside the store is refused), and it already authenticates the store catalog that
+    anchors the ledger; the manifest-signing key, by contrast, sits in a simulated
+    site's state folder, beside the ledger.
+    """
+    return LedgerKey(bytes.fromhex(kek.to_text()))

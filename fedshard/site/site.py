@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from fedshard.config import LayerPolicy
-from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError
+from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError, StoreError
 from fedshard.integrity import genesis_version, merkle_root, shard_digest
 from fedshard.privacy.dpsgd import RecordPrivacy
 from fedshard.privacy.events import Guarantee
@@ -290,10 +290,15 @@ class Site:
         report = None
         plan_for_me = message.privacy.get(self.site_id)
         if plan_for_me is not None:
-            ledger, note = self.privacy.open_ledger(plan_for_me, self.data.num_train)
-            with ledger:
-                events = self.privacy.round_events(plan_for_me, ledger, self.data.num_train)
-                report = self.privacy.report(ledger, events, note=note)
+            try:
+                ledger, note = self.privacy.open_ledger(plan_for_me, self.data.num_train)
+            except StoreError as exc:  # deleted, rolled back or edited: the site takes part in nothing
+                log.warning("site %s: %s", self.site_id, exc)
+                report = self.privacy.refusal_report(plan_for_me, str(exc))
+            else:
+                with ledger:
+                    events = self.privacy.round_events(plan_for_me, ledger, self.data.num_train)
+                    report = self.privacy.report(ledger, events, note=note)
         return SiteInfo(
             site_id=self.site_id,
             jurisdiction=self.jurisdiction,
@@ -343,13 +348,18 @@ class Site:
                 return self._train_and_push(message, state, routing, None)
             except RoundError as exc:
                 return refuse(exc)
-        ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train)
+        try:  # checks the ledger against its anchor and the head the coordinator last saw
+            ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train, message.ledger_head)
+        except StoreError as exc:
+            return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
         with ledger:
             events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
             try:
-                reservation = ledger.reserve(message.round, events)
+                reservation = ledger.reserve(message.round, events)  # durable and anchored, or raises
             except BudgetExhaustedError as exc:
                 return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.EXHAUSTED, note=note))
+            except StoreError as exc:
+                return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
             record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
             dp = _RoundDP(
                 RecordPrivacy(record, message.privacy.record.max_grad_norm)
@@ -361,7 +371,11 @@ class Site:
                 report = self._train_and_push(message, state, routing, dp)
             except (PrivacyError, RoundError) as exc:
                 return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
-            ledger.commit(reservation)
+            try:
+                ledger.commit(reservation)
+            except StoreError as exc:  # released and counted; the reservation stays spent
+                log.warning("site %s: round %d: %s", self.site_id, message.round, exc)
+                return report.model_copy(update={"privacy": self.privacy.refusal_report(message.privacy, str(exc))})
             return report.model_copy(update={"privacy": self.privacy.report(ledger, events, note=note)})
 
     def _train_and_push(

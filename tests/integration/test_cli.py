@@ -233,7 +233,8 @@ def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> 
     site_config.write_text(
         f"site:\n  id: sgh-singapore\n  jurisdiction: SG\n  state_dir: {out / 'sites' / 'sgh-singapore'}\n"
     )
-    ledger = _fedshard("budget", "show", "--site-config", str(site_config), "--json")
+    key_file = out / "store-keys" / "sgh-singapore.kek"  # the ledger is authenticated with the site's store key
+    ledger = _fedshard("budget", "show", "--site-config", str(site_config), "--key-file", str(key_file), "--json")
     assert ledger.returncode == 0, ledger.stderr
     shown = json.loads(ledger.stdout)
     assert shown["status"] == "exhausted" and shown["projected_rounds_left"] == 0

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from fedshard.assembly import STORE_KEYS_DIR
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
 from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.simulate.run import simulate
+from fedshard.site.model_store import site_kek
+from fedshard.site.privacy import LEDGER_FILE, ledger_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +42,12 @@ def _config(**privacy_overrides: object) -> FederationConfig:
     return FederationConfig.model_validate(data)
 
 
+def _ledger(root: Path, site: str) -> PrivacyLedger:
+    """A simulated site's ledger, opened with its key (derived from the site's store key)."""
+    key = ledger_key(site_kek(root / STORE_KEYS_DIR / f"{site}.kek", create=False))
+    return PrivacyLedger(root / "sites" / site / LEDGER_FILE, None, key=key)
+
+
 def _sites(summary: dict) -> dict[str, dict]:
     return {s["id"]: s for s in summary["sites"]}
 
@@ -59,7 +68,7 @@ def test_small_budget_site_is_exhausted_partway_while_others_carry_on(tmp_path: 
     assert last_with_small == small["rounds_participated"]
     assert all("small" not in h["sites"] for h in summary["history"] if h["round"] > last_with_small)
     # its ledger on disk agrees and never exceeds the budget
-    with PrivacyLedger(tmp_path / "sites" / "small" / "ledger.sqlite", None) as ledger:
+    with _ledger(tmp_path, "small") as ledger:
         entries = ledger.entries()
         assert {e.round for e in entries} == set(range(1, last_with_small + 1))
         assert all(e.committed for e in entries)
@@ -126,8 +135,7 @@ def test_a_site_killed_between_reserve_and_commit_counts_the_round_as_spent(tmp_
     run = [sys.executable, "-c", script, str(config_path), str(tmp_path)]
     crashed = subprocess.run([*run, "crash", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    ledger_path = tmp_path / "sites" / "big-a" / "ledger.sqlite"
-    with PrivacyLedger(ledger_path, None) as ledger:
+    with _ledger(tmp_path, "big-a") as ledger:
         status = ledger.status()
         assert status.pending == (1,)
         spent_after_crash = ledger.spent(ledger.entries()[0].event.guarantee)
@@ -139,7 +147,7 @@ def test_a_site_killed_between_reserve_and_commit_counts_the_round_as_spent(tmp_
     assert report["ok"], report
     assert report["privacy"]["rounds_participated"] == 2
     assert report["privacy"]["epsilon_spent"] > spent_after_crash
-    with PrivacyLedger(ledger_path, None) as ledger:
+    with _ledger(tmp_path, "big-a") as ledger:
         entries = ledger.entries()
         assert [(e.round, e.committed) for e in entries] == [(1, False), (2, True)]
 
@@ -173,5 +181,5 @@ def test_a_site_budget_above_the_default_is_not_lowered_by_the_query(tmp_path: P
     config = FederationConfig.model_validate(data)
     summary = simulate(config, tmp_path)
     assert _sites(summary)["big-a"]["epsilon_budget"] == 10.0
-    with PrivacyLedger(tmp_path / "sites" / "big-a" / "ledger.sqlite", None) as ledger:
+    with _ledger(tmp_path, "big-a") as ledger:
         assert ledger.budget.epsilon == 10.0

@@ -17,7 +17,7 @@ import pytest
 from fedshard.errors import BudgetExhaustedError, ConfigError, PrivacyError, StoreError
 from fedshard.privacy.accountant import AccountantKind, epsilon
 from fedshard.privacy.events import DPEvent, Guarantee
-from fedshard.privacy.ledger import MAX_PROJECTED_ROUNDS, Budget, PrivacyLedger
+from fedshard.privacy.ledger import MAX_PROJECTED_ROUNDS, UNKEYED, Budget, PrivacyLedger
 
 RDP = AccountantKind.RDP
 RECORD = Guarantee.RECORD
@@ -257,9 +257,11 @@ def test_the_file_itself_refuses_raising_the_budget_or_rewriting_history(ledger:
     raw = sqlite3.connect(path)
     try:
         for statement in (
-            "UPDATE meta SET value = 1000.0 WHERE key = 'budget_epsilon'",
-            "UPDATE meta SET value = 2 WHERE key = 'format'",
-            "DELETE FROM meta WHERE key = 'budget_epsilon'",
+            "UPDATE budgets SET epsilon = 1000.0",
+            "DELETE FROM budgets",
+            "INSERT INTO budgets (pos, epsilon, delta, set_at, mac) VALUES (99, 1000.0, 0.5, 0, x'00')",
+            "UPDATE meta SET value = 3 WHERE key = 'format'",
+            "DELETE FROM meta WHERE key = 'accountant'",
             "UPDATE events SET steps = 1",
             "DELETE FROM events",
             "DELETE FROM commits",
@@ -334,8 +336,8 @@ def test_other_sqlite_database_is_refused(path: Path) -> None:
 def test_newer_format_is_refused(path: Path) -> None:
     _open(path).close()
     raw = sqlite3.connect(path)
-    raw.execute("DROP TRIGGER meta_budget_only_down")  # as a future fedshard's migration would
-    raw.execute("UPDATE meta SET value = 2 WHERE key = 'format'")
+    raw.execute("DROP TRIGGER meta_no_update")  # as a future fedshard's migration would
+    raw.execute("UPDATE meta SET value = 3 WHERE key = 'format'")
     raw.commit()
     raw.close()
     content = path.read_bytes()
@@ -348,15 +350,20 @@ def test_newer_format_is_refused(path: Path) -> None:
 def test_unknown_mechanism_in_a_row_is_refused(path: Path) -> None:
     with _open(path) as ledger:
         ledger.reserve(0, [SGD])
+        head = ledger.head()
+    # as a future fedshard would write it: a well-formed, chained row of a mechanism this one does not know
+    values = (head.length + 1, 2, 1, "laplace", "record", 1.0, 1.0, 1, 1e-5, 1.0, 0.0)
+    mac = UNKEYED.mac(bytes.fromhex(head.mac), "event", values)
     raw = sqlite3.connect(path)
     raw.execute(
-        "INSERT INTO events (round, mechanism, guarantee, noise_multiplier, sample_rate, steps, delta,"
-        " epsilon_after, created_at) VALUES (1, 'laplace', 'record', 1.0, 1.0, 1, 1e-5, 1.0, 0)"
+        "INSERT INTO events (pos, seq, round, mechanism, guarantee, noise_multiplier, sample_rate, steps, delta,"
+        " epsilon_after, created_at, mac) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (*values, mac),
     )
     raw.commit()
     raw.close()
-    with _open(path) as ledger, pytest.raises(StoreError, match="laplace"):
-        ledger.spent(RECORD)
+    with pytest.raises(StoreError, match="laplace"):  # refused when opened: every row is read and checked
+        _open(path)
 
 
 def test_closed_ledger_says_so(path: Path) -> None:

@@ -86,3 +86,36 @@ def test_report_marks_exhaustion(tmp_path: Path) -> None:
         report = site.report(ledger, events)
         assert report.status is PrivacyStatus.EXHAUSTED and not report.can_afford_next
         assert report.epsilon_spent == 0.0 and report.epsilon_budget == 1.0
+
+
+def test_a_format_1_ledger_is_refused_then_recovered_with_its_spend(tmp_path: Path) -> None:
+    import os
+    import sqlite3
+
+    from fedshard.errors import StoreError
+    from fedshard.privacy.ledger import CARRIED_ROUND, LedgerKey
+    from fedshard.site.ledger_anchor import FileAnchor
+
+    path = tmp_path / "ledger.sqlite"
+    raw = sqlite3.connect(path)  # what fedshard wrote before ledgers were authenticated
+    raw.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);"
+        "CREATE TABLE events (seq INTEGER PRIMARY KEY, round INTEGER, mechanism TEXT, guarantee TEXT,"
+        " noise_multiplier REAL, sample_rate REAL, steps INTEGER, delta REAL, epsilon_after REAL, created_at REAL);"
+        "CREATE TABLE commits (seq INTEGER PRIMARY KEY, committed_at REAL);"
+        "INSERT INTO meta VALUES ('format', 1), ('created_at', 0.0), ('accountant', 'rdp'),"
+        " ('budget_epsilon', 3.0), ('budget_delta', 1e-5);"
+        "INSERT INTO events VALUES (1, 1, 'poisson_subsampled_gaussian', 'record', 1.5, 0.1, 10, 1e-5, 1.25, 0.0);"
+    )
+    raw.commit()
+    raw.close()
+    key = LedgerKey(os.urandom(32))
+    site = SitePrivacy("s1", tmp_path, key=key, anchor=FileAnchor(tmp_path / "anchor", key))
+    with pytest.raises(StoreError, match=r"format 1.*fedshard budget recover"):
+        site.open_ledger(_plan(), num_examples=100)
+    assert "carrying" in site.recover()
+    ledger, _ = site.open_ledger(_plan(), num_examples=100)
+    with ledger:
+        assert [e.round for e in ledger.entries()] == [CARRIED_ROUND]
+        assert ledger.spent(Guarantee.RECORD) >= 1.25
+    assert any(p.name.startswith("ledger.sqlite.replaced-") for p in tmp_path.iterdir())

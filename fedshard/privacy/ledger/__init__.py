@@ -17,31 +17,31 @@ Threat model
 ------------
 The ledger lives at the site and is the site's own record. The aggregator may send a
 budget with a round; it is applied through :meth:`PrivacyLedger.lower_budget`, so the
-aggregator can **lower** a site's budget, **never raise** it. Whoever can write the file
-can of course rewrite it; the ledger defends against bugs and crashes, not against the
-site's own administrator.
+aggregator can **lower** a site's budget, **never raise** it.
 
-Storage and the stability contract
-----------------------------------
-One SQLite file (WAL journal, ``synchronous=FULL``, every write one transaction, so a
-crash leaves either the whole write or none of it). Tables:
+Whoever can write the site's state folder could once delete, roll back or edit the file
+and release more than the budget allows. Now:
 
-* ``meta``: format version, created_at, the accountant it was created with, and the
-  effective budget. The budget rows are the only ones ever updated, and a trigger lets
-  them only go down.
-* ``events``: append-only; one row per DP event with its round, δ and the ε after it.
-* ``commits``: append-only; one row per committed event.
+* every row (budget, event, commit) carries an HMAC-SHA-256 chained over the row before
+  it (:mod:`~fedshard.privacy.ledger.chain`), under a key derived from a site secret
+  kept out of the state folder (its store key); a row edited, inserted, removed from
+  the middle or moved, or the file written under another key, fails on open and on
+  every read, and nothing is reserved;
+* the chain's head (:class:`LedgerHead`) is anchored by the site outside the file after
+  each write, before anything is released (its sealed store's catalog, authenticated
+  by the store key), and reported to the coordinator, which sends the last one back
+  with the next round; a ledger that lacks either head (deleted, rolled back, replaced)
+  is refused. See :mod:`fedshard.site.ledger_anchor`.
 
-Triggers refuse updates and deletes of ``events`` and ``commits``: a stored event never
-changes meaning (see :mod:`fedshard.privacy.events`). A new file is built under a
-temporary name and linked into place, so a ledger path that exists is always a complete
-ledger; opening never modifies an existing ledger. A file that fails ``PRAGMA
-quick_check``, is not a ledger or has a newer format is refused with
-:class:`~fedshard.errors.StoreError` and left untouched.
+A ledger opened without a key (bare library use) is chained under a public key: it
+catches accidents, not edits. Someone holding the site's store key can forge anything;
+restoring the state folder *and* the sealed store to an earlier copy together is caught
+only by the coordinator's head, i.e. within a run of the coordinator.
 
 Modules
 -------
-``privacy_ledger``  :class:`PrivacyLedger`: reserve / commit / lower the budget; status and queries
+``privacy_ledger``  :class:`PrivacyLedger`: reserve / commit / lower the budget / recover; status and queries
+``chain``           :class:`LedgerKey` and the MAC chain over the rows
 ``records``         the values it takes and returns (:class:`Budget`, :class:`Reservation`, …)
 ``spend``           ε spent, the cost of new events, rounds left: pure functions
 ``rows``            reading and writing rows inside a transaction
@@ -50,17 +50,22 @@ Modules
 
 from __future__ import annotations
 
+from fedshard.privacy.ledger.chain import UNKEYED, LedgerKey
 from fedshard.privacy.ledger.privacy_ledger import PrivacyLedger
-from fedshard.privacy.ledger.records import Budget, LedgerEntry, LedgerStatus, Reservation
+from fedshard.privacy.ledger.records import CARRIED_ROUND, Budget, LedgerEntry, LedgerHead, LedgerStatus, Reservation
 from fedshard.privacy.ledger.schema import FORMAT_VERSION
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
 
 __all__ = [
+    "CARRIED_ROUND",
     "FORMAT_VERSION",
     "MAX_PROJECTED_ROUNDS",
     "Budget",
     "LedgerEntry",
+    "LedgerHead",
+    "LedgerKey",
     "LedgerStatus",
     "PrivacyLedger",
     "Reservation",
+    "UNKEYED",
 ]

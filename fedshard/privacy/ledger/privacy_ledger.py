@@ -11,10 +11,12 @@ and the file in :mod:`~fedshard.privacy.ledger.schema`. The guarantees are descr
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -24,9 +26,13 @@ from fedshard.errors import BudgetExhaustedError, ConfigError, PrivacyError, Sto
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import rows, spend
-from fedshard.privacy.ledger.records import Budget, LedgerEntry, LedgerStatus, Reservation
-from fedshard.privacy.ledger.schema import create, open_checked
+from fedshard.privacy.ledger.chain import UNKEYED, LedgerKey
+from fedshard.privacy.ledger.records import CARRIED_ROUND, Budget, LedgerEntry, LedgerHead, LedgerStatus, Reservation
+from fedshard.privacy.ledger.schema import FORMAT_VERSION, create, open_checked
 from fedshard.privacy.ledger.spend import Snapshot, check_events
+
+OnGrow = Callable[[LedgerHead, Snapshot], None]
+"""Called after every write the ledger made durable, with its new head (to anchor it)."""
 
 __all__ = ["PrivacyLedger"]
 
@@ -47,12 +53,19 @@ class PrivacyLedger:
         created with, PRV for a new ledger).
     clock:
         Source of timestamps (seconds since the epoch); passed in for tests.
+    key:
+        The key that authenticates every row (see :mod:`~fedshard.privacy.ledger.chain`);
+        None: :data:`~fedshard.privacy.ledger.chain.UNKEYED`, for bare library use.
+    on_grow:
+        Called with the new head after each write is durable and before the call
+        returns (the site anchors the head outside the file there); if it raises, the
+        write stays (a reservation stays spent) and the error propagates.
 
     Raises
     ------
     StoreError
-        If the file is corrupt, not a ledger, of a newer format, or unreadable; the
-        file is left as it was.
+        If the file is corrupt, not a ledger, of another format, unreadable, written
+        under another key, or its rows fail their MAC chain; the file is left as it was.
     ConfigError
         If ``budget`` is not a :class:`Budget`.
     """
@@ -64,28 +77,96 @@ class PrivacyLedger:
         *,
         accountant: AccountantKind | None = None,
         clock: Callable[[], float] = time.time,
+        key: LedgerKey | None = None,
+        on_grow: OnGrow | None = None,
     ) -> None:
         if budget is not None and not isinstance(budget, Budget):
             raise ConfigError(f"budget must be a Budget(epsilon, delta), got {budget!r}")
         self.path = Path(path)
         self._clock = clock
+        self._key = key if key is not None else UNKEYED
+        self._on_grow = on_grow
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         if not self.path.exists():
             if budget is None:
                 raise StoreError(f"no privacy ledger at {self.path}: the site has not taken part in a DP round yet")
-            create(
-                self.path, budget.epsilon, budget.delta, AccountantKind(accountant or AccountantKind.PRV).value, clock()
-            )
+            self._create(budget, AccountantKind(accountant or AccountantKind.PRV), (), None)
         self._conn = open_checked(self.path)
         try:
-            stored = self._conn.execute("SELECT value FROM meta WHERE key = 'accountant'").fetchone()
-            self.accountant = AccountantKind(accountant or (stored[0] if stored else AccountantKind.PRV))
+            with self._read() as conn:
+                chain = rows.load(conn, self.path, self._key)
+            self.ledger_id = chain.ledger_id
+            self.accountant = AccountantKind(accountant or chain.meta["accountant"])
+            found = chain.meta.get("recovered_from") or ""
+            # the head of the ledger this one replaced (see recover), if any
+            self.recovered_from = LedgerHead.from_dict(json.loads(found)) if found else None
             if budget is not None:
                 self.lower_budget(budget)
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def recover(
+        cls,
+        path: str | os.PathLike[str],
+        budget: Budget,
+        carried: Sequence[tuple[DPEvent, float]],
+        replaces: LedgerHead,
+        *,
+        key: LedgerKey | None = None,
+        accountant: AccountantKind | None = None,
+        clock: Callable[[], float] = time.time,
+        on_grow: OnGrow | None = None,
+    ) -> PrivacyLedger:
+        """Start a new ledger at ``path`` whose first events carry ``carried`` forward.
+
+        Each carried ``(event, ε after)`` is stored committed, with round
+        :data:`~fedshard.privacy.ledger.CARRIED_ROUND`, so ε spent never goes below what
+        the replaced ledger (whose head was ``replaces``) had spent.
+
+        Raises
+        ------
+        StoreError
+            If a file is already at ``path`` (move it aside first).
+        """
+        target = Path(path)
+        if target.exists():
+            raise StoreError(f"privacy ledger {target} exists: move it aside before recovering")
+        ledger = cls.__new__(cls)
+        ledger.path, ledger._clock, ledger._key = target, clock, key if key is not None else UNKEYED
+        ledger._create(budget, AccountantKind(accountant or AccountantKind.PRV), _checked_carried(carried), replaces)
+        return cls(target, None, accountant=accountant, clock=clock, key=key, on_grow=on_grow)
+
+    def _create(
+        self,
+        budget: Budget,
+        accountant: AccountantKind,
+        carried: Sequence[tuple[DPEvent, float]],
+        replaces: LedgerHead | None,
+    ) -> None:
+        now = self._clock()
+        meta: dict[str, int | float | str] = {
+            "ledger_id": uuid.uuid4().hex,
+            "key_id": self._key.key_id,
+            "created_at": float(now),
+            "accountant": accountant.value,
+            "recovered_from": json.dumps(replaces.to_dict(), sort_keys=True) if replaces is not None else "",
+        }
+
+        def fill(conn: sqlite3.Connection) -> None:
+            chain = rows.Chain(dict(meta, format=FORMAT_VERSION), None, ())
+            identity = rows.genesis_values(chain.meta)
+            assert identity is not None
+            chain.macs.append(self._key.genesis(identity))
+            rows.insert_budget(conn, chain, self._key, budget, now)
+            for event, eps in carried:
+                after = {event.guarantee: eps}
+                seqs = rows.insert_events(conn, chain, self._key, CARRIED_ROUND, [event], budget.delta, after, now)
+                rows.insert_commits(conn, chain, self._key, seqs, now)
+
+        create(self.path, meta, fill)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -109,8 +190,7 @@ class PrivacyLedger:
     @property
     def budget(self) -> Budget:
         """The effective budget: the lowest ε and the lowest δ ever given."""
-        with self._read() as conn:
-            return rows.read_budget(conn)
+        return self._snapshot().budget
 
     def entries(self) -> list[LedgerEntry]:
         """Every stored event, oldest first, with its commit state.
@@ -119,8 +199,28 @@ class PrivacyLedger:
         -------
         list of LedgerEntry
         """
+        return list(self._snapshot().entries)
+
+    def head(self) -> LedgerHead:
+        """Where the ledger's MAC chain ends now (what the site anchors outside the file)."""
         with self._read() as conn:
-            return list(rows.read_entries(conn, self.path))
+            return rows.load(conn, self.path, self._key).head
+
+    def contains(self, head: LedgerHead) -> bool:
+        """Whether ``head`` is a point of this ledger's history (or of the one it replaced).
+
+        A head of this ledger must name one of its chain rows with that row's MAC. A head
+        of the ledger this one was recovered from (:attr:`recovered_from`) must not be
+        past what was carried forward.
+        """
+        with self._read() as conn:
+            chain = rows.load(conn, self.path, self._key)
+        if head.ledger_id == chain.ledger_id:
+            return head.length < len(chain.macs) and chain.macs[head.length].hex() == head.mac
+        old = self.recovered_from
+        if old is None or head.ledger_id != old.ledger_id:
+            return False
+        return head.length < old.length or head == old
 
     def spent(self, guarantee: Guarantee) -> float:
         """ε spent under ``guarantee`` over all its events, committed or not.
@@ -168,6 +268,7 @@ class PrivacyLedger:
         spent = {g: spend.epsilon_of(snapshot, g, (), self.accountant) for g in Guarantee}
         remaining = {g: max(0.0, snapshot.budget.epsilon - eps) for g, eps in spent.items()}
         pending = sorted({entry.round for entry in snapshot.entries if not entry.committed})
+        rounds = {entry.round for entry in snapshot.entries if entry.round != CARRIED_ROUND}
         projected: int | None = None
         can_afford = True
         if next_round:
@@ -178,7 +279,7 @@ class PrivacyLedger:
             accountant=self.accountant,
             spent=spent,
             remaining=remaining,
-            rounds_participated=len({entry.round for entry in snapshot.entries}),
+            rounds_participated=len(rounds),
             pending=tuple(pending),
             can_afford_next=can_afford,
             projected_rounds_left=projected,
@@ -215,7 +316,8 @@ class PrivacyLedger:
         if not new:
             raise PrivacyError(f"round {round}: a reservation needs at least one DP event")
         with self._write() as conn:
-            snapshot = Snapshot(rows.read_budget(conn), rows.read_entries(conn, self.path))
+            chain = rows.load(conn, self.path, self._key)
+            snapshot = _snapshot_of(chain)
             if any(entry.round == round for entry in snapshot.entries):
                 raise PrivacyError(f"round {round} already has a reservation; a round is charged once")
             after = spend.cost(snapshot, new, self.accountant)
@@ -225,7 +327,8 @@ class PrivacyLedger:
                         f"round {round} would take {guarantee.value}-level ε to {eps:.6g}, over the budget "
                         f"{snapshot.budget.epsilon:.6g} (δ={snapshot.budget.delta:g}); nothing was released"
                     )
-            seqs = rows.insert_events(conn, round, new, snapshot.budget.delta, after, self._clock())
+            seqs = rows.insert_events(conn, chain, self._key, round, new, snapshot.budget.delta, after, self._clock())
+        self._grown(chain)
         return Reservation(round=round, seqs=seqs, epsilon_after=after)
 
     def commit(self, reservation: Reservation) -> None:
@@ -243,10 +346,14 @@ class PrivacyLedger:
         """
         seqs = sorted(set(reservation.seqs))
         with self._write() as conn:
-            stored = rows.round_of_events(conn, seqs)
+            chain = rows.load(conn, self.path, self._key)
+            stored = {entry.seq: entry.round for entry in chain.entries if entry.seq in set(seqs)}
             if not seqs or len(stored) != len(seqs) or any(r != reservation.round for r in stored.values()):
                 raise PrivacyError(f"{self.path} holds no reservation of round {reservation.round} with events {seqs}")
-            rows.insert_commits(conn, seqs, self._clock())
+            length = len(chain.macs)
+            rows.insert_commits(conn, chain, self._key, seqs, self._clock())
+        if len(chain.macs) > length:
+            self._grown(chain)
 
     def lower_budget(self, budget: Budget) -> Budget:
         """Lower the effective budget to ``budget`` where it is lower; never raise it.
@@ -270,9 +377,11 @@ class PrivacyLedger:
         if budget.epsilon >= current.epsilon and budget.delta >= current.delta:
             return current  # nothing to lower: no write transaction at all
         with self._write() as conn:
-            current = rows.read_budget(conn)
-            lowered = Budget(min(current.epsilon, budget.epsilon), min(current.delta, budget.delta))
-            rows.lower_budget_rows(conn, current, lowered)
+            chain = rows.load(conn, self.path, self._key)
+            now = _snapshot_of(chain).budget
+            lowered = Budget(min(now.epsilon, budget.epsilon), min(now.delta, budget.delta))
+            rows.insert_budget(conn, chain, self._key, lowered, self._clock())
+        self._grown(chain)
         return lowered
 
     # -- internals -------------------------------------------------------------------
@@ -308,4 +417,19 @@ class PrivacyLedger:
 
     def _snapshot(self) -> Snapshot:
         with self._read() as conn:
-            return Snapshot(rows.read_budget(conn), rows.read_entries(conn, self.path))
+            return _snapshot_of(rows.load(conn, self.path, self._key))
+
+    def _grown(self, chain: rows.Chain) -> None:
+        if self._on_grow is not None:
+            self._on_grow(chain.head, _snapshot_of(chain))
+
+
+def _snapshot_of(chain: rows.Chain) -> Snapshot:
+    assert chain.budget is not None  # load refuses a ledger without a budget
+    return Snapshot(chain.budget, chain.entries)
+
+
+def _checked_carried(carried: Sequence[tuple[DPEvent, float]]) -> tuple[tuple[DPEvent, float], ...]:
+    checked = tuple((event, float(eps)) for event, eps in carried)
+    check_events([event for event, _ in checked])
+    return checked

@@ -15,7 +15,10 @@ from fedshard.errors import ConfigError
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import DPEvent, Guarantee
 
-__all__ = ["Budget", "LedgerEntry", "LedgerStatus", "Reservation"]
+__all__ = ["CARRIED_ROUND", "Budget", "LedgerEntry", "LedgerHead", "LedgerStatus", "Reservation"]
+
+CARRIED_ROUND = -1
+"""The round of the events a recovered ledger carries forward from the ledger it replaces."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +75,49 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerHead:
+    """Where a ledger's MAC chain ends: what the site anchors outside the file.
+
+    Attributes
+    ----------
+    ledger_id:
+        The ledger's random id (a new one for a ledger built by recovery).
+    length:
+        Rows in the chain (budget, event and commit rows).
+    mac:
+        The MAC of the last row (hex); the MAC of the ledger's identity when ``length`` is 0.
+    """
+
+    ledger_id: str
+    length: int
+    mac: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"ledger_id": self.ledger_id, "length": self.length, "mac": self.mac}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> LedgerHead:
+        """The head :meth:`to_dict` wrote.
+
+        Raises
+        ------
+        ValueError
+            If ``doc`` is not one.
+        """
+        try:
+            head = cls(str(doc["ledger_id"]), int(doc["length"]), str(doc["mac"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"not a ledger head: {doc!r}") from None
+        if head.length < 0:
+            raise ValueError(f"not a ledger head: {doc!r}")
+        return head
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerEntry:
-    """One stored event, as :meth:`PrivacyLedger.entries` reports it."""
+    """One stored event, as :meth:`PrivacyLedger.entries` reports it (``round`` is
+    :data:`CARRIED_ROUND` for an event carried forward by recovery)."""
 
     seq: int
     round: int

@@ -8,26 +8,35 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
 
 from fedshard._fs import fsync_dir
 from fedshard.errors import StoreError
+from fedshard.privacy.ledger.chain import Field
 
-__all__ = ["DO_NOT_DELETE", "FORMAT_VERSION", "SCHEMA", "create", "open_checked", "refuse"]
+__all__ = ["DO_NOT_DELETE", "FORMAT_VERSION", "META_KEYS", "SCHEMA", "create", "open_checked", "refuse"]
 
-FORMAT_VERSION = 1
-"""Version of the ledger's file format; a reader refuses any other."""
+FORMAT_VERSION = 2
+"""Version of the ledger's file format; a reader refuses any other (1: before rows were authenticated)."""
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_TABLES = frozenset({"meta", "events", "commits"})
+_TABLES = frozenset({"meta", "budgets", "events", "commits"})
 DO_NOT_DELETE = "do not delete it: the privacy spent would be forgotten"
 
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);
+CREATE TABLE budgets (
+    pos INTEGER NOT NULL UNIQUE,
+    epsilon REAL NOT NULL,
+    delta REAL NOT NULL,
+    set_at REAL NOT NULL,
+    mac BLOB NOT NULL
+);
 CREATE TABLE events (
     seq INTEGER PRIMARY KEY,
-    round INTEGER NOT NULL CHECK (round >= 0),
+    round INTEGER NOT NULL CHECK (round >= -1),
     mechanism TEXT NOT NULL,
     guarantee TEXT NOT NULL,
     noise_multiplier REAL NOT NULL,
@@ -35,13 +44,24 @@ CREATE TABLE events (
     steps INTEGER NOT NULL,
     delta REAL NOT NULL,
     epsilon_after REAL NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    pos INTEGER NOT NULL UNIQUE,
+    mac BLOB NOT NULL
 );
 CREATE INDEX events_by_round ON events (round);
 CREATE TABLE commits (
     seq INTEGER PRIMARY KEY REFERENCES events (seq),
-    committed_at REAL NOT NULL
+    committed_at REAL NOT NULL,
+    pos INTEGER NOT NULL UNIQUE,
+    mac BLOB NOT NULL
 );
+CREATE TRIGGER budgets_no_update BEFORE UPDATE ON budgets
+    BEGIN SELECT RAISE(ABORT, 'a privacy budget can be lowered, never raised'); END;
+CREATE TRIGGER budgets_no_delete BEFORE DELETE ON budgets
+    BEGIN SELECT RAISE(ABORT, 'a privacy budget can be lowered, never raised'); END;
+CREATE TRIGGER budgets_only_down BEFORE INSERT ON budgets
+    WHEN NEW.epsilon > (SELECT min(epsilon) FROM budgets) OR NEW.delta > (SELECT min(delta) FROM budgets)
+    BEGIN SELECT RAISE(ABORT, 'a privacy budget can be lowered, never raised'); END;
 CREATE TRIGGER events_no_update BEFORE UPDATE ON events
     BEGIN SELECT RAISE(ABORT, 'privacy ledger events are append-only'); END;
 CREATE TRIGGER events_no_delete BEFORE DELETE ON events
@@ -50,12 +70,14 @@ CREATE TRIGGER commits_no_update BEFORE UPDATE ON commits
     BEGIN SELECT RAISE(ABORT, 'privacy ledger commits are append-only'); END;
 CREATE TRIGGER commits_no_delete BEFORE DELETE ON commits
     BEGIN SELECT RAISE(ABORT, 'privacy ledger commits are append-only'); END;
+CREATE TRIGGER meta_no_update BEFORE UPDATE ON meta
+    BEGIN SELECT RAISE(ABORT, 'privacy ledger meta rows never change'); END;
 CREATE TRIGGER meta_no_delete BEFORE DELETE ON meta
     BEGIN SELECT RAISE(ABORT, 'privacy ledger meta rows are never deleted'); END;
-CREATE TRIGGER meta_budget_only_down BEFORE UPDATE ON meta
-    WHEN NOT (OLD.key IN ('budget_epsilon', 'budget_delta') AND NEW.key = OLD.key AND NEW.value <= OLD.value)
-    BEGIN SELECT RAISE(ABORT, 'a privacy budget can be lowered, never raised'); END;
 """
+
+META_KEYS = ("format", "ledger_id", "key_id", "created_at", "accountant", "recovered_from")
+"""The meta rows, in the order the chain's genesis MAC covers them."""
 
 
 def refuse(path: Path, problem: str) -> StoreError:
@@ -64,8 +86,13 @@ def refuse(path: Path, problem: str) -> StoreError:
     return StoreError(f"privacy ledger {path} {problem}: check the path, or restore it from a backup; {DO_NOT_DELETE}")
 
 
-def create(path: Path, epsilon: float, delta: float, accountant: str, now: float) -> None:
-    """Build a complete ledger under a temporary name, then link it into place."""
+def create(path: Path, meta: Mapping[str, Field], fill: Callable[[sqlite3.Connection], None]) -> None:
+    """Build a complete ledger under a temporary name, then link it into place.
+
+    ``meta`` holds the values of :data:`META_KEYS` but the format; ``fill`` writes the
+    first rows (the budget, and the events a recovered ledger carries) in the same
+    transaction, so a ledger path that exists is always a complete, authenticated ledger.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
@@ -80,16 +107,9 @@ def create(path: Path, epsilon: float, delta: float, accountant: str, now: float
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(SCHEMA)
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [
-                    ("format", FORMAT_VERSION),
-                    ("created_at", now),
-                    ("accountant", accountant),
-                    ("budget_epsilon", epsilon),
-                    ("budget_delta", delta),
-                ],
-            )
+            values = {**meta, "format": FORMAT_VERSION}
+            conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [(k, values[k]) for k in META_KEYS])
+            fill(conn)
             conn.execute("COMMIT")
         finally:
             conn.close()  # checkpoints the WAL into the file and removes it
@@ -131,7 +151,7 @@ def open_checked(path: Path) -> sqlite3.Connection:
         if problems != ["ok"]:
             raise refuse(path, f"is corrupt ({problems[0] if problems else 'no quick_check result'})")
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not _TABLES.issubset(tables):
+        if "meta" not in tables:
             raise refuse(path, "is not a fedshard privacy ledger (tables missing)")
         found = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
         version = found[0] if found else None
@@ -140,8 +160,16 @@ def open_checked(path: Path) -> sqlite3.Connection:
                 f"privacy ledger {path} has format {version}, newer than this fedshard reads "
                 f"({FORMAT_VERSION}): upgrade fedshard; {DO_NOT_DELETE}"
             )
+        if version == 1:
+            raise StoreError(
+                f"privacy ledger {path} has format 1, written before ledgers were authenticated: run "
+                "`fedshard budget recover --site-config FILE` to carry its ε forward into a format-2 ledger; "
+                f"{DO_NOT_DELETE}"
+            )
         if version != FORMAT_VERSION:
             raise refuse(path, f"has an unknown format {version!r}")
+        if not _TABLES.issubset(tables):
+            raise refuse(path, "is not a fedshard privacy ledger (tables missing)")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
     except sqlite3.DatabaseError as exc:
