@@ -18,7 +18,7 @@ from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, Rou
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.frames import shard_chunks
-from tests.zone_helpers import BASE, TOKEN, Shards, partial_from, random_update, reducing_policy
+from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, partial_from, random_update, reducing_policy
 
 SITES = ("site-a", "site-b")
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32), "b": np.zeros(5, np.float32)}, tile=(4, 4))
@@ -32,7 +32,7 @@ def sums(seed: int) -> Shards:
 @pytest.fixture
 def zone() -> ZoneAggregator:
     zone = ZoneAggregator("eu-1", "EU", residency=reducing_policy(PLAN, SITES))
-    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
     return zone
 
 
