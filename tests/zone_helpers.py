@@ -47,12 +47,15 @@ FORWARD_WEIGHTS = (("site-a", 4.0), ("site-b", 2.0))
 sums arrive forwarded by ``us-1``) 4, ``site-b`` (EU, pushes to the reducing zone) 2."""
 
 
-def reducing_policy(plan: ShardPlan, sites: tuple[str, ...], zone: str = "eu-1") -> ZonePolicy:
+def reducing_policy(
+    plan: ShardPlan, sites: tuple[str, ...], zone: str = "eu-1", *, us_sites: tuple[str, ...] = ("site-a",)
+) -> ZonePolicy:
     """Residency of ``zone`` (EU), the reducing zone of a federation with a second zone
-    ``us-1`` (US): every shard public, so every shard's sums are global. ``site-a`` is in
-    the US, so it pushes to ``us-1`` (which forwards its sums); every other site is in the EU."""
+    ``us-1`` (US): every shard public, so every shard's sums are global. The ``us_sites``
+    are in the US, so they push to ``us-1`` (which forwards their sums); every other site
+    is in the EU and pushes to ``zone``."""
     router = Router(Policy.from_config(ResidencyConfig()), [ZoneInfo(zone, "EU"), ZoneInfo("us-1", "US")], zone)
-    jurisdictions = {site: "US" if site == "site-a" else "EU" for site in sites}
+    jurisdictions = {site: "US" if site in us_sites else "EU" for site in sites}
     return ZonePolicy(zone, "EU", router, {sid: "public" for sid in plan.shard_ids}, jurisdictions)
 
 

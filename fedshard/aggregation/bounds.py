@@ -40,7 +40,8 @@ def squared_norm(values: np.ndarray) -> float:
     flat = values.reshape(-1)
     if flat.dtype.itemsize < 4:
         flat = flat.astype(np.float32)
-    total = float(np.dot(flat, flat))
+    with np.errstate(over="ignore"):  # a float32 overflow is retried below, not a warning
+        total = float(np.dot(flat, flat))
     if not math.isfinite(total):
         wide = flat.astype(np.float64)
         total = float(np.dot(wide, wide))
