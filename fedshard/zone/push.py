@@ -219,7 +219,8 @@ class PushSession:
         """The pushing site."""
         return self.manifest.site_id
 
-    def _reject(self, code: RefusalCode, reason: str) -> PushRejectedError:
+    def refuse(self, code: RefusalCode, reason: str) -> PushRejectedError:
+        """End the push as refused (counted and audited); the error to raise."""
         # A refusal ends the push: what was staged before it can no longer be committed.
         self.abort()
         return self._zone.refused_push(self.manifest, code, reason)
@@ -233,13 +234,13 @@ class PushSession:
     def take(self, chunk: Chunk) -> None:
         """Take one chunk (see :meth:`receive`)."""
         if self._done:
-            raise self._reject(RefusalCode.STATE, "push already finished")
+            raise self.refuse(RefusalCode.STATE, "push already finished")
         if self._frames.pending is None and chunk.shard_id not in self._state.plan:
-            raise self._reject(RefusalCode.UNKNOWN_SHARD, f"shard {chunk.shard_id} is not in the round's shard plan")
+            raise self.refuse(RefusalCode.UNKNOWN_SHARD, f"shard {chunk.shard_id} is not in the round's shard plan")
         try:
             done = self._frames.add(chunk)
         except FrameError as exc:
-            raise self._reject(exc.code, exc.reason) from None
+            raise self.refuse(exc.code, exc.reason) from None
         if done is not None:
             self._check(*done)
 
@@ -248,15 +249,15 @@ class PushSession:
             try:
                 self._ciphertexts[shard_id] = load_ciphertexts(self._zone.he_context, shard_id, values)
             except IntegrityError as exc:
-                raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
+                raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             return
         low, high = extremes(values)
         if not (math.isfinite(low) and math.isfinite(high)):
-            raise self._reject(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
+            raise self.refuse(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
         bounds = self._zone.bounds
         if not within(low, high, bounds.max_value):
             if bounds.value_rule is BoundRule.REFUSE:
-                raise self._reject(
+                raise self.refuse(
                     RefusalCode.BOUND,
                     f"shard {shard_id} holds a value of magnitude {max(-low, high):.3g}, above "
                     f"aggregation.max_value = {bounds.max_value:g}",
@@ -266,7 +267,7 @@ class PushSession:
         if bounds.max_update_norm is not None:
             self._squares += squared_norm(values)
             if bounds.norm_rule is BoundRule.REFUSE and math.sqrt(self._squares) > bounds.max_update_norm:
-                raise self._reject(
+                raise self.refuse(
                     RefusalCode.BOUND,
                     f"the update's L2 norm at this zone exceeds aggregation.max_update_norm = "
                     f"{bounds.max_update_norm:g} (at shard {shard_id})",
@@ -276,11 +277,11 @@ class PushSession:
     def commit(self) -> PushReceipt:
         """Check the push is complete, then fold it into the round's sums."""
         if self._done:
-            raise self._reject(RefusalCode.STATE, "push already finished")
+            raise self.refuse(RefusalCode.STATE, "push already finished")
         try:
             self._frames.finish()
         except FrameError as exc:
-            raise self._reject(exc.code, exc.reason) from None
+            raise self.refuse(exc.code, exc.reason) from None
         bounded: dict[str, Any] = {}
         limit = self._zone.bounds.max_update_norm
         if limit is not None and self._staged:  # norm_rule clip (refuse already refused in _check)

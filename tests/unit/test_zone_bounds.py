@@ -76,7 +76,8 @@ def refused(zone: ZoneAggregator, code: RefusalCode, match: str, site: str, shar
 @pytest.mark.parametrize("weight", [1e9, 1e308, 100.5, 99.99999999])
 def test_a_manifest_weight_other_than_the_rounds_is_refused(weight: float) -> None:
     zone = open_zone()
-    refused(zone, RefusalCode.WEIGHT, "the weight the round fixed for the site", "site-a", update(seed=1), weight=weight)
+    shards = update(seed=1)
+    refused(zone, RefusalCode.WEIGHT, "the weight the round fixed for the site", "site-a", shards, weight=weight)
 
 
 def test_sites_weigh_what_the_round_fixed() -> None:

@@ -277,7 +277,8 @@ def test_a_sum_naming_a_site_that_pushes_to_another_zone_is_refused(zone: ZoneAg
 
 
 def test_a_sum_naming_a_site_not_selected_for_the_round_is_refused() -> None:
-    zone = ZoneAggregator("eu-1", "EU", residency=reducing_policy(PLAN, (*SITES, "site-x"), us_sites=("site-a", "site-x")))
+    policy = reducing_policy(PLAN, (*SITES, "site-x"), us_sites=("site-a", "site-x"))
+    zone = ZoneAggregator("eu-1", "EU", residency=policy)
     zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
     a = sums(1)
     refused(

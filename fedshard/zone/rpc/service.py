@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from typing import NoReturn
 
 import grpc
 
-from fedshard.crypto.identity import Identity, Role
-from fedshard.crypto.tls import TlsFiles, peer_identity
-from fedshard.errors import FedshardError, PkiError, PushRejectedError, RefusalCode, ZoneError
+from fedshard.crypto.identity import Identity
+from fedshard.crypto.tls import PEER_CERT_KEY, TlsFiles
+from fedshard.errors import FedshardError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
+from fedshard.protocol.codes import refusal_code
 from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.frames import Chunk
+from fedshard.zone.calls import Call
+from fedshard.zone.forward import ForwardSession
+from fedshard.zone.push import PushSession
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.authority import Authority, Members, caller_name
 from fedshard.zone.rpc.convert import GRPC_OPTIONS, chunk_of, chunks, summary_to_header
 from fedshard.zone.rpc.status import abort_with
 
@@ -36,20 +40,52 @@ log = logging.getLogger(__name__)
 class ZoneService(pb_grpc.ZoneServicer):
     """gRPC front of one zone aggregator.
 
-    With mTLS (``ca_pem`` given) a push is accepted only from the site its manifest
-    names: the caller's identity comes from its certificate, not from the request.
+    With mTLS (``ca_pem`` given) every call is authorised from the caller's
+    certificate (:mod:`fedshard.zone.rpc.authority`): rounds are opened and closed by
+    the coordinator only, a push is accepted only from the member site its manifest
+    names, a forward only from a member zone to the reducing zone, a fetch only from a
+    member site. Every refusal is counted and audited.
     """
 
-    def __init__(self, zone: ZoneAggregator, push_timeout: float = 600.0, ca_pem: bytes | None = None) -> None:
+    def __init__(
+        self,
+        zone: ZoneAggregator,
+        push_timeout: float = 600.0,
+        ca_pem: bytes | None = None,
+        members: Members | None = None,
+    ) -> None:
         self.zone = zone
         self.push_timeout = push_timeout
         self.ca_pem = ca_pem
+        residency = zone.residency
+        if members is None and residency is not None:
+            members = Members.of(residency.jurisdictions, (z.name for z in residency.router.zones))
+        reducing = residency is None or residency.is_reducer
+        self.authority = Authority(zone.name, ca_pem, members, reducing=reducing)
 
     def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> NoReturn:
         log.info("zone %s refused (%s): %s", self.zone.name, error.code or "-", error)
         abort_with(context, error)
 
+    def _refuse(self, context: grpc.ServicerContext, call: Call, caller: str, error: FedshardError) -> NoReturn:
+        """Refuse a call the service itself turned down: count, audit, then abort."""
+        self.zone.refused_call(call, caller, refusal_code(error), str(error))
+        self._fail(context, error)
+
+    def _authorize(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
+        """The caller, if it may make ``call``; else the call is refused (audited)."""
+        try:
+            identity = self.authority.identify(context)
+        except FedshardError as exc:
+            self._refuse(context, call, _peer(context), exc)
+        try:
+            self.authority.permit(identity, call)
+        except FedshardError as exc:
+            self._refuse(context, call, caller_name(identity), exc)
+        return identity
+
     def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
+        caller = caller_name(self._authorize(context, Call.OPEN))
         spec = RoundSpec(
             request.round,
             request.token,
@@ -60,20 +96,31 @@ class ZoneService(pb_grpc.ZoneServicer):
             tuple(sorted(request.weights.items())),
         )
         try:
-            self.zone.open_round(spec)
+            self.zone.open_round(spec, by=caller)
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.OpenRoundReply()
 
     def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
+        identity = self._authorize(context, Call.PUSH)
+        caller = caller_name(identity)
         try:
             first = self._header(request_iterator, "a push must start with its manifest")
             manifest = Manifest.from_bytes(first.header.manifest)
-            certified = self._check_caller(context, manifest.site_id)
+            if identity is not None and identity.name != manifest.site_id:
+                raise PushRejectedError(
+                    f"zone {self.zone.name}: manifest names site {manifest.site_id!r} but the caller's certificate "
+                    f"is {identity.name!r}",
+                    RefusalCode.IDENTITY,
+                )
+        except FedshardError as exc:
+            self._refuse(context, Call.PUSH, caller, exc)
+        certified = identity.jurisdiction_or_region if identity is not None else None
+        try:
             with self.zone.begin_push(
                 manifest, first.header.round_token, self.push_timeout, certified=certified
             ) as session:
-                self._feed(request_iterator, session.take, "manifest sent twice in one push")
+                self._feed(request_iterator, session, "manifest sent twice in one push")
                 receipt = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
@@ -87,54 +134,37 @@ class ZoneService(pb_grpc.ZoneServicer):
             raise PushRejectedError(f"zone {self.zone.name}: {rule}", RefusalCode.PROTOCOL)
         return first
 
-    def _feed(self, frames: Iterator[pb.PushFrame], take: Callable[[Chunk], None], twice: str) -> None:
-        """Hand every chunk after the header to ``take``; a second header is refused."""
+    def _feed(self, frames: Iterator[pb.PushFrame], session: PushSession | ForwardSession, twice: str) -> None:
+        """Hand every chunk after the header to ``session``; a second header is refused (audited)."""
         for frame in frames:
             if frame.WhichOneof("frame") != "chunk":
-                raise PushRejectedError(f"zone {self.zone.name}: {twice}", RefusalCode.PROTOCOL)
-            take(chunk_of(frame.chunk))
-
-    def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> str | None:
-        """Under mTLS: check the caller is ``site_id``; its certified jurisdiction."""
-        identity = self._caller(context, Role.SITE)
-        if identity is None:
-            return None
-        if identity.name != site_id:
-            raise PushRejectedError(
-                f"zone {self.zone.name}: manifest names site {site_id!r} but the caller's certificate is "
-                f"{identity.name!r}",
-                RefusalCode.IDENTITY,
-            )
-        return identity.jurisdiction_or_region
-
-    def _caller(self, context: grpc.ServicerContext, role: Role) -> Identity | None:
-        if self.ca_pem is None:
-            return None
-        try:
-            return peer_identity(context, self.ca_pem, role=role)
-        except PkiError as exc:
-            raise PushRejectedError(f"zone {self.zone.name}: {exc}", RefusalCode.IDENTITY) from None
+                raise session.refuse(RefusalCode.PROTOCOL, twice)
+            session.take(chunk_of(frame.chunk))
 
     def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
+        identity = self._authorize(context, Call.FORWARD)
         try:
             first = self._header(request_iterator, "a forward must start with its header")
             partial = PartialSum.from_bytes(first.header.manifest)
-            caller = self._caller(context, Role.ZONE)
-            certified = caller.name if caller is not None else None
+        except FedshardError as exc:
+            self._refuse(context, Call.FORWARD, caller_name(identity), exc)
+        certified = identity.name if identity is not None else None
+        try:
             with self.zone.begin_forward(partial, self.push_timeout, certified=certified) as session:
-                self._feed(request_iterator, session.take, "header sent twice in one forward")
+                self._feed(request_iterator, session, "header sent twice in one forward")
                 shards = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.ForwardReply(shards=shards)
 
     def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.CloseRoundReply:  # noqa: N802
+        caller = caller_name(self._authorize(context, Call.ABORT if request.abort else Call.CLOSE))
         try:
             if request.abort:
-                self.zone.abort_round(request.round)
+                self.zone.abort_round(request.round, by=caller)
                 return pb.CloseRoundReply()
             forward = (request.forward_zone, request.forward_endpoint) if request.forward_zone else None
-            summaries = self.zone.close_round(request.round, forward)
+            summaries = self.zone.close_round(request.round, forward, by=caller)
             return pb.CloseRoundReply(aggregates=[summary_to_header(s) for s in summaries])
         except FedshardError as exc:
             self._fail(context, exc)
@@ -142,14 +172,17 @@ class ZoneService(pb_grpc.ZoneServicer):
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AggregateFrame]:
+        identity = self._authorize(context, Call.FETCH)
         try:
-            caller = self._caller(context, Role.SITE)
             residency = self.zone.residency
-            if caller is not None:
-                jurisdiction: str | None = caller.jurisdiction_or_region
+            if identity is not None:
+                jurisdiction: str | None = identity.jurisdiction_or_region
+                by = caller_name(identity)
             else:
                 jurisdiction = residency.jurisdictions.get(request.site_id) if residency is not None else None
-            aggregate = self.zone.fetch(request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction)
+                by = f"site:{request.site_id}" if request.site_id else "-"
+            group = request.group or DEFAULT_GROUP
+            aggregate = self.zone.fetch(request.round, group, jurisdiction=jurisdiction, by=by)
         except FedshardError as exc:
             self._fail(context, exc)
         yield pb.AggregateFrame(header=summary_to_header(aggregate.summary))
@@ -157,21 +190,43 @@ class ZoneService(pb_grpc.ZoneServicer):
             yield pb.AggregateFrame(chunk=chunk)
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
+        self._authorize(context, Call.INFO)
         info = json.dumps(self.zone.info(), sort_keys=True)
         return pb.InfoReply(name=self.zone.name, region=self.zone.region, info_json=info)
 
 
+def _peer(context: grpc.ServicerContext) -> str:
+    """Who called, for audit records of a caller the zone could not authorise."""
+    certs = context.auth_context().get(PEER_CERT_KEY) or []
+    if certs:
+        from cryptography import x509
+
+        try:
+            cert = x509.load_pem_x509_certificate(certs[0])
+            return f"cert:{cert.subject.rfc4514_string()}"
+        except ValueError:
+            pass
+    return f"peer:{context.peer()}"
+
+
 def serve(
-    zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int = 16, tls: TlsFiles | None = None
+    zone: ZoneAggregator,
+    address: str = "127.0.0.1:0",
+    max_workers: int = 16,
+    tls: TlsFiles | None = None,
+    members: Members | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
 
     With ``tls`` the zone requires mutual TLS (client certificates signed by the
-    federation CA); without it the data plane is plain text, for loopback only.
+    federation CA) and authorises every call from the caller's certificate; ``members``
+    are the federation's parties (default: from the zone's residency policy). Without
+    ``tls`` the data plane is plain text and nothing is authorised: loopback only.
     """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
     ca_pem = tls.read()[2] if tls is not None else None
-    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone, ca_pem=ca_pem), server)  # type: ignore[no-untyped-call]
+    service = ZoneService(zone, ca_pem=ca_pem, members=members)
+    pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
     if port == 0:
         raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")
