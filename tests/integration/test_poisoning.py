@@ -101,16 +101,18 @@ def honest_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
     return result.rounds[-1].loss
 
 
+@pytest.mark.parametrize(("aggregation", "fixed"), [({}, "30"), ({"max_site_weight": 20}, "20")])
 def test_a_manifest_that_lies_about_its_weight_is_refused_and_the_federation_goes_on(
-    tmp_path: Path, honest_loss: float
+    tmp_path: Path, honest_loss: float, aggregation: dict[str, Any], fixed: str
 ) -> None:
-    result = _run(_config(), tmp_path, poisoned(1000.0, weight=1e9))
+    # each site reported 30 training examples; the coordinator fixes that, or the cap
+    result = _run(_config(aggregation), tmp_path, poisoned(1000.0, weight=1e9))
 
     assert not result.stopped_reason and len(result.rounds) == 4
     for rnd in result.rounds:
         assert rnd.sites == ("s0", "s1")
         assert rnd.refusal_codes == {ATTACKER: "weight"}
-        assert "differs from 30, the weight the round fixed for the site" in rnd.refused[ATTACKER]
+        assert f"differs from {fixed}, the weight the round fixed for the site" in rnd.refused[ATTACKER]
     assert result.rounds[-1].loss < 2 * honest_loss
 
 
