@@ -381,7 +381,8 @@ def make_zone(
 ) -> ZoneAggregator:
     """The aggregator for ``zone``; its store (and audit log) is ``zone.store`` or ``store_root/name``.
 
-    With ``routing`` the zone enforces the federation's residency policy; with
+    With ``routing`` the zone enforces the federation's residency policy and its
+    ``aggregation`` bounds (without: the default bounds); with
     ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
     presents when it forwards partial sums to the reducing zone, and its key signs
     the audit log's head.
@@ -408,6 +409,7 @@ def make_zone(
         audit=audit,
         connect=tls_connector(tls),
         he_context=he_context,
+        bounds=routing.config.aggregation if routing is not None else None,
     )
 
 

@@ -42,15 +42,25 @@ def manifest_for(
     )
 
 
-def reducing_policy(plan: ShardPlan, sites: tuple[str, ...], zone: str = "eu-1") -> ZonePolicy:
+FORWARD_WEIGHTS = (("site-a", 4.0), ("site-b", 2.0))
+"""The weights a round opened with :data:`FORWARD_WEIGHTS` fixes: ``site-a`` (US, its
+sums arrive forwarded by ``us-1``) 4, ``site-b`` (EU, pushes to the reducing zone) 2."""
+
+
+def reducing_policy(
+    plan: ShardPlan, sites: tuple[str, ...], zone: str = "eu-1", *, us_sites: tuple[str, ...] = ("site-a",)
+) -> ZonePolicy:
     """Residency of ``zone`` (EU), the reducing zone of a federation with a second zone
-    ``us-1`` (US): every shard public, so every shard's sums are global."""
+    ``us-1`` (US): every shard public, so every shard's sums are global. The ``us_sites``
+    are in the US, so they push to ``us-1`` (which forwards their sums); every other site
+    is in the EU and pushes to ``zone``."""
     router = Router(Policy.from_config(ResidencyConfig()), [ZoneInfo(zone, "EU"), ZoneInfo("us-1", "US")], zone)
-    return ZonePolicy(zone, "EU", router, {sid: "public" for sid in plan.shard_ids}, dict.fromkeys(sites, "EU"))
+    jurisdictions = {site: "US" if site in us_sites else "EU" for site in sites}
+    return ZonePolicy(zone, "EU", router, {sid: "public" for sid in plan.shard_ids}, jurisdictions)
 
 
 def partial_from(
-    sums: Shards, *, weight: float = 2.0, zone: str = "us-1", token: str = TOKEN, sites: tuple[str, ...] = ("site-a",)
+    sums: Shards, *, weight: float = 4.0, zone: str = "us-1", token: str = TOKEN, sites: tuple[str, ...] = ("site-a",)
 ) -> PartialSum:
     """The header zone ``zone`` forwards for float64 partial sums ``sums`` of ``sites``."""
     entries = tuple(PartialEntry(sid, shard_digest(v), int(v.nbytes), weight, sites) for sid, v in sums.items())

@@ -5,6 +5,12 @@ float64 sum ``Σ w_i x_i`` and the sum of weights ``Σ w_i``, so memory is O(mod
 whatever the number of sites. ``finalize`` returns the weighted mean in each shard's
 original dtype.
 
+The sums stay finite by construction when what is folded is bounded: with every
+weight ``w ≤ W``, every value ``|x| ≤ V`` and each of ``N`` sites folded once per shard,
+``|Σ w x| ≤ N·W·V``, which the zone's bounds keep far below float64's ≈ 1.8·10^308
+(``aggregation`` in the config, :class:`fedshard.config.AggregationConfig`; the zone
+checks values and weights before it folds).
+
 The fold is done in cache-sized blocks: multiplying a float32 block into a reused
 float64 buffer and adding it in place keeps the memory traffic near one read of the
 shard plus one read-write of the accumulator, instead of materialising a full-size
@@ -50,8 +56,9 @@ class WeightedMean:
         """An empty accumulator for arrays of ``shape`` and ``dtype``."""
         return cls(np.zeros(shape, dtype=np.float64), 0.0, np.dtype(dtype))
 
-    def add(self, values: np.ndarray, weight: float, scratch: np.ndarray) -> None:
-        """Fold ``weight * values`` into the sum, block by block through ``scratch``."""
+    def add(self, values: np.ndarray, weight: float, scratch: np.ndarray, scale: float = 1.0) -> None:
+        """Fold ``weight * scale * values`` into the sum and ``weight`` into ``Σ w``, block
+        by block through ``scratch`` (``scale`` < 1: an update clipped to a norm bound)."""
         if values.shape != self.total.shape:
             raise ShardError(f"cannot add shape {values.shape} to accumulator of shape {self.total.shape}")
         flat_in = values.reshape(-1)
@@ -59,12 +66,13 @@ class WeightedMean:
         n = flat_in.shape[0]
         step = scratch.shape[0]
         w = float(weight)
+        factor = w * float(scale)
         for start in range(0, n, step):
             stop = min(start + step, n)
             buf = scratch[: stop - start]
             # dtype=float64: multiply in float64, not in the shard's dtype (float16 would
             # overflow, float32 would round before the sum).
-            np.multiply(flat_in[start:stop], w, out=buf, dtype=np.float64)
+            np.multiply(flat_in[start:stop], factor, out=buf, dtype=np.float64)
             np.add(flat_acc[start:stop], buf, out=flat_acc[start:stop])
         self.weight += w
 
@@ -92,12 +100,13 @@ class ShardAccumulator:
         self._means: dict[str, WeightedMean] = {}
         self._scratch = np.empty(block_values, dtype=np.float64)
 
-    def add(self, shard_id: str, values: np.ndarray, weight: float) -> None:
-        """Fold one shard into the running sum for ``shard_id``."""
+    def add(self, shard_id: str, values: np.ndarray, weight: float, scale: float = 1.0) -> None:
+        """Fold one shard, ``weight * scale * values``, into the running sum for ``shard_id``
+        (``scale`` scales the values only, not the weight)."""
         mean = self._means.get(shard_id)
         if mean is None:
             mean = self._means[shard_id] = WeightedMean.zeros(values.shape, values.dtype)
-        mean.add(values, weight, self._scratch)
+        mean.add(values, weight, self._scratch, scale)
 
     def add_sum(self, shard_id: str, total: np.ndarray, weight: float, dtype: np.dtype | str) -> None:
         """Fold a partial ``Σ w x`` (float64) and its ``Σ w`` for ``shard_id``; means come out in ``dtype``."""

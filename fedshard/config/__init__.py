@@ -10,6 +10,8 @@ from fedshard.config.loader import (
     parse_model,
 )
 from fedshard.config.models import (
+    AggregationConfig,
+    BoundRule,
     FederationConfig,
     FederationSettings,
     HeConfig,
@@ -39,6 +41,8 @@ __all__ = [
     "ResidencyConfig",
     "ShardClass",
     "default_rules",
+    "AggregationConfig",
+    "BoundRule",
     "FederationConfig",
     "FederationSettings",
     "HeConfig",

@@ -7,6 +7,7 @@ key instead of a setting silently ignored.
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,6 +18,10 @@ from fedshard.config.privacy import BudgetConfig, PrivacyConfig
 from fedshard.config.residency import ResidencyConfig
 
 __all__ = [
+    "MAX_SITE_WEIGHT_LIMIT",
+    "MAX_VALUE_LIMIT",
+    "AggregationConfig",
+    "BoundRule",
     "FederationConfig",
     "FederationSettings",
     "HeConfig",
@@ -66,6 +71,72 @@ class ServerOptimizerConfig(_Model):
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
     tau: float = Field(1e-3, gt=0, description="adam: added to √v")
+
+
+MAX_SITE_WEIGHT_LIMIT = 1e15
+"""The largest ``aggregation.max_site_weight`` a config may set (see :class:`AggregationConfig`)."""
+MAX_VALUE_LIMIT = 1e15
+"""The largest ``aggregation.max_value`` a config may set (see :class:`AggregationConfig`)."""
+
+
+class BoundRule(StrEnum):
+    """What a zone does with a site's plaintext update that exceeds a bound."""
+
+    CLIP = "clip"
+    """Bring it within the bound (values: clipped to ±bound; norm: the update scaled down
+    to the bound) after its digests and signature were verified, then fold it."""
+    REFUSE = "refuse"
+    """Refuse the whole push with code ``bound``; nothing of it is counted."""
+
+
+class AggregationConfig(_Model):
+    """Bounds on what a zone folds into a round's sums, fixed by the federation, not by sites.
+
+    * **Weights.** The coordinator fixes each selected site's aggregation weight when it
+      opens a round: the number of training examples the site reported, capped at
+      ``max_site_weight``. Zones receive the weights with the round (``OpenRound``),
+      refuse a round with a weight above their own cap, and refuse (code ``weight``) a
+      manifest whose weight differs from the round's.
+    * **Values.** Every plaintext update value must satisfy ``|x| ≤ max_value``; a larger
+      one is refused (code ``bound``) or clipped to ``±max_value``, by ``value_rule``.
+      A forwarded partial sum is refused (never clipped: it is another zone's sum) unless
+      every ``|Σ w x| ≤ Σ w · max_value``, and its ``Σ w`` must be the sum of the round's
+      weights of the sites it names.
+    * **Norm.** With ``max_update_norm`` set, the L2 norm of a site's plaintext shards at
+      one zone (a zone sees only its own shards) must not exceed it: ``norm_rule``
+      scales the update down to the bound (``clip``, the standard defence against scaled
+      poisoning) or refuses the push (``refuse``).
+
+    **Sums stay finite by construction.** Each folded term is ``|w·x| ≤ W·V`` with
+    ``W = max_site_weight ≤ 10^15`` and ``V = max_value ≤ 10^15``, and each site is folded
+    into a shard's sum at most once, so a sum over ``N`` sites is at most ``N·W·V ≤
+    N·10^30`` in magnitude: finite in float64 (max ≈ 1.8·10^308) for any ``N < 10^278``.
+    The weighted mean of bounded values lies within ``±V`` and within the shard dtype's
+    range.
+
+    CKKS-encrypted shards cannot be value- or norm-checked by a zone (it sees only
+    ciphertext; their weight is inside it): sites clip them to ``±he.value_range``
+    before encrypting, and the encoding's headroom keeps their sums from overflowing.
+    """
+
+    max_site_weight: float = Field(
+        1e6,
+        ge=1,
+        le=MAX_SITE_WEIGHT_LIMIT,
+        description="cap on a site's aggregation weight (its reported number of training examples)",
+    )
+    max_value: float = Field(
+        1e4, gt=0, le=MAX_VALUE_LIMIT, description="bound on |x| for every plaintext update value a zone folds"
+    )
+    value_rule: BoundRule = Field(BoundRule.REFUSE, description="a value above max_value: refuse the push, or clip")
+    max_update_norm: float | None = Field(
+        None, gt=0, description="bound on the L2 norm of a site's plaintext shards at one zone (None: no bound)"
+    )
+    norm_rule: BoundRule = Field(BoundRule.CLIP, description="an update above max_update_norm: clip (scale), or refuse")
+
+    def fixed_weight(self, num_examples: int) -> float:
+        """The weight a site that reports ``num_examples`` gets: at least 1, at most ``max_site_weight``."""
+        return float(min(max(num_examples, 1), self.max_site_weight))
 
 
 class TrainingConfig(_Model):
@@ -158,6 +229,7 @@ class FederationConfig(_Model):
     federation: FederationSettings = Field(default_factory=FederationSettings)
     task: TaskConfig
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     residency: ResidencyConfig = Field(default_factory=ResidencyConfig)

@@ -246,8 +246,9 @@ class Coordinator:
         """Run round ``rnd``; ``version`` is the federation's version before it."""
         selected = self._select(rnd)
         token = secrets.token_hex(16)
-        self._open(rnd, token, version, selected)
-        reports, refused = self._train(rnd, token, selected)
+        weights = self._weights()
+        self._open(rnd, token, version, selected, weights)
+        reports, refused = self._train(rnd, token, selected, weights)
         codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
         reasons = {s: r.reason for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
@@ -290,11 +291,18 @@ class Coordinator:
             ],
         )
 
-    def _open(self, rnd: int, token: str, version: str, selected: list[str]) -> None:
-        """Open the round at every zone (all or none)."""
+    def _weights(self) -> dict[str, float]:
+        """Node → the aggregation weight the coordinator fixes for its site: the examples it
+        reported, capped by ``aggregation.max_site_weight`` (zones refuse any other weight)."""
+        rule = self.config.aggregation
+        return {node: rule.fixed_weight(info.num_examples) for node, info in self._nodes.items()}
+
+    def _open(self, rnd: int, token: str, version: str, selected: list[str], weights: Mapping[str, float]) -> None:
+        """Open the round at every zone (all or none), with each selected site's fixed weight."""
         site_ids = tuple(self._nodes[n].site_id for n in selected)
         versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
-        spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())))
+        fixed = tuple(sorted((self._nodes[n].site_id, weights[n]) for n in selected))
+        spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())), fixed)
         opened = []
         try:
             for name, zone in self.zones.items():
@@ -305,11 +313,11 @@ class Coordinator:
             raise
 
     def _train(
-        self, rnd: int, token: str, selected: list[str]
+        self, rnd: int, token: str, selected: list[str], weights: Mapping[str, float]
     ) -> tuple[list[TrainReport], dict[str, TrainReport | SiteFailure]]:
         """Send the train messages; the reports of sites that pushed, and the refusals or failures of the others."""
-        weight_scale = float(max(i.num_examples for i in self._nodes.values()))
-        instructions = {node: self._instruction(node, rnd, token, weight_scale) for node in selected}
+        weight_scale = max(weights.values())  # encrypted shards carry weight / scale ≤ 1
+        instructions = {node: self._instruction(node, rnd, token, weights[node], weight_scale) for node in selected}
         replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
         reports: list[TrainReport] = []
         refused: dict[str, TrainReport | SiteFailure] = {}
@@ -329,7 +337,7 @@ class Coordinator:
                 log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id].reason)
         return reports, refused
 
-    def _instruction(self, node: str, rnd: int, token: str, weight_scale: float) -> TrainInstruction:
+    def _instruction(self, node: str, rnd: int, token: str, weight: float, weight_scale: float) -> TrainInstruction:
         """What one site needs for round ``rnd``: its group's head and the rounds it has not applied."""
         site_id = self._nodes[node].site_id
         group = self._group(node)
@@ -348,6 +356,7 @@ class Coordinator:
             apply=self._apply_rule,
             weight_scale=weight_scale,
             ledger_head=self._ledger_heads.get(site_id),
+            weight=weight,
         )
 
     def _keep_ledger_heads(self, reports: dict[str, PrivacyReport]) -> None:

@@ -208,6 +208,10 @@ class TrainInstruction(_Msg):
     (the coordinator knows it from the site's reports), oldest first; the site extends
     its own version chain with them and refuses unless it arrives at ``base_version``,
     its residency group's head. The message does not grow with the round number.
+
+    ``weight`` is the aggregation weight the coordinator fixed for the site this round
+    (the one it sent the zones in the round's ``RoundSpec``): the site's manifests carry
+    it, and a zone refuses any other. Encrypted shards carry ``weight / weight_scale``.
     """
 
     round: int
@@ -221,7 +225,8 @@ class TrainInstruction(_Msg):
     seed: int
     privacy: PrivacyPlan | None = None
     apply: ApplyRule = ApplyRule()
-    weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest site's examples)
+    weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest fixed weight)
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)  # the site's weight, fixed by the coordinator (RoundSpec)
     ledger_head: LedgerHeadReport | None = None  # the site's ledger head as it last reported it
 
 

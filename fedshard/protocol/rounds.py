@@ -15,6 +15,7 @@ from fedshard.residency.router import DEFAULT_GROUP, GLOBAL_GROUP, AggregateKey
 
 __all__ = [
     "DEFAULT_GROUP",
+    "DEFAULT_WEIGHT",
     "GLOBAL_GROUP",
     "Aggregate",
     "AggregateKey",
@@ -33,12 +34,22 @@ ShardPayload = np.ndarray | bytes
 ciphertext ``bytes`` (length-prefixed ciphertexts, see :mod:`fedshard.crypto.he`)."""
 
 
+DEFAULT_WEIGHT = 1.0
+"""The weight of a selected site that a :class:`RoundSpec`'s ``weights`` does not name."""
+
+
 @dataclass(frozen=True, slots=True)
 class RoundSpec:
     """What a zone needs to accept pushes for one round.
 
     ``token`` is a fresh random value per round; a push must present it, so a push
     recorded in an earlier round cannot be replayed into this one.
+
+    ``weights`` holds ``(site, weight)``: the aggregation weight the coordinator fixed for
+    each selected site when it opened the round (its reported number of examples,
+    capped by ``aggregation.max_site_weight``); a site it does not name weighs
+    :data:`DEFAULT_WEIGHT`. A zone refuses a manifest whose weight differs, so no site
+    chooses its own weight.
     """
 
     round: int
@@ -47,11 +58,16 @@ class RoundSpec:
     base_version: str
     sites: tuple[str, ...]
     base_versions: tuple[tuple[str, str], ...] = ()  # (site, version) where it differs from base_version
+    weights: tuple[tuple[str, float], ...] = ()  # (site, weight) fixed by the coordinator
 
     def version_for(self, site_id: str) -> str:
         """The model version ``site_id``'s update must start from (sites in different
         residency groups hold different models)."""
         return dict(self.base_versions).get(site_id, self.base_version)
+
+    def weight_for(self, site_id: str) -> float:
+        """The aggregation weight the round fixed for ``site_id``."""
+        return dict(self.weights).get(site_id, DEFAULT_WEIGHT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,6 +229,11 @@ class Router:
             shard_id, classification.shard_class, classification.reason, rule, list(allowed), zone, scope, final, group
         )
 
+    def zone_for(self, decision: PolicyDecision, origin: str) -> str | None:
+        """The zone a site in ``origin`` pushes a shard under ``decision`` to (its first
+        hop: a global shard goes on from there to the reducing zone); None: no zone may hold it."""
+        return self._choose(decision, origin)
+
     def route_group(self, decision: PolicyDecision) -> str:
         """The aggregate a shard under ``decision`` joins (see :func:`group_name`)."""
         return group_name(self.scope_of(decision), decision.serve_to)

@@ -85,6 +85,9 @@ def push_update(
 ) -> list[ZonePush]:
     """Push every zone its shards (ciphertext ``bytes`` where the routes encrypt) with a (signed) manifest.
 
+    ``weight`` is the one the coordinator fixed for the site this round
+    (:attr:`TrainInstruction.weight`): a zone refuses a manifest with any other.
+
     Returns
     -------
     list[ZonePush]

@@ -398,9 +398,10 @@ class Site:
         if record is not None:
             record.verify()
         update = noised(update, dp.update if dp is not None else None)
-        weight = metrics.num_examples / (message.weight_scale or metrics.num_examples)
+        # The coordinator fixed the weight (zones refuse any other); ciphertext carries it over the scale.
+        he_weight = message.weight / (message.weight_scale or message.weight)
         payload = encrypt_shards(
-            update, routing.encrypted, self._codec, weight, f"site {self.site_id} round {message.round}"
+            update, routing.encrypted, self._codec, he_weight, f"site {self.site_id} round {message.round}"
         )
         del base, update  # the values of the encrypted shards go now
         pushes = push_update(
@@ -409,7 +410,7 @@ class Site:
             message,
             site_id=self.site_id,
             plan_digest=model.plan.digest,
-            weight=metrics.num_examples,
+            weight=message.weight,
             signing_key=self._signing_key,
             connect=self._connect,
         )

@@ -12,6 +12,12 @@ forwarded by other zones arrive the same way (:mod:`fedshard.zone.forward`); clo
 round publishes one aggregate per group (:mod:`fedshard.zone.publish`). Per-round state
 and counters live in :mod:`fedshard.zone.state`.
 
+What is folded is bounded by the federation (``bounds``, ``aggregation`` in the config):
+each site's weight is the one the coordinator fixed when it opened the round, each
+plaintext value lies within ``±max_value`` and, optionally, each site's update at this
+zone within an L2 norm; so every float64 sum stays finite (see
+:class:`~fedshard.config.AggregationConfig`). Encrypted shards cannot be checked.
+
 Staged pushes are bounded by a byte budget, so peak memory is the float64 sums plus
 the budget, however many sites push at once.
 
@@ -25,6 +31,7 @@ only to sites the policy allows, and writes every decision to its audit log.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard.config import AggregationConfig
 from fedshard.errors import (
     FedshardError,
     PushRejectedError,
@@ -91,6 +99,9 @@ class ZoneAggregator:
     he_context:
         The federation's *public* CKKS context, to sum encrypted shards (None: the
         zone refuses encrypted shards). A context holding the secret key is refused.
+    bounds:
+        The federation's bounds on weights, values and update norms (``aggregation``
+        in its config; None: the defaults).
     """
 
     def __init__(
@@ -104,10 +115,12 @@ class ZoneAggregator:
         audit: AuditLog | None = None,
         connect: Callable[[str, str], ZoneClient] | None = None,
         he_context: Any = None,
+        bounds: AggregationConfig | None = None,
     ) -> None:
         if he_context is not None and he_context.has_secret_key():
             raise ZoneError(f"zone {name}: refusing a CKKS context with the secret key; zones get the public context")
         self.he_context = he_context
+        self.bounds = bounds if bounds is not None else AggregationConfig()
         self.name = name
         self.region = region
         self.residency = residency
@@ -137,6 +150,7 @@ class ZoneAggregator:
                         "classification does not know (zone and sites run different models or configs)",
                         RefusalCode.INVALID,
                     )
+            self._check_weights(spec)
             with self._lock:
                 if spec.round in self._rounds or spec.round in self._closed:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
@@ -150,6 +164,23 @@ class ZoneAggregator:
         """Count and audit a refused call (one the zone refused before or outside a push)."""
         self.stats.refuse(reason)
         self._record(Decision.REFUSED, call=call, by=caller, code=code, reason=reason, **fields)
+
+    def _check_weights(self, spec: RoundSpec) -> None:
+        """Refuse a round whose fixed weights name an unselected site or exceed this zone's cap."""
+        selected = set(spec.sites)
+        cap = self.bounds.max_site_weight
+        for site, weight in spec.weights:
+            if site not in selected:
+                raise ZoneError(
+                    f"zone {self.name}: round {spec.round} fixes a weight for site {site!r}, which it did not select",
+                    RefusalCode.INVALID,
+                )
+            if not (math.isfinite(weight) and 0 < weight <= cap):
+                raise ZoneError(
+                    f"zone {self.name}: round {spec.round} fixes weight {weight:g} for site {site}; weights must be "
+                    f"positive and at most aggregation.max_site_weight = {cap:g}",
+                    RefusalCode.BOUND,
+                )
 
     def begin_push(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
@@ -196,14 +227,20 @@ class ZoneAggregator:
         staged: dict[str, np.ndarray],
         groups: dict[str, str],
         ciphertexts: dict[str, list[Any]],
+        bounded: dict[str, Any] | None = None,
     ) -> PushReceipt:
-        """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`)."""
+        """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`);
+        ``bounded["norm_scale"]`` scales its plaintext values (clipped to ``max_update_norm``)."""
+        bounded = bounded or {}
+        scale = float(bounded.get("norm_scale", 1.0))
         with self._lock:
             if self._rounds.get(manifest.round) is not state:
                 raise self.refused_push(manifest, RefusalCode.ROUND, "the round closed during the push")
             site = (manifest.site_id,)
+            weight = state.spec.weight_for(manifest.site_id)  # the manifest's, checked before any frame
             for shard_id, values in staged.items():
-                state.fold(groups.get(shard_id, DEFAULT_GROUP), shard_id, site).add(shard_id, values, manifest.weight)
+                group = groups.get(shard_id, DEFAULT_GROUP)
+                state.fold(group, shard_id, site).add(shard_id, values, weight, scale)
             for shard_id, parsed in ciphertexts.items():  # the weight is inside the ciphertext (see fedshard.crypto.he)
                 group = groups.get(shard_id, DEFAULT_GROUP)
                 state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, parsed)
@@ -211,7 +248,7 @@ class ZoneAggregator:
             state.counted.append(manifest.site_id)
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
             self.stats.count_push(manifest, origin)
-        self._record(Decision.ACCEPTED, **accepted_fields(manifest, groups))
+        self._record(Decision.ACCEPTED, **accepted_fields(manifest, groups), **bounded)
         return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
 
     def end_push(self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool) -> None:

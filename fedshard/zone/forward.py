@@ -12,19 +12,22 @@ forward is complete and valid.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fedshard.aggregation import ShardAccumulator, all_finite
+from fedshard.aggregation import ShardAccumulator, extremes, fixed_weight_of, within
+from fedshard.aggregation.bounds import SUM_TOLERANCE
 from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import ciphertext_digest, shard_digest
-from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
+from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
+    from fedshard.config import AggregationConfig
     from fedshard.protocol.channels import ZoneConnector
     from fedshard.zone.policy import ZonePolicy
     from fedshard.zone.state import OpenRound
@@ -90,7 +93,9 @@ def check_partial(state: OpenRound, partial: PartialSum, *, residency: ZonePolic
     ------
     PushRejectedError
         With the reason (without the zone's prefix) and its code: token, duplicate,
-        residency, identity, malformed, unknown-shard, shape, non-finite, encryption.
+        residency, identity, malformed, unknown-shard, shape, non-finite, encryption,
+        site (a contributor not selected for the round), weight (``Σ w`` is not the sum
+        of the round's weights of its contributors).
     """
     if partial.token != state.spec.token:
         raise PushRejectedError("round token does not match", RefusalCode.TOKEN)
@@ -103,9 +108,11 @@ def check_partial(state: OpenRound, partial: PartialSum, *, residency: ZonePolic
     ids = [e.shard_id for e in partial.entries]
     if len(set(ids)) != len(ids):
         raise PushRejectedError("the header lists a shard twice", RefusalCode.MALFORMED)
+    weights = dict(state.spec.weights)
     for entry in partial.entries:
         _check_entry(state, entry, he_context)
         residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
+        _check_contributors(state, entry, weights)
 
 
 def _check_entry(state: OpenRound, entry: PartialEntry, he_context: Any) -> None:
@@ -125,6 +132,34 @@ def _check_entry(state: OpenRound, entry: PartialEntry, he_context: Any) -> None
         raise PushRejectedError(f"shard {sid}: non-finite values or weight", RefusalCode.NON_FINITE)
 
 
+def _check_contributors(state: OpenRound, entry: PartialEntry, weights: dict[str, float]) -> None:
+    """Every contributor selected, named once, not yet counted in this shard here; ``Σ w`` theirs."""
+    sid = entry.shard_id
+    if len(set(entry.contributors)) != len(entry.contributors):
+        raise PushRejectedError(f"shard {sid}: the partial sum names a site twice", RefusalCode.MALFORMED)
+    selected = set(state.spec.sites)
+    stranger = next((c for c in entry.contributors if c not in selected), None)
+    if stranger is not None:
+        raise PushRejectedError(
+            f"shard {sid}: the partial sum names site {stranger!r}, which was not selected for this round",
+            RefusalCode.SITE,
+        )
+    counted = state.contributors.get(GLOBAL_GROUP, {}).get(sid, set()) & set(entry.contributors)
+    if counted:
+        raise PushRejectedError(
+            f"shard {sid}: site {min(counted)} is already counted in this shard's sum", RefusalCode.DUPLICATE
+        )
+    if entry.encrypted:  # the weight is inside the ciphertext
+        return
+    fixed = fixed_weight_of(entry.contributors, weights, DEFAULT_WEIGHT)
+    if not math.isclose(entry.weight, fixed, rel_tol=SUM_TOLERANCE):
+        raise PushRejectedError(
+            f"shard {sid}: the partial sum's weight {entry.weight:g} differs from {fixed:g}, the round's weights "
+            "of the sites it names",
+            RefusalCode.WEIGHT,
+        )
+
+
 def _declared(state: OpenRound, partial: PartialSum) -> dict[str, Declared]:
     out = {}
     for e in partial.entries:
@@ -141,6 +176,8 @@ class ForwardTarget(Protocol):
 
     he_context: Any
     """The zone's public CKKS context, or None."""
+    bounds: AggregationConfig
+    """The federation's bounds on what is folded (``aggregation`` in the config)."""
 
     def fold_partial(
         self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
@@ -171,6 +208,7 @@ class ForwardSession:
         self.partial = partial
         self._budget_bytes = budget_bytes
         self._frames = FrameAssembler(_declared(state, partial), source=Header.HEADER)
+        self._weights = {e.shard_id: e.weight for e in partial.entries}
         self._sums: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}
         self._done = False
@@ -202,10 +240,19 @@ class ForwardSession:
                 self._ciphertexts[sid] = load_ciphertexts(self._zone.he_context, sid, values)
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
-        elif not all_finite(values):
+            return
+        low, high = extremes(values)
+        if not (math.isfinite(low) and math.isfinite(high)):
             raise self.refuse(RefusalCode.NON_FINITE, f"shard {sid}: non-finite values or weight")
-        else:
-            self._sums[sid] = values
+        # Σ w x of values |x| ≤ max_value: never clipped here, it is another zone's sum.
+        limit = self._weights[sid] * self._zone.bounds.max_value * (1 + SUM_TOLERANCE)
+        if not within(low, high, limit):
+            raise self.refuse(
+                RefusalCode.BOUND,
+                f"shard {sid}: partial sum values reach {max(-low, high):.3g}, beyond Σ w · aggregation.max_value "
+                f"= {limit:.3g}",
+            )
+        self._sums[sid] = values
 
     def commit(self) -> int:
         """Check the forward is complete, then fold it into the round; the number of shards folded."""

@@ -139,8 +139,9 @@ class ZonePolicy:
         Raises
         ------
         PushRejectedError
-            ``residency`` when this zone is not the reducing zone, or a contribution's
-            policy does not allow it here or does not make it global.
+            ``residency`` when this zone is not the reducing zone, a contribution's
+            policy does not allow it here or does not make it global, or the site pushes
+            that shard to another zone than ``sender`` (so ``sender`` cannot hold it).
         """
         if not self.is_reducer:
             raise PushRejectedError(
@@ -159,6 +160,13 @@ class ZonePolicy:
                 raise PushRejectedError(
                     f"residency: shard {shard_id} ({shard_class}, origin {origin}) is aggregated in its region, "
                     "not globally; it may not be forwarded",
+                    RefusalCode.RESIDENCY,
+                )
+            first_hop = self.router.zone_for(decision, origin)
+            if first_hop != sender:
+                raise PushRejectedError(
+                    f"residency: the partial sum of shard {shard_id} names site {site_id}, which pushes that shard "
+                    f"to zone {first_hop}, not to {sender}",
                     RefusalCode.RESIDENCY,
                 )
 

@@ -1,15 +1,25 @@
 """A push in progress at a zone: frames checked one by one, staged within a byte budget,
-folded into the round only when the whole push is valid (see :class:`PushSession`)."""
+folded into the round only when the whole push is valid (see :class:`PushSession`).
+
+The manifest's weight must be the one the coordinator fixed for the site when it
+opened the round (:func:`check_manifest`), and the plaintext values are held to the
+federation's bounds (``aggregation`` in the config): each value within
+``±max_value`` and, with ``max_update_norm``, the site's shards at this zone within that
+L2 norm, refused or clipped by the configured rule. Clipping happens after the frames
+were checked against the signed manifest's digests, just before the fold.
+"""
 
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fedshard.aggregation import all_finite
+from fedshard.aggregation import extremes, norm_scale, squared_norm, within
+from fedshard.config import BoundRule
 from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode
 from fedshard.integrity import Manifest
@@ -18,6 +28,7 @@ from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
+    from fedshard.config import AggregationConfig
     from fedshard.zone.state import OpenRound
 
 __all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest"]
@@ -59,6 +70,8 @@ class PushTarget(Protocol):
     name: str
     he_context: Any
     """The zone's public CKKS context, or None."""
+    bounds: AggregationConfig
+    """The federation's bounds on what is folded (``aggregation`` in the config)."""
 
     def fold_push(
         self,
@@ -67,8 +80,10 @@ class PushTarget(Protocol):
         staged: dict[str, np.ndarray],
         groups: dict[str, str],
         ciphertexts: dict[str, list[Any]],
+        bounded: dict[str, Any] | None = None,
     ) -> PushReceipt:
-        """Fold a complete, valid push into the round's sums (all or nothing)."""
+        """Fold a complete, valid push into the round's sums (all or nothing); ``bounded``
+        says how it was brought within bounds (``norm_scale``, ``values_clipped``), if it was."""
         ...
 
     def end_push(self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool) -> None:
@@ -87,7 +102,8 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
     ------
     PushRejectedError
         With the reason (without the zone's prefix) and its code: token, site,
-        duplicate, plan, version, zone, unknown-shard, shape, encryption.
+        duplicate, plan, version, zone, weight (not the weight the round fixed for the
+        site), unknown-shard, shape, encryption.
     """
     spec = state.spec
     if token != spec.token:
@@ -106,6 +122,12 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
         )
     if manifest.zone != zone:
         raise PushRejectedError(f"manifest is addressed to zone {manifest.zone!r}", RefusalCode.ZONE)
+    fixed = spec.weight_for(manifest.site_id)
+    if manifest.weight != fixed:
+        raise PushRejectedError(
+            f"manifest weight {manifest.weight:g} differs from {fixed:g}, the weight the round fixed for the site",
+            RefusalCode.WEIGHT,
+        )
     for entry in manifest.shards:
         if entry.shard_id not in state.plan:
             raise PushRejectedError(
@@ -159,8 +181,9 @@ class PushSession:
     """One site's push in progress. Feed chunks with :meth:`receive`, then :meth:`commit`.
 
     Frames go through the zone's one :class:`~fedshard.zone.frames.FrameAssembler`;
-    each completed shard is checked at once (finite values; ciphertext of the
-    federation's context). Any failure raises :class:`PushRejectedError` and ends the
+    each completed shard is checked at once (finite values within ``±max_value``;
+    ciphertext of the federation's context), and the plaintext shards' squared norms
+    add up towards ``max_update_norm``. Any failure raises :class:`PushRejectedError` and ends the
     push; call :meth:`abort` (or use the session as a context manager) so the staging
     budget is returned.
     """
@@ -181,6 +204,8 @@ class PushSession:
         self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST)
         self._staged: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
+        self._squares = 0.0  # Σ x² over the plaintext shards so far
+        self._clipped = 0  # values clipped to ±max_value
         self._done = False
 
     def __enter__(self) -> PushSession:
@@ -226,8 +251,27 @@ class PushSession:
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             return
-        if not all_finite(values):
+        low, high = extremes(values)
+        if not (math.isfinite(low) and math.isfinite(high)):
             raise self.refuse(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
+        bounds = self._zone.bounds
+        if not within(low, high, bounds.max_value):
+            if bounds.value_rule is BoundRule.REFUSE:
+                raise self.refuse(
+                    RefusalCode.BOUND,
+                    f"shard {shard_id} holds a value of magnitude {max(-low, high):.3g}, above "
+                    f"aggregation.max_value = {bounds.max_value:g}",
+                )
+            self._clipped += int(np.count_nonzero(np.abs(values) > bounds.max_value))
+            values = np.clip(values, -bounds.max_value, bounds.max_value)  # a copy: the received bytes stay as signed
+        if bounds.max_update_norm is not None:
+            self._squares += squared_norm(values)
+            if bounds.norm_rule is BoundRule.REFUSE and math.sqrt(self._squares) > bounds.max_update_norm:
+                raise self.refuse(
+                    RefusalCode.BOUND,
+                    f"the update's L2 norm at this zone exceeds aggregation.max_update_norm = "
+                    f"{bounds.max_update_norm:g} (at shard {shard_id})",
+                )
         self._staged[shard_id] = values
 
     def commit(self) -> PushReceipt:
@@ -238,7 +282,17 @@ class PushSession:
             self._frames.finish()
         except FrameError as exc:
             raise self.refuse(exc.code, exc.reason) from None
-        receipt = self._zone.fold_push(self._state, self.manifest, self._staged, self._groups, self._ciphertexts)
+        bounded: dict[str, Any] = {}
+        limit = self._zone.bounds.max_update_norm
+        if limit is not None and self._staged:  # norm_rule clip (refuse already refused in _check)
+            scale = norm_scale(self._squares, limit)
+            if scale < 1.0:
+                bounded["norm_scale"] = scale
+        if self._clipped:
+            bounded["values_clipped"] = self._clipped
+        receipt = self._zone.fold_push(
+            self._state, self.manifest, self._staged, self._groups, self._ciphertexts, bounded or None
+        )
         self._done = True
         self._release(counted=True)
         return receipt

@@ -35,6 +35,7 @@ from tests.zone_helpers import site_model
 SITES = [("eu-a", "EU"), ("eu-b", "EU"), ("us-a", "US"), ("sg-a", "SG")]
 ZONES = [("eu-central", "EU"), ("us-east", "US"), ("sg-central", "SG")]
 TOKEN = "t" * 32
+WEIGHTS = tuple((s, 10.0) for s, _ in SITES)  # what the rounds fix: the weight _manifest signs
 
 
 def _config(rounds: int = 2, reducing_zone: str | None = "eu-central") -> FederationConfig:
@@ -154,7 +155,7 @@ def zones(tmp_path: Path) -> Iterator[tuple[FederationConfig, FederationRouting,
     made = {zc.name: make_zone(zc, tmp_path, routing=routing) for zc in config.zones}
     plan = routing.plan
     for zone in made.values():
-        zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+        zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS))
     try:
         yield config, routing, made
     finally:
@@ -250,7 +251,7 @@ def test_unsigned_or_forged_manifests_are_refused_when_sites_have_keys(tmp_path:
     zone = make_zone(
         config.zones[0], tmp_path, routing=routing, site_keys={s: public_key_bytes(k) for s, k in keys.items()}
     )
-    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS))
     shards = _update(routing)
     manifest = _manifest(routing, "eu-a", "eu-central", shards)
     with pytest.raises(PushRejectedError, match="is not signed"):
@@ -344,7 +345,7 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
             server, port = serve(made[zc.name], "127.0.0.1:0", tls=tls[zc.name])
             servers.append(server)
             endpoints[zc.name] = f"localhost:{port}"
-        spec = RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES))
+        spec = RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS)
         for name in endpoints:
             with GrpcZoneClient(endpoints[name], timeout=20, tls=tls["coordinator"]) as c:
                 c.open_round(spec)
@@ -426,7 +427,7 @@ def test_a_plaintext_shard_of_an_encrypted_class_is_refused(tmp_path: Path) -> N
     routing = FederationRouting(config)
     zone = make_zone(config.zones[0], tmp_path, routing=routing)
     assert zone.he_context is not None and not zone.he_context.has_secret_key()
-    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS))
     shards = _update(routing)
     with pytest.raises(PushRejectedError, match="must be CKKS-encrypted") as info:
         zone.push(_manifest(routing, "eu-a", "eu-central", shards), TOKEN, shards)
@@ -471,7 +472,7 @@ def test_distributed_noise_runs_and_zones_refuse_to_publish_too_few_shares(tmp_p
     # the reducing zone does not publish an encrypted shard that holds one site's share of the noise
     routing = FederationRouting(config)
     zone = make_zone(config.zones[0], tmp_path / "z", routing=routing)  # eu-central, the reducing zone
-    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES)))
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS))
     sid = next(sid for sid, d in routing.site("eu-a").routes.items() if d.group == "global")
     from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
 

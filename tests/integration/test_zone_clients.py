@@ -99,7 +99,7 @@ class TestZoneClientContract:
     ) -> None:
         client, _ = zone_client
         codec = he[0]
-        client.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+        client.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=(("site-b", 3.0),)))
         a, a_values, a_clear = _update(1, codec)
         b, b_values, b_clear = _update(2, codec)
         receipt = client.push(_manifest("site-a", a, weight=1.0), TOKEN, a)

@@ -29,7 +29,7 @@ from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks, summary_to_header
 from fedshard.zone.rpc.service import serve
 from fedshard.zone.rpc.status import GRPC_STATUS, REFUSAL_CODE_KEY
-from tests.zone_helpers import BASE, TOKEN, Shards, manifest_for, partial_from, reducing_policy
+from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, manifest_for, partial_from, reducing_policy
 
 SITES = ("site-a", "site-b")
 CHUNK = 1000
@@ -50,7 +50,7 @@ def sums(seed: int) -> Shards:
 def reducer() -> Iterator[tuple[ZoneAggregator, str]]:
     """A reducing zone with round 1 open, served on loopback: ``(zone, endpoint)``."""
     zone = ZoneAggregator("eu-1", "EU", residency=reducing_policy(PLAN, SITES))
-    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
     server, port = serve(zone, "127.0.0.1:0", max_workers=4)
     try:
         yield zone, f"127.0.0.1:{port}"

@@ -7,10 +7,10 @@ refusal test ends with :func:`assert_only_good_counted`.
 
 from __future__ import annotations
 
-import functools
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import numpy as np
@@ -42,11 +42,19 @@ def make_update(seed: int, plan: ShardPlan = PLAN) -> Shards:
     return random_update(seed, plan)
 
 
-manifest_for = functools.partial(zone_helpers.manifest_for, plan=PLAN, zone="eu-1")
+WEIGHTS = {"site-a": 1.0, "site-b": 3.0, "site-c": 5.0, GOOD_SITE: 2.0}  # what the rounds fix for each site
+
+
+def manifest_for(site: str, shards: Shards, **kwargs: Any) -> Manifest:
+    """``site``'s manifest for ``shards`` at eu-1, with the weight the rounds fix for it unless told."""
+    kwargs.setdefault("weight", WEIGHTS.get(site, 1.0))
+    kwargs.setdefault("plan", PLAN)
+    kwargs.setdefault("zone", "eu-1")
+    return zone_helpers.manifest_for(site, shards, **kwargs)
 
 
 def round_spec(plan: ShardPlan = PLAN) -> RoundSpec:
-    return RoundSpec(1, TOKEN, plan.to_json(), BASE, SITES)
+    return RoundSpec(1, TOKEN, plan.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items()))
 
 
 @pytest.fixture
@@ -123,7 +131,7 @@ def test_round_end_to_end_with_chunked_shards(grpc_zone: tuple[ZoneAggregator, s
 
 def test_concurrent_pushes_are_all_counted(client: GrpcZoneClient) -> None:
     updates = {site: make_update(i) for i, site in enumerate(SITES)}
-    weights = {site: float(i + 1) for i, site in enumerate(SITES)}
+    weights = WEIGHTS
 
     with ThreadPoolExecutor(max_workers=len(SITES)) as pool:
         receipts = list(
@@ -150,7 +158,7 @@ def test_shard_larger_than_a_grpc_chunk_round_trips(grpc_zone: tuple[ZoneAggrega
     update = make_update(3, plan)
     with GrpcZoneClient(grpc_zone[1], timeout=20, chunk_bytes=256 << 10) as client:
         client.open_round(round_spec(plan))
-        client.push(manifest_for("site-a", update, weight=2.0, plan=plan), TOKEN, update)
+        client.push(manifest_for("site-a", update, plan=plan), TOKEN, update)
         client.close_round(1)[0]
         aggregate = client.fetch(1).means
 
@@ -160,7 +168,7 @@ def test_shard_larger_than_a_grpc_chunk_round_trips(grpc_zone: tuple[ZoneAggrega
 def test_zero_size_shard_round_trips(client: GrpcZoneClient) -> None:
     plan = ShardPlan.from_state_dict({"empty": np.zeros((0, 3), np.float32), "w": np.zeros((2, 2), np.float32)})
     update = plan.split({"empty": np.zeros((0, 3), np.float32), "w": np.full((2, 2), 0.5, np.float32)})
-    client.open_round(RoundSpec(2, TOKEN, plan.to_json(), BASE, SITES))
+    client.open_round(RoundSpec(2, TOKEN, plan.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
 
     client.push(manifest_for("site-a", update, round=2, plan=plan), TOKEN, update)
     client.close_round(2)[0]

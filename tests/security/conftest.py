@@ -151,9 +151,15 @@ class LiveFederation:
         )
         return manifest.signed(load_signing_key(self.keys.site(site).signing_key))
 
-    def push(self, site: str, zone: str, spec: RoundSpec, *, seed: int = 0, weight: float = 1.0) -> Shards:
-        """Push a valid, signed update of ``site`` to ``zone`` as ``site``; the values pushed."""
-        shards = self.update(site, zone, seed)
+    def push(
+        self, site: str, zone: str, spec: RoundSpec, *, seed: int = 0, weight: float | None = None, scale: float = 1.0
+    ) -> Shards:
+        """Push a valid, signed update of ``site`` to ``zone`` as ``site``; the values pushed.
+
+        ``weight``: the manifest's (default: what ``spec`` fixed for the site); ``scale``
+        multiplies the random values."""
+        shards = self.update(site, zone, seed, scale)
+        weight = spec.weight_for(site) if weight is None else weight
         with self.client(zone, site) as c:
             c.push(self.manifest(site, zone, spec, shards, weight=weight), spec.token, shards)
         return shards

@@ -189,3 +189,13 @@ def test_all_finite_accepts_huge_finite_float32() -> None:
 def test_all_finite_accepts_largest_float16_and_float64() -> None:
     assert all_finite(np.full(100_000, np.finfo(np.float16).max, dtype=np.float16))
     assert all_finite(np.full(1000, np.finfo(np.float64).max, dtype=np.float64))
+
+
+def test_a_scale_shrinks_the_values_and_leaves_the_weight() -> None:
+    acc = ShardAccumulator(block_values=3)  # several blocks
+    values = np.arange(10, dtype=np.float32)
+    acc.add("s", values, 4.0, scale=0.25)
+    acc.add("s", values, 2.0)
+    total, weight = acc.partial_sums()["s"]
+    assert weight == 6.0
+    np.testing.assert_array_equal(total, 3.0 * values.astype(np.float64))

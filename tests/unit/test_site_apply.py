@@ -34,7 +34,7 @@ def published(codec: tuple[HeCodec, object]) -> tuple[ZoneAggregator, AggregateS
     """Zone ``eu-1`` that published round 1 of one site's update: ``w`` encrypted, ``b`` clear."""
     he, public = codec
     zone = ZoneAggregator("eu-1", "EU", he_context=public)
-    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, ("site-a",)))
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, ("site-a",), weights=(("site-a", 2.0),)))
     rng = np.random.default_rng(0)
     values = {sid: rng.normal(0, 0.1, PLAN.shard(sid).shape).astype(np.float32) for sid in PLAN.shard_ids}
     payload = {ENCRYPTED: he.encrypt(values[ENCRYPTED], 1.0)[0], CLEAR: values[CLEAR]}

@@ -7,10 +7,10 @@ push, closes the round and checks that the aggregate is exactly that site's upda
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ from fedshard.errors import (
     ShardError,
     ZoneError,
 )
-from fedshard.integrity import merkle_root, shard_digest
+from fedshard.integrity import Manifest, merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
@@ -52,12 +52,20 @@ def make_update(seed: int, plan: ShardPlan = PLAN) -> Shards:
     return random_update(seed, plan)
 
 
-manifest_for = functools.partial(zone_helpers.manifest_for, plan=PLAN, zone=ZONE)
+WEIGHTS = {"site-a": 1.0, "site-b": 3.0, GOOD_SITE: 2.0}  # what round 1 fixes for each site
+
+
+def manifest_for(site: str, shards: Shards, **kwargs: Any) -> Manifest:
+    """``site``'s manifest for ``shards`` at ZONE, with the weight round 1 fixed for it unless told."""
+    kwargs.setdefault("weight", WEIGHTS.get(site, 1.0))
+    kwargs.setdefault("plan", PLAN)
+    kwargs.setdefault("zone", ZONE)
+    return zone_helpers.manifest_for(site, shards, **kwargs)
 
 
 def open_zone(plan: ShardPlan = PLAN, **kwargs: object) -> ZoneAggregator:
     zone = ZoneAggregator(ZONE, "EU", **kwargs)  # type: ignore[arg-type]
-    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, SITES))
+    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
     return zone
 
 
@@ -119,8 +127,8 @@ def test_two_sites_give_the_weighted_mean(zone: ZoneAggregator) -> None:
 
 def test_summary_root_is_the_merkle_root_of_the_aggregate(zone: ZoneAggregator) -> None:
     a, b = make_update(1), make_update(2)
-    zone.push(manifest_for("site-a", a, weight=5.0), TOKEN, a)
-    zone.push(manifest_for("site-b", b, weight=7.0), TOKEN, b)
+    zone.push(manifest_for("site-a", a), TOKEN, a)
+    zone.push(manifest_for("site-b", b), TOKEN, b)
 
     summary = zone.close_round(1)[0]
     fetched = zone.fetch(1)
@@ -138,8 +146,8 @@ def test_summary_root_is_the_merkle_root_of_the_aggregate(zone: ZoneAggregator) 
 def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None:
     zone = open_zone(store_dir=tmp_path)
     a, b = make_update(1), make_update(2)
-    zone.push(manifest_for("site-a", a, weight=2.0), TOKEN, a)
-    zone.push(manifest_for("site-b", b, weight=1.0), TOKEN, b)
+    zone.push(manifest_for("site-a", a), TOKEN, a)
+    zone.push(manifest_for("site-b", b), TOKEN, b)
     summary = zone.close_round(1)[0]
     aggregate = zone.fetch(1).means
 
@@ -149,7 +157,7 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
 
     assert summary2 == summary
     assert summary2.sites == ("site-a", "site-b")
-    assert summary2.total_weight == 3.0
+    assert summary2.total_weight == 4.0
     assert set(aggregate2) == set(aggregate)
     for sid in aggregate:
         assert aggregate2[sid].dtype == aggregate[sid].dtype
@@ -229,7 +237,7 @@ def test_chunked_push_is_reassembled(zone: ZoneAggregator) -> None:
 def test_chunked_push_into_an_assembly_buffer() -> None:
     zone = open_zone()  # shards that arrive in more than one chunk are assembled in a preallocated buffer
     a = make_update(5)
-    with zone.begin_push(manifest_for("site-a", a, weight=2.0), TOKEN) as session:
+    with zone.begin_push(manifest_for("site-a", a), TOKEN) as session:
         for shard_id, values in a.items():
             raw = values.tobytes()
             for offset in range(0, len(raw), 24):

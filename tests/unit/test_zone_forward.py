@@ -18,7 +18,7 @@ from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, Rou
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.frames import shard_chunks
-from tests.zone_helpers import BASE, TOKEN, Shards, partial_from, random_update, reducing_policy
+from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, partial_from, random_update, reducing_policy
 
 SITES = ("site-a", "site-b")
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32), "b": np.zeros(5, np.float32)}, tile=(4, 4))
@@ -32,7 +32,7 @@ def sums(seed: int) -> Shards:
 @pytest.fixture
 def zone() -> ZoneAggregator:
     zone = ZoneAggregator("eu-1", "EU", residency=reducing_policy(PLAN, SITES))
-    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
     return zone
 
 
@@ -261,3 +261,78 @@ def test_an_encrypted_sum_needs_a_zone_with_a_ckks_context(zone: ZoneAggregator)
         "not an encrypted partial sum this zone sums",
         lambda: zone.receive_partial(PartialSum("us-1", 1, TOKEN, (entry,)), {"w#r0c0": blob}),
     )
+
+
+# contributors and weights: what the round fixed ------------------------------------------------
+
+
+def test_a_sum_naming_a_site_that_pushes_to_another_zone_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)  # site-b is in the EU: its shards come to eu-1 itself, never through us-1
+    refused(
+        zone,
+        RefusalCode.RESIDENCY,
+        "names site site-b, which pushes that shard to zone eu-1, not to us-1",
+        lambda: zone.receive_partial(partial_from(a, sites=("site-b",), weight=2.0), a),
+    )
+
+
+def test_a_sum_naming_a_site_not_selected_for_the_round_is_refused() -> None:
+    policy = reducing_policy(PLAN, (*SITES, "site-x"), us_sites=("site-a", "site-x"))
+    zone = ZoneAggregator("eu-1", "EU", residency=policy)
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.SITE,
+        "names site 'site-x', which was not selected for this round",
+        lambda: zone.receive_partial(partial_from(a, sites=("site-a", "site-x"), weight=5.0), a),
+    )
+
+
+@pytest.mark.parametrize("weight", [5.0, 1e9, 1e308])
+def test_a_sum_whose_weight_is_not_the_rounds_is_refused(zone: ZoneAggregator, weight: float) -> None:
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.WEIGHT,
+        "differs from 4, the round's weights of the sites it names",
+        lambda: zone.receive_partial(partial_from(a, weight=weight), a),
+    )
+
+
+def test_a_sum_naming_a_site_twice_is_refused(zone: ZoneAggregator) -> None:
+    a = sums(1)
+    refused(
+        zone,
+        RefusalCode.MALFORMED,
+        "names a site twice",
+        lambda: zone.receive_partial(partial_from(a, sites=("site-a", "site-a"), weight=8.0), a),
+    )
+
+
+def test_the_weight_of_a_sum_of_several_sites_is_the_sum_of_theirs() -> None:
+    policy = reducing_policy(PLAN, ("site-a", "site-b", "site-x"), us_sites=("site-a", "site-x"))
+    zone = ZoneAggregator("eu-1", "EU", residency=policy)
+    weights = (("site-a", 4.0), ("site-x", 0.1), ("site-b", 2.0))
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, ("site-a", "site-b", "site-x"), weights=weights))
+    a = sums(1)
+    assert zone.receive_partial(partial_from(a, sites=("site-a", "site-x"), weight=0.1 + 4.0), a) == len(a)
+    (summary,) = zone.close_round(1)
+    assert summary.total_weight == pytest.approx(4.1)
+
+
+@pytest.mark.parametrize("value", [4.0 * 1e4 * 1.001, 1e308])
+def test_a_sum_beyond_its_weight_times_max_value_is_refused(zone: ZoneAggregator, value: float) -> None:
+    a = sums(1)
+    a["w#r1c1"][0, 0] = value  # Σ w x with Σ w = 4 and |x| ≤ 1e4 reaches 4e4 at most
+    refused(
+        zone,
+        RefusalCode.BOUND,
+        r"shard w#r1c1: partial sum values reach .*, beyond Σ w · aggregation.max_value = 4e\+04",
+        lambda: zone.receive_partial(partial_from(a), a),
+    )
+
+
+def test_a_sum_at_its_bound_is_accepted(zone: ZoneAggregator) -> None:
+    a = {sid: np.full(PLAN.shard(sid).shape, -4.0 * 1e4) for sid in PLAN.shard_ids}
+    assert zone.receive_partial(partial_from(a), a) == len(a)

@@ -102,6 +102,7 @@ class GrpcZoneClient:
             base_version=spec.base_version,
             sites=list(spec.sites),
             base_versions=dict(spec.base_versions),
+            weights=dict(spec.weights),
         )
         try:
             self._stub.OpenRound(request, timeout=self.timeout)

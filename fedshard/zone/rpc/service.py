@@ -93,6 +93,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             request.base_version,
             tuple(request.sites),
             tuple(sorted(request.base_versions.items())),
+            tuple(sorted(request.weights.items())),
         )
         try:
             self.zone.open_round(spec, by=caller)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("round", "token", "plan_json", "base_version", "sites", "base_versions")
+    __slots__ = ("round", "token", "plan_json", "base_version", "sites", "base_versions", "weights")
     class BaseVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -15,19 +15,28 @@ class OpenRoundRequest(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class WeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     round: int
     token: str
     plan_json: str
     base_version: str
     sites: _containers.RepeatedScalarFieldContainer[str]
     base_versions: _containers.ScalarMap[str, str]
-    def __init__(self, round: _Optional[int] = ..., token: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_version: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., base_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    weights: _containers.ScalarMap[str, float]
+    def __init__(self, round: _Optional[int] = ..., token: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_version: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., base_versions: _Optional[_Mapping[str, str]] = ..., weights: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class OpenRoundReply(_message.Message):
     __slots__ = ()
