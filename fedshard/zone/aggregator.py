@@ -177,6 +177,12 @@ class ZoneAggregator:
             f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
         )
 
+    def refused_call(self, call: str, caller: str, code: RefusalCode, reason: str) -> None:
+        """Count and audit a refusal the service made of a whole call (``call``: the RPC,
+        e.g. ``push``; ``caller``: who made it, e.g. ``site:site-a``), before or beside its content."""
+        self.stats.refuse(reason)
+        self._record(Decision.REFUSED, call=call, caller=caller, code=code, reason=reason)
+
     def fold_push(
         self,
         state: OpenRound,

@@ -4,18 +4,25 @@ Errors leave as a refusal: a gRPC status chosen from the error's
 :class:`~fedshard.errors.RefusalCode`, the code in the trailing metadata and the
 one-line reason as details (:mod:`fedshard.zone.rpc.status`); nothing else (no
 traceback, no internal state) leaves the zone.
+
+The streaming calls (Push, Forward, FetchAggregate) run under the zone's
+:class:`~fedshard.zone.rpc.guard.StreamGuard`: a party holds at most
+``limits.streams_per_party`` of them, and one that waits on its peer too long is ended
+(:mod:`fedshard.zone.rpc.guard`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 
+from fedshard.config import ZoneLimits
 from fedshard.crypto.identity import Identity, Role
 from fedshard.crypto.tls import TlsFiles, peer_identity
 from fedshard.errors import FedshardError, PkiError, PushRejectedError, RefusalCode, ZoneError
@@ -25,12 +32,54 @@ from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.frames import Chunk
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.convert import GRPC_OPTIONS, chunk_of, chunks, summary_to_header
+from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_to_header
+from fedshard.zone.rpc.guard import StreamGuard, party_of, pool_size
 from fedshard.zone.rpc.status import abort_with
 
 __all__ = ["ZoneService", "serve"]
 
 log = logging.getLogger(__name__)
+
+_Reply = TypeVar("_Reply")
+_Fetch = Callable[["ZoneService", pb.FetchAggregateRequest, grpc.ServicerContext], Iterator[pb.AggregateFrame]]
+
+
+def _streaming(call: str) -> Callable[[Callable[..., _Reply]], Callable[..., _Reply]]:
+    """A client-streaming handler admitted by the guard, reading its frames through it."""
+
+    def wrap(handler: Callable[..., _Reply]) -> Callable[..., _Reply]:
+        @functools.wraps(handler)
+        def run(self: ZoneService, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> _Reply:
+            try:
+                stream = self.guard.admit(call, context, party_of(context, self.ca_pem))
+            except FedshardError as exc:
+                self._fail(context, exc)
+            with stream:
+                return handler(self, stream.frames(request_iterator), context)
+
+        return run
+
+    return wrap
+
+
+def _replying(call: str) -> Callable[[_Fetch], _Fetch]:
+    """A server-streaming handler admitted by the guard, sending its frames through it."""
+
+    def wrap(handler: _Fetch) -> _Fetch:
+        @functools.wraps(handler)
+        def run(
+            self: ZoneService, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
+        ) -> Iterator[pb.AggregateFrame]:
+            try:
+                stream = self.guard.admit(call, context, party_of(context, self.ca_pem))
+            except FedshardError as exc:
+                self._fail(context, exc)
+            with stream:
+                yield from stream.replies(handler(self, request, context))
+
+        return run
+
+    return wrap
 
 
 class ZoneService(pb_grpc.ZoneServicer):
@@ -38,12 +87,14 @@ class ZoneService(pb_grpc.ZoneServicer):
 
     With mTLS (``ca_pem`` given) a push is accepted only from the site its manifest
     names: the caller's identity comes from its certificate, not from the request.
+    ``limits`` bound what one caller may hold (see :mod:`fedshard.zone.rpc.guard`).
     """
 
-    def __init__(self, zone: ZoneAggregator, push_timeout: float = 600.0, ca_pem: bytes | None = None) -> None:
+    def __init__(self, zone: ZoneAggregator, ca_pem: bytes | None = None, limits: ZoneLimits | None = None) -> None:
         self.zone = zone
-        self.push_timeout = push_timeout
         self.ca_pem = ca_pem
+        self.limits = limits if limits is not None else ZoneLimits()
+        self.guard = StreamGuard(zone.name, self.limits, zone.refused_call)
 
     def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> NoReturn:
         log.info("zone %s refused (%s): %s", self.zone.name, error.code or "-", error)
@@ -64,13 +115,14 @@ class ZoneService(pb_grpc.ZoneServicer):
             self._fail(context, exc)
         return pb.OpenRoundReply()
 
+    @_streaming("push")
     def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
         try:
             first = self._header(request_iterator, "a push must start with its manifest")
             manifest = Manifest.from_bytes(first.header.manifest)
             certified = self._check_caller(context, manifest.site_id)
             with self.zone.begin_push(
-                manifest, first.header.round_token, self.push_timeout, certified=certified
+                manifest, first.header.round_token, self.limits.staging_wait_s, certified=certified
             ) as session:
                 self._feed(request_iterator, session.take, "manifest sent twice in one push")
                 receipt = session.commit()
@@ -114,13 +166,14 @@ class ZoneService(pb_grpc.ZoneServicer):
         except PkiError as exc:
             raise PushRejectedError(f"zone {self.zone.name}: {exc}", RefusalCode.IDENTITY) from None
 
+    @_streaming("forward")
     def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
         try:
             first = self._header(request_iterator, "a forward must start with its header")
             partial = PartialSum.from_bytes(first.header.manifest)
             caller = self._caller(context, Role.ZONE)
             certified = caller.name if caller is not None else None
-            with self.zone.begin_forward(partial, self.push_timeout, certified=certified) as session:
+            with self.zone.begin_forward(partial, self.limits.staging_wait_s, certified=certified) as session:
                 self._feed(request_iterator, session.take, "header sent twice in one forward")
                 shards = session.commit()
         except FedshardError as exc:
@@ -138,6 +191,7 @@ class ZoneService(pb_grpc.ZoneServicer):
         except FedshardError as exc:
             self._fail(context, exc)
 
+    @_replying("fetch")
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AggregateFrame]:
@@ -161,16 +215,29 @@ class ZoneService(pb_grpc.ZoneServicer):
 
 
 def serve(
-    zone: ZoneAggregator, address: str = "127.0.0.1:0", max_workers: int = 16, tls: TlsFiles | None = None
+    zone: ZoneAggregator,
+    address: str = "127.0.0.1:0",
+    max_workers: int | None = None,
+    tls: TlsFiles | None = None,
+    *,
+    limits: ZoneLimits | None = None,
+    parties: int = 4,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
 
     With ``tls`` the zone requires mutual TLS (client certificates signed by the
     federation CA); without it the data plane is plain text, for loopback only.
+    ``limits`` bound what each caller may hold; the worker pool is ``max_workers``,
+    else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties`` (the sites and
+    zones that may stream to it).
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+    limits = limits if limits is not None else ZoneLimits()
+    workers = max_workers if max_workers is not None else pool_size(limits, parties)
+    options = server_options(limits.header_mb << 20)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
     ca_pem = tls.read()[2] if tls is not None else None
-    pb_grpc.add_ZoneServicer_to_server(ZoneService(zone, ca_pem=ca_pem), server)  # type: ignore[no-untyped-call]
+    service = ZoneService(zone, ca_pem=ca_pem, limits=limits)
+    pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
     if port == 0:
         raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")
