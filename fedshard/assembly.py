@@ -337,9 +337,10 @@ def make_zone(
 
     With ``routing`` the zone enforces the federation's residency policy; with
     ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
-    presents when it forwards partial sums to the reducing zone.
+    presents when it forwards partial sums to the reducing zone, and its key signs
+    the audit log's head.
     """
-    from fedshard.residency.audit import AuditLog
+    from fedshard.residency.audit import AuditLog, HeadSigner
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
     he_context = None
@@ -350,7 +351,8 @@ def make_zone(
     audit = None
     if store is not None:
         Path(store).mkdir(parents=True, exist_ok=True)
-        audit = AuditLog(Path(store) / AUDIT_FILE)
+        signer = HeadSigner.from_files(tls.key, tls.cert) if tls is not None else None  # unsigned when insecure
+        audit = AuditLog(Path(store) / AUDIT_FILE, signer=signer)
     return ZoneAggregator(
         zone.name,
         zone.region,

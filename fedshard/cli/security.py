@@ -13,7 +13,7 @@ from fedshard.errors import FedshardError
 __all__ = ["audit_app", "keys_app", "pki_app"]
 
 pki_app = typer.Typer(no_args_is_help=True, help="The federation PKI: CA, zone and site certificates.")
-audit_app = typer.Typer(no_args_is_help=True, help="Zone audit logs (append-only, hash-chained).")
+audit_app = typer.Typer(no_args_is_help=True, help="Zone audit logs (append-only, hash-chained, signed).")
 keys_app = typer.Typer(
     no_args_is_help=True, help="Keys: provision a federation, CKKS contexts, rotate a shard store's key."
 )
@@ -85,18 +85,50 @@ def pki_issue_coordinator(
 @audit_app.command("verify")
 def audit_verify(
     log: Annotated[Path, typer.Option("--log", help="A zone's audit log (JSON lines)")],
+    cert: Annotated[
+        Path | None, typer.Option("--cert", help="The zone's certificate: its key must have signed the head")
+    ] = None,
+    ca: Annotated[
+        Path | None, typer.Option("--ca", help="The federation CA: the head must be signed by a zone it issued")
+    ] = None,
     head: Annotated[
         str | None, typer.Option("--head", help="Chain head recorded elsewhere, to detect a cut tail")
     ] = None,
+    allow_adopted: Annotated[
+        bool,
+        typer.Option("--allow-adopted", help="Accept lines the zone adopted unsigned on restart, once checked"),
+    ] = False,
 ) -> None:
-    """Check the audit log's hash chain; exit 2 naming the first bad line if it is broken."""
-    from fedshard.residency.audit import verify_audit_log
+    """Check the audit log's hash chain and the zone's signed head (``audit.head.json`` beside it).
 
-    verdict = verify_audit_log(log, expected_head=head)
+    Exit 2 with one line naming the first bad record: an altered, removed or moved
+    line, lines appended after the signed head, a cut tail, or a bad signature.
+    With --cert or --ca the log must be signed.
+    """
+    from fedshard.residency.audit import HeadVerifier, verify_audit_log
+
+    verifier = HeadVerifier.from_files(cert, ca) if cert is not None or ca is not None else None
+    verdict = verify_audit_log(log, expected_head=head, verifier=verifier, allow_adopted=allow_adopted)
     if not verdict.ok:
-        where = f"line {verdict.first_bad_line}: " if verdict.first_bad_line else ""
-        raise FedshardError(f"audit log {log} is broken at {where}{verdict.reason}")
-    console.print(f"audit log {log}: {verdict.lines} lines, chain intact, head {verdict.head}", highlight=False)
+        raise FedshardError(f"audit log {log} fails verification: {verdict.reason}")
+    summary = f"audit log {log}: {verdict.lines} lines, chain intact, head {verdict.head}"
+    signed = verdict.signed
+    if signed is None:
+        console.print(
+            f"{summary}; NOT signed (the zone ran without a key): records appended to it "
+            "or cut from its end cannot be told from the zone's",
+            highlight=False,
+        )
+        return
+    by = f"signed by zone {signed.zone} (fingerprint {signed.fingerprint[:16]}…) at line {signed.lines}"
+    if not signed.trusted:
+        by += "; certificate NOT checked: pass --cert or --ca to trust the signature"
+    console.print(f"{summary}, {by}", highlight=False)
+    for a in verdict.adopted:
+        console.print(
+            f"accepted: lines {a.first}-{a.last} were unsigned ({a.cause}), adopted by the zone at line {a.at}",
+            highlight=False,
+        )
 
 
 @keys_app.command("he-init")

@@ -1,4 +1,4 @@
-"""Append-only, hash-chained audit log of a zone's residency decisions (JSON lines).
+"""Append-only, hash-chained, signed audit log of a zone's decisions (JSON lines).
 
 Each line is one record, canonical JSON, keys in a fixed order::
 
@@ -11,36 +11,76 @@ for the first) and::
 
 where canonical JSON sorts keys at every level, has no spaces and escapes non-ASCII.
 Changing, removing, inserting or moving a line therefore breaks the chain at that
-line, and :func:`verify_audit_log` names it. Removing lines from the *end* leaves a
-shorter valid chain; to detect that, keep the :attr:`AuditLog.head` somewhere else
-(a signed round summary, another machine) and pass it as ``expected_head``.
+line, and :func:`verify_audit_log` names it.
+
+A chain alone cannot show records *appended* by someone who can write the file, nor
+records cut off its *end*. So a zone with a key (mutual TLS) signs its head after
+every append, in ``audit.head.json`` next to the log (format:
+:mod:`fedshard.residency.audit_head`): records after the signed head, a head the
+chain does not reach or no longer matches, and a signature by another key are all
+reported. A head lost in a crash between an append and its signature (or records
+appended while the zone was down) is not silently signed over: on reopening, the
+zone appends an ``adopted`` record naming the unsigned lines, and verification
+reports them unless told to accept them. Rolling back log *and* head file together
+to an earlier signed state is not detectable from the files alone: anchor the head
+elsewhere too (``audit_head`` in round summaries) and pass it as ``expected_head``.
+Without a key (``--insecure``) the log is unsigned, and verification says so.
 
 An :class:`AuditLog` continues an existing file's chain, refuses a file whose chain
-is broken (it is evidence: keep it, start a new one), takes an exclusive lock so
-that two processes never interleave lines, and serialises appends from many threads.
+(or signed head) is broken (it is evidence: keep it, start a new one), takes an
+exclusive lock so that two processes never interleave lines, and serialises appends
+from many threads.
+
+Stability contract: a stored record never changes meaning; the reserved keys, the
+hash rule and the ``adopted`` record's fields (``unsigned_from``, ``unsigned_to``,
+``cause``) stay as written here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
-from fedshard.errors import StoreError
+from fedshard.errors import PkiError, StoreError
+from fedshard.residency.audit_head import (
+    HeadFile,
+    HeadSignature,
+    HeadSigner,
+    HeadVerifier,
+    SignedHead,
+    head_path,
+    read_head,
+)
 
 if sys.platform != "win32":
     import fcntl
 
-__all__ = ["GENESIS", "AuditLog", "AuditRecord", "AuditVerdict", "Decision", "verify_audit_log"]
+__all__ = [
+    "GENESIS",
+    "Adoption",
+    "AuditLog",
+    "AuditRecord",
+    "AuditVerdict",
+    "Decision",
+    "HeadSignature",
+    "HeadSigner",
+    "HeadVerifier",
+    "verify_audit_log",
+]
+
+_log = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
 """``prev`` of the first record."""
@@ -57,6 +97,8 @@ class Decision(StrEnum):
     FORWARDED = "forwarded"
     PUBLISHED = "published"
     SERVED = "served"
+    ADOPTED = "adopted"
+    """Written by the log itself on reopening: lines it found without a signed head."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +119,26 @@ class AuditRecord:
 
 
 @dataclass(frozen=True)
+class Adoption:
+    """Lines the zone found without a signed head when it reopened its log, and adopted.
+
+    Attributes
+    ----------
+    first, last:
+        The unsigned lines (1-based, inclusive).
+    at:
+        The line of the ``adopted`` record that names them.
+    cause:
+        Why they were unsigned, as the zone saw it.
+    """
+
+    first: int
+    last: int
+    at: int
+    cause: str
+
+
+@dataclass(frozen=True)
 class AuditVerdict:
     """Result of :func:`verify_audit_log`.
 
@@ -91,7 +153,13 @@ class AuditVerdict:
     first_bad_line:
         1-based number of the first line that does not verify; ``None`` when ``ok``.
     reason:
-        Why that line does not verify; ``None`` when ``ok``.
+        Why that line (or the signed head) does not verify; ``None`` when ``ok``.
+    signed:
+        Who signed the head and how many lines it covers; ``None`` for an unsigned log.
+    adopted:
+        Lines written without a signature and adopted by the zone on reopening.
+    decisions:
+        How many verified records there are of each decision.
     """
 
     ok: bool
@@ -99,6 +167,9 @@ class AuditVerdict:
     head: str
     first_bad_line: int | None = None
     reason: str | None = None
+    signed: HeadSignature | None = None
+    adopted: tuple[Adoption, ...] = ()
+    decisions: Mapping[str, int] = field(default_factory=dict)
 
 
 class AuditLog:
@@ -112,25 +183,39 @@ class AuditLog:
         Returns the current time in seconds (for tests); default :func:`time.time`.
     durable:
         ``fsync`` after every append, so an acknowledged decision survives a crash.
+    signer:
+        The zone's key: sign the head after every append (:mod:`~fedshard.residency.audit_head`).
+        Without one the log is unsigned.
 
     Raises
     ------
     StoreError
-        The file cannot be opened, another process has it open, or its chain is broken.
+        The file cannot be opened, another process has it open, or its chain or
+        signed head is broken.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time, durable: bool = True
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        durable: bool = True,
+        signer: HeadSigner | None = None,
     ) -> None:
         self.path = Path(path)
+        self.head_path = head_path(self.path)
         self._clock = clock
         self._durable = durable
+        self._signer = signer
+        self._head_file: HeadFile | None = None
         self._lock = threading.Lock()
         existed = self.path.exists()
         self._fd = _open_locked(self.path)
+        self._closed = False
         try:
             with open(self.path, "rb") as fh:
-                verdict = _scan(fh, self.path)
+                scan = _scan(fh, self.path)
+            verdict = scan.verdict
             if not verdict.ok:
                 raise StoreError(
                     f"audit log {self.path} is broken: {verdict.reason}; "
@@ -139,18 +224,45 @@ class AuditLog:
             self._size = os.fstat(self._fd).st_size
             if durable and not existed and os.name == "posix":
                 _fsync_dir(self.path.parent)  # the new file's name must survive a crash too
-        except StoreError:
-            os.close(self._fd)
+            self._seq = verdict.lines
+            self._head = verdict.head
+            self._counts = Counter(verdict.decisions)
+            if signer is not None:
+                self._resume_signing(signer)
+        except BaseException as exc:
+            self._release()
+            if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+                raise StoreError(f"cannot open audit log {self.path}: {exc.strerror or exc}") from None
             raise
-        except OSError as exc:
-            os.close(self._fd)
-            raise StoreError(f"cannot open audit log {self.path}: {exc.strerror or exc}") from None
-        except BaseException:
-            os.close(self._fd)
-            raise
-        self._seq = verdict.lines
-        self._head = verdict.head
-        self._closed = False
+
+    def _resume_signing(self, signer: HeadSigner) -> None:
+        """Check the signed head against the chain; adopt unsigned trailing lines; sign the head."""
+        where = f"audit log {self.path}"
+        try:
+            signed = read_head(self.head_path)
+        except ValueError as exc:
+            raise StoreError(f"{where}: its head file {self.head_path} {exc}; keep both as evidence") from None
+        covered = 0
+        if signed is not None:
+            try:
+                HeadVerifier().check(signed)
+            except PkiError as exc:
+                raise StoreError(f"{where}: {exc}; keep the log and its head file as evidence") from None
+            if signed.zone != signer.zone:
+                raise StoreError(f"{where} is signed by zone {signed.zone!r}, not {signer.zone!r}: another zone's log")
+            problem = _head_problem(self.path, signed, self._seq)
+            if problem is not None:
+                raise StoreError(f"{where}: {problem}; keep the log and its head file as evidence")
+            covered = signed.lines
+        # Sign the chain as it is first (so that the head file is this zone's, written
+        # atomically), then record any adoption: that record's own head covers it.
+        self._head_file = HeadFile(
+            self.head_path, signer.sign(covered, signed.head if signed else GENESIS, self._clock())
+        )
+        if covered < self._seq:
+            cause = "no signed head" if signed is None else f"after the signed head (line {covered})"
+            _log.warning("%s: lines %d-%d are not signed (%s); adopting them", where, covered + 1, self._seq, cause)
+            self.append(Decision.ADOPTED, unsigned_from=covered + 1, unsigned_to=self._seq, cause=cause)
 
     @property
     def head(self) -> str:
@@ -163,6 +275,16 @@ class AuditLog:
         """Number of records in the log."""
         with self._lock:
             return self._seq
+
+    @property
+    def signed(self) -> bool:
+        """Whether the zone signs this log's head."""
+        return self._signer is not None
+
+    def counts(self) -> dict[str, int]:
+        """How many records of each decision the log holds (including those before it was reopened)."""
+        with self._lock:
+            return dict(self._counts)
 
     def append(self, decision: str, **fields: Any) -> AuditRecord:
         """Append one record and return it.
@@ -201,6 +323,9 @@ class AuditLog:
             self._write(line)
             self._seq += 1
             self._head = digest
+            self._counts[body["decision"]] += 1
+            if self._signer is not None:
+                self._sign(self._signer)
         fixed = {k: v for k, v in body.items() if k not in _RESERVED}
         return AuditRecord(body["seq"], body["time"], body["decision"], MappingProxyType(fixed), body["prev"], digest)
 
@@ -208,8 +333,30 @@ class AuditLog:
         """Release the file (and its lock); further appends fail."""
         with self._lock:
             if not self._closed:
-                self._closed = True
-                os.close(self._fd)
+                self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        try:
+            if self._head_file is not None:
+                self._head_file.close(durable=self._durable)  # fsync once, not per append: see HeadFile
+        except OSError as exc:
+            _log.error("audit log %s: cannot flush its signed head %s: %s", self.path, self.head_path, exc)
+        finally:
+            os.close(self._fd)
+
+    def _sign(self, signer: HeadSigner) -> None:
+        """Sign the current head and replace the head file (holding ``_lock``, or from ``__init__``)."""
+        if self._head_file is None:
+            return  # opening failed before the head file was written
+        signed = signer.sign(self._seq, self._head, self._clock())
+        try:
+            self._head_file.write(signed)
+        except OSError as exc:
+            # The record is written (and durable): failing the append now would make the
+            # caller think it was not. The next append signs again; until then verification
+            # reports the line as unsigned, and a reopen adopts it.
+            _log.error("audit log %s: cannot write its signed head %s: %s", self.path, self.head_path, exc)
 
     def __enter__(self) -> AuditLog:
         return self
@@ -236,38 +383,111 @@ class AuditLog:
         self._size += len(line)
 
 
-def verify_audit_log(path: str | os.PathLike[str], *, expected_head: str | None = None) -> AuditVerdict:
-    """Check an audit log's chain line by line.
+def verify_audit_log(
+    path: str | os.PathLike[str],
+    *,
+    expected_head: str | None = None,
+    verifier: HeadVerifier | None = None,
+    allow_adopted: bool = False,
+) -> AuditVerdict:
+    """Check an audit log's chain line by line, and its signed head.
 
     Parameters
     ----------
     path:
-        The log file.
+        The log file; its signed head is read from ``audit.head.json`` beside it.
     expected_head:
         A head recorded earlier (:attr:`AuditLog.head`); the log must still contain it,
         which detects lines removed from the end.
+    verifier:
+        Checks the head's signature against a pinned zone certificate and/or the
+        federation CA; the log must then be signed. Without one, a signature is
+        checked against the certificate in the head file only (``signed.trusted``
+        is ``False``) and an unsigned log passes (``signed`` is ``None``).
+    allow_adopted:
+        Accept lines the zone adopted on reopening (see :class:`Adoption`);
+        by default they fail verification, since they may have been appended by anyone.
 
     Returns
     -------
     AuditVerdict
-        ``ok``, lines verified, head, and the first bad line with the reason.
+        ``ok``, lines verified, head, the first bad line with the reason, and who signed.
 
     Notes
     -----
     Checking a log that a zone is writing to may catch its last line half written
-    (reported as truncated); check a copy, or check again.
+    (reported as truncated) or a line not yet signed; check a copy, or check again.
 
     Raises
     ------
     StoreError
-        The file cannot be read.
+        The file (or its head file) cannot be read.
     """
     p = Path(path)
+    hp = head_path(p)
     try:
         with open(p, "rb") as fh:
-            return _scan(fh, p, expected_head)
+            scan = _scan(fh, p, expected_head)
     except OSError as exc:
         raise StoreError(f"cannot read audit log {p}: {exc.strerror or exc}") from None
+    verdict = scan.verdict
+    if not verdict.ok:
+        return verdict
+    try:
+        signed_raw = read_head(hp)
+    except ValueError as exc:
+        return replace(verdict, ok=False, reason=f"head file {hp} {exc}")
+    except OSError as exc:
+        raise StoreError(f"cannot read the signed head {hp}: {exc.strerror or exc}") from None
+    if signed_raw is None:
+        if verifier is not None and verifier.anchored:
+            return replace(verdict, ok=False, reason=f"the log is not signed: no head file {hp}")
+        return verdict
+    try:
+        signature = (verifier or HeadVerifier()).check(signed_raw)
+    except PkiError as exc:
+        return replace(verdict, ok=False, reason=f"head file {hp}: {exc}")
+    problem = _head_problem(p, signed_raw, verdict.lines)
+    if problem is not None:
+        first = verdict.lines + 1 if signed_raw.lines > verdict.lines else signed_raw.lines
+        return replace(verdict, ok=False, first_bad_line=first, reason=problem, signed=signature)
+    adopted = tuple(a for a in scan.adoptions if a.at <= signed_raw.lines)
+    if verdict.lines > signed_raw.lines:
+        n, last = signed_raw.lines, verdict.lines
+        span = f"line {n + 1} was" if last == n + 1 else f"lines {n + 1}-{last} were"
+        reason = f"{span} appended after the head the zone signed (line {n}): not written by the zone"
+        return replace(verdict, ok=False, first_bad_line=n + 1, reason=reason, signed=signature, adopted=adopted)
+    if adopted and not allow_adopted:
+        a = adopted[0]
+        reason = (
+            f"lines {a.first}-{a.last} were not signed when written ({a.cause}); the zone adopted them "
+            f"at line {a.at} when it reopened the log: a crash between an append and its signature, "
+            "or records appended while the zone was down; check them, then pass --allow-adopted"
+        )
+        return replace(verdict, ok=False, first_bad_line=a.first, reason=reason, signed=signature, adopted=adopted)
+    return replace(verdict, signed=signature, adopted=adopted)
+
+
+def _head_problem(path: Path, signed: SignedHead, lines: int) -> str | None:
+    """Why the signed head does not match the log's chain of ``lines`` lines; ``None`` if it does."""
+    if signed.lines > lines:
+        gone = f"line {signed.lines} was" if signed.lines == lines + 1 else f"lines {lines + 1}-{signed.lines} were"
+        return f"the signed head covers {signed.lines} lines but the log has {lines}: {gone} removed from its end"
+    if signed.lines == 0:
+        at = GENESIS
+    else:
+        with open(path, "rb") as fh:
+            at = _hash_at(fh, signed.lines)
+    if at != signed.head:
+        return f"line {signed.lines} does not match the signed head: the log was rewritten up to there"
+    return None
+
+
+def _hash_at(fh: BinaryIO, number: int) -> str:
+    for n, raw in enumerate(_lines(fh), start=1):
+        if n == number:
+            return str(json.loads(raw)["hash"])
+    return ""
 
 
 def record_hash(body: Mapping[str, Any]) -> str:
@@ -287,19 +507,33 @@ def _render(record: Mapping[str, Any]) -> bytes:
     return b"{" + b",".join(parts) + b"}"
 
 
-def _scan(fh: BinaryIO, path: Path, expected_head: str | None = None) -> AuditVerdict:
+@dataclass(frozen=True)
+class _Scan:
+    verdict: AuditVerdict
+    adoptions: tuple[Adoption, ...]
+
+
+def _scan(fh: BinaryIO, path: Path, expected_head: str | None = None) -> _Scan:
     head, count, seen = GENESIS, 0, expected_head is None
+    decisions: Counter[str] = Counter()
+    adoptions: list[Adoption] = []
     for number, raw in enumerate(_lines(fh), start=1):
         try:
-            head = _check_line(raw, number, head)
+            head, record = _check_line(raw, number, head)
         except _BadLineError as bad:
-            return AuditVerdict(False, count, head, number, f"line {number} {bad}")
+            verdict = AuditVerdict(False, count, head, number, f"line {number} {bad}", decisions=dict(decisions))
+            return _Scan(verdict, tuple(adoptions))
         count = number
         seen = seen or head == expected_head
+        decisions[record["decision"]] += 1
+        if record["decision"] == Decision.ADOPTED:
+            first, last = record.get("unsigned_from"), record.get("unsigned_to")
+            if isinstance(first, int) and isinstance(last, int):
+                adoptions.append(Adoption(first, last, number, str(record.get("cause", ""))))
     if not seen:
         reason = f"head {expected_head} is not in the log: lines were removed from its end"
-        return AuditVerdict(False, count, head, count + 1, reason)
-    return AuditVerdict(True, count, head)
+        return _Scan(AuditVerdict(False, count, head, count + 1, reason, decisions=dict(decisions)), tuple(adoptions))
+    return _Scan(AuditVerdict(True, count, head, decisions=dict(decisions)), tuple(adoptions))
 
 
 def _lines(fh: BinaryIO) -> Iterator[bytes]:
@@ -308,8 +542,8 @@ def _lines(fh: BinaryIO) -> Iterator[bytes]:
         yield raw
 
 
-def _check_line(raw: bytes, number: int, prev: str) -> str:
-    """The line's hash if it follows ``prev`` correctly; :class:`_BadLineError` saying why not otherwise."""
+def _check_line(raw: bytes, number: int, prev: str) -> tuple[str, dict[str, Any]]:
+    """The line's hash and record if it follows ``prev`` correctly; :class:`_BadLineError` saying why not."""
     if not raw.endswith(b"\n"):
         raise _BadLineError("is truncated (no newline at the end): an append did not finish")
     try:
@@ -331,7 +565,7 @@ def _check_line(raw: bytes, number: int, prev: str) -> str:
         raise _BadLineError(f"has seq {record['seq']}, expected {number}: lines were removed, inserted or moved")
     if record["prev"] != prev:
         raise _BadLineError("does not follow the line before it: lines were removed, inserted or moved")
-    return str(digest)
+    return str(digest), record
 
 
 def _refuse_constant(name: str) -> None:

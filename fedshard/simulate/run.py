@@ -137,8 +137,19 @@ def _run_inprocess(
             z.close()
 
 
-def _site_summary(site: SiteInfo, privacy: dict[str, Any] | None) -> dict[str, Any]:
+def site_versions(result: RunResult) -> dict[str, str]:
+    """The model version each site should hold after the run: its residency group's, else the federation's."""
+    last = result.rounds[-1].versions if result.rounds else {}
+    out = {s.site_id: result.version for s in result.sites}
+    for group, members in result.groups.items():
+        if group in last:
+            out.update(dict.fromkeys(members, last[group]))
+    return out
+
+
+def _site_summary(site: SiteInfo, privacy: dict[str, Any] | None, version: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"id": site.site_id, "jurisdiction": site.jurisdiction, "examples": site.num_examples}
+    entry["model_version"] = version  # what `fedshard verify --version` compares a site's store with
     if privacy is not None:
         entry.update(
             epsilon_budget=privacy["epsilon_budget"],
@@ -165,6 +176,7 @@ def build_summary(
 ) -> dict[str, Any]:
     """The ``summary.json`` contract (see README)."""
     last = result.rounds[-1] if result.rounds else None
+    versions = site_versions(result)
     return {
         "federation": config.federation.name,
         "engine": engine,
@@ -193,7 +205,7 @@ def build_summary(
             }
             for r in result.rounds
         ],
-        "sites": [_site_summary(s, result.privacy.get(s.site_id)) for s in result.sites],
+        "sites": [_site_summary(s, result.privacy.get(s.site_id), versions[s.site_id]) for s in result.sites],
         "residency_groups": result.groups,
         "zones": zones,
         "stopped_reason": result.stopped_reason,

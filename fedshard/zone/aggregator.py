@@ -40,6 +40,7 @@ from fedshard.errors import (
     ZoneError,
 )
 from fedshard.integrity import Manifest
+from fedshard.protocol.codes import refusal_code
 from fedshard.protocol.rounds import (
     DEFAULT_GROUP,
     GLOBAL_GROUP,
@@ -52,6 +53,7 @@ from fedshard.protocol.rounds import (
 )
 from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
+from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.policy import ZonePolicy
@@ -123,21 +125,31 @@ class ZoneAggregator:
             self.audit.append(decision, zone=self.name, region=self.region, **fields)
 
     # round lifecycle --------------------------------------------------------------------
-    def open_round(self, spec: RoundSpec) -> None:
-        """Start accepting pushes for ``spec.round``."""
-        plan = ShardPlan.from_json(spec.plan_json)
-        if self.residency is not None:
-            unknown = [sid for sid in plan.shard_ids if sid not in self.residency.classes]
-            if unknown:
-                raise ZoneError(
-                    f"zone {self.name}: the round's shard plan has shard {unknown[0]} that this zone's "
-                    "classification does not know (zone and sites run different models or configs)",
-                    RefusalCode.INVALID,
-                )
-        with self._lock:
-            if spec.round in self._rounds or spec.round in self._closed:
-                raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
-            self._rounds[spec.round] = OpenRound(spec, plan)
+    def open_round(self, spec: RoundSpec, *, by: str = "-") -> None:
+        """Start accepting pushes for ``spec.round``; ``by`` names the caller in the audit log."""
+        try:
+            plan = ShardPlan.from_json(spec.plan_json)
+            if self.residency is not None:
+                unknown = [sid for sid in plan.shard_ids if sid not in self.residency.classes]
+                if unknown:
+                    raise ZoneError(
+                        f"zone {self.name}: the round's shard plan has shard {unknown[0]} that this zone's "
+                        "classification does not know (zone and sites run different models or configs)",
+                        RefusalCode.INVALID,
+                    )
+            with self._lock:
+                if spec.round in self._rounds or spec.round in self._closed:
+                    raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
+                self._rounds[spec.round] = OpenRound(spec, plan)
+        except FedshardError as exc:
+            self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
+            raise
+        self._record(Call.OPEN, by=by, round=spec.round, sites=len(spec.sites))
+
+    def refused_call(self, call: str, caller: str, code: RefusalCode, reason: str, **fields: Any) -> None:
+        """Count and audit a refused call (one the zone refused before or outside a push)."""
+        self.stats.refuse(reason)
+        self._record(Decision.REFUSED, call=call, by=caller, code=code, reason=reason, **fields)
 
     def begin_push(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
@@ -176,12 +188,6 @@ class ZoneAggregator:
         return PushRejectedError(
             f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
         )
-
-    def refused_call(self, call: str, caller: str, code: RefusalCode, reason: str) -> None:
-        """Count and audit a refusal the service made of a whole call (``call``: the RPC,
-        e.g. ``push``; ``caller``: who made it, e.g. ``site:site-a``), before or beside its content."""
-        self.stats.refuse(reason)
-        self._record(Decision.REFUSED, call=call, caller=caller, code=code, reason=reason)
 
     def fold_push(
         self,
@@ -325,13 +331,34 @@ class ZoneAggregator:
             contributors=who,
         )
 
-    def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
+    def close_round(
+        self, round: int, forward_to: tuple[str, str] | None = None, *, by: str = "-"
+    ) -> list[AggregateSummary]:
         """Stop accepting pushes for ``round`` and publish its aggregates, one per group.
 
         The partial sums of ``global`` shards go to ``forward_to`` (the reducing
         zone's ``(name, endpoint)``) unless this zone is the reducing zone; close the
-        other zones first, so that their partial sums have arrived.
+        other zones first, so that their partial sums have arrived. If forwarding
+        fails the round stays open, so closing it can be retried.
         """
+        try:
+            return self._close(round, forward_to, by)
+        except FedshardError as exc:
+            self.refused_call(Call.CLOSE, by, refusal_code(exc), str(exc), round=round)
+            raise
+
+    def _close(self, round: int, forward_to: tuple[str, str] | None, by: str) -> list[AggregateSummary]:
+        reducer = self.residency is not None and self.residency.is_reducer
+        if (
+            forward_to is not None
+            and self.residency is not None
+            and forward_to[0] != self.residency.router.reducing_zone
+        ):
+            raise ZoneError(
+                f"zone {self.name}: round {round}: partial sums go to the reducing zone "
+                f"{self.residency.router.reducing_zone}, not {forward_to[0]}",
+                RefusalCode.INVALID,
+            )
         with self._lock:
             state = self._rounds.pop(round, None)
             if state is None:
@@ -339,13 +366,15 @@ class ZoneAggregator:
                     return self._published.summaries(round)
                 raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
             self._closed.add(round)
-        reducer = self.residency is not None and self.residency.is_reducer
         if not reducer:
             try:
                 self._forward(state, forward_to)
             except FedshardError:
-                self._closed.discard(round)
+                with self._lock:  # the round is not lost: closing it again retries the forward
+                    self._closed.discard(round)
+                    self._rounds[round] = state
                 raise
+        self._record(Call.CLOSE, by=by, round=round, sites=len(state.counted))
         summaries = []
         for group in state.group_names():
             if group == GLOBAL_GROUP and not reducer:
@@ -378,13 +407,16 @@ class ZoneAggregator:
                 RefusalCode.PRIVACY,
             )
 
-    def abort_round(self, round: int) -> None:
+    def abort_round(self, round: int, *, by: str = "-") -> None:
         """Discard ``round`` without publishing anything."""
         with self._lock:
-            self._rounds.pop(round, None)
+            state = self._rounds.pop(round, None)
+        self._record(Call.ABORT, by=by, round=round, was_open=state is not None)
 
     # serving aggregates (kept by fedshard.zone.publish) ---------------------------------------
-    def fetch(self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None) -> Aggregate:
+    def fetch(
+        self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None, by: str = "-"
+    ) -> Aggregate:
         """The published aggregate ``group`` of ``round``: summary, means and encrypted sums.
 
         With residency on, ``jurisdiction`` (the requesting site's, from its
@@ -399,7 +431,11 @@ class ZoneAggregator:
         ResidencyViolationError
             With code :attr:`~RefusalCode.NOT_SERVED`: the policy does not let ``jurisdiction`` receive it.
         """
-        aggregate, contributors = self._published.load(round, group)
+        try:
+            aggregate, contributors = self._published.load(round, group)
+        except FedshardError as exc:
+            self.refused_call(Call.FETCH, by, refusal_code(exc), str(exc), round=round, group=group)
+            raise
         if self.residency is not None:
             try:
                 if jurisdiction is None:
@@ -408,9 +444,11 @@ class ZoneAggregator:
                     )
                 self.residency.check_serve(group, contributors, jurisdiction)
             except ResidencyViolationError as exc:
-                self.stats.refuse(str(exc))
-                self._record(Decision.REFUSED, round=round, group=group, to=jurisdiction or "?", reason=str(exc))
-                raise ResidencyViolationError(f"zone {self.name}: {exc}", code=RefusalCode.NOT_SERVED) from None
+                code = RefusalCode.NOT_SERVED
+                self.refused_call(Call.FETCH, by, code, str(exc), round=round, group=group, to=jurisdiction or "?")
+                raise ResidencyViolationError(f"zone {self.name}: {exc}", code=code) from None
+        self.stats.served += 1
+        self._record(Decision.SERVED, call=Call.FETCH, by=by, round=round, group=group, to=jurisdiction or "?")
         return aggregate
 
     def close(self) -> None:

@@ -181,18 +181,19 @@ class ForwardSession:
     def __exit__(self, *exc: object) -> None:
         self.abort()
 
-    def _reject(self, code: RefusalCode, reason: str) -> PushRejectedError:
+    def refuse(self, code: RefusalCode, reason: str) -> PushRejectedError:
+        """End the forward as refused (counted and audited); the error to raise."""
         self.abort()
         return self._zone.refused_partial(self.partial, code, reason)
 
     def take(self, chunk: Chunk) -> None:
         """Take one chunk of a partial sum (the first of each shard carries dtype and shape)."""
         if self._done:
-            raise self._reject(RefusalCode.STATE, "forward already finished")
+            raise self.refuse(RefusalCode.STATE, "forward already finished")
         try:
             done = self._frames.add(chunk)
         except FrameError as exc:
-            raise self._reject(exc.code, exc.reason) from None
+            raise self.refuse(exc.code, exc.reason) from None
         if done is None:
             return
         sid, values = done
@@ -200,20 +201,20 @@ class ForwardSession:
             try:
                 self._ciphertexts[sid] = load_ciphertexts(self._zone.he_context, sid, values)
             except IntegrityError as exc:
-                raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
+                raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
         elif not all_finite(values):
-            raise self._reject(RefusalCode.NON_FINITE, f"shard {sid}: non-finite values or weight")
+            raise self.refuse(RefusalCode.NON_FINITE, f"shard {sid}: non-finite values or weight")
         else:
             self._sums[sid] = values
 
     def commit(self) -> int:
         """Check the forward is complete, then fold it into the round; the number of shards folded."""
         if self._done:
-            raise self._reject(RefusalCode.STATE, "forward already finished")
+            raise self.refuse(RefusalCode.STATE, "forward already finished")
         try:
             self._frames.finish()
         except FrameError as exc:
-            raise self._reject(exc.code, exc.reason) from None
+            raise self.refuse(exc.code, exc.reason) from None
         folded = self._zone.fold_partial(self._state, self.partial, self._sums, self._ciphertexts)
         self.abort()
         return folded

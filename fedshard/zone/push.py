@@ -194,7 +194,8 @@ class PushSession:
         """The pushing site."""
         return self.manifest.site_id
 
-    def _reject(self, code: RefusalCode, reason: str) -> PushRejectedError:
+    def refuse(self, code: RefusalCode, reason: str) -> PushRejectedError:
+        """End the push as refused (counted and audited); the error to raise."""
         # A refusal ends the push: what was staged before it can no longer be committed.
         self.abort()
         return self._zone.refused_push(self.manifest, code, reason)
@@ -208,13 +209,13 @@ class PushSession:
     def take(self, chunk: Chunk) -> None:
         """Take one chunk (see :meth:`receive`)."""
         if self._done:
-            raise self._reject(RefusalCode.STATE, "push already finished")
+            raise self.refuse(RefusalCode.STATE, "push already finished")
         if self._frames.pending is None and chunk.shard_id not in self._state.plan:
-            raise self._reject(RefusalCode.UNKNOWN_SHARD, f"shard {chunk.shard_id} is not in the round's shard plan")
+            raise self.refuse(RefusalCode.UNKNOWN_SHARD, f"shard {chunk.shard_id} is not in the round's shard plan")
         try:
             done = self._frames.add(chunk)
         except FrameError as exc:
-            raise self._reject(exc.code, exc.reason) from None
+            raise self.refuse(exc.code, exc.reason) from None
         if done is not None:
             self._check(*done)
 
@@ -223,20 +224,20 @@ class PushSession:
             try:
                 self._ciphertexts[shard_id] = load_ciphertexts(self._zone.he_context, shard_id, values)
             except IntegrityError as exc:
-                raise self._reject(RefusalCode.ENCRYPTION, str(exc)) from None
+                raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             return
         if not all_finite(values):
-            raise self._reject(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
+            raise self.refuse(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
         self._staged[shard_id] = values
 
     def commit(self) -> PushReceipt:
         """Check the push is complete, then fold it into the round's sums."""
         if self._done:
-            raise self._reject(RefusalCode.STATE, "push already finished")
+            raise self.refuse(RefusalCode.STATE, "push already finished")
         try:
             self._frames.finish()
         except FrameError as exc:
-            raise self._reject(exc.code, exc.reason) from None
+            raise self.refuse(exc.code, exc.reason) from None
         receipt = self._zone.fold_push(self._state, self.manifest, self._staged, self._groups, self._ciphertexts)
         self._done = True
         self._release(counted=True)

@@ -62,6 +62,7 @@ class ZoneStats:
     forwarded_shards: int = 0
     forwarded_bytes: int = 0
     partials_received: int = 0
+    served: int = 0  # aggregates served to sites
     refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
 
     def count_push(self, manifest: Manifest, origin: str | None) -> None:
@@ -86,5 +87,6 @@ class ZoneStats:
             "forwarded_shards": self.forwarded_shards,
             "forwarded_bytes": self.forwarded_bytes,
             "partials_received": self.partials_received,
+            "served": self.served,
             "refusals": list(self.refusals),
         }

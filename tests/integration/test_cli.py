@@ -49,7 +49,9 @@ def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
     out = tmp_path_factory.mktemp("demo") / "run"
     proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    return proc, json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    summary["_out"] = str(out)  # for the tests that read what the run left (not part of the summary)
+    return proc, summary
 
 
 def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
@@ -80,6 +82,25 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
         "EU": ["ap-hp-paris", "charite-berlin"],
         "SG+US": ["mayo-rochester", "sgh-singapore"],
     }
+
+
+def test_every_site_store_verifies_against_its_model_version_in_the_summary(
+    plain_demo: tuple[subprocess.CompletedProcess[str], dict],
+) -> None:
+    """Sites in residency groups hold their group's model: `verify --version` takes the site's entry."""
+    _, summary = plain_demo
+    out = Path(summary["_out"])
+    versions = {s["id"]: s["model_version"] for s in summary["sites"]}
+    assert len(set(versions.values())) == 2  # one per residency group
+    for site, version in versions.items():
+        store, kek = out / "sites" / site / "shards", out / "store-keys" / f"{site}.kek"
+        proc = _fedshard("verify", "--store", str(store), "--key-file", str(kek), "--version", version)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "all shards verified" in proc.stdout
+    site = summary["sites"][0]["id"]
+    other = next(v for v in versions.values() if v != versions[site])
+    args = ["--store", str(out / "sites" / site / "shards"), "--key-file", str(out / "store-keys" / f"{site}.kek")]
+    assert _fedshard("verify", *args, "--version", other).returncode == 1
 
 
 def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(

@@ -321,7 +321,7 @@ def test_policy_that_would_not_serve_a_site_its_own_aggregate_fails_at_load() ->
 
 
 def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_path: Path) -> None:
-    from fedshard.crypto.pki import init_ca, issue_site, issue_zone
+    from fedshard.crypto.pki import init_ca, issue_coordinator, issue_site, issue_zone
     from fedshard.crypto.tls import TlsFiles
 
     config = _config()
@@ -335,6 +335,8 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
         # "liar" holds eu-a's name with a US certificate
         paths = issue_site(tmp_path / "ca", "eu-a" if site == "liar" else site, jurisdiction, tmp_path / "s" / site)
         tls[site] = TlsFiles(paths.cert, paths.key, ca.cert)
+    coordinator = issue_coordinator(tmp_path / "ca", "EU", tmp_path / "coordinator")
+    tls["coordinator"] = TlsFiles(coordinator.cert, coordinator.key, ca.cert)
     servers, endpoints, made = [], {}, {}
     try:
         for zc in config.zones:
@@ -344,7 +346,7 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
             endpoints[zc.name] = f"localhost:{port}"
         spec = RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES))
         for name in endpoints:
-            with GrpcZoneClient(endpoints[name], timeout=20, tls=tls[name]) as c:
+            with GrpcZoneClient(endpoints[name], timeout=20, tls=tls["coordinator"]) as c:
                 c.open_round(spec)
         us_shards = _update(routing)
         with GrpcZoneClient(endpoints["us-east"], timeout=20, tls=tls["us-a"]) as c:
@@ -357,9 +359,9 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
             c.push(_manifest(routing, "eu-a", "eu-central", eu_shards), TOKEN, eu_shards)
         with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["eu-a"]) as c:
             c.push(_manifest(routing, "eu-a", "eu-central", eu_shards), TOKEN, eu_shards)
-        with GrpcZoneClient(endpoints["us-east"], timeout=20, tls=tls["us-east"]) as c:
+        with GrpcZoneClient(endpoints["us-east"], timeout=20, tls=tls["coordinator"]) as c:
             assert c.close_round(1, forward_to=("eu-central", endpoints["eu-central"])) == []
-        with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["eu-central"]) as c:
+        with GrpcZoneClient(endpoints["eu-central"], timeout=20, tls=tls["coordinator"]) as c:
             groups = {s.group: s for s in c.close_round(1)}
         assert groups["global"].sites == ("eu-a", "us-a")
         assert groups["regional/EU"].sites == ("eu-a",)

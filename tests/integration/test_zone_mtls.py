@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedshard.crypto.pki import init_ca, issue_site, issue_zone
+from fedshard.crypto.pki import init_ca, issue_coordinator, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.protocol.rounds import RoundSpec
@@ -26,6 +26,8 @@ def pki(tmp_path: Path) -> dict[str, TlsFiles]:
     ca = init_ca(tmp_path / "ca")
     zone = issue_zone(tmp_path / "ca", "eu-1", "EU", tmp_path / "zones")
     files = {"zone": TlsFiles(zone.cert, zone.key, ca.cert)}
+    coordinator = issue_coordinator(tmp_path / "ca", "EU", tmp_path / "coordinator")
+    files["coordinator"] = TlsFiles(coordinator.cert, coordinator.key, ca.cert)
     for site in ("site-a", "site-b"):
         paths = issue_site(tmp_path / "ca", site, "EU", tmp_path / "sites")
         files[site] = TlsFiles(paths.cert, paths.key, ca.cert)
@@ -49,18 +51,41 @@ def _open(endpoint: str, tls: TlsFiles) -> None:
         client.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, ("site-a", "site-b")))
 
 
+def _close(endpoint: str, pki: dict[str, TlsFiles]) -> None:
+    with GrpcZoneClient(endpoint, timeout=10, tls=pki["coordinator"]) as client:
+        client.close_round(1)
+
+
 def test_push_over_mtls_from_the_site_the_certificate_names(endpoint: str, pki: dict[str, TlsFiles]) -> None:
-    _open(endpoint, pki["site-a"])
+    _open(endpoint, pki["coordinator"])
     update = random_update(1, PLAN)
     with GrpcZoneClient(endpoint, timeout=10, tls=pki["site-a"]) as client:
         receipt = client.push(manifest_for("site-a", update, plan=PLAN), TOKEN, update)
         assert receipt.site_id == "site-a"
+    with GrpcZoneClient(endpoint, timeout=10, tls=pki["coordinator"]) as client:
         summary = client.close_round(1)[0]
     assert summary.sites == ("site-a",)
 
 
+@pytest.mark.parametrize("who", ["site-a", "zone"])
+def test_only_the_coordinator_drives_rounds(endpoint: str, pki: dict[str, TlsFiles], who: str) -> None:
+    with GrpcZoneClient(endpoint, timeout=10, tls=pki[who]) as client:
+        with pytest.raises(PushRejectedError, match="may not open-round; only a coordinator") as info:
+            client.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, ("site-a",)))
+        assert info.value.code is RefusalCode.AUTHORITY
+    _open(endpoint, pki["coordinator"])
+    with GrpcZoneClient(endpoint, timeout=10, tls=pki[who]) as client:
+        with pytest.raises(PushRejectedError, match="may not abort-round"):
+            client.abort_round(1)
+        with pytest.raises(PushRejectedError, match="may not close-round"):
+            client.close_round(1)
+    update = random_update(1, PLAN)  # the round is still open for the sites
+    with GrpcZoneClient(endpoint, timeout=10, tls=pki["site-a"]) as client:
+        client.push(manifest_for("site-a", update, plan=PLAN), TOKEN, update)
+
+
 def test_a_site_cannot_push_a_manifest_in_another_sites_name(endpoint: str, pki: dict[str, TlsFiles]) -> None:
-    _open(endpoint, pki["site-a"])
+    _open(endpoint, pki["coordinator"])
     update = random_update(1, PLAN)
     with GrpcZoneClient(endpoint, timeout=10, tls=pki["site-b"]) as client:
         with pytest.raises(
@@ -70,7 +95,9 @@ def test_a_site_cannot_push_a_manifest_in_another_sites_name(endpoint: str, pki:
         assert info.value.code is RefusalCode.IDENTITY
         good = random_update(2, PLAN)
         client.push(manifest_for("site-b", good, plan=PLAN), TOKEN, good)
-        summary, aggregate = client.close_round(1)[0], client.fetch(1).means
+        with GrpcZoneClient(endpoint, timeout=10, tls=pki["coordinator"]) as lead:
+            summary = lead.close_round(1)[0]
+        aggregate = client.fetch(1).means
     assert summary.sites == ("site-b",)  # the refused push counted nothing
     np.testing.assert_array_equal(aggregate["w#r0c0"], good["w#r0c0"])
 

@@ -12,7 +12,6 @@ import pytest
 
 from fedshard.config import ZoneLimits
 from fedshard.errors import RefusalCode, ZoneError
-from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc.guard import RESERVE_WORKERS, StreamGuard, end_call, pool_size
 
 LIMITS = ZoneLimits(streams_per_party=2, idle_s=5, grace_s=10, min_rate_kib_s=1)
@@ -214,14 +213,3 @@ def test_limits_are_validated() -> None:
         ZoneLimits(idle_s=0)
     with pytest.raises(ValueError, match="extra"):
         ZoneLimits(idle=3)  # type: ignore[call-arg]
-
-
-def test_the_zone_counts_and_audits_a_refused_call(tmp_path: Any) -> None:
-    from fedshard.residency.audit import AuditLog
-
-    zone = ZoneAggregator("eu-1", "EU", audit=AuditLog(tmp_path / "audit.jsonl"))
-    zone.refused_call("push", "site:a", RefusalCode.LIMIT, "too many streams")
-    zone.close()
-    assert zone.info()["refused"] == 1
-    text = (tmp_path / "audit.jsonl").read_text()
-    assert '"call":"push"' in text.replace(" ", "") and '"code":"limit"' in text.replace(" ", "")

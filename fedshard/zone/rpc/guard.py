@@ -20,7 +20,8 @@ bounds what a stream may hold (:class:`~fedshard.config.ZoneLimits`):
 
 Every refusal goes to the zone's recorder (counted and audited), with the call and
 the party. A stream the watchdog ended leaves its handler with
-:class:`~fedshard.errors.ZoneError` (code ``idle``), so its push or forward session is
+:class:`StreamEndedError` (a :class:`~fedshard.errors.ZoneError`, code ``idle``; already
+recorded), so its push or forward session is
 aborted and its staging bytes returned; its peer sees ``DEADLINE_EXCEEDED`` and the
 reason, without the refusal-code metadata (a cancelled call carries no trailers).
 
@@ -46,7 +47,16 @@ from fedshard.errors import PkiError, RefusalCode, ZoneError
 from fedshard.protocol.codes import one_line
 from fedshard.zone.rpc.status import GRPC_STATUS
 
-__all__ = ["RESERVE_WORKERS", "Recorder", "Stream", "StreamGuard", "end_call", "party_of", "pool_size"]
+__all__ = [
+    "RESERVE_WORKERS",
+    "Recorder",
+    "Stream",
+    "StreamEndedError",
+    "StreamGuard",
+    "end_call",
+    "party_of",
+    "pool_size",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,11 @@ class _Frame(Protocol):
 
 
 M = TypeVar("M", bound=_Frame)
+
+
+class StreamEndedError(ZoneError):
+    """Raised in the handler of a stream the watchdog ended (code ``idle``). The
+    watchdog already counted and audited it: handlers must not record it again."""
 
 
 def pool_size(limits: ZoneLimits, parties: int) -> int:
@@ -134,7 +149,7 @@ class Stream:
         self._guard._leave(self)
 
     def frames(self, iterator: Iterator[M]) -> Iterator[M]:
-        """The peer's frames; raises :class:`ZoneError` (``idle``) once the watchdog ended the stream."""
+        """The peer's frames; raises :class:`StreamEndedError` once the watchdog ended the stream."""
         while True:
             self._wait()
             try:
@@ -170,7 +185,7 @@ class Stream:
                 self._since = None
             ended = self.ended
         if ended is not None:  # decided while waiting: whatever arrived since is dropped
-            raise ZoneError(f"zone {self._guard.zone}: {ended}", RefusalCode.IDLE)
+            raise StreamEndedError(f"zone {self._guard.zone}: {ended}", RefusalCode.IDLE)
 
     def overdue(self, now: float, limits: ZoneLimits) -> str | None:
         """Why the zone should stop waiting on this stream at ``now`` (None: it need not).

@@ -23,17 +23,21 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from fedshard.config import ZoneLimits
-from fedshard.crypto.identity import Identity, Role
-from fedshard.crypto.tls import TlsFiles, peer_identity
-from fedshard.errors import FedshardError, PkiError, PushRejectedError, RefusalCode, ZoneError
+from fedshard.crypto.identity import Identity
+from fedshard.crypto.tls import PEER_CERT_KEY, TlsFiles
+from fedshard.errors import FedshardError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
+from fedshard.protocol.codes import refusal_code
 from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.frames import Chunk
+from fedshard.zone.calls import Call
+from fedshard.zone.forward import ForwardSession
+from fedshard.zone.push import PushSession
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc.authority import Authority, Members, caller_name
 from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_to_header
-from fedshard.zone.rpc.guard import StreamGuard, party_of, pool_size
+from fedshard.zone.rpc.guard import StreamEndedError, StreamGuard, party_of, pool_size
 from fedshard.zone.rpc.status import abort_with
 
 __all__ = ["ZoneService", "serve"]
@@ -44,7 +48,7 @@ _Reply = TypeVar("_Reply")
 _Fetch = Callable[["ZoneService", pb.FetchAggregateRequest, grpc.ServicerContext], Iterator[pb.AggregateFrame]]
 
 
-def _streaming(call: str) -> Callable[[Callable[..., _Reply]], Callable[..., _Reply]]:
+def _streaming(call: Call) -> Callable[[Callable[..., _Reply]], Callable[..., _Reply]]:
     """A client-streaming handler admitted by the guard, reading its frames through it."""
 
     def wrap(handler: Callable[..., _Reply]) -> Callable[..., _Reply]:
@@ -62,7 +66,7 @@ def _streaming(call: str) -> Callable[[Callable[..., _Reply]], Callable[..., _Re
     return wrap
 
 
-def _replying(call: str) -> Callable[[_Fetch], _Fetch]:
+def _replying(call: Call) -> Callable[[_Fetch], _Fetch]:
     """A server-streaming handler admitted by the guard, sending its frames through it."""
 
     def wrap(handler: _Fetch) -> _Fetch:
@@ -85,22 +89,55 @@ def _replying(call: str) -> Callable[[_Fetch], _Fetch]:
 class ZoneService(pb_grpc.ZoneServicer):
     """gRPC front of one zone aggregator.
 
-    With mTLS (``ca_pem`` given) a push is accepted only from the site its manifest
-    names: the caller's identity comes from its certificate, not from the request.
-    ``limits`` bound what one caller may hold (see :mod:`fedshard.zone.rpc.guard`).
+    With mTLS (``ca_pem`` given) every call is authorised from the caller's
+    certificate (:mod:`fedshard.zone.rpc.authority`): rounds are opened and closed by
+    the coordinator only, a push is accepted only from the member site its manifest
+    names, a forward only from a member zone to the reducing zone, a fetch only from a
+    member site. Every refusal is counted and audited. ``limits`` bound what one
+    caller may hold (:mod:`fedshard.zone.rpc.guard`).
     """
 
-    def __init__(self, zone: ZoneAggregator, ca_pem: bytes | None = None, limits: ZoneLimits | None = None) -> None:
+    def __init__(
+        self,
+        zone: ZoneAggregator,
+        ca_pem: bytes | None = None,
+        members: Members | None = None,
+        limits: ZoneLimits | None = None,
+    ) -> None:
         self.zone = zone
         self.ca_pem = ca_pem
         self.limits = limits if limits is not None else ZoneLimits()
         self.guard = StreamGuard(zone.name, self.limits, zone.refused_call)
+        residency = zone.residency
+        if members is None and residency is not None:
+            members = Members.of(residency.jurisdictions, (z.name for z in residency.router.zones))
+        reducing = residency is None or residency.is_reducer
+        self.authority = Authority(zone.name, ca_pem, members, reducing=reducing)
 
     def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> NoReturn:
         log.info("zone %s refused (%s): %s", self.zone.name, error.code or "-", error)
         abort_with(context, error)
 
+    def _refuse(self, context: grpc.ServicerContext, call: Call, caller: str, error: FedshardError) -> NoReturn:
+        """Refuse a call the service itself turned down: count, audit, then abort."""
+        if not isinstance(error, StreamEndedError):  # the guard's watchdog recorded it
+            self.zone.refused_call(call, caller, refusal_code(error), str(error))
+        self._fail(context, error)
+
+    def _authorize(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
+        """The caller, if it may make ``call``; else the call is refused (audited)."""
+        try:
+            identity = self.authority.identify(context)
+        except FedshardError as exc:
+            self._refuse(context, call, _peer(context), exc)
+        try:
+            self.authority.permit(identity, call)
+        except FedshardError as exc:
+            self._refuse(context, call, caller_name(identity), exc)
+        return identity
+
     def OpenRound(self, request: pb.OpenRoundRequest, context: grpc.ServicerContext) -> pb.OpenRoundReply:  # noqa: N802
+        caller = caller_name(self._authorize(context, Call.OPEN))
         spec = RoundSpec(
             request.round,
             request.token,
@@ -110,21 +147,32 @@ class ZoneService(pb_grpc.ZoneServicer):
             tuple(sorted(request.base_versions.items())),
         )
         try:
-            self.zone.open_round(spec)
+            self.zone.open_round(spec, by=caller)
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.OpenRoundReply()
 
-    @_streaming("push")
+    @_streaming(Call.PUSH)
     def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
+        identity = self._authorize(context, Call.PUSH)
+        caller = caller_name(identity)
         try:
             first = self._header(request_iterator, "a push must start with its manifest")
             manifest = Manifest.from_bytes(first.header.manifest)
-            certified = self._check_caller(context, manifest.site_id)
+            if identity is not None and identity.name != manifest.site_id:
+                raise PushRejectedError(
+                    f"zone {self.zone.name}: manifest names site {manifest.site_id!r} but the caller's certificate "
+                    f"is {identity.name!r}",
+                    RefusalCode.IDENTITY,
+                )
+        except FedshardError as exc:
+            self._refuse(context, Call.PUSH, caller, exc)
+        certified = identity.jurisdiction_or_region if identity is not None else None
+        try:
             with self.zone.begin_push(
                 manifest, first.header.round_token, self.limits.staging_wait_s, certified=certified
             ) as session:
-                self._feed(request_iterator, session.take, "manifest sent twice in one push")
+                self._feed(request_iterator, session, "manifest sent twice in one push")
                 receipt = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
@@ -138,71 +186,57 @@ class ZoneService(pb_grpc.ZoneServicer):
             raise PushRejectedError(f"zone {self.zone.name}: {rule}", RefusalCode.PROTOCOL)
         return first
 
-    def _feed(self, frames: Iterator[pb.PushFrame], take: Callable[[Chunk], None], twice: str) -> None:
-        """Hand every chunk after the header to ``take``; a second header is refused."""
+    def _feed(self, frames: Iterator[pb.PushFrame], session: PushSession | ForwardSession, twice: str) -> None:
+        """Hand every chunk after the header to ``session``; a second header is refused (audited)."""
         for frame in frames:
             if frame.WhichOneof("frame") != "chunk":
-                raise PushRejectedError(f"zone {self.zone.name}: {twice}", RefusalCode.PROTOCOL)
-            take(chunk_of(frame.chunk))
+                raise session.refuse(RefusalCode.PROTOCOL, twice)
+            session.take(chunk_of(frame.chunk))
 
-    def _check_caller(self, context: grpc.ServicerContext, site_id: str) -> str | None:
-        """Under mTLS: check the caller is ``site_id``; its certified jurisdiction."""
-        identity = self._caller(context, Role.SITE)
-        if identity is None:
-            return None
-        if identity.name != site_id:
-            raise PushRejectedError(
-                f"zone {self.zone.name}: manifest names site {site_id!r} but the caller's certificate is "
-                f"{identity.name!r}",
-                RefusalCode.IDENTITY,
-            )
-        return identity.jurisdiction_or_region
-
-    def _caller(self, context: grpc.ServicerContext, role: Role) -> Identity | None:
-        if self.ca_pem is None:
-            return None
-        try:
-            return peer_identity(context, self.ca_pem, role=role)
-        except PkiError as exc:
-            raise PushRejectedError(f"zone {self.zone.name}: {exc}", RefusalCode.IDENTITY) from None
-
-    @_streaming("forward")
+    @_streaming(Call.FORWARD)
     def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
+        identity = self._authorize(context, Call.FORWARD)
         try:
             first = self._header(request_iterator, "a forward must start with its header")
             partial = PartialSum.from_bytes(first.header.manifest)
-            caller = self._caller(context, Role.ZONE)
-            certified = caller.name if caller is not None else None
+        except FedshardError as exc:
+            self._refuse(context, Call.FORWARD, caller_name(identity), exc)
+        certified = identity.name if identity is not None else None
+        try:
             with self.zone.begin_forward(partial, self.limits.staging_wait_s, certified=certified) as session:
-                self._feed(request_iterator, session.take, "header sent twice in one forward")
+                self._feed(request_iterator, session, "header sent twice in one forward")
                 shards = session.commit()
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.ForwardReply(shards=shards)
 
     def CloseRound(self, request: pb.CloseRoundRequest, context: grpc.ServicerContext) -> pb.CloseRoundReply:  # noqa: N802
+        caller = caller_name(self._authorize(context, Call.ABORT if request.abort else Call.CLOSE))
         try:
             if request.abort:
-                self.zone.abort_round(request.round)
+                self.zone.abort_round(request.round, by=caller)
                 return pb.CloseRoundReply()
             forward = (request.forward_zone, request.forward_endpoint) if request.forward_zone else None
-            summaries = self.zone.close_round(request.round, forward)
+            summaries = self.zone.close_round(request.round, forward, by=caller)
             return pb.CloseRoundReply(aggregates=[summary_to_header(s) for s in summaries])
         except FedshardError as exc:
             self._fail(context, exc)
 
-    @_replying("fetch")
+    @_replying(Call.FETCH)
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AggregateFrame]:
+        identity = self._authorize(context, Call.FETCH)
         try:
-            caller = self._caller(context, Role.SITE)
             residency = self.zone.residency
-            if caller is not None:
-                jurisdiction: str | None = caller.jurisdiction_or_region
+            if identity is not None:
+                jurisdiction: str | None = identity.jurisdiction_or_region
+                by = caller_name(identity)
             else:
                 jurisdiction = residency.jurisdictions.get(request.site_id) if residency is not None else None
-            aggregate = self.zone.fetch(request.round, request.group or DEFAULT_GROUP, jurisdiction=jurisdiction)
+                by = f"site:{request.site_id}" if request.site_id else "-"
+            group = request.group or DEFAULT_GROUP
+            aggregate = self.zone.fetch(request.round, group, jurisdiction=jurisdiction, by=by)
         except FedshardError as exc:
             self._fail(context, exc)
         yield pb.AggregateFrame(header=summary_to_header(aggregate.summary))
@@ -210,8 +244,23 @@ class ZoneService(pb_grpc.ZoneServicer):
             yield pb.AggregateFrame(chunk=chunk)
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
+        self._authorize(context, Call.INFO)
         info = json.dumps(self.zone.info(), sort_keys=True)
         return pb.InfoReply(name=self.zone.name, region=self.zone.region, info_json=info)
+
+
+def _peer(context: grpc.ServicerContext) -> str:
+    """Who called, for audit records of a caller the zone could not authorise."""
+    certs = context.auth_context().get(PEER_CERT_KEY) or []
+    if certs:
+        from cryptography import x509
+
+        try:
+            cert = x509.load_pem_x509_certificate(certs[0])
+            return f"cert:{cert.subject.rfc4514_string()}"
+        except ValueError:
+            pass
+    return f"peer:{context.peer()}"
 
 
 def serve(
@@ -219,6 +268,7 @@ def serve(
     address: str = "127.0.0.1:0",
     max_workers: int | None = None,
     tls: TlsFiles | None = None,
+    members: Members | None = None,
     *,
     limits: ZoneLimits | None = None,
     parties: int = 4,
@@ -226,7 +276,9 @@ def serve(
     """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
 
     With ``tls`` the zone requires mutual TLS (client certificates signed by the
-    federation CA); without it the data plane is plain text, for loopback only.
+    federation CA) and authorises every call from the caller's certificate; ``members``
+    are the federation's parties (default: from the zone's residency policy). Without
+    ``tls`` the data plane is plain text and nothing is authorised: loopback only.
     ``limits`` bound what each caller may hold; the worker pool is ``max_workers``,
     else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties`` (the sites and
     zones that may stream to it).
@@ -236,7 +288,7 @@ def serve(
     options = server_options(limits.header_mb << 20)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
     ca_pem = tls.read()[2] if tls is not None else None
-    service = ZoneService(zone, ca_pem=ca_pem, limits=limits)
+    service = ZoneService(zone, ca_pem=ca_pem, members=members, limits=limits)
     pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
     if port == 0:

@@ -1,0 +1,150 @@
+"""Who may make which call at a zone: roles from the caller's certificate, and membership.
+
+Under mutual TLS every call is authorised from what the federation CA signed, never
+from what the request says:
+
+=============  ===================================================================
+call           who may make it
+=============  ===================================================================
+OpenRound      the coordinator (its certificate's role, :data:`~fedshard.crypto.identity.ROLE_OID`)
+CloseRound     the coordinator (closing and aborting alike)
+Push           a site of the federation, for itself (the manifest's ``site_id``)
+Forward        a zone of the federation, for itself, and only to the reducing zone
+FetchAggregate a site of the federation (residency then decides what it is served)
+Info           any holder of a certificate the federation CA signed
+=============  ===================================================================
+
+A certificate the CA signed for a party the federation config does not list (a
+leaked or mistakenly issued one) is refused with :attr:`~RefusalCode.MEMBER`; a member
+calling outside its role with :attr:`~RefusalCode.AUTHORITY`; both are
+``PERMISSION_DENIED`` on the wire, and the zone counts and audits every refusal.
+
+Without TLS (``--insecure``) a zone cannot tell who calls: it authorises nothing, and
+says so loudly when it starts (:data:`fedshard.crypto.tls.INSECURE_WARNING`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import grpc
+
+from fedshard.crypto.identity import Identity, Role
+from fedshard.crypto.tls import peer_identity
+from fedshard.errors import PkiError, PushRejectedError, RefusalCode
+from fedshard.zone.calls import Call
+
+__all__ = ["ALLOWED", "Authority", "Call", "Members", "caller_name"]
+
+
+ALLOWED: MappingProxyType[Call, frozenset[Role]] = MappingProxyType(
+    {
+        Call.OPEN: frozenset({Role.COORDINATOR}),
+        Call.CLOSE: frozenset({Role.COORDINATOR}),
+        Call.ABORT: frozenset({Role.COORDINATOR}),
+        Call.PUSH: frozenset({Role.SITE}),
+        Call.FORWARD: frozenset({Role.ZONE}),
+        Call.FETCH: frozenset({Role.SITE}),
+        Call.INFO: frozenset(Role),
+    }
+)
+"""The roles that may make each call."""
+
+
+@dataclass(frozen=True)
+class Members:
+    """The parties of the federation, from its config: site ids and zone names.
+
+    The coordinator is not listed: its role is in its certificate, which only the CA
+    (``fedshard keys init`` / ``pki issue-coordinator``) issues.
+    """
+
+    sites: frozenset[str]
+    zones: frozenset[str]
+
+    @classmethod
+    def of(cls, sites: Iterable[str], zones: Iterable[str]) -> Members:
+        """Members from site ids and zone names."""
+        return cls(frozenset(sites), frozenset(zones))
+
+    def admits(self, identity: Identity) -> bool:
+        """Whether ``identity`` is a party of the federation."""
+        if identity.role is Role.SITE:
+            return identity.name in self.sites
+        if identity.role is Role.ZONE:
+            return identity.name in self.zones
+        return identity.role is Role.COORDINATOR
+
+
+class Authority:
+    """Decides, per call, whether the caller may make it.
+
+    Parameters
+    ----------
+    zone:
+        This zone's name (for messages).
+    ca_pem:
+        The federation CA; None: no mTLS, nothing can be checked (insecure mode).
+    members:
+        The federation's parties; None: any certificate the CA signed, in the right role.
+    reducing:
+        Whether this zone reduces global partial sums (only then may zones forward to it).
+    """
+
+    def __init__(self, zone: str, ca_pem: bytes | None, members: Members | None, *, reducing: bool) -> None:
+        self.zone = zone
+        self.ca_pem = ca_pem
+        self.members = members
+        self.reducing = reducing
+
+    def identify(self, context: grpc.ServicerContext) -> Identity | None:
+        """Who calls, from the certificate the CA signed; None without mTLS.
+
+        Raises
+        ------
+        PushRejectedError
+            With code :attr:`~RefusalCode.IDENTITY`: no certificate, or it fails a check.
+        """
+        if self.ca_pem is None:
+            return None
+        try:
+            return peer_identity(context, self.ca_pem, role=None)
+        except PkiError as exc:
+            raise PushRejectedError(f"zone {self.zone}: {exc}", RefusalCode.IDENTITY) from None
+
+    def permit(self, identity: Identity | None, call: Call) -> None:
+        """Check ``identity`` may make ``call`` (anyone may without mTLS: ``identity`` None).
+
+        Raises
+        ------
+        PushRejectedError
+            With code :attr:`~RefusalCode.MEMBER` (not a party of the federation) or
+            :attr:`~RefusalCode.AUTHORITY` (a party outside its role).
+        """
+        if identity is None:
+            return
+        who = f"{identity.role.value} {identity.name!r}"
+        if self.members is not None and not self.members.admits(identity):
+            raise PushRejectedError(
+                f"zone {self.zone}: {who} holds a certificate of the federation CA but is not a member of the "
+                "federation (not in its config)",
+                RefusalCode.MEMBER,
+            )
+        if identity.role not in ALLOWED[call]:
+            allowed = " or ".join(sorted(r.value for r in ALLOWED[call]))
+            raise PushRejectedError(
+                f"zone {self.zone}: {who} may not {call.value}; only a {allowed} certificate may",
+                RefusalCode.AUTHORITY,
+            )
+        if call is Call.FORWARD and not self.reducing:
+            raise PushRejectedError(
+                f"zone {self.zone}: {who} may not forward partial sums here: this zone does not reduce",
+                RefusalCode.AUTHORITY,
+            )
+
+
+def caller_name(identity: Identity | None) -> str:
+    """How audit records name a caller: ``role:name``, or ``-`` without mTLS."""
+    return f"{identity.role.value}:{identity.name}" if identity is not None else "-"
