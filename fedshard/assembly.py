@@ -52,6 +52,7 @@ __all__ = [
     "make_zone",
     "running_zones",
     "site_for",
+    "streaming_parties",
 ]
 
 STORE_KEYS_DIR = "store-keys"
@@ -413,6 +414,11 @@ def make_zone(
     )
 
 
+def streaming_parties(config: FederationConfig) -> int:
+    """How many parties may hold streams at a zone: every site (push, fetch) and zone (forward)."""
+    return len(config.sites) + len(config.zones)
+
+
 @contextlib.contextmanager
 def running_zones(
     config: FederationConfig,
@@ -435,7 +441,7 @@ def running_zones(
         for zc in config.zones:
             host = zc.endpoint.rsplit(":", 1)[0]
             zones.append(make_zone(zc, store_root, routing=routing, site_keys=site_keys))
-            server, port = serve(zones[-1], zc.endpoint)
+            server, port = serve(zones[-1], zc.endpoint, limits=zc.limits, parties=streaming_parties(config))
             servers.append(server)
             endpoints[zc.name] = f"{host}:{port}"
         yield endpoints

@@ -123,7 +123,7 @@ def zone_up(
     forwards partial sums of global shards to the reducing zone, and records every
     decision in ``audit.jsonl`` in its store (check it with ``fedshard audit verify``).
     """
-    from fedshard.assembly import load_site_keys, make_zone
+    from fedshard.assembly import load_site_keys, make_zone, streaming_parties
     from fedshard.config import load_federation
     from fedshard.routing import FederationRouting
     from fedshard.zone.rpc.service import serve
@@ -146,7 +146,7 @@ def zone_up(
     routing.check()
     keys = load_site_keys(site_keys) if site_keys is not None else None
     aggregator = make_zone(zc, Path("runs") / "zones", routing=routing, site_keys=keys, tls=tls)
-    server, port = serve(aggregator, zc.endpoint, tls=tls)
+    server, port = serve(aggregator, zc.endpoint, tls=tls, limits=zc.limits, parties=streaming_parties(cfg))
     host = zc.endpoint.rsplit(":", 1)[0]
     if tls is None:
         from fedshard.crypto.tls import INSECURE_WARNING

@@ -23,6 +23,7 @@ from fedshard.config.models import (
     TaskConfig,
     TrainingConfig,
     ZoneConfig,
+    ZoneLimits,
 )
 from fedshard.config.privacy import BudgetConfig, LayerPolicy, PrivacyConfig, RecordDPConfig, UpdateDPConfig
 from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
@@ -54,6 +55,7 @@ __all__ = [
     "TaskConfig",
     "TrainingConfig",
     "ZoneConfig",
+    "ZoneLimits",
     "DeployedSite",
     "load_deployed_site",
     "load_federation",

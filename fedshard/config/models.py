@@ -34,6 +34,7 @@ __all__ = [
     "TaskConfig",
     "TrainingConfig",
     "ZoneConfig",
+    "ZoneLimits",
 ]
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -161,6 +162,34 @@ class ShardingConfig(_Model):
         return v
 
 
+class ZoneLimits(_Model):
+    """What one caller may hold of a zone's gRPC server (see :mod:`fedshard.zone.rpc.guard`).
+
+    Anyone who reaches the port may open streams and never finish them; these bound
+    what that costs the zone, so that the other parties' calls still find a worker.
+    """
+
+    streams_per_party: int = Field(
+        4, ge=1, le=64, description="concurrent Push/Forward/FetchAggregate streams one certificate may hold"
+    )
+    idle_s: float = Field(
+        30.0, gt=0, le=3600, description="longest wait for a stream's next frame (or for the peer to take one)"
+    )
+    grace_s: float = Field(60.0, ge=0, le=3600, description="waiting every stream may spend before min_rate applies")
+    min_rate_kib_s: float = Field(
+        64.0, gt=0, description="a stream must move this many KiB per second the zone waits on it, beyond grace_s"
+    )
+    staging_wait_s: float = Field(
+        30.0, gt=0, le=3600, description="longest wait for staging bytes before a push is refused as busy"
+    )
+    header_mb: int = Field(
+        16, ge=1, le=256, description="largest message received (a manifest: ~140 bytes a shard; 16 MiB ≈ 110k shards)"
+    )
+    workers: int | None = Field(
+        None, ge=4, le=4096, description="gRPC worker threads; default: every site and zone's streams, plus 16"
+    )
+
+
 class ZoneConfig(_Model):
     """One cloud aggregation zone."""
 
@@ -169,6 +198,7 @@ class ZoneConfig(_Model):
     endpoint: str = Field("127.0.0.1:0", description="host:port; port 0 picks a free port (embedded runs)")
     store: Path | None = None
     staging_mb: int = Field(256, ge=1)
+    limits: ZoneLimits = Field(default_factory=ZoneLimits)
 
     @field_validator("endpoint")
     @classmethod

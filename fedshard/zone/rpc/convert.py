@@ -9,14 +9,39 @@ from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, ShardPaylo
 from fedshard.zone.frames import Chunk, shard_chunks
 from fedshard.zone.rpc import zone_pb2 as pb
 
-__all__ = ["CHUNK_BYTES", "GRPC_OPTIONS", "chunk_of", "chunks", "header_to_summary", "summary_to_header"]
+__all__ = [
+    "CHUNK_BYTES",
+    "GRPC_OPTIONS",
+    "chunk_of",
+    "chunks",
+    "header_to_summary",
+    "receive_limit",
+    "server_options",
+    "summary_to_header",
+]
 
 CHUNK_BYTES = 1 << 20
-_MAX_MESSAGE = CHUNK_BYTES + (1 << 20)  # a chunk plus room for its header fields
+_CHUNK_FIELDS = 64 << 10  # a chunk's shard id, offset, dtype and shape, with room to spare
+_MAX_SEND = 64 << 20  # what the zone sends: chunks of CHUNK_BYTES; CloseRound's summaries (~120 bytes a shard)
 GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", _MAX_SEND),
+    ("grpc.max_receive_message_length", _MAX_SEND),
 ]
+"""A client's channel options (it receives what a zone sends)."""
+
+
+def receive_limit(header_bytes: int) -> int:
+    """The largest message a zone receives: a chunk of :data:`CHUNK_BYTES` with its
+    fields, or a header (a push's manifest, ~140 bytes a shard) of ``header_bytes``."""
+    return max(CHUNK_BYTES + _CHUNK_FIELDS, header_bytes)
+
+
+def server_options(header_bytes: int) -> list[tuple[str, int]]:
+    """A zone server's options: it receives no message over :func:`receive_limit`."""
+    return [
+        ("grpc.max_send_message_length", _MAX_SEND),
+        ("grpc.max_receive_message_length", receive_limit(header_bytes)),
+    ]
 
 
 def chunks(

@@ -4,18 +4,25 @@ Errors leave as a refusal: a gRPC status chosen from the error's
 :class:`~fedshard.errors.RefusalCode`, the code in the trailing metadata and the
 one-line reason as details (:mod:`fedshard.zone.rpc.status`); nothing else (no
 traceback, no internal state) leaves the zone.
+
+The streaming calls (Push, Forward, FetchAggregate) run under the zone's
+:class:`~fedshard.zone.rpc.guard.StreamGuard`: a party holds at most
+``limits.streams_per_party`` of them, and one that waits on its peer too long is ended
+(:mod:`fedshard.zone.rpc.guard`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 
+from fedshard.config import ZoneLimits
 from fedshard.crypto.identity import Identity
 from fedshard.crypto.tls import PEER_CERT_KEY, TlsFiles
 from fedshard.errors import FedshardError, PushRejectedError, RefusalCode, ZoneError
@@ -29,12 +36,54 @@ from fedshard.zone.push import PushSession
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.authority import Authority, Members, caller_name
-from fedshard.zone.rpc.convert import GRPC_OPTIONS, chunk_of, chunks, summary_to_header
+from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_to_header
+from fedshard.zone.rpc.guard import StreamEndedError, StreamGuard, party_of, pool_size
 from fedshard.zone.rpc.status import abort_with
 
 __all__ = ["ZoneService", "serve"]
 
 log = logging.getLogger(__name__)
+
+_Reply = TypeVar("_Reply")
+_Fetch = Callable[["ZoneService", pb.FetchAggregateRequest, grpc.ServicerContext], Iterator[pb.AggregateFrame]]
+
+
+def _streaming(call: Call) -> Callable[[Callable[..., _Reply]], Callable[..., _Reply]]:
+    """A client-streaming handler admitted by the guard, reading its frames through it."""
+
+    def wrap(handler: Callable[..., _Reply]) -> Callable[..., _Reply]:
+        @functools.wraps(handler)
+        def run(self: ZoneService, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> _Reply:
+            try:
+                stream = self.guard.admit(call, context, party_of(context, self.ca_pem))
+            except FedshardError as exc:
+                self._fail(context, exc)
+            with stream:
+                return handler(self, stream.frames(request_iterator), context)
+
+        return run
+
+    return wrap
+
+
+def _replying(call: Call) -> Callable[[_Fetch], _Fetch]:
+    """A server-streaming handler admitted by the guard, sending its frames through it."""
+
+    def wrap(handler: _Fetch) -> _Fetch:
+        @functools.wraps(handler)
+        def run(
+            self: ZoneService, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
+        ) -> Iterator[pb.AggregateFrame]:
+            try:
+                stream = self.guard.admit(call, context, party_of(context, self.ca_pem))
+            except FedshardError as exc:
+                self._fail(context, exc)
+            with stream:
+                yield from stream.replies(handler(self, request, context))
+
+        return run
+
+    return wrap
 
 
 class ZoneService(pb_grpc.ZoneServicer):
@@ -44,19 +93,21 @@ class ZoneService(pb_grpc.ZoneServicer):
     certificate (:mod:`fedshard.zone.rpc.authority`): rounds are opened and closed by
     the coordinator only, a push is accepted only from the member site its manifest
     names, a forward only from a member zone to the reducing zone, a fetch only from a
-    member site. Every refusal is counted and audited.
+    member site. Every refusal is counted and audited. ``limits`` bound what one
+    caller may hold (:mod:`fedshard.zone.rpc.guard`).
     """
 
     def __init__(
         self,
         zone: ZoneAggregator,
-        push_timeout: float = 600.0,
         ca_pem: bytes | None = None,
         members: Members | None = None,
+        limits: ZoneLimits | None = None,
     ) -> None:
         self.zone = zone
-        self.push_timeout = push_timeout
         self.ca_pem = ca_pem
+        self.limits = limits if limits is not None else ZoneLimits()
+        self.guard = StreamGuard(zone.name, self.limits, zone.refused_call)
         residency = zone.residency
         if members is None and residency is not None:
             members = Members.of(residency.jurisdictions, (z.name for z in residency.router.zones))
@@ -69,7 +120,8 @@ class ZoneService(pb_grpc.ZoneServicer):
 
     def _refuse(self, context: grpc.ServicerContext, call: Call, caller: str, error: FedshardError) -> NoReturn:
         """Refuse a call the service itself turned down: count, audit, then abort."""
-        self.zone.refused_call(call, caller, refusal_code(error), str(error))
+        if not isinstance(error, StreamEndedError):  # the guard's watchdog recorded it
+            self.zone.refused_call(call, caller, refusal_code(error), str(error))
         self._fail(context, error)
 
     def _authorize(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
@@ -101,6 +153,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             self._fail(context, exc)
         return pb.OpenRoundReply()
 
+    @_streaming(Call.PUSH)
     def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
         identity = self._authorize(context, Call.PUSH)
         caller = caller_name(identity)
@@ -118,7 +171,7 @@ class ZoneService(pb_grpc.ZoneServicer):
         certified = identity.jurisdiction_or_region if identity is not None else None
         try:
             with self.zone.begin_push(
-                manifest, first.header.round_token, self.push_timeout, certified=certified
+                manifest, first.header.round_token, self.limits.staging_wait_s, certified=certified
             ) as session:
                 self._feed(request_iterator, session, "manifest sent twice in one push")
                 receipt = session.commit()
@@ -141,6 +194,7 @@ class ZoneService(pb_grpc.ZoneServicer):
                 raise session.refuse(RefusalCode.PROTOCOL, twice)
             session.take(chunk_of(frame.chunk))
 
+    @_streaming(Call.FORWARD)
     def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
         identity = self._authorize(context, Call.FORWARD)
         try:
@@ -150,7 +204,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             self._refuse(context, Call.FORWARD, caller_name(identity), exc)
         certified = identity.name if identity is not None else None
         try:
-            with self.zone.begin_forward(partial, self.push_timeout, certified=certified) as session:
+            with self.zone.begin_forward(partial, self.limits.staging_wait_s, certified=certified) as session:
                 self._feed(request_iterator, session, "header sent twice in one forward")
                 shards = session.commit()
         except FedshardError as exc:
@@ -169,6 +223,7 @@ class ZoneService(pb_grpc.ZoneServicer):
         except FedshardError as exc:
             self._fail(context, exc)
 
+    @_replying(Call.FETCH)
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AggregateFrame]:
@@ -212,9 +267,12 @@ def _peer(context: grpc.ServicerContext) -> str:
 def serve(
     zone: ZoneAggregator,
     address: str = "127.0.0.1:0",
-    max_workers: int = 16,
+    max_workers: int | None = None,
     tls: TlsFiles | None = None,
     members: Members | None = None,
+    *,
+    limits: ZoneLimits | None = None,
+    parties: int = 4,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
 
@@ -222,10 +280,16 @@ def serve(
     federation CA) and authorises every call from the caller's certificate; ``members``
     are the federation's parties (default: from the zone's residency policy). Without
     ``tls`` the data plane is plain text and nothing is authorised: loopback only.
+    ``limits`` bound what each caller may hold; the worker pool is ``max_workers``,
+    else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties`` (the sites and
+    zones that may stream to it).
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+    limits = limits if limits is not None else ZoneLimits()
+    workers = max_workers if max_workers is not None else pool_size(limits, parties)
+    options = server_options(limits.header_mb << 20)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
     ca_pem = tls.read()[2] if tls is not None else None
-    service = ZoneService(zone, ca_pem=ca_pem, members=members)
+    service = ZoneService(zone, ca_pem=ca_pem, members=members, limits=limits)
     pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
     if port == 0:
