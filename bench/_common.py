@@ -210,11 +210,16 @@ def manifest_for_site(manifest: Any, site_id: str, round: int | None = None) -> 
     return dataclasses.replace(manifest, **changes)
 
 
-def round_spec(round: int, plan: Any, sites: Sequence[str]) -> Any:
-    """The ``RoundSpec`` of round ``round`` of ``plan`` with ``sites`` selected."""
+SITE_WEIGHT = 3.0
+"""The weight every bench site's round fixes for it (and its manifests carry)."""
+
+
+def round_spec(round: int, plan: Any, sites: Sequence[str], weight: float = SITE_WEIGHT) -> Any:
+    """The ``RoundSpec`` of round ``round`` of ``plan`` with ``sites`` selected, each fixed at ``weight``."""
     from fedshard.protocol.rounds import RoundSpec
 
-    return RoundSpec(round, f"token-{round}", plan.to_json(), BASE_VERSION, tuple(sites))
+    weights = tuple((site, weight) for site in sites)
+    return RoundSpec(round, f"token-{round}", plan.to_json(), BASE_VERSION, tuple(sites), weights=weights)
 
 
 # zone server in its own process ----------------------------------------------------------------
@@ -319,7 +324,7 @@ def push_round(
     spec = round_spec(round_no, plan, [site])
     coordinator.open_round(spec)
     t0 = time.perf_counter()
-    manifest = make_manifest(plan, shards, site_id=site, round=round_no, weight=3.0)
+    manifest = make_manifest(plan, shards, site_id=site, round=round_no, weight=SITE_WEIGHT)
     t_manifest = time.perf_counter() - t0
     srv0, cli0 = sum(server_proc.cpu_times()[:2]), time.process_time()
     fs0, fc0 = minor_faults(server_proc.pid), minor_faults()

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
 
-from fedshard.crypto.pki import init_ca, issue_site, issue_zone
+from fedshard.crypto.pki import init_ca, issue_coordinator, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
@@ -53,12 +53,14 @@ JSON_KEYS = {PLAIN: "plain", MTLS: "mtls"}  # the configurations in --json
 TILE = (256, 256)
 
 
-def make_pki(root: Path) -> tuple[TlsFiles, TlsFiles]:
-    """A throwaway federation PKI under ``root``: ``(zone TLS files, site TLS files)``."""
+def make_pki(root: Path) -> tuple[TlsFiles, TlsFiles, TlsFiles]:
+    """A throwaway federation PKI under ``root``: ``(zone, site, coordinator TLS files)``."""
     ca = init_ca(root / "ca", "bench CA")
     zone = issue_zone(root / "ca", c.ZONE, "EU", root / "zones", hosts=("127.0.0.1", "localhost"))
     site = issue_site(root / "ca", SITE, "EU", root / "sites")
-    return TlsFiles(zone.cert, zone.key, ca.cert), TlsFiles(site.cert, site.key, ca.cert)
+    lead = issue_coordinator(root / "ca", "EU", root / "coordinator")
+    zone_tls, site_tls, lead_tls = (TlsFiles(p.cert, p.key, ca.cert) for p in (zone, site, lead))
+    return zone_tls, site_tls, lead_tls
 
 
 def connect_once(endpoint: str, tls: TlsFiles | None) -> float:
@@ -108,14 +110,14 @@ def measure(plan: Any, shards: dict[str, np.ndarray], runs: int) -> Results:
     keys = (*c.PUSH_ROUND_KEYS, "connect")
     results: Results = {cfg: {k: [] for k in keys} for cfg in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="fedshard-bench-pki-") as tmp:
-        zone_tls, site_tls = make_pki(Path(tmp))
+        zone_tls, site_tls, lead_tls = make_pki(Path(tmp))
         with c.ZoneServerProcess() as plain_server, c.ZoneServerProcess(tls=zone_tls) as tls_server:
             servers = {PLAIN: plain_server, MTLS: tls_server}
             client_tls = {PLAIN: None, MTLS: site_tls}
             procs = {cfg: psutil.Process(srv.pid) for cfg, srv in servers.items()}
-            # The coordinator opens and closes rounds; with mTLS it needs a CA-signed
-            # certificate too (the zone checks the caller's identity on pushes only).
-            coordinators = {cfg: GrpcZoneClient(servers[cfg].endpoint, tls=client_tls[cfg]) for cfg in CONFIGS}
+            # The coordinator opens and closes rounds; with mTLS only its own certificate may.
+            lead_files = {PLAIN: None, MTLS: lead_tls}
+            coordinators = {cfg: GrpcZoneClient(servers[cfg].endpoint, tls=lead_files[cfg]) for cfg in CONFIGS}
             clients = {cfg: GrpcZoneClient(servers[cfg].endpoint, tls=client_tls[cfg]) for cfg in CONFIGS}
             for cl in [*coordinators.values(), *clients.values()]:
                 cl.wait_ready()

@@ -17,6 +17,13 @@ takes, and shards above 1 MiB are reassembled in a buffer at the zone.
 
 ``--json`` prints ``push_gb_s`` and ``fetch_gb_s`` (fedshard's defaults: 256x256 shards, 1 MiB
 chunks), ``best_push_gb_s`` (the fastest configuration) and ``manifest_s`` (medians).
+
+``--against REF`` also measures, in the same run, pushes over **mutual TLS** at the default
+configuration with this tree and with commit ``REF``'s (``bench/_against.py``: drivers of the
+two trees alternate), e.g. ``--against 6a0c28f`` (before issue 13's checks: caller
+authorisation, stream guard, fixed weights, value bounds); ``--json`` then adds
+``mtls_push_gb_s_before``, ``mtls_push_gb_s_after`` and ``check_cost_pct`` (how much
+slower the push is after, in percent of before; negative: faster).
 """
 
 from __future__ import annotations
@@ -54,7 +61,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--runs", type=int, default=None, help="timed pushes per configuration (default 7; 5 with --quick)"
     )
     parser.add_argument("--values", type=int, default=None, help="float32 values in the update (default 25 M)")
+    parser.add_argument(
+        "--against", default=None, metavar="REF", help="also compare mTLS pushes with commit REF's fedshard"
+    )
     return parser.parse_args(argv)
+
+
+def against(ref: str, values: int, quick: bool) -> tuple[dict[str, Any], list[str], str]:
+    """Before/after pushes over mTLS: headline figures, note lines, a sentence."""
+    import _against
+
+    rounds, reps = (3, 2) if quick else (4, 6)
+    print(f"before/after over mTLS: {ref} vs this tree, {reps} alternating repetitions of {rounds} pushes", flush=True)
+    result = _against.compare(ref, values, rounds, reps)
+    before, after = c.Stat(result["before"]), c.Stat(result["after"])
+    gb = {k: result["bytes"] / s.median / 1e9 for k, s in (("before", before), ("after", after))}
+    cost = (after.median / before.median - 1) * 100
+    figures = {"mtls_push_gb_s_before": gb["before"], "mtls_push_gb_s_after": gb["after"], "check_cost_pct": cost}
+    notes = [
+        f"- Before/after over mutual TLS (256x256 shards, 1 MiB chunks, {result['bytes'] / c.MB:.1f} MB): "
+        f"commit {ref} {gb['before'] * 1e3:,.0f} MB/s (push {before.median:.3f} s, {before.min:.3f}-"
+        f"{before.max:.3f}) vs this tree {gb['after'] * 1e3:,.0f} MB/s ({after.median:.3f} s, {after.min:.3f}-"
+        f"{after.max:.3f}); medians of {before.n} pushes each, drivers of the two trees alternating "
+        f"(`bench/_against.py`).",
+    ]
+    sentence = (
+        f"Against {ref}, the security checks (caller authorisation from the certificate, the stream guard, the "
+        f"fixed weight, the value bound) change the mTLS push time by {cost:+.1f} %."
+    )
+    return figures, notes, sentence
 
 
 def measure(
@@ -239,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     del update
     print(f"update: {n:,} float32 values ({nbytes / c.MB:.1f} MB); {runs} runs + 1 warm-up per config", flush=True)
     figures = Figures(measure(plans, shard_sets, runs), nbytes, shard_sets)
+    extra: tuple[dict[str, Any], list[str], str] = ({}, [], "")
+    if args.against:
+        extra = against(args.against, target, args.quick)
     c.publish(
         args,
         SECTION,
@@ -254,11 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             "`build_manifest` (digests); `close` = `close_round` (finalize, digests, publish); `fetch` = "
             "`fetch` download + verification; CPU columns = user+sys CPU seconds of each process "
             "during the push.",
+            *extra[1],
         ],
         headers=HEADERS,
         rows=table(figures),
-        interpretation=interpretation(figures),
-        headline=headline(figures),
+        interpretation=" ".join(x for x in (interpretation(figures), extra[2]) if x),
+        headline={**headline(figures), **extra[0]},
         console_title=f"gRPC upload/download, {nbytes / c.MB:.1f} MB update, median of {runs}",
     )
     return 0

@@ -53,7 +53,7 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc.convert import CHUNK_BYTES, chunks
 
 SECTION = "zone_accumulate"
-WEIGHT = 3.0
+WEIGHT = c.SITE_WEIGHT
 GOAL = 0.60
 PEER32, PEER64 = "numpy add f32 (acc f32)", "numpy add f32 (acc f64)"
 DECODE_FOLD, ZONE_PUSH = "decode+fold", "zone push (validated)"

@@ -174,7 +174,7 @@ def measure(
     budgets: dict[str, tuple[int, dict[str, str]]], plan: Any, shards: Any, runs: int, n_sites: int
 ) -> dict[str, list[dict[str, float]]]:
     """``runs`` runs per budget, budgets interleaved, each in a fresh zone process."""
-    manifest = c.make_manifest(plan, shards, site_id="site-00", round=1, weight=3.0)
+    manifest = c.make_manifest(plan, shards, site_id="site-00", round=1, weight=c.SITE_WEIGHT)
     results: dict[str, list[dict[str, float]]] = {k: [] for k in budgets}
     round_no = 0
     for rep in range(runs):

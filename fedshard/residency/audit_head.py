@@ -95,9 +95,8 @@ class SignedHead:
     cert: str
     signature: str
 
-    def payload(self) -> bytes:
-        """The bytes the signature covers."""
-        signed = {
+    def _signed(self) -> dict[str, Any]:
+        return {
             "version": HEAD_VERSION,
             "lines": self.lines,
             "head": self.head,
@@ -105,25 +104,14 @@ class SignedHead:
             "time": self.time,
             "fingerprint": self.fingerprint,
         }
-        return _DOMAIN + _canonical(signed)
+
+    def payload(self) -> bytes:
+        """The bytes the signature covers."""
+        return _DOMAIN + _canonical(self._signed())
 
     def to_json(self) -> bytes:
         """The head file's content (canonical JSON, one line)."""
-        return (
-            _canonical(
-                {
-                    "version": HEAD_VERSION,
-                    "lines": self.lines,
-                    "head": self.head,
-                    "zone": self.zone,
-                    "time": self.time,
-                    "fingerprint": self.fingerprint,
-                    "cert": self.cert,
-                    "signature": self.signature,
-                }
-            )
-            + b"\n"
-        )
+        return _canonical({**self._signed(), "cert": self.cert, "signature": self.signature}) + b"\n"
 
     @classmethod
     def from_json(cls, data: bytes) -> SignedHead:
