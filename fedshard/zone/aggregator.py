@@ -215,7 +215,8 @@ class ZoneAggregator:
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
         self.stats.refuse(reason)
-        self._record(Decision.REFUSED, site=manifest.site_id, round=manifest.round, code=code, reason=reason)
+        fields = {"site": manifest.site_id, "round": manifest.round, "code": code, "reason": reason}
+        self._record(Decision.REFUSED, call=Call.PUSH, by=f"site:{manifest.site_id}", **fields)
         return PushRejectedError(
             f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
         )
@@ -248,7 +249,7 @@ class ZoneAggregator:
             state.counted.append(manifest.site_id)
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
             self.stats.count_push(manifest, origin)
-        self._record(Decision.ACCEPTED, **accepted_fields(manifest, groups), **bounded)
+        self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
         return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
 
     def end_push(self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool) -> None:
@@ -299,7 +300,8 @@ class ZoneAggregator:
     def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
         self.stats.refuse(reason)
-        self._record(Decision.REFUSED, source_zone=partial.zone, round=partial.round, code=code, reason=reason)
+        fields = {"source_zone": partial.zone, "round": partial.round, "code": code, "reason": reason}
+        self._record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
         return PushRejectedError(
             f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
         )
@@ -324,6 +326,7 @@ class ZoneAggregator:
             self.stats.partials_received += len(partial.entries)
         self._record(
             Decision.ACCEPTED,
+            call=Call.FORWARD,
             source_zone=partial.zone,
             round=partial.round,
             partial_shards=len(partial.entries),

@@ -1,4 +1,5 @@
-"""Issue 13, items 1, 4 and 8: who may drive a round, who may push and fetch, malformed headers.
+"""Issue 13, items 1, 4, 7 and 8: who may drive a round, who may push, forward and fetch,
+that every refusal is audited and counted, malformed headers, forged contributors.
 
 Each attack runs against real ``fedshard zone up`` processes with mutual TLS, with a
 certificate the federation CA signed: a member site's (``mayo-rochester``, US), a
@@ -13,6 +14,7 @@ import dataclasses
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 
 from fedshard.crypto.signing import load_signing_key
@@ -22,6 +24,7 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.status import GRPC_STATUS, error_from_rpc
 from tests.security.conftest import OUTSIDER, LiveFederation
+from tests.zone_helpers import partial_from
 
 pytestmark = pytest.mark.slow
 
@@ -148,3 +151,52 @@ def test_malformed_and_empty_manifests_are_refused_with_one_line(federation: Liv
     assert len(_refused(federation.audit("eu-central"), "push", RefusalCode.MALFORMED)) == 3
     federation.push("charite-berlin", "eu-central", spec)  # still accepted afterwards
     assert federation.info("eu-central")["pushes"] == 1
+
+
+def test_frame_and_identity_refusals_are_audited_and_counted(federation: LiveFederation) -> None:
+    spec = federation.spec(1)
+    federation.open_round(spec)
+    shards = federation.update("charite-berlin", "eu-central")
+    manifest = federation.manifest("charite-berlin", "eu-central", spec, shards)
+    with federation.client("eu-central", "ap-hp-paris") as c, pytest.raises(PushRejectedError) as info:
+        c.push(manifest, spec.token, shards)  # a member site pushing in another member's name
+    assert info.value.code is RefusalCode.IDENTITY
+    altered = {sid: v.copy() for sid, v in shards.items()}
+    first = next(iter(altered))
+    altered[first].flat[0] += 1.0  # not what the signed manifest's digest says
+    with federation.client("eu-central", "charite-berlin") as c, pytest.raises(PushRejectedError) as info:
+        c.push(manifest, spec.token, altered)
+    assert info.value.code is RefusalCode.DIGEST
+    records = federation.audit("eu-central")
+    assert _refused(records, "push", RefusalCode.IDENTITY)[0]["by"] == "site:ap-hp-paris"
+    digest = _refused(records, "push", RefusalCode.DIGEST)
+    assert len(digest) == 1 and digest[0]["site"] == "charite-berlin" and first in digest[0]["reason"]
+    info_now = federation.info("eu-central")
+    assert info_now["refused"] == 2 and info_now["pushes"] == 0
+    federation.push("charite-berlin", "eu-central", spec)  # the refusals left nothing behind
+    assert federation.info("eu-central")["pushes"] == 1
+
+
+def test_a_zone_cannot_claim_a_contributor_that_never_routed_through_it(federation: LiveFederation) -> None:
+    spec = federation.spec(1)
+    federation.open_round(spec)
+    # a global shard that reaches eu-central as a partial sum from us-east (mayo-rochester's)
+    sid = next(
+        s for s, d in federation.routing.site(ATTACKER).routes.items() if d.zone == "us-east" and d.scope == "global"
+    )
+    sums = {sid: np.zeros(federation.routing.plan.shard(sid).shape, np.float64)}
+    # an EU site routes to eu-central itself; the other is no site of the federation
+    for claimed, code in (("charite-berlin", RefusalCode.RESIDENCY), ("not-a-site", RefusalCode.IDENTITY)):
+        partial = partial_from(
+            sums, weight=spec.weight_for(claimed), zone="us-east", token=spec.token, sites=(claimed,)
+        )
+        with federation.client("eu-central", "us-east") as c, pytest.raises(PushRejectedError) as info:
+            c.forward(partial, sums)
+        assert info.value.code is code, info.value
+    refused = [r for r in federation.audit("eu-central") if r["decision"] == "refused" and r["call"] == "forward"]
+    assert len(refused) == 2 and {r["by"] for r in refused} == {"zone:us-east"}
+    # the round goes on: the honest forward (closing us-east) carries mayo-rochester alone
+    federation.push(ATTACKER, "us-east", spec)
+    federation.push("charite-berlin", "eu-central", spec)
+    groups = federation.close_round(1)
+    assert set(groups["global"].sites) == {ATTACKER, "charite-berlin"}
