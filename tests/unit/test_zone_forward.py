@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedshard.errors import PushRejectedError, RefusalCode
+from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, RoundSpec
 from fedshard.sharding import ShardPlan
@@ -336,3 +336,54 @@ def test_a_sum_beyond_its_weight_times_max_value_is_refused(zone: ZoneAggregator
 def test_a_sum_at_its_bound_is_accepted(zone: ZoneAggregator) -> None:
     a = {sid: np.full(PLAN.shard(sid).shape, -4.0 * 1e4) for sid in PLAN.shard_ids}
     assert zone.receive_partial(partial_from(a), a) == len(a)
+
+
+class _Link:
+    """A zone client of ``zone`` (forwards only) that fails while ``up`` is false."""
+
+    def __init__(self, zone: ZoneAggregator, up: bool) -> None:
+        self.zone, self.up = zone, up
+
+    def forward(self, partial: PartialSum, values: Shards) -> int:
+        if not self.up:
+            raise ZoneError("zone eu-1 at 127.0.0.1:9 is unreachable", RefusalCode.FAILED)
+        return self.zone.receive_partial(partial, values, certified=partial.zone)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_close_whose_forward_fails_keeps_the_round_for_a_retry(zone: ZoneAggregator) -> None:
+    assert zone.residency is not None
+    links: dict[str, _Link] = {}
+    us = ZoneAggregator(
+        "us-1",
+        "US",
+        residency=replace(zone.residency, zone="us-1", region="US"),
+        connect=lambda name, endpoint: links.setdefault(endpoint, _Link(zone, endpoint != "dead")),  # type: ignore[arg-type,return-value]
+    )
+    us.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
+    update = random_update(3, PLAN)
+    manifest = build_manifest(
+        site_id="site-a",
+        round=1,
+        plan_digest=PLAN.digest,
+        base_version=BASE,
+        zone="us-1",
+        weight=4.0,
+        shards=update,
+        classes=dict.fromkeys(update, "public"),
+        policy_digest=zone.residency.policy.digest,
+    )
+    us.push(manifest, TOKEN, update)
+
+    with pytest.raises(ZoneError, match="unreachable"):
+        us.close_round(1, forward_to=("eu-1", "dead"))
+    with pytest.raises(ZoneError, match="go to the reducing zone eu-1, not us-2"):
+        us.close_round(1, forward_to=("us-2", "live"))
+    assert us.close_round(1, forward_to=("eu-1", "live")) == []  # the round was kept: the retry forwards it
+    (summary,) = zone.close_round(1)
+    assert summary.sites == ("site-a",) and summary.total_weight == 4.0
+    aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="US").means
+    for sid, values in update.items():
+        np.testing.assert_allclose(aggregate[sid], values, rtol=1e-6)
