@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     from fedshard.crypto.he import HeCodec
 
-__all__ = ["encrypt_shards", "noised", "push_update", "update_over"]
+__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "noised", "push_update", "update_over"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,11 @@ def encrypt_shards(
     return payload
 
 
+MAX_PARALLEL_PUSHES = 4
+"""Zones a site pushes to at once. Each push is one stream (the zone's transaction), so
+this also bounds the site's streams; a zone admits a few per party (``streams_per_party``)."""
+
+
 def push_update(
     payload: Mapping[str, ShardPayload],
     routing: SiteRouting,
@@ -82,8 +88,14 @@ def push_update(
     weight: float,
     signing_key: Ed25519PrivateKey | None,
     connect: ZoneConnector,
+    max_parallel: int = MAX_PARALLEL_PUSHES,
 ) -> list[ZonePush]:
     """Push every zone its shards (ciphertext ``bytes`` where the routes encrypt) with a (signed) manifest.
+
+    The zones are pushed in parallel, at most ``max_parallel`` at once (a thread each:
+    digests, signing and gRPC all release the GIL for most of their work). Every push
+    runs to its end, whether or not another fails; a failed push is a refused
+    transaction at its zone, so nothing of it is counted there.
 
     ``weight`` is the one the coordinator fixed for the site this round
     (:attr:`TrainInstruction.weight`): a zone refuses a manifest with any other.
@@ -97,15 +109,19 @@ def push_update(
     ------
     RoundError
         With the reason to report: the round names no endpoint for a zone the routes
-        use, or a zone refused the push (then with the zone's :class:`RefusalCode` in
-        ``code`` and the zone's own line as the message).
+        use (then nothing is pushed), or a zone refused the push (then with the zone's
+        :class:`RefusalCode` in ``code`` and the zone's own line as the message; where
+        several failed, the first of them in zone order, the others logged).
     """
-    pushes: list[ZonePush] = []
-    for zone, shard_ids in routing.by_zone().items():
+    by_zone = routing.by_zone()
+    for zone, shard_ids in by_zone.items():
         if zone not in message.zones:
             raise RoundError(
                 f"the round names no endpoint for zone {zone}, where residency routes {len(shard_ids)} shard(s)"
             )
+
+    def push(zone: str) -> ZonePush:
+        shard_ids = by_zone[zone]
         part = {sid: payload[sid] for sid in shard_ids}
         manifest = build_manifest(
             site_id=site_id,
@@ -130,7 +146,19 @@ def push_update(
             raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
         finally:
             client.close()
-        pushes.append(
-            ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
+        return ZonePush(
+            zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes
         )
-    return pushes
+
+    zones = list(by_zone)
+    if len(zones) <= 1 or max_parallel <= 1:
+        return [push(zone) for zone in zones]
+    with ThreadPoolExecutor(max_workers=min(max_parallel, len(zones)), thread_name_prefix="push") as pool:
+        futures = [pool.submit(push, zone) for zone in zones]
+        wait(futures)
+    failed = [(zone, f.exception()) for zone, f in zip(zones, futures, strict=True) if f.exception() is not None]
+    for zone, exc in failed[1:]:
+        log.warning("site %s, round %d: push to zone %s failed too: %s", site_id, message.round, zone, exc)
+    if failed:
+        raise failed[0][1]  # type: ignore[misc]
+    return [f.result() for f in futures]

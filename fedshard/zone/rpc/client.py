@@ -25,7 +25,7 @@ from fedshard.protocol.rounds import (
 from fedshard.zone.frames import Declared, FrameAssembler, Header
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunk_of, chunks, header_to_summary
+from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunk_of, header_to_summary, push_frames
 from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
@@ -55,6 +55,14 @@ class GrpcZoneClient:
         else:
             self._channel = grpc.secure_channel(endpoint, tls.channel(), options=GRPC_OPTIONS)
         self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
+        # Push and Forward send frames this client serialised itself (convert.push_frames:
+        # a chunk's bytes copied once), so these two calls take bytes as they are.
+        self._push = self._channel.stream_unary(
+            "/fedshard.zone.v1.Zone/Push", request_serializer=None, response_deserializer=pb.PushReply.FromString
+        )
+        self._forward = self._channel.stream_unary(
+            "/fedshard.zone.v1.Zone/Forward", request_serializer=None, response_deserializer=pb.ForwardReply.FromString
+        )
 
     def close(self) -> None:
         """Close the channel."""
@@ -113,14 +121,9 @@ class GrpcZoneClient:
         """Stream the manifest then the shards (ciphertext ``bytes`` where the manifest says
         ``encrypted``); raises :class:`PushRejectedError`, with the zone's code, if refused."""
         encrypted = {e.shard_id for e in manifest.shards if e.encrypted}
-
-        def frames() -> Iterator[pb.PushFrame]:
-            yield pb.PushFrame(header=pb.PushHeader(manifest=manifest.to_bytes(), round_token=token))
-            for chunk in chunks(shards, self.chunk_bytes, encrypted):
-                yield pb.PushFrame(chunk=chunk)
-
+        header = pb.PushHeader(manifest=manifest.to_bytes(), round_token=token)
         try:
-            reply = self._stub.Push(frames(), timeout=self.timeout)
+            reply = self._push(push_frames(header, shards, self.chunk_bytes, encrypted), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
         return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes)
@@ -142,14 +145,9 @@ class GrpcZoneClient:
         """Send partial sums (ciphertext ``bytes`` where the header says ``encrypted``) to the
         reducing zone; the number of shards it folded in."""
         encrypted = {e.shard_id for e in partial.entries if e.encrypted}
-
-        def frames() -> Iterator[pb.PushFrame]:
-            yield pb.PushFrame(header=pb.PushHeader(manifest=partial.to_bytes(), round_token=partial.token))
-            for chunk in chunks(sums, self.chunk_bytes, encrypted):
-                yield pb.PushFrame(chunk=chunk)
-
+        header = pb.PushHeader(manifest=partial.to_bytes(), round_token=partial.token)
         try:
-            reply = self._stub.Forward(frames(), timeout=self.timeout)
+            reply = self._forward(push_frames(header, sums, self.chunk_bytes, encrypted), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
         return int(reply.shards)

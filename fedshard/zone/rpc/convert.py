@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterator, Mapping
 
 from fedshard.integrity import ShardEntry
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, ShardPayload
-from fedshard.zone.frames import Chunk, shard_chunks
+from fedshard.zone.frames import Buffer, Chunk, shard_chunks
 from fedshard.zone.rpc import zone_pb2 as pb
 
 __all__ = [
@@ -14,7 +14,9 @@ __all__ = [
     "GRPC_OPTIONS",
     "chunk_of",
     "chunks",
+    "encode_chunk_frame",
     "header_to_summary",
+    "push_frames",
     "receive_limit",
     "server_options",
     "summary_to_header",
@@ -53,6 +55,67 @@ def chunks(
         for c in shard_chunks(shard_id, values, chunk_bytes, encrypted=shard_id in encrypted):
             data = c.data if isinstance(c.data, bytes) else bytes(c.data)
             yield pb.ShardChunk(shard_id=c.shard_id, offset=c.offset, data=data, dtype=c.dtype, shape=c.shape)
+
+
+def push_frames(
+    header: pb.PushHeader,
+    shards: Mapping[str, ShardPayload],
+    chunk_bytes: int = CHUNK_BYTES,
+    encrypted: Collection[str] = (),
+) -> Iterator[bytes]:
+    """A push's (or forward's) stream as serialised :class:`PushFrame` s: the header, then the
+    shards cut as by :func:`chunks`.
+
+    A chunk frame is written straight from a memoryview slice of the shard by
+    :func:`encode_chunk_frame`: one copy of its bytes, where building a ``ShardChunk`` costs
+    two (``bytes`` of the slice, then protobuf's serialisation). The bytes are those
+    protobuf would write, so a zone parses them as any other ``PushFrame``.
+    """
+    yield pb.PushFrame(header=header).SerializeToString()
+    for shard_id, values in shards.items():
+        for c in shard_chunks(shard_id, values, chunk_bytes, encrypted=shard_id in encrypted):
+            yield encode_chunk_frame(c)
+
+
+def encode_chunk_frame(c: Chunk) -> bytes:
+    """``PushFrame(chunk=ShardChunk(...)).SerializeToString()`` of ``c``, with the data copied
+    once, from its buffer into the result (protobuf's field order and proto3 defaults:
+    empty and zero fields are left out)."""
+    data = memoryview(c.data)
+    head = bytearray()
+    if c.shard_id:
+        _put_len(head, 1, c.shard_id.encode())
+    if c.offset:
+        head += b"\x10"
+        _put_varint(head, c.offset)
+    if data.nbytes:
+        head += b"\x1a"
+        _put_varint(head, data.nbytes)
+    tail = bytearray()
+    if c.dtype:
+        _put_len(tail, 4, c.dtype.encode())
+    if c.shape:
+        packed = bytearray()
+        for d in c.shape:
+            _put_varint(packed, d)
+        _put_len(tail, 5, packed)
+    outer = bytearray(b"\x12")  # PushFrame.chunk, field 2, length-delimited
+    _put_varint(outer, len(head) + data.nbytes + len(tail))
+    return b"".join((outer, head, data, tail))
+
+
+def _put_varint(out: bytearray, n: int) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _put_len(out: bytearray, field: int, payload: Buffer) -> None:
+    """A length-delimited field (wire type 2)."""
+    out.append(field << 3 | 2)
+    _put_varint(out, len(payload))
+    out += payload
 
 
 def chunk_of(message: pb.ShardChunk) -> Chunk:
