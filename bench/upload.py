@@ -4,7 +4,7 @@ A zone gRPC server runs in a separate process (``python bench/_common.py serve``
 127.0.0.1, so the client and the zone do not share a GIL. For each configuration
 (shard tile x chunk size) and each repetition, the client opens a new round, builds the
 manifest (digests every shard; timed separately, not part of the push), pushes a
-~100 MB update (25 M+ float32 values) with ``GrpcZoneClient.push``, closes the round
+472 MB update (118 M float32 values; 4 MB with ``--quick``) with ``GrpcZoneClient.push``, closes the round
 and downloads the aggregate with ``fetch`` (which verifies every digest and
 the Merkle root). Configurations are interleaved and their order rotated every
 repetition; one untimed warm-up round per configuration comes first.
@@ -15,8 +15,14 @@ takes, and shards above 1 MiB are reassembled in a buffer at the zone.
 
     .venv/bin/python bench/upload.py [--quick] [--json] [--runs N] [--output FILE]
 
+The same update also travels through **Flower's own message transport**, in the same run
+(``bench/_flower_transfer.py``: a ServerApp/ClientApp pair on Flower's simulation runtime,
+the update as one ``ArrayRecord`` from the ClientApp to the ServerApp; the transfer time is
+the median round trip of that reply minus that of an empty reply).
+
 ``--json`` prints ``push_gb_s`` and ``fetch_gb_s`` (fedshard's defaults: 256x256 shards, 1 MiB
-chunks), ``best_push_gb_s`` (the fastest configuration) and ``manifest_s`` (medians).
+chunks), ``best_push_gb_s`` (the fastest configuration) and ``manifest_s`` (medians), and
+``flower_gb_s`` (Flower's transfer of the same bytes) and ``vs_flower`` (``push_gb_s`` over it).
 
 ``--against REF`` also measures, in the same run, pushes over **mutual TLS** at the default
 configuration with this tree and with commit ``REF``'s (``bench/_against.py``: drivers of the
@@ -29,7 +35,11 @@ slower the push is after, in percent of before; negative: faster).
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--runs", type=int, default=None, help="timed pushes per configuration (default 7; 5 with --quick)"
     )
-    parser.add_argument("--values", type=int, default=None, help="float32 values in the update (default 25 M)")
+    parser.add_argument(
+        "--values",
+        type=int,
+        default=None,
+        help="float32 values in the update (default 118 M: 472 MB; 1 M with --quick)",
+    )
     parser.add_argument(
         "--against", default=None, metavar="REF", help="also compare mTLS pushes with commit REF's fedshard"
     )
@@ -92,13 +107,57 @@ def against(ref: str, values: int, quick: bool) -> tuple[dict[str, Any], list[st
     return figures, notes, sentence
 
 
+def flower(values: int, reps: int, nbytes: int) -> tuple[dict[str, Any], list[str], str]:
+    """The update through Flower's message transport (a separate process): figures, notes, a sentence."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "flower.json"
+        print(f"Flower transport: {reps} update and {reps} empty round trips on the simulation runtime", flush=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve().parent / "_flower_transfer.py"),
+                str(values),
+                str(reps),
+                str(out),
+            ],
+            check=True,
+            cwd=c.REPO,
+            stdout=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        result = json.loads(out.read_text())
+    full, empty = c.Stat(result["full"]), c.Stat(result["empty"])
+    transfer = max(full.median - empty.median, 1e-9)
+    carried = int(result["bytes"])
+    if carried != nbytes:
+        raise RuntimeError(f"Flower carried {carried} bytes of the {nbytes}-byte update")
+    gb_s = carried / transfer / 1e9
+    notes = [
+        f"- Flower: the same {carried / c.MB:.1f} MB through Flower's message transport (flwr "
+        f"{_flwr_version()}, simulation runtime, 1 SuperNode on Ray; `bench/_flower_transfer.py`): the ClientApp "
+        "replies to a `train` message with the update as one `ArrayRecord` (one `Array` per layer); the ServerApp "
+        f"times round trips (push, then pull every 1 ms, until the reply is in). Update reply {full.median:.3f} s "
+        f"({full.min:.3f}-{full.max:.3f}), empty reply {empty.median:.3f} s ({empty.min:.3f}-{empty.max:.3f}), "
+        f"medians of {full.n}, alternating; transfer = the difference, {transfer:.3f} s = {gb_s * 1e3:,.0f} MB/s.",
+    ]
+    return {"flower_gb_s": gb_s}, notes, ""
+
+
+def _flwr_version() -> str:
+    from importlib.metadata import version
+
+    return version("flwr")
+
+
 def measure(
     plans: dict[tuple[int, int], Any], shard_sets: dict[tuple[int, int], dict[str, np.ndarray]], runs: int
 ) -> dict[Config, dict[str, list[float]]]:
     """Every configuration's rounds on one zone server, interleaved (one warm-up round each first)."""
     configs = [(tile, chunk) for tile in TILES for chunk in CHUNKS]
     results: dict[Config, dict[str, list[float]]] = {cfg: {k: [] for k in c.PUSH_ROUND_KEYS} for cfg in configs}
-    with c.ZoneServerProcess() as server:
+    nbytes = max(sum(a.nbytes for a in shards.values()) for shards in shard_sets.values())
+    # a push is staged whole before it is folded (all or nothing): the budget holds one
+    with c.ZoneServerProcess(staging_bytes=max(256 << 20, nbytes + (64 << 20))) as server:
         server_proc = psutil.Process(server.pid)
         coordinator = GrpcZoneClient(server.endpoint)
         coordinator.wait_ready()
@@ -225,8 +284,8 @@ def interpretation(f: Figures) -> str:
         "can start; it is not part of push MB/s.",
         f"During a push the zone process is busy for {min(srv_share):.0%}-{max(srv_share):.0%} of the wall time "
         f"and the client process for {min(cli_share):.0%}-{max(cli_share):.0%} (CPU seconds / push seconds; "
-        "the zone parses, hashes, checks and stages every frame in one handler thread and folds at commit, the "
-        "client copies every chunk twice).",
+        "the zone parses, hashes, checks and stages every frame in one handler thread and folds at commit; the "
+        "client writes every chunk frame straight from a view of the shard, one copy, and gRPC copies it once more).",
         "Neither process saturates a core, so part of the push time is waiting: per-message hand-offs between "
         "gRPC's threads and the Python handler, flow control, and the other work on this shared machine."
         if max(srv_share + cli_share) < 0.8
@@ -237,9 +296,9 @@ def interpretation(f: Figures) -> str:
         sentences.append(
             f"4 MiB chunks are slower than 1 MiB ones with 4 MiB shards ({mbs(big4):,.0f} vs {mbs(big1):,.0f} "
             f"MB/s; client CPU {med(big4, 'cli_cpu'):.2f} vs {med(big1, 'cli_cpu'):.2f} s): the client takes "
-            f"{f4:,.0f} minor page faults per push against {f1:,.0f}, because `convert.chunks` copies every chunk "
-            "into a new bytes object and protobuf serialises it into another, and at 4 MiB these buffers come "
-            "fresh from mmap each time (page faults are expensive in this VM). The default 1 MiB is the better "
+            f"{f4:,.0f} minor page faults per push against {f1:,.0f}, because every frame is a new bytes object (the "
+            "client's one copy of the chunk, gRPC's own, the zone's received message), and at 4 MiB these buffers "
+            "come fresh from mmap each time (page faults are expensive in this VM). The default 1 MiB is the better "
             "choice."
         )
     sentences.append(
@@ -263,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """Measure, then publish (see the module docstring)."""
     args = parse_args(argv)
     runs = args.runs or (5 if args.quick else 7)
-    target = args.values or (1_000_000 if args.quick else 25_000_000)
+    target = args.values or (1_000_000 if args.quick else 118_000_000)
 
     desc = c.machine_description()
     update = c.synthetic_update(target)
@@ -274,6 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     del update
     print(f"update: {n:,} float32 values ({nbytes / c.MB:.1f} MB); {runs} runs + 1 warm-up per config", flush=True)
     figures = Figures(measure(plans, shard_sets, runs), nbytes, shard_sets)
+    fl_figures, fl_notes, _ = flower(target, 2 if args.quick else 5, nbytes)
+    push_gb_s = headline(figures)["push_gb_s"]
+    vs_flower = push_gb_s / fl_figures["flower_gb_s"]
+    fl_sentence = (
+        f"Through Flower's own message transport the same {nbytes / c.MB:.0f} MB take "
+        f"{nbytes / fl_figures['flower_gb_s'] / 1e9:.2f} s ({fl_figures['flower_gb_s'] * 1e3:,.0f} MB/s): "
+        f"fedshard's push ({push_gb_s * 1e3:,.0f} MB/s, default configuration) is {vs_flower:,.1f}x as fast."
+    )
     extra: tuple[dict[str, Any], list[str], str] = ({}, [], "")
     if args.against:
         extra = against(args.against, target, args.quick)
@@ -286,18 +353,20 @@ def main(argv: list[str] | None = None) -> int:
         desc,
         notes=[
             f"- Update: {n:,} float32 values ({nbytes / c.MB:.1f} MB; MB = 10^6 bytes of float32 shard data), "
-            "one site, weight 3. Zone server in a separate process on 127.0.0.1 (default staging budget "
-            "256 MB, 16 worker threads). A new round per push.",
+            "one site, weight 3. Zone server in a separate process on 127.0.0.1 (staging budget "
+            "256 MiB or the update + 64 MiB if larger: a push is staged whole; 16 worker threads). A new round "
+            "per push.",
             "- `push` = `GrpcZoneClient.push` (manifest built beforehand, not timed in it); `manifest` = "
             "`build_manifest` (digests); `close` = `close_round` (finalize, digests, publish); `fetch` = "
             "`fetch` download + verification; CPU columns = user+sys CPU seconds of each process "
             "during the push.",
+            *fl_notes,
             *extra[1],
         ],
         headers=HEADERS,
         rows=table(figures),
-        interpretation=" ".join(x for x in (interpretation(figures), extra[2]) if x),
-        headline={**headline(figures), **extra[0]},
+        interpretation=" ".join(x for x in (interpretation(figures), fl_sentence, extra[2]) if x),
+        headline={**headline(figures), **fl_figures, "vs_flower": vs_flower, **extra[0]},
         console_title=f"gRPC upload/download, {nbytes / c.MB:.1f} MB update, median of {runs}",
     )
     return 0

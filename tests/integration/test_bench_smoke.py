@@ -70,6 +70,7 @@ def _zone_accumulate_shown(h: dict[str, Any], section: str) -> None:
 def _upload(h: dict[str, Any]) -> None:
     assert 0 < h["push_gb_s"] <= h["best_push_gb_s"] < 100 and 0 < h["fetch_gb_s"] < 100
     assert 0 < h["manifest_s"] < 60
+    assert 0 < h["flower_gb_s"] < 100 and h["vs_flower"] == pytest.approx(h["push_gb_s"] / h["flower_gb_s"])
 
 
 def _upload_shown(h: dict[str, Any], section: str) -> None:
@@ -78,6 +79,8 @@ def _upload_shown(h: dict[str, Any], section: str) -> None:
     assert default[10].startswith(f"{h['fetch_gb_s'] * 1e3:,.0f} (")  # fetch MB/s
     assert f"Best push throughput: {h['best_push_gb_s'] * 1e3:,.0f} MB/s" in section
     assert f"takes {h['manifest_s']:.3f} s" in section
+    assert f"({h['flower_gb_s'] * 1e3:,.0f} MB/s): fedshard's push" in section
+    assert f"is {h['vs_flower']:,.1f}x as fast" in section
 
 
 def _zone_memory(h: dict[str, Any]) -> None:
@@ -213,7 +216,9 @@ EXPECT: dict[str, Expect] = {
         _zone_accumulate,
         _zone_accumulate_shown,
     ),
-    "upload": Expect({"push_gb_s", "fetch_gb_s", "best_push_gb_s", "manifest_s"}, _upload, _upload_shown),
+    "upload": Expect(
+        {"push_gb_s", "fetch_gb_s", "best_push_gb_s", "manifest_s", "flower_gb_s", "vs_flower"}, _upload, _upload_shown
+    ),
     "zone_memory": Expect(
         {
             "model_mb",
