@@ -12,6 +12,7 @@ from fedshard.zone.rpc import zone_pb2 as pb
 __all__ = [
     "CHUNK_BYTES",
     "GRPC_OPTIONS",
+    "STREAM_WINDOW",
     "chunk_of",
     "chunks",
     "encode_chunk_frame",
@@ -25,9 +26,17 @@ __all__ = [
 CHUNK_BYTES = 1 << 20
 _CHUNK_FIELDS = 64 << 10  # a chunk's shard id, offset, dtype and shape, with room to spare
 _MAX_SEND = 64 << 20  # what the zone sends: chunks of CHUNK_BYTES; CloseRound's summaries (~120 bytes a shard)
+_FRAMES_IN_FLIGHT = 4
+STREAM_WINDOW = _FRAMES_IN_FLIGHT * (CHUNK_BYTES + _CHUNK_FIELDS)
+"""The HTTP/2 window a receiver opens on each stream from the start: a few chunk frames,
+so that the sender streams the next while the receiver's handler checks one (gRPC's
+default opens 64 KiB and grows it only as its bandwidth probe sees fit). A zone holds at
+most this much of a stream beyond what its handler took: ``streams_per_party`` of them
+per caller."""
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_SEND),
     ("grpc.max_receive_message_length", _MAX_SEND),
+    ("grpc.http2.lookahead_bytes", STREAM_WINDOW),
 ]
 """A client's channel options (it receives what a zone sends)."""
 
@@ -39,10 +48,12 @@ def receive_limit(header_bytes: int) -> int:
 
 
 def server_options(header_bytes: int) -> list[tuple[str, int]]:
-    """A zone server's options: it receives no message over :func:`receive_limit`."""
+    """A zone server's options: it receives no message over :func:`receive_limit`, and
+    opens each stream's window to :data:`STREAM_WINDOW`."""
     return [
         ("grpc.max_send_message_length", _MAX_SEND),
         ("grpc.max_receive_message_length", receive_limit(header_bytes)),
+        ("grpc.http2.lookahead_bytes", STREAM_WINDOW),
     ]
 
 
