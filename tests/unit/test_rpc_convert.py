@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from fedshard.zone.frames import Chunk
 from fedshard.zone.rpc import zone_pb2 as pb
-from fedshard.zone.rpc.convert import chunks, encode_chunk_frame, push_frames
+from fedshard.zone.rpc.convert import (
+    GRPC_OPTIONS,
+    STREAM_WINDOW,
+    chunks,
+    encode_chunk_frame,
+    push_frames,
+    receive_limit,
+    server_options,
+)
 
 HEADER = pb.PushHeader(manifest=b"manifest", round_token="token")
 
@@ -47,3 +55,10 @@ def test_any_chunk_encodes_as_protobuf_does(
     chunk = Chunk(shard_id, offset, memoryview(data), dtype, tuple(shape))
     expected = pb.PushFrame(chunk=pb.ShardChunk(shard_id=shard_id, offset=offset, data=data, dtype=dtype, shape=shape))
     assert encode_chunk_frame(chunk) == expected.SerializeToString()
+
+
+def test_a_stream_window_holds_several_whole_chunk_frames() -> None:
+    options = dict(server_options(16 << 20))
+    assert options["grpc.max_receive_message_length"] == receive_limit(16 << 20)
+    assert options["grpc.http2.lookahead_bytes"] == STREAM_WINDOW == dict(GRPC_OPTIONS)["grpc.http2.lookahead_bytes"]
+    assert 2 * receive_limit(0) <= STREAM_WINDOW  # the next frame streams while the handler checks one
