@@ -55,14 +55,6 @@ class GrpcZoneClient:
         else:
             self._channel = grpc.secure_channel(endpoint, tls.channel(), options=GRPC_OPTIONS)
         self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
-        # Push and Forward send frames this client serialised itself (convert.push_frames:
-        # a chunk's bytes copied once), so these two calls take bytes as they are.
-        self._push = self._channel.stream_unary(
-            "/fedshard.zone.v1.Zone/Push", request_serializer=None, response_deserializer=pb.PushReply.FromString
-        )
-        self._forward = self._channel.stream_unary(
-            "/fedshard.zone.v1.Zone/Forward", request_serializer=None, response_deserializer=pb.ForwardReply.FromString
-        )
 
     def close(self) -> None:
         """Close the channel."""
@@ -73,6 +65,14 @@ class GrpcZoneClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _serialised(self, method: str, reply: type[pb.PushReply] | type[pb.ForwardReply]) -> Any:
+        """A streaming call of ``method`` that sends frames as the bytes given: Push and Forward
+        frames come serialised by :func:`~fedshard.zone.rpc.convert.push_frames` (a chunk's
+        bytes copied once), not as ``PushFrame`` s for the stub to serialise."""
+        return self._channel.stream_unary(
+            f"/fedshard.zone.v1.Zone/{method}", request_serializer=None, response_deserializer=reply.FromString
+        )
 
     def _error(self, exc: grpc.RpcError) -> FedshardError:
         return error_from_rpc(exc, self.endpoint)
@@ -123,7 +123,8 @@ class GrpcZoneClient:
         encrypted = {e.shard_id for e in manifest.shards if e.encrypted}
         header = pb.PushHeader(manifest=manifest.to_bytes(), round_token=token)
         try:
-            reply = self._push(push_frames(header, shards, self.chunk_bytes, encrypted), timeout=self.timeout)
+            call = self._serialised("Push", pb.PushReply)
+            reply = call(push_frames(header, shards, self.chunk_bytes, encrypted), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
         return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes)
@@ -147,7 +148,8 @@ class GrpcZoneClient:
         encrypted = {e.shard_id for e in partial.entries if e.encrypted}
         header = pb.PushHeader(manifest=partial.to_bytes(), round_token=partial.token)
         try:
-            reply = self._forward(push_frames(header, sums, self.chunk_bytes, encrypted), timeout=self.timeout)
+            call = self._serialised("Forward", pb.ForwardReply)
+            reply = call(push_frames(header, sums, self.chunk_bytes, encrypted), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
         return int(reply.shards)
