@@ -2,30 +2,33 @@
 
 The tree follows RFC 6962 (Certificate Transparency): leaves are
 ``H(0x00 ‖ data)``, interior nodes ``H(0x01 ‖ left ‖ right)``, and a tree of n
-leaves splits at the largest power of two below n. Leaf data is
+leaves splits at the largest power of two below n. ``H`` is BLAKE3 (32 bytes), the
+hash of the shard digests (:data:`fedshard.integrity.digest.HASH_NAME`). Leaf data is
 ``shard_id ‖ 0x00 ‖ digest`` and leaves are sorted by shard id, so the root of a set
 of shards does not depend on the order they were produced in.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from blake3 import blake3
 
 from fedshard.errors import IntegrityError
 
 __all__ = ["EMPTY_ROOT", "InclusionProof", "MerkleTree", "merkle_root", "verify_proof"]
 
-EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
+EMPTY_ROOT: str = blake3(b"").hexdigest()
+"""The root of a tree of no leaves: ``H("")``."""
 
 
 def _leaf_hash(shard_id: str, digest: str) -> bytes:
-    return hashlib.sha256(b"\x00" + shard_id.encode() + b"\x00" + digest.encode()).digest()
+    return blake3(b"\x00" + shard_id.encode() + b"\x00" + digest.encode()).digest()
 
 
 def _node_hash(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\x01" + left + right).digest()
+    return blake3(b"\x01" + left + right).digest()
 
 
 def _split_point(n: int) -> int:
