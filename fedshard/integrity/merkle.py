@@ -39,21 +39,29 @@ def _split_point(n: int) -> int:
     return k
 
 
-def _root(leaves: list[bytes]) -> bytes:
-    if len(leaves) == 1:
-        return leaves[0]
-    k = _split_point(len(leaves))
-    return _node_hash(_root(leaves[:k]), _root(leaves[k:]))
+def _root(leaves: list[bytes], lo: int = 0, hi: int | None = None) -> bytes:
+    """Root of ``leaves[lo:hi]`` (indices, not slices: no copies of the leaf list)."""
+    hi = len(leaves) if hi is None else hi
+    if hi - lo == 1:
+        return leaves[lo]
+    mid = lo + _split_point(hi - lo)
+    return _node_hash(_root(leaves, lo, mid), _root(leaves, mid, hi))
 
 
 def _path(leaves: list[bytes], index: int) -> list[bytes]:
     """Audit path (siblings from the leaf upwards) for leaf ``index``."""
-    if len(leaves) == 1:
-        return []
-    k = _split_point(len(leaves))
-    if index < k:
-        return [*_path(leaves[:k], index), _root(leaves[k:])]
-    return [*_path(leaves[k:], index - k), _root(leaves[:k])]
+    path: list[bytes] = []
+    lo, hi = 0, len(leaves)
+    while hi - lo > 1:
+        mid = lo + _split_point(hi - lo)
+        if index < mid:
+            path.append(_root(leaves, mid, hi))
+            hi = mid
+        else:
+            path.append(_root(leaves, lo, mid))
+            lo = mid
+    path.reverse()  # from the leaf upwards
+    return path
 
 
 @dataclass(frozen=True, slots=True)
