@@ -83,6 +83,8 @@ class RefusalCode(StrEnum):
     """A shard is not in the round's plan, or not listed in the header."""
     MALFORMED = "malformed"
     """A header (manifest, partial-sum header) does not parse."""
+    FORMAT = "format"
+    """A header is of a format or digest hash this zone does not speak (another fedshard release)."""
     PROTOCOL = "protocol"
     """Frames out of order: no header first, a header twice."""
     # frames

@@ -13,10 +13,11 @@ never the whole history. Sites keep their own chain and extend it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from blake3 import blake3
 
 from fedshard.integrity import merkle_root, next_version
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SiteInfo
@@ -85,7 +86,8 @@ def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
 
 
 def combine_versions(versions: Mapping[str, str]) -> str:
-    """One version for the whole federation: the only group's, or a digest over all groups'."""
+    """One version for the whole federation: the only group's, or a digest over all groups'
+    (BLAKE3, the hash of every model version: :mod:`fedshard.integrity.version`)."""
     if len(versions) == 1:
         return next(iter(versions.values()))
-    return hashlib.sha256(json.dumps(dict(sorted(versions.items()))).encode()).hexdigest()
+    return blake3(json.dumps(dict(sorted(versions.items()))).encode()).hexdigest()

@@ -1,6 +1,13 @@
 """Integrity: shard digests, Merkle trees and proofs, manifests, the model-version chain."""
 
-from fedshard.integrity.digest import CIPHERTEXT_LABEL, ShardHasher, ciphertext_digest, ciphertext_hasher, shard_digest
+from fedshard.integrity.digest import (
+    CIPHERTEXT_LABEL,
+    HASH_NAME,
+    ShardHasher,
+    ciphertext_digest,
+    ciphertext_hasher,
+    shard_digest,
+)
 from fedshard.integrity.manifest import MANIFEST_FORMAT, Manifest, ShardEntry, build_manifest
 from fedshard.integrity.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, merkle_root, verify_proof
 from fedshard.integrity.version import genesis_version, next_version
@@ -8,6 +15,7 @@ from fedshard.integrity.version import genesis_version, next_version
 __all__ = [
     "CIPHERTEXT_LABEL",
     "EMPTY_ROOT",
+    "HASH_NAME",
     "MANIFEST_FORMAT",
     "InclusionProof",
     "Manifest",

@@ -6,6 +6,11 @@ model version the update was computed from, the digest of the residency policy t
 site routed by and each shard's sensitivity class. Zones check every pushed frame
 against it. It is canonical JSON; :meth:`Manifest.signing_payload` is what the site's
 Ed25519 signature covers (:meth:`Manifest.signed`, :meth:`Manifest.verify_signature`).
+
+Format 3 names the hash of its digests, Merkle root and base version (``"hash":
+"blake3"``, under the signature); format 2 used SHA-256 and named none. A manifest of
+another format or hash is refused whole, with code
+:attr:`~fedshard.errors.RefusalCode.FORMAT`: its digests could not be checked.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedshard.crypto.signing import sign, verify
-from fedshard.errors import IntegrityError, ShardError
-from fedshard.integrity.digest import ciphertext_digest, shard_digest
+from fedshard.errors import IntegrityError, RefusalCode, ShardError
+from fedshard.integrity.digest import HASH_NAME, ciphertext_digest, shard_digest
 from fedshard.integrity.merkle import merkle_root
 
 __all__ = ["MANIFEST_FORMAT", "Manifest", "ShardEntry", "build_manifest"]
 
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3
+"""The manifest format this version writes and accepts (3: BLAKE3 digests, named by ``"hash"``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,7 @@ class Manifest:
     def _body(self) -> dict[str, Any]:
         return {
             "format": self.format,
+            "hash": HASH_NAME,
             "site_id": self.site_id,
             "round": self.round,
             "plan_digest": self.plan_digest,
@@ -102,8 +109,7 @@ class Manifest:
             body = json.loads(data)
             if not isinstance(body, dict):
                 raise IntegrityError(f"malformed manifest: expected a JSON object, got {type(body).__name__}")
-            if body.get("format") != MANIFEST_FORMAT:
-                raise IntegrityError(f"unsupported manifest format {body.get('format')!r}")
+            _check_format(body)
             manifest = cls(
                 site_id=str(body["site_id"]),
                 round=int(body["round"]),
@@ -158,6 +164,24 @@ class Manifest:
                 f"manifest of site {self.site_id!r} round {self.round}: signature does not verify with the "
                 "site's registered key (tampered, or signed by another key)"
             )
+
+
+def _check_format(body: dict[str, Any]) -> None:
+    """Refuse (code ``format``) a manifest of another format or hash than this version speaks."""
+    found, hash_name = body.get("format"), body.get("hash")
+    if found == MANIFEST_FORMAT and hash_name == HASH_NAME:
+        return
+    if found == 2:
+        what = "manifest format 2 (SHA-256 digests, fedshard before BLAKE3)"
+    elif found == MANIFEST_FORMAT:
+        what = f"digest hash {hash_name!r}"
+    else:
+        what = f"manifest format {found!r}"
+    raise IntegrityError(
+        f"unsupported {what}: this version speaks manifest format {MANIFEST_FORMAT} with {HASH_NAME} digests; "
+        "upgrade the site and the zone to the same fedshard release",
+        code=RefusalCode.FORMAT,
+    )
 
 
 def build_manifest(

@@ -2,30 +2,33 @@
 
 The tree follows RFC 6962 (Certificate Transparency): leaves are
 ``H(0x00 ‖ data)``, interior nodes ``H(0x01 ‖ left ‖ right)``, and a tree of n
-leaves splits at the largest power of two below n. Leaf data is
+leaves splits at the largest power of two below n. ``H`` is BLAKE3 (32 bytes), the
+hash of the shard digests (:data:`fedshard.integrity.digest.HASH_NAME`). Leaf data is
 ``shard_id ‖ 0x00 ‖ digest`` and leaves are sorted by shard id, so the root of a set
 of shards does not depend on the order they were produced in.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from blake3 import blake3
 
 from fedshard.errors import IntegrityError
 
 __all__ = ["EMPTY_ROOT", "InclusionProof", "MerkleTree", "merkle_root", "verify_proof"]
 
-EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
+EMPTY_ROOT: str = blake3(b"").hexdigest()
+"""The root of a tree of no leaves: ``H("")``."""
 
 
 def _leaf_hash(shard_id: str, digest: str) -> bytes:
-    return hashlib.sha256(b"\x00" + shard_id.encode() + b"\x00" + digest.encode()).digest()
+    return blake3(b"\x00" + shard_id.encode() + b"\x00" + digest.encode()).digest()
 
 
 def _node_hash(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\x01" + left + right).digest()
+    return blake3(b"\x01" + left + right).digest()
 
 
 def _split_point(n: int) -> int:
@@ -36,21 +39,29 @@ def _split_point(n: int) -> int:
     return k
 
 
-def _root(leaves: list[bytes]) -> bytes:
-    if len(leaves) == 1:
-        return leaves[0]
-    k = _split_point(len(leaves))
-    return _node_hash(_root(leaves[:k]), _root(leaves[k:]))
+def _root(leaves: list[bytes], lo: int = 0, hi: int | None = None) -> bytes:
+    """Root of ``leaves[lo:hi]`` (indices, not slices: no copies of the leaf list)."""
+    hi = len(leaves) if hi is None else hi
+    if hi - lo == 1:
+        return leaves[lo]
+    mid = lo + _split_point(hi - lo)
+    return _node_hash(_root(leaves, lo, mid), _root(leaves, mid, hi))
 
 
 def _path(leaves: list[bytes], index: int) -> list[bytes]:
     """Audit path (siblings from the leaf upwards) for leaf ``index``."""
-    if len(leaves) == 1:
-        return []
-    k = _split_point(len(leaves))
-    if index < k:
-        return [*_path(leaves[:k], index), _root(leaves[k:])]
-    return [*_path(leaves[k:], index - k), _root(leaves[:k])]
+    path: list[bytes] = []
+    lo, hi = 0, len(leaves)
+    while hi - lo > 1:
+        mid = lo + _split_point(hi - lo)
+        if index < mid:
+            path.append(_root(leaves, mid, hi))
+            hi = mid
+        else:
+            path.append(_root(leaves, lo, mid))
+            lo = mid
+    path.reverse()  # from the leaf upwards
+    return path
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedshard.errors import IntegrityError
+from fedshard.errors import IntegrityError, RefusalCode
+from fedshard.integrity.digest import HASH_NAME
 from fedshard.integrity.manifest import ShardEntry
 from fedshard.residency.router import DEFAULT_GROUP, GLOBAL_GROUP, AggregateKey
 
@@ -139,7 +140,12 @@ class PartialEntry:
 
 @dataclass(frozen=True, slots=True)
 class PartialSum:
-    """What a zone forwards to the reducing zone when it closes a round."""
+    """What a zone forwards to the reducing zone when it closes a round.
+
+    Its header names the hash of its digests (``"hash"``, :data:`~fedshard.integrity.HASH_NAME`);
+    a header naming another, or none (a zone from before BLAKE3), is refused with code
+    :attr:`~fedshard.errors.RefusalCode.FORMAT`.
+    """
 
     zone: str
     round: int
@@ -149,6 +155,7 @@ class PartialSum:
     def to_bytes(self) -> bytes:
         """Canonical JSON."""
         body = {
+            "hash": HASH_NAME,
             "zone": self.zone,
             "round": self.round,
             "token": self.token,
@@ -163,11 +170,19 @@ class PartialSum:
         """Parse; raise :class:`IntegrityError` if malformed."""
         try:
             body = json.loads(data)
+            if isinstance(body, dict) and body.get("hash") != HASH_NAME:
+                raise IntegrityError(
+                    f"unsupported digest hash {body.get('hash', 'sha256 (unnamed)')!r} in a partial sum header: "
+                    f"this zone speaks {HASH_NAME}; upgrade the zones to the same fedshard release",
+                    code=RefusalCode.FORMAT,
+                )
             entries = tuple(
                 PartialEntry(str(s), str(d), int(n), float(w), tuple(str(c) for c in cs), e is True)
                 for s, d, n, w, cs, e in body["entries"]
             )
             return cls(str(body["zone"]), int(body["round"]), str(body["token"]), entries)
+        except IntegrityError:
+            raise
         except RecursionError:
             raise IntegrityError("malformed partial sum header: JSON nested too deeply") from None
         except (KeyError, TypeError, ValueError) as exc:

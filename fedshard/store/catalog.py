@@ -24,7 +24,11 @@ crash in between are orphans, never read. A key rotation re-seals ``keys/<g>`` i
 (one atomic write of 32 bytes per shard plus a header): the catalog and the shard blobs
 are untouched (:meth:`Catalog.rewrap`). The cost of a commit is one catalog write,
 O(shards): batch writes (:meth:`fedshard.store.sealed_store.SealedShardStore.batch`).
-Opening a store parses the whole index into memory (a few microseconds per shard:
+Format 3 (this one) records BLAKE3 shard digests
+(:data:`fedshard.integrity.HASH_NAME`); format 2 recorded SHA-256 ones, which this
+version can no longer check, so it refuses such a store with one line, changing
+nothing (the cold tier's source digests cannot be recomputed, so there is no
+migration in place). Opening a store parses the whole index into memory (a few microseconds per shard:
 negligible for models of thousands of shards, seconds for a million).
 """
 
@@ -58,7 +62,8 @@ KEYS_PREFIX = "keys/"
 _CAT_MAGIC = b"FSCATLG\x02"
 _KEYS_MAGIC = b"FSKEYS\x00\x02"
 _PREFIX = struct.Struct("<8sI")
-_FORMAT = 2
+_FORMAT = 3  # 3: BLAKE3 digests; 2: SHA-256 (refused, see the module docstring)
+_SHA256_FORMAT = 2
 _AAD_DOMAIN = b"fedshard/key-table/v2\x00"
 ENCODINGS = ("full", "fp8", "int8", "int4")  # index codes 0..3
 _ENTRY = np.dtype(
@@ -125,6 +130,12 @@ def _header(raw_header: bytes, what: str, required: set[str]) -> dict[str, Any]:
         doc = json.loads(raw_header)
     except ValueError:
         raise StoreError(f"the store's {what} header is corrupt; restore it from a backup") from None
+    if isinstance(doc, dict) and doc.get("format") == _SHA256_FORMAT:
+        raise StoreError(
+            f"the store's {what} is of format 2: the store was written by fedshard before BLAKE3 shard digests "
+            "and this version cannot check its SHA-256 ones; write the model into a new store with this version "
+            "(or read this one with the release that wrote it)"
+        )
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise StoreError(f"the store's {what} has an unknown format; upgrade fedshard or restore it")
     if not required <= set(doc):

@@ -17,7 +17,7 @@ superseded blob is deleted only after the commit. A crash at any point leaves th
 previous version readable (its blob and its key are still what the catalog names). A
 read (:func:`~fedshard.store.shard_io.read_shard`) checks, in order: the blob exists and
 is whole, it is this store's, this shard's and this version's (swap and rollback), the
-AES-GCM tag (any other change), then the SHA-256 shard digest the catalog records for it.
+AES-GCM tag (any other change), then the BLAKE3 shard digest the catalog records for it.
 
 The store holds the data keys in memory while it is open. One writer at a time;
 reads may run in threads (the prefetching loader does), alongside no writer.

@@ -4,7 +4,7 @@ Write path: :func:`normalise` the array, then :func:`seal_shard` it under a fres
 key into the blob of its next version, with the catalog entry that will name it. Read
 path: :func:`read_shard` opens the blob the catalog names and checks, in order, that it
 exists and is whole, that it is this store's, this shard's and this version's (swap and
-rollback), the AES-GCM tag (any other change), the encoding, then the SHA-256 shard
+rollback), the AES-GCM tag (any other change), the encoding, then the BLAKE3 shard
 digest the catalog records. The commit that makes a write visible is
 :mod:`fedshard.store.commit`'s.
 """

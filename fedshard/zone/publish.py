@@ -13,14 +13,11 @@ Merkle root.
 Stored format and its contract (``format`` in each snapshot's metadata): a stored
 aggregate never changes meaning.
 
-* **2**: clear shards as arrays, ciphertexts as ``(1, n)`` uint8 arrays, and the
-  metadata lists the ``encrypted`` shard ids.
-* **1** (no ``format`` key, written before ciphertexts were ``bytes``): the same
-  arrays without the list; its ``uint8`` shards are the encrypted ones (no clear shard
-  of fedshard's plans is uint8: plans hold floating-point tensors only).
-
-Ciphertext digests are unchanged between the two (see
-:data:`~fedshard.integrity.CIPHERTEXT_LABEL`), so a stored root verifies under both.
+* **3**: clear shards as arrays, ciphertexts as ``(1, n)`` uint8 arrays, and the
+  metadata lists the ``encrypted`` shard ids; the root is over BLAKE3 digests.
+* **2** (the same, with SHA-256 digests) and **1** (no ``format`` key, no list):
+  written before BLAKE3 (manifest format 3); this version cannot check their roots, so
+  it refuses to serve them, in one line (code ``corrupt``), and leaves them as they are.
 """
 
 from __future__ import annotations
@@ -47,7 +44,7 @@ __all__ = [
     "summarize",
 ]
 
-AGGREGATE_FORMAT = 2
+AGGREGATE_FORMAT = 3
 """Format of the aggregates a zone stores (see the module docstring)."""
 
 Contributors = dict[str, list[str]]
@@ -144,10 +141,13 @@ class AggregateStore:
         if not self._store.exists(key):
             return None
         meta, arrays = self._store.load(key)
-        if "format" in meta:
-            encrypted = set(meta.get("encrypted", []))
-        else:  # format 1
-            encrypted = {sid for sid, arr in arrays.items() if arr.dtype == np.uint8}
+        if meta.get("format", 1) != AGGREGATE_FORMAT:
+            raise IntegrityError(
+                f"zone {zone}: stored aggregate {group} of round {round} is of format {meta.get('format', 1)}, "
+                f"written before BLAKE3 digests; this version serves format {AGGREGATE_FORMAT} only",
+                code=RefusalCode.CORRUPT,
+            )
+        encrypted = set(meta.get("encrypted", []))
         means = {sid: arr for sid, arr in arrays.items() if sid not in encrypted}
         ciphertexts = {sid: arr.tobytes() for sid, arr in arrays.items() if sid in encrypted}
         summary = summarize(

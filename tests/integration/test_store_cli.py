@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from fedshard.cli.store import keys_rotate, store_app, verify_store
 from fedshard.crypto.at_rest import KEK_ENV, KEK_FILE_ENV, NEW_KEK_ENV, load_kek
-from fedshard.errors import ConfigError, FedshardError, StoreKeyError
+from fedshard.errors import ConfigError, FedshardError, StoreError, StoreKeyError
 from fedshard.sharding import ShardPlan
-from fedshard.store import LocalDirBackend, SealedShardStore, Tier
+from fedshard.store import LocalDirBackend, SealedShardStore, Tier, catalog
 from fedshard.store.model_io import write_tensors
 from fedshard.store.sealed_store import blob_name
 
@@ -146,3 +146,21 @@ def test_bad_input_gives_one_clear_line(tmp_path: Path, runner: CliRunner) -> No
         _invoke(runner, "store", "keygen", "--out", str(key))
     code, out = _invoke(runner, "store", "tier", "--store", str(store_dir), "--older-than", "1d", "--format", "fp16")
     assert code == 2 and "fp16" in out  # click's usage error lists the choices
+
+
+def test_a_store_of_the_sha256_era_is_refused_with_one_line(
+    tmp_path: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written before BLAKE3 (catalog and key table of format 2) is refused whole, unchanged."""
+    monkeypatch.setattr(catalog, "_FORMAT", 2)
+    store_dir, key = _site_store(tmp_path, runner)
+    monkeypatch.undo()
+    before = {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()}
+
+    for command in (["verify"], ["store", "stats"], ["store", "tier", "--older-than", "1d"]):
+        with pytest.raises(StoreError) as info:
+            _invoke(runner, *command, "--store", str(store_dir), "--key-file", str(key))
+        message = str(info.value)
+        assert "is of format 2" in message and "before BLAKE3" in message and "new store" in message
+        assert "\n" not in message
+    assert {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()} == before

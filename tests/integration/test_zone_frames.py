@@ -9,6 +9,7 @@ stream that starts at offset > 0 included: it used to raise a bare ``KeyError``)
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -414,3 +415,53 @@ def test_an_encrypted_shard_labelled_as_values_is_refused(he: tuple[HeCodec, obj
     assert info.value.code is RefusalCode.DTYPE
     assert f"shard {sid} has dtype |u1, the manifest says ckks" in str(info.value)
     assert zone.close_round(1) == []
+
+
+# protocol format: a zone refuses a header of a hash it does not speak ----------------------------
+
+
+def _sha256_era(body: bytes) -> bytes:
+    """``body`` as fedshard before BLAKE3 wrote it: manifest format 2, no ``hash`` field."""
+    doc = json.loads(body)
+    doc.pop("hash")
+    if "format" in doc:
+        doc["format"] = 2
+    return json.dumps(doc).encode()
+
+
+def test_a_push_with_a_manifest_of_the_sha256_era_is_refused_with_one_line(
+    grpc_zone: tuple[ZoneAggregator, str],
+) -> None:
+    zone, endpoint = grpc_zone
+    plan_values = {sid: v.astype(np.float32) for sid, v in sums(1).items()}
+    manifest = manifest_for("site-a", plan_values, plan=PLAN, zone="eu-1")
+    header = pb.PushFrame(header=pb.PushHeader(manifest=_sha256_era(manifest.to_bytes()), round_token=TOKEN))
+    with GrpcZoneClient(endpoint, timeout=20) as client:
+        client.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES))
+
+    with grpc.insecure_channel(endpoint) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.ZoneStub(channel).Push(
+            iter([header, *(pb.PushFrame(chunk=c) for c in chunks(plan_values, CHUNK))]), timeout=20
+        )
+
+    error = info.value
+    assert dict(error.trailing_metadata())[REFUSAL_CODE_KEY] == RefusalCode.FORMAT.value
+    assert error.code() == GRPC_STATUS[RefusalCode.FORMAT] == grpc.StatusCode.FAILED_PRECONDITION
+    assert "manifest format 2 (SHA-256 digests" in error.details() and "\n" not in error.details()
+    assert zone.stats.pushes == 0
+    assert zone.close_round(1) == []  # nothing was counted
+
+
+def test_a_forward_header_of_the_sha256_era_is_refused(reducer: tuple[ZoneAggregator, str]) -> None:
+    zone, endpoint = reducer
+    a = sums(1)
+    frames = forward_frames(partial_from(a), a)
+    old = frames[0].header.manifest
+    frames[0] = pb.PushFrame(header=pb.PushHeader(manifest=_sha256_era(old), round_token=TOKEN))
+
+    with grpc.insecure_channel(endpoint) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.ZoneStub(channel).Forward(iter(frames), timeout=20)
+
+    assert dict(info.value.trailing_metadata())[REFUSAL_CODE_KEY] == RefusalCode.FORMAT.value
+    assert "unsupported digest hash 'sha256 (unnamed)' in a partial sum header" in info.value.details()
+    assert_only_good_forward_counted(zone, endpoint)

@@ -11,6 +11,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from blake3 import blake3
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -35,9 +36,9 @@ def reference_root(leaves: list[tuple[str, str]]) -> str:
     def mth(items: list[tuple[str, str]]) -> bytes:
         if len(items) == 1:
             shard_id, digest = items[0]
-            return hashlib.sha256(b"\x00" + shard_id.encode() + b"\x00" + digest.encode()).digest()
+            return blake3(b"\x00" + shard_id.encode() + b"\x00" + digest.encode()).digest()
         k = _split(len(items))
-        return hashlib.sha256(b"\x01" + mth(items[:k]) + mth(items[k:])).digest()
+        return blake3(b"\x01" + mth(items[:k]) + mth(items[k:])).digest()
 
     return mth(leaves).hex()
 
@@ -150,7 +151,7 @@ def test_root_changes_with_any_leaf() -> None:
 
 
 def test_empty_tree_root_is_empty_root() -> None:
-    assert hashlib.sha256(b"").hexdigest() == EMPTY_ROOT
+    assert blake3(b"").hexdigest() == EMPTY_ROOT
     assert merkle_root({}) == EMPTY_ROOT
     assert MerkleTree({}).root == EMPTY_ROOT
     assert len(MerkleTree({})) == 0
@@ -162,7 +163,7 @@ def test_single_leaf_root_is_the_leaf_hash_and_path_is_empty() -> None:
 
     proof = tree.prove("w#r0c0")
 
-    assert tree.root == hashlib.sha256(b"\x00w#r0c0\x00" + digest.encode()).hexdigest()
+    assert tree.root == blake3(b"\x00w#r0c0\x00" + digest.encode()).hexdigest()
     assert proof == InclusionProof("w#r0c0", digest, 0, 1, ())
     assert verify_proof(proof, tree.root)
 

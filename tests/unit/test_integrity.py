@@ -8,14 +8,17 @@ import re
 
 import numpy as np
 import pytest
+from blake3 import blake3
 
-from fedshard.errors import IntegrityError
+from fedshard.errors import IntegrityError, RefusalCode
 from fedshard.integrity import (
+    HASH_NAME,
     MANIFEST_FORMAT,
     Manifest,
     ShardEntry,
     ShardHasher,
     build_manifest,
+    ciphertext_digest,
     genesis_version,
     merkle_root,
     next_version,
@@ -58,12 +61,46 @@ def _edited(manifest: Manifest, **changes: object) -> bytes:
 # shard digests ----------------------------------------------------------------------------
 
 
-def test_digest_is_sha256_of_domain_dtype_shape_and_bytes() -> None:
+def test_digest_is_blake3_of_domain_dtype_shape_and_bytes() -> None:
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
 
-    expected = hashlib.sha256(b"fedshard/shard/v1\x00" + b"<f4|2,3\x00" + array.tobytes()).hexdigest()
+    expected = blake3(b"fedshard/shard/v1\x00" + b"<f4|2,3\x00" + array.tobytes()).hexdigest()
 
+    assert HASH_NAME == "blake3"
     assert shard_digest(array) == expected
+    # a known answer, independent of any library: the digest of this shard never changes meaning
+    assert expected == "1b3103516ee980f7a8b0e640345b97ccd239f84c45e267847c0f19b13e33c7c4"
+
+
+def test_ciphertext_digest_is_blake3_of_its_bytes_as_a_row_of_u1() -> None:
+    data = bytes(range(7))
+
+    assert ciphertext_digest(data) == blake3(b"fedshard/shard/v1\x00|u1|1,7\x00" + data).hexdigest()
+    assert ciphertext_digest(memoryview(bytearray(data))) == ciphertext_digest(data)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],  # not contiguous
+        np.arange(12, dtype=">f4").reshape(3, 4),  # big-endian
+        np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+        np.zeros((0, 3), dtype=np.float32),
+    ],
+)
+def test_digest_of_any_layout_is_that_of_its_contiguous_little_endian_copy(array: np.ndarray) -> None:
+    copy = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+    expected = blake3(f"fedshard/shard/v1\x00{copy.dtype.str}|{','.join(map(str, copy.shape))}\x00".encode())
+    assert shard_digest(array) == expected.update(copy.tobytes()).hexdigest()
+
+
+def test_hasher_takes_typed_buffers_as_their_bytes() -> None:
+    array = np.arange(6, dtype=np.float32)
+    hasher = ShardHasher("<f4", (6,))
+    hasher.update(memoryview(array))  # a typed buffer: hashed as its bytes, not refused
+
+    assert hasher.hexdigest() == shard_digest(array)
 
 
 def test_digest_covers_dtype() -> None:
@@ -244,9 +281,40 @@ def test_from_bytes_rejects_garbage(data: bytes) -> None:
         Manifest.from_bytes(data)
 
 
-def test_from_bytes_rejects_unknown_format() -> None:
-    with pytest.raises(IntegrityError, match="unsupported manifest format 3"):
-        Manifest.from_bytes(_edited(_manifest(), format=3))
+def test_manifest_names_its_hash_under_the_signature() -> None:
+    manifest = _manifest()
+
+    assert MANIFEST_FORMAT == 3
+    assert json.loads(manifest.signing_payload())["hash"] == "blake3"
+    assert json.loads(manifest.to_bytes())["hash"] == "blake3"
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"format": 4}, "unsupported manifest format 4"),
+        ({"format": None}, "unsupported manifest format None"),
+        ({"hash": "sha256"}, "unsupported digest hash 'sha256'"),
+        ({"hash": None}, "unsupported digest hash None"),
+    ],
+)
+def test_from_bytes_refuses_another_format_or_hash_with_code_format(change: dict[str, object], match: str) -> None:
+    with pytest.raises(IntegrityError, match=match) as info:
+        Manifest.from_bytes(_edited(_manifest(), **change))
+
+    assert info.value.code is RefusalCode.FORMAT
+    assert "\n" not in str(info.value) and "manifest format 3 with blake3" in str(info.value)
+
+
+def test_from_bytes_refuses_a_format_2_manifest_of_sha256_digests() -> None:
+    body = json.loads(_manifest().to_bytes())
+    body["format"] = 2
+    del body["hash"]
+
+    with pytest.raises(IntegrityError, match=r"manifest format 2 \(SHA-256 digests") as info:
+        Manifest.from_bytes(json.dumps(body).encode())
+
+    assert info.value.code is RefusalCode.FORMAT
 
 
 @pytest.mark.parametrize(
@@ -291,7 +359,7 @@ def test_genesis_version_is_deterministic_hex() -> None:
 
     assert v0 == genesis_version(_h("plan"), _h("init"))
     assert re.fullmatch(r"[0-9a-f]{64}", v0), v0
-    expected = hashlib.sha256(b"fedshard/genesis\x00" + bytes.fromhex(_h("plan")) + bytes.fromhex(_h("init")))
+    expected = blake3(b"fedshard/genesis\x00" + bytes.fromhex(_h("plan")) + bytes.fromhex(_h("init")))
     assert v0 == expected.hexdigest()
 
 
@@ -312,7 +380,7 @@ def test_next_version_is_deterministic_and_depends_on_both_inputs() -> None:
     assert v1 != v0
     assert next_version(v0, _h("agg1'")) != v1
     assert next_version(_h("other v0"), _h("agg1")) != v1
-    assert v1 == hashlib.sha256(bytes.fromhex(v0) + bytes.fromhex(_h("agg1"))).hexdigest()
+    assert v1 == blake3(bytes.fromhex(v0) + bytes.fromhex(_h("agg1"))).hexdigest()
 
 
 def test_version_chain_depends_on_order_of_aggregates() -> None:

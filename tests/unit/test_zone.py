@@ -167,22 +167,21 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
         restarted.fetch(2)
 
 
-def test_a_stored_aggregate_of_format_1_is_read_with_its_ciphertexts_as_bytes(tmp_path: Path) -> None:
-    # Format 1 (before ciphertexts were bytes): ciphertexts as (1, n) uint8 arrays, no list of them.
+@pytest.mark.parametrize("fmt", [None, 2])
+def test_a_stored_aggregate_of_the_sha256_era_is_refused_with_one_line(tmp_path: Path, fmt: int | None) -> None:
+    # Formats 1 (no "format" key) and 2: written before BLAKE3, their roots are over SHA-256 digests.
     mean = np.full((4, 4), 0.25, np.float32)
-    blob = bytes(range(200))
-    as_array = np.frombuffer(blob, np.uint8).reshape(1, -1)
-    root = merkle_root({"w#r0c0": shard_digest(mean), "c#r0c0": shard_digest(as_array)})
-    meta = {"zone": ZONE, "round": 1, "group": "regional/any", "merkle_root": root, "total_weight": 2.0}
-    meta |= {"sites": ["site-a"], "contributors": {"w#r0c0": ["site-a"], "c#r0c0": ["site-a"]}}
-    LocalShardStore(tmp_path).save("aggregate-000001-regional-any", {"w#r0c0": mean, "c#r0c0": as_array}, meta)
+    meta = {"zone": ZONE, "round": 1, "group": "regional/any", "merkle_root": "ab" * 32, "total_weight": 2.0}
+    meta |= {"sites": ["site-a"], "contributors": {"w#r0c0": ["site-a"]}}
+    if fmt is not None:
+        meta |= {"format": fmt, "encrypted": []}
+    LocalShardStore(tmp_path).save("aggregate-000001-regional-any", {"w#r0c0": mean}, meta)
 
-    aggregate = ZoneAggregator(ZONE, store_dir=tmp_path).fetch(1)
+    with pytest.raises(IntegrityError, match=f"is of format {fmt or 1}, written before BLAKE3 digests") as info:
+        ZoneAggregator(ZONE, store_dir=tmp_path).fetch(1)
 
-    assert aggregate.summary.merkle_root == root
-    assert {e.shard_id: e.encrypted for e in aggregate.summary.shards} == {"w#r0c0": False, "c#r0c0": True}
-    assert aggregate.ciphertexts == {"c#r0c0": blob}
-    np.testing.assert_array_equal(aggregate.means["w#r0c0"], mean)
+    assert info.value.code is RefusalCode.CORRUPT and "\n" not in str(info.value)
+    assert LocalShardStore(tmp_path).load("aggregate-000001-regional-any")[0] == meta  # left as it is
 
 
 def test_stored_aggregate_that_was_tampered_with_fails_its_root(tmp_path: Path) -> None:
