@@ -204,6 +204,25 @@ def _site_overhead_shown(h: dict[str, Any], section: str) -> None:
     assert cells[4] == "1 / 0" and cells[5].startswith(f"{h['peak_extra_over_model']:.2f}×")
 
 
+def _large_round(h: dict[str, Any]) -> None:
+    # --quick: the 2.7 M-parameter transformer (10.6 MB) in plaintext; CKKS bytes of its plan
+    assert 5 < h["model_mb"] < 20
+    assert h["data_plane_s"] > h["copy_floor_s"] > 0
+    # every process holds Python and gRPC besides the model; the site also torch and the model
+    assert h["zone_peak_rss_mb"] > 0 and h["site_peak_rss_mb"] > h["model_mb"]
+    assert 1 < h["ckks_bytes_per_f32"] < 20
+
+
+def _large_round_shown(h: dict[str, Any], section: str) -> None:
+    plane = _cells(_row(section, "data plane (round − training) |"))
+    assert plane[1] == f"{h['data_plane_s']:,.3f}"
+    floor = _cells(_row(section, "copy floor"))
+    assert floor[1] == f"{h['copy_floor_s']:,.3f}"
+    assert f"({h['model_mb']:.1f} MB)" in section
+    assert f"zone {h['zone_peak_rss_mb']:,.0f} MB" in section and f"message {h['site_peak_rss_mb']:,.0f} MB" in section
+    assert f"{h['ckks_bytes_per_f32']:.2f}× for the" in section
+
+
 EXPECT: dict[str, Expect] = {
     "zone_accumulate": Expect(
         {
@@ -309,6 +328,11 @@ EXPECT: dict[str, Expect] = {
         },
         _site_overhead,
         _site_overhead_shown,
+    ),
+    "large_round": Expect(
+        {"data_plane_s", "copy_floor_s", "zone_peak_rss_mb", "site_peak_rss_mb", "model_mb", "ckks_bytes_per_f32"},
+        _large_round,
+        _large_round_shown,
     ),
 }
 
