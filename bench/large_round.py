@@ -559,7 +559,7 @@ def measure(transformer: dict[str, int] | None, rounds: int, encrypt: bool) -> d
         "moved": med(moved),
         "copy_floor_s": med(moved) * per_byte,
         "copy_gb_s": 1 / per_byte / 1e9,
-        "site_peak_rss": max(f["site_peak_rss"] for f in steady),
+        "site_peak_rss": med(f["site_peak_rss"] for f in steady),  # each round's largest message peak
         "zone_peak_rss": max(run["zone_peak_rss"].values()),
         "zone_base_rss": max(run["zone_base_rss"].values()),
         "staging_bytes": run["staging_bytes"],
@@ -690,7 +690,8 @@ def report(
         f"{plain['zone_base_rss'] / mb:,.0f} MB; staging budget {plain['staging_bytes'] / mb:,.0f} MB) = "
         f"{plain['zone_peak_rss'] / plain['model_bytes']:.2f}× the model; site during a message "
         f"{plain['site_peak_rss'] / mb:,.0f} MB = {plain['site_peak_rss'] / plain['model_bytes']:.2f}× the model "
-        "(both include the processes' Python, gRPC and torch).",
+        "(the median over rounds of the round's largest message peak; both include the processes' Python, gRPC and "
+        "torch).",
         f"- CKKS bytes per float32 byte: {ckks_measured:.2f}× pushed in the measured round; "
         f"{ckks_plan:.2f}× for the {plan_bytes[1] / 1e6:.1f} M values of the "
         f"{'quick' if args.quick else '118 M'} model's plan (one shard of each size encrypted).",
