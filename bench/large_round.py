@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
@@ -167,15 +168,31 @@ def _model_bytes(transformer: dict[str, int] | None) -> int:
 
 # timing the library's calls in a child process ------------------------------------------------------
 class Phases:
-    """Seconds (and calls) per phase since the last :meth:`take`."""
+    """Seconds per phase since the last :meth:`take`: the wall time during which at least one
+    call of the phase was running (nested calls and calls in parallel threads, such as a
+    site's pushes to several zones, count once)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.missing: list[str] = []
-        self.depth: Counter[str] = Counter()
+        self._running: Counter[str] = Counter()
+        self._since: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def _enter(self, phase: str) -> None:
+        with self._lock:
+            if self._running[phase] == 0:
+                self._since[phase] = time.perf_counter()
+            self._running[phase] += 1
+
+    def _leave(self, phase: str) -> None:
+        with self._lock:
+            self._running[phase] -= 1
+            if self._running[phase] == 0:
+                self.seconds[phase] += time.perf_counter() - self._since.pop(phase)
 
     def wrap(self, module: str, path: str, phase: str) -> None:
-        """Time every call of ``module.path`` as ``phase`` (outermost call only; a missing target is noted)."""
+        """Time every call of ``module.path`` as ``phase`` (a missing target is noted, not fatal)."""
         import functools
         import importlib
 
@@ -187,25 +204,22 @@ class Phases:
         if target is None:
             self.missing.append(f"{module}.{path}")
             return
-        seconds, depth = self.seconds, self.depth
 
         @functools.wraps(target)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            depth[phase] += 1
-            t0 = time.perf_counter()
+            self._enter(phase)
             try:
                 return target(*args, **kwargs)
             finally:
-                depth[phase] -= 1
-                if depth[phase] == 0:
-                    seconds[phase] += time.perf_counter() - t0
+                self._leave(phase)
 
         setattr(owner, name, timed)
 
     def take(self) -> dict[str, float]:
-        """The seconds so far, reset."""
-        out = dict(self.seconds)
-        self.seconds.clear()
+        """The seconds so far, reset (between messages: no call is running)."""
+        with self._lock:
+            out = dict(self.seconds)
+            self.seconds.clear()
         return out
 
 
