@@ -321,13 +321,18 @@ class SiteProcess:
 
     def close(self) -> None:
         """Close its stdin; wait for it."""
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _end(self.proc)
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """Close a child's stdin (it exits then); wait for it, killing it after a minute."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class ProcessSiteGateway:
@@ -424,13 +429,7 @@ class ZoneProcess:
 
     def close(self) -> None:
         """Close its stdin; wait for it."""
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _end(self.proc)
 
 
 # one federation run ---------------------------------------------------------------------------------
