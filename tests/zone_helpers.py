@@ -62,7 +62,7 @@ def reducing_policy(
 def partial_from(
     sums: Shards, *, weight: float = 4.0, zone: str = "us-1", token: str = TOKEN, sites: tuple[str, ...] = ("site-a",)
 ) -> PartialSum:
-    """The header zone ``zone`` forwards for float64 partial sums ``sums`` of ``sites``."""
+    """The header zone ``zone`` forwards for partial sums ``sums`` (``Σ (w/unit)·x``) of ``sites``."""
     entries = tuple(PartialEntry(sid, shard_digest(v), int(v.nbytes), weight, sites) for sid, v in sums.items())
     return PartialSum(zone, 1, token, entries)
 

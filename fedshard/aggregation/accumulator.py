@@ -75,7 +75,7 @@ def sum_dtype(dtype: np.dtype | str, sites: int) -> np.dtype:
     return np.dtype(np.float64)
 
 
-def error_bound(sites: int, magnitude: np.ndarray | float, dtype: np.dtype | str = np.float32) -> np.ndarray | float:
+def error_bound(sites: int, magnitude: np.ndarray | float, dtype: np.dtype | str = "<f4") -> np.ndarray | float:
     """The stated bound on ``|m̂ − m|`` of a mean of ``sites`` terms summed in ``dtype``,
     given ``magnitude`` = ``T = Σ w|x| / Σ w`` (see the module docstring; underflow aside)."""
     u = float(np.finfo(dtype).eps) / 2
@@ -107,9 +107,7 @@ class WeightedMean:
     final: bool = False  # the sum became the mean (in place): nothing more can be added
 
     @classmethod
-    def zeros(
-        cls, shape: tuple[int, ...], dtype: np.dtype | str, unit: float = 1.0, sites: int = 1
-    ) -> WeightedMean:
+    def zeros(cls, shape: tuple[int, ...], dtype: np.dtype | str, unit: float = 1.0, sites: int = 1) -> WeightedMean:
         """An empty accumulator for arrays of ``shape`` and ``dtype``, for terms of weight at
         most ``unit`` from at most ``sites`` sites (they choose the sum's dtype: :func:`sum_dtype`)."""
         if not (unit > 0 and math.isfinite(unit)):
@@ -166,7 +164,8 @@ class WeightedMean:
             raise ShardError("cannot take the mean of an accumulator that received nothing")
         g = self.total.dtype.type(self.unit / self.weight)
         if self.total.dtype != self.dtype:
-            return np.multiply(self.total, g).astype(self.dtype)
+            out: np.ndarray = np.multiply(self.total, g).astype(self.dtype)
+            return out
         np.multiply(self.total, g, out=self.total)
         self.final = True
         return self.total

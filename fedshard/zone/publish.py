@@ -3,8 +3,9 @@
 At round close each group's running sums become an :class:`~fedshard.protocol.rounds.Aggregate`
 (:func:`build_aggregate`): the weighted means of its clear shards, in their original
 dtype (a float32 sum becomes its mean in place, so publishing allocates no second
-model; the means are within the bound stated in :mod:`fedshard.aggregation.accumulator`), and the encrypted sums of the others as they are (sites divide after
-decrypting), listed in a summary with every shard's digest, its ``encrypted`` flag and
+model; the means are within the bound stated in
+:mod:`fedshard.aggregation.accumulator`), and the encrypted sums of the others as they
+are (sites divide after decrypting), listed in a summary with every shard's digest, its ``encrypted`` flag and
 the Merkle root over them (which feeds the model-version chain).
 
 A zone with a store keeps every published aggregate (:class:`AggregateStore`), so it
