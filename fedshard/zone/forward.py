@@ -219,6 +219,7 @@ class ForwardSession:
         self._frames = FrameAssembler(_declared(state, partial), source=Header.HEADER)
         self._weights = {e.shard_id: e.weight for e in partial.entries}
         self._contributors = {e.shard_id: e.contributors for e in partial.entries}
+        self._unit = state.unit_weight
         self._sums: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}
         self._done = False
@@ -258,7 +259,7 @@ class ForwardSession:
         # zone's sum; the slack covers its rounding (γ_{n+3}, see fedshard.aggregation).
         n = len(self._contributors[sid])
         slack = max(SUM_TOLERANCE, 2 * float(error_bound(n, 1.0, values.dtype)))
-        limit = self._weights[sid] / self._state.unit_weight * self._zone.bounds.max_value * (1 + slack)
+        limit = self._weights[sid] / self._unit * self._zone.bounds.max_value * (1 + slack)
         if not within(low, high, limit):
             raise self.refuse(
                 RefusalCode.BOUND,
