@@ -75,3 +75,18 @@ def site_model(state_root: Path, site_id: str) -> tuple[dict[str, Any], Shards]:
 
     kek = site_kek(state_root.parent / STORE_KEYS_DIR / f"{site_id}.kek", create=False)
     return SealedModelStore(state_root / site_id / "shards", kek).load()
+
+
+def assert_weighted_mean(mean: np.ndarray, updates: list[np.ndarray], weights: list[float]) -> None:
+    """``mean`` is the weighted mean of ``updates``, in their dtype, within the bound the
+    accumulator states (:mod:`fedshard.aggregation.accumulator`): a site whose weight is
+    not the round's largest is folded with a factor, so even one site's mean may differ
+    from its update in the last bit."""
+    from fedshard.aggregation import error_bound
+
+    total = sum(weights)
+    exact = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True)) / total
+    magnitude = sum(w * np.abs(u.astype(np.float64)) for w, u in zip(weights, updates, strict=True)) / total
+    assert mean.dtype == updates[0].dtype
+    assert mean.shape == updates[0].shape
+    assert np.all(np.abs(mean - exact) <= error_bound(len(updates), magnitude))

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedshard.aggregation import error_bound
 from fedshard.errors import (
     AggregateNotFoundError,
     IntegrityError,
@@ -31,7 +30,7 @@ from fedshard.store import LocalShardStore
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.push import ByteBudget, PushSession
 from tests import zone_helpers
-from tests.zone_helpers import BASE, TOKEN, Shards, random_update
+from tests.zone_helpers import BASE, TOKEN, Shards, assert_weighted_mean, random_update
 
 ZONE = "eu-1"
 SITES = ("site-a", "site-b", "site-c")
@@ -87,16 +86,7 @@ def assert_only_good_counted(zone: ZoneAggregator, counted: tuple[str, ...] = ()
     assert summary.total_weight == 2.0
     assert set(aggregate) == set(PLAN.shard_ids)
     for shard_id, values in good.items():
-        assert_mean(aggregate[shard_id], [values], [2.0])
-
-
-def assert_mean(mean: np.ndarray, updates: list[np.ndarray], weights: list[float]) -> None:
-    """``mean`` is the weighted mean of ``updates`` within the accumulator's stated bound."""
-    total = sum(weights)
-    exact = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True)) / total
-    magnitude = sum(w * np.abs(u.astype(np.float64)) for w, u in zip(weights, updates, strict=True)) / total
-    assert mean.dtype == updates[0].dtype
-    assert np.all(np.abs(mean - exact) <= error_bound(len(updates), magnitude))
+        assert_weighted_mean(aggregate[shard_id], [values], [2.0])
 
 
 def site_a_rejected(zone: ZoneAggregator, code: str, push: Callable[[], object], match: str) -> None:
@@ -132,7 +122,7 @@ def test_two_sites_give_the_weighted_mean(zone: ZoneAggregator) -> None:
     aggregate = zone.fetch(1).means
     for sid in PLAN.shard_ids:
         assert aggregate[sid].dtype == np.float32
-        assert_mean(aggregate[sid], [a[sid], b[sid]], [1.0, 3.0])
+        assert_weighted_mean(aggregate[sid], [a[sid], b[sid]], [1.0, 3.0])
 
 
 def test_summary_root_is_the_merkle_root_of_the_aggregate(zone: ZoneAggregator) -> None:
@@ -239,7 +229,7 @@ def test_chunked_push_is_reassembled(zone: ZoneAggregator) -> None:
     assert_only_good_counted(zone, counted=("site-a",))
     aggregate = zone.fetch(1).means
     for sid in PLAN.shard_ids:
-        assert_mean(aggregate[sid], [a[sid], make_update(99)[sid]], [1.0, 2.0])
+        assert_weighted_mean(aggregate[sid], [a[sid], make_update(99)[sid]], [1.0, 2.0])
 
 
 def test_chunked_push_into_an_assembly_buffer() -> None:
@@ -256,7 +246,7 @@ def test_chunked_push_into_an_assembly_buffer() -> None:
     aggregate = zone.fetch(1).means
     assert summary.sites == ("site-a",)
     for sid, values in a.items():
-        assert_mean(aggregate[sid], [values], [1.0])
+        assert_weighted_mean(aggregate[sid], [values], [1.0])
 
 
 def test_push_of_a_subset_of_the_plan_is_accepted(zone: ZoneAggregator) -> None:
@@ -302,7 +292,7 @@ def test_closed_round_is_refused(zone: ZoneAggregator) -> None:
     assert zone.close_round(1)[0] == summary
     assert zone.fetch(1).summary.sites == (GOOD_SITE,)
     for sid, values in good.items():
-        assert_mean(zone.fetch(1).means[sid], [values], [2.0])
+        assert_weighted_mean(zone.fetch(1).means[sid], [values], [2.0])
 
 
 def test_aborted_round_is_refused(zone: ZoneAggregator) -> None:
@@ -338,7 +328,7 @@ def test_same_site_pushing_twice_is_refused(zone: ZoneAggregator) -> None:
     assert summary.total_weight == 1.0
     aggregate = zone.fetch(1).means
     for sid, values in first.items():
-        assert_mean(aggregate[sid], [values], [1.0])
+        assert_weighted_mean(aggregate[sid], [values], [1.0])
 
 
 def test_site_pushing_while_its_push_is_in_progress_is_refused(zone: ZoneAggregator) -> None:
