@@ -29,7 +29,6 @@ from fedshard.errors import FrameError, IntegrityError, PushRejectedError, Refus
 from fedshard.integrity import ciphertext_digest, shard_digest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
-from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from fedshard.zone.state import OpenRound
 
 __all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums", "send_partial_sums"]
-
-_TRIM_BYTES = 8 << 20  # forwards at least this large hand their memory back when done
 
 
 def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, ShardPayload]]:
@@ -286,6 +283,4 @@ class ForwardSession:
             return
         self._done = True
         self._sums, self._ciphertexts = {}, {}
-        self._zone.end_forward(self._state, self.partial.zone, self._budget_bytes)
-        if self._budget_bytes >= _TRIM_BYTES:
-            trim_heap()
+        self._zone.end_forward(self._state, self.partial.zone, self._budget_bytes)  # the budget trims the heap

@@ -647,6 +647,22 @@ def test_budget_release_wakes_a_waiter() -> None:
     assert result == [True]
 
 
+def test_budget_trims_the_heap_only_when_freed_staging_memory_could_exceed_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[int] = []
+    monkeypatch.setattr("fedshard.zone.push.trim_heap", lambda: trims.append(1) or True)
+    budget = ByteBudget(100)
+
+    for _ in range(2):  # 40 in use, then 40 retained + 40 in use: within the capacity
+        assert budget.acquire(40)
+        budget.release(40)
+    assert trims == []
+    assert budget.acquire(40)  # 80 retained + 40 in use > 100: trimmed first
+    assert trims == [1]
+    budget.release(40)
+    assert budget.acquire(40)  # 40 retained + 40 in use again
+    assert trims == [1]
+
+
 def test_zone_busy_when_staging_budget_is_full() -> None:
     a, b = make_update(1), make_update(2)
     zone = open_zone(staging_bytes=PLAN.nbytes)
