@@ -206,8 +206,8 @@ def table(f: Figures) -> list[list[str]]:
             "mTLS / plain",
             f"{push_r:.0%} ({push_lo:.0%}-{push_hi:.0%})",
             "",
-            f"{f.stat(MTLS, 'srv_cpu').median / f.stat(PLAIN, 'srv_cpu').median:.2f}x",
-            f"{f.stat(MTLS, 'cli_cpu').median / f.stat(PLAIN, 'cli_cpu').median:.2f}x",
+            _times(f.stat(MTLS, "srv_cpu").median, f.stat(PLAIN, "srv_cpu").median),
+            _times(f.stat(MTLS, "cli_cpu").median, f.stat(PLAIN, "cli_cpu").median),
             f"{fetch_r:.0%} ({fetch_lo:.0%}-{fetch_hi:.0%})",
             "",
             "",
@@ -216,6 +216,12 @@ def table(f: Figures) -> list[list[str]]:
         ]
     )
     return rows
+
+
+def _times(a: float, b: float) -> str:
+    """``a / b`` as "1.23x"; "n/a" when ``b`` is 0 (CPU times are counted in clock ticks:
+    a ``--quick`` push can take less than one)."""
+    return f"{a / b:.2f}x" if b > 0 else "n/a"
 
 
 def interpretation(f: Figures) -> str:

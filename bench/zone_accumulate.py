@@ -11,9 +11,11 @@ serialised beforehand exactly as ``GrpcZoneClient.push`` does
 * ``zone push (validated)``: the real zone path as the gRPC service drives it:
   ``begin_push`` then, per frame, ``FromString`` + ``PushSession.receive`` (SHA-256
   digest, dtype/shape/offset checks, finite check, staging) and ``commit`` (the
-  float64 fold);
+  fold into float32 sums of ``(w/unit)·x``: with the round's weights all equal, one
+  in-place add per shard);
 * the NumPy peers, in the same run: ``np.add(acc32, x32, out=acc32)`` (float32 in-place
-  add) and ``np.add(acc64, x32, out=acc64)`` (float64 accumulator, the zone's precision);
+  add, the zone's precision) and ``np.add(acc64, x32, out=acc64)`` (a float64
+  accumulator, the zone's precision before issue 14);
 * components, for the analysis: frame parse, SHA-256 (``ShardHasher``), ``all_finite``
   and the fold (``ShardAccumulator.add`` of decoded arrays).
 
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
 
-from fedshard.aggregation import ShardAccumulator, all_finite
+from fedshard.aggregation import ShardAccumulator, all_finite, error_bound
 from fedshard.integrity import ShardHasher, build_manifest
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
@@ -114,7 +116,7 @@ def numpy_peers(w: Workload) -> tuple[Variants, list[np.ndarray]]:
         for a, x in zip(acc64, w.arrays, strict=True):
             np.add(a, x, out=a)
 
-    decode_acc = ShardAccumulator()
+    decode_acc = ShardAccumulator(unit=WEIGHT)  # as at a zone whose round fixed the same weight for every site
 
     def decode_fold() -> None:
         for raw in w.frames:
@@ -176,7 +178,7 @@ def components(w: Workload) -> Variants:
         for a in w.arrays:
             all_finite(a)
 
-    fold_acc = ShardAccumulator()
+    fold_acc = ShardAccumulator(unit=WEIGHT)
 
     def fold_only() -> None:
         for sid, a in zip(w.sids, w.arrays, strict=True):
@@ -202,11 +204,12 @@ def measure(everything: Variants, runs: int) -> tuple[dict[str, list[float]], di
 
 
 def check_means(zone: ZoneAggregator, w: Workload, acc64: list[np.ndarray], pushes: int) -> None:
-    """Sanity: the zone's mean equals the float64 reference."""
+    """Sanity: the zone's mean is within the accumulator's stated bound of the float64 reference."""
     zone.close_round(1)
     means = zone.fetch(1).means
-    for sid, a in list(zip(w.sids, acc64, strict=True))[:8]:
-        np.testing.assert_allclose(means[sid], (a / pushes).astype(np.float32), rtol=1e-6, atol=1e-7)
+    for sid, a, x in list(zip(w.sids, acc64, w.arrays, strict=True))[:8]:
+        bound = error_bound(pushes, np.abs(x.astype(np.float64)))  # every push is the same update
+        assert np.all(np.abs(means[sid] - a / pushes) <= bound), f"shard {sid}: mean beyond the stated bound"
 
 
 HEADERS = [
@@ -281,12 +284,10 @@ def interpretation(f: Figures) -> str:
         f"({_verdict(peer64 / df >= GOAL)}); the full validated zone push reaches {peer32 / zp:.0%} "
         f"({_verdict(peer32 / zp >= GOAL)}) and {peer64 / zp:.0%} ({_verdict(peer64 / zp >= GOAL)}).",
         "The float32 peer moves 12 bytes per value (read x, read and write a float32 sum), a float64 accumulation "
-        "20 (read 4, read and write 8), so a memory-bound float64 fold cannot exceed ~60 % of the float32 add "
-        "before doing anything else; the float64 peer, which is that ceiling, runs here at "
+        "20 (read 4, read and write 8): the float64 peer (the zone's sums before issue 14) runs here at "
         f"{peer32 / peer64:.0%} of the float32 add.",
-        f"The zone's blocked fold (multiply each block by the weight into an L2-resident float64 scratch, then add) "
-        f"runs at {peer64 / med(FOLD):.0%} of the float64 peer; the extra scratch pass and the Python loop over "
-        "32 Ki-value blocks are the difference.",
+        f"The zone's fold (float32 sums of (w/unit)·x; every site here has the round's one weight, so each shard is "
+        f"one in-place add) runs at {peer32 / med(FOLD):.0%} of the float32 peer.",
         f"Decoding a frame copies its payload into a new bytes object ({nbytes / med(PARSE) / 1e9:.1f} GB/s), "
         f"{med(PARSE) / df:.0%} of the decode+fold time.",
         f"The validated path adds SHA-256 over every byte ({nbytes / med(SHA) / 1e9:.2f} GB/s) and the finite check "
@@ -307,11 +308,6 @@ def interpretation(f: Figures) -> str:
             f"The components timed alone sum to {component_sum:.3f} s against {zp:.3f} s for the whole push: little "
             "overhead around them."
         )
-    sentences.append(
-        "With a memory-bound float64 fold, SHA-256 of every byte on the same core, and a bytes copy per frame, "
-        "the validated push cannot reach 60 % of a NumPy add; decode+fold against the float64 peer is the "
-        "comparison the goal can fairly be held to."
-    )
     return " ".join(sentences)
 
 
@@ -359,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             "float32 shard data.",
             "- `decode+fold` = `PushFrame.FromString` + `np.frombuffer` + `ShardAccumulator.add`; "
             "`zone push (validated)` = `ZoneAggregator.begin_push` + `FromString` + `PushSession.receive` "
-            "(SHA-256, checks, finite check, staging) per frame + `commit` (float64 fold), i.e. what the gRPC "
+            "(SHA-256, checks, finite check, staging) per frame + `commit` (float32 fold), i.e. what the gRPC "
             "service does without the transport. Component rows are timed alone on the same data.",
         ],
         headers=HEADERS,

@@ -10,14 +10,17 @@ from before the pushes start until ``close_round`` returns.
 
 Two staging budgets (``ZoneAggregator(staging_bytes=...)``) are measured, interleaved:
 the default 256 MB, and exactly one model's size (one push staged at a time). The zone
-should need about the float64 sums (2x the float32 model) plus the staging budget, not
-20 models.
+should need about its float32 sums (1x the float32 model; the goal allows 1.5x) plus the
+staging budget, not 20 models, whatever the number of sites (``--sites 4`` and the
+default 20).
 
     .venv/bin/python bench/zone_memory.py [--quick] [--json] [--runs N] [--sites N] [--output FILE]
 
 ``--json`` prints ``model_mb``, ``sites``, ``peak_rss_increase_mb`` and ``peak_vs_model`` (default
 staging budget), ``peak_rss_increase_model_budget_mb`` and ``peak_vs_model_model_budget`` (staging
-budget = model size) and ``peak_vs_all_sites`` (default budget; medians).
+budget = model size), ``peak_vs_all_sites`` (default budget; medians), and
+``peak_vs_goal`` / ``peak_vs_goal_model_budget``: the peak over ``1.5 x model + staging
+budget`` (the goal: at most 1).
 """
 
 from __future__ import annotations
@@ -259,12 +262,12 @@ def table(f: Figures) -> list[list[str]]:
 def interpretation(f: Figures) -> str:
     """What the figures say, in words."""
     model, n_sites = f.model, f.n_sites
-    acc_bytes = 8 * f.n
+    acc_bytes = 4 * f.n  # float32 sums (fedshard.aggregation.accumulator)
     staged_default = int(min(256 << 20, n_sites * model) // model)
     expect = {DEFAULT: acc_bytes + staged_default * model, MODEL_BUDGET: acc_bytes + model}
     peak = {name: f.med(name, "peak_all") for name in f.budgets}
     sentences = [
-        f"The model is {model / c.MB:.1f} MB of float32 and the zone's float64 sums {acc_bytes / c.MB:.1f} MB (2x); "
+        f"The model is {model / c.MB:.1f} MB of float32 and the zone's float32 sums {acc_bytes / c.MB:.1f} MB (1x); "
         f"a zone that buffered all {n_sites} concurrent pushes would need {n_sites * model / c.MB:,.0f} MB more.",
     ]
     for name in (DEFAULT, MODEL_BUDGET):
@@ -313,6 +316,8 @@ def headline(f: Figures) -> dict[str, Any]:
         "peak_vs_all_sites": default / (f.n_sites * f.model),
         "peak_rss_increase_model_budget_mb": model_budget / c.MB,
         "peak_vs_model_model_budget": model_budget / f.model,
+        "peak_vs_goal": default / (1.5 * f.model + f.budgets[DEFAULT][0]),
+        "peak_vs_goal_model_budget": model_budget / (1.5 * f.model + f.budgets[MODEL_BUDGET][0]),
     }
 
 

@@ -62,7 +62,7 @@ def reducing_policy(
 def partial_from(
     sums: Shards, *, weight: float = 4.0, zone: str = "us-1", token: str = TOKEN, sites: tuple[str, ...] = ("site-a",)
 ) -> PartialSum:
-    """The header zone ``zone`` forwards for float64 partial sums ``sums`` of ``sites``."""
+    """The header zone ``zone`` forwards for partial sums ``sums`` (``Σ (w/unit)·x``) of ``sites``."""
     entries = tuple(PartialEntry(sid, shard_digest(v), int(v.nbytes), weight, sites) for sid, v in sums.items())
     return PartialSum(zone, 1, token, entries)
 
@@ -75,3 +75,18 @@ def site_model(state_root: Path, site_id: str) -> tuple[dict[str, Any], Shards]:
 
     kek = site_kek(state_root.parent / STORE_KEYS_DIR / f"{site_id}.kek", create=False)
     return SealedModelStore(state_root / site_id / "shards", kek).load()
+
+
+def assert_weighted_mean(mean: np.ndarray, updates: list[np.ndarray], weights: list[float]) -> None:
+    """``mean`` is the weighted mean of ``updates``, in their dtype, within the bound the
+    accumulator states (:mod:`fedshard.aggregation.accumulator`): a site whose weight is
+    not the round's largest is folded with a factor, so even one site's mean may differ
+    from its update in the last bit."""
+    from fedshard.aggregation import error_bound
+
+    total = sum(weights)
+    exact = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True)) / total
+    magnitude = sum(w * np.abs(u.astype(np.float64)) for w, u in zip(weights, updates, strict=True)) / total
+    assert mean.dtype == updates[0].dtype
+    assert mean.shape == updates[0].shape
+    assert np.all(np.abs(mean - exact) <= error_bound(len(updates), magnitude))

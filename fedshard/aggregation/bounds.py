@@ -2,7 +2,7 @@
 
 The rules that use them (refuse or clip, and the bounds themselves) are
 ``aggregation`` in the federation config (:class:`fedshard.config.AggregationConfig`);
-why they keep every float64 sum finite is written there.
+why they keep every sum finite (float32 sums of ``(w/unit)·x``) is written there.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import numpy as np
 __all__ = ["SUM_TOLERANCE", "extremes", "fixed_weight_of", "norm_scale", "squared_norm", "within"]
 
 SUM_TOLERANCE = 1e-9
-"""Relative slack when a sum computed elsewhere (another zone's ``Σ w``, ``Σ w x``) is
-compared with its bound: float64 sums taken in another order differ in the last bits."""
+"""Relative slack when a float64 sum computed elsewhere (another zone's ``Σ w``) is
+compared with its bound: sums taken in another order differ in the last bits (float32
+partial sums get the accumulator's stated bound instead)."""
 
 
 def extremes(values: np.ndarray) -> tuple[float, float]:

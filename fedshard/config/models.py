@@ -100,20 +100,23 @@ class AggregationConfig(_Model):
       manifest whose weight differs from the round's.
     * **Values.** Every plaintext update value must satisfy ``|x| ≤ max_value``; a larger
       one is refused (code ``bound``) or clipped to ``±max_value``, by ``value_rule``.
-      A forwarded partial sum is refused (never clipped: it is another zone's sum) unless
-      every ``|Σ w x| ≤ Σ w · max_value``, and its ``Σ w`` must be the sum of the round's
-      weights of the sites it names.
+      A forwarded partial sum ``S = Σ (w/unit)·x`` is refused (never clipped: it is another
+      zone's sum) unless every ``|S| ≤ Σ w / unit · max_value`` (``unit``: the round's
+      largest fixed weight), and its ``Σ w`` must be the sum of the round's weights of the
+      sites it names.
     * **Norm.** With ``max_update_norm`` set, the L2 norm of a site's plaintext shards at
       one zone (a zone sees only its own shards) must not exceed it: ``norm_rule``
       scales the update down to the bound (``clip``, the standard defence against scaled
       poisoning) or refuses the push (``refuse``).
 
-    **Sums stay finite by construction.** Each folded term is ``|w·x| ≤ W·V`` with
-    ``W = max_site_weight ≤ 10^15`` and ``V = max_value ≤ 10^15``, and each site is folded
-    into a shard's sum at most once, so a sum over ``N`` sites is at most ``N·W·V ≤
-    N·10^30`` in magnitude: finite in float64 (max ≈ 1.8·10^308) for any ``N < 10^278``.
-    The weighted mean of bounded values lies within ``±V`` and within the shard dtype's
-    range.
+    **Sums stay finite by construction.** A zone folds each term as ``(w/unit)·x`` with
+    ``unit`` the largest of the round's fixed weights, so every factor is at most 1 and
+    ``|(w/unit)·x| ≤ V = max_value ≤ 10^15``; each site is folded into a shard's sum at
+    most once, so a sum over ``N`` sites is at most ``N·V ≤ N·10^15`` in magnitude: finite
+    in float32 (max ≈ 3.4·10^38, the sums' dtype for float32 models) for any ``N <
+    10^23``, whatever ``max_site_weight``. The weighted mean of bounded values lies within
+    ``±V`` and within the shard dtype's range. The sums' rounding error is stated (and
+    tested) in :mod:`fedshard.aggregation.accumulator`.
 
     CKKS-encrypted shards cannot be value- or norm-checked by a zone (it sees only
     ciphertext; their weight is inside it): sites clip them to ``±he.value_range``

@@ -48,8 +48,9 @@ class ZoneClient(Protocol):
         ...
 
     def forward(self, partial: PartialSum, sums: Mapping[str, ShardPayload]) -> int:
-        """Fold another zone's partial sums into the round (zone to reducing zone): float64
-        ``Σ w x``, or ciphertext ``bytes`` where the header says ``encrypted``."""
+        """Fold another zone's partial sums into the round (zone to reducing zone):
+        ``Σ (w/unit)·x`` (float32 or float64), or ciphertext ``bytes`` where the header says
+        ``encrypted``."""
         ...
 
     def abort_round(self, round: int) -> None:

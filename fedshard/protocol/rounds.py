@@ -127,15 +127,16 @@ class Aggregate:
 
 @dataclass(frozen=True, slots=True)
 class PartialEntry:
-    """One forwarded partial sum: ``Σ w x`` (float64, digest over its bytes), ``Σ w``, and
-    the sites whose shards it contains."""
+    """One forwarded partial sum: ``Σ (w/unit)·x`` (float32 or float64, digest over its
+    bytes; ``unit`` is the round's largest fixed weight), ``Σ w``, and the sites whose
+    shards it contains."""
 
     shard_id: str
     digest: str
     nbytes: int
     weight: float
     contributors: tuple[str, ...]
-    encrypted: bool = False  # CKKS ciphertext sum (bytes) instead of float64 Σ w x
+    encrypted: bool = False  # CKKS ciphertext sum (bytes) instead of Σ (w/unit)·x
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,12 @@ and counters live in :mod:`fedshard.zone.state`.
 What is folded is bounded by the federation (``bounds``, ``aggregation`` in the config):
 each site's weight is the one the coordinator fixed when it opened the round, each
 plaintext value lies within ``±max_value`` and, optionally, each site's update at this
-zone within an L2 norm; so every float64 sum stays finite (see
+zone within an L2 norm; so every sum (float32, of ``(w/unit)·x``: see
+:mod:`fedshard.aggregation.accumulator` for its error bound) stays finite (see
 :class:`~fedshard.config.AggregationConfig`). Encrypted shards cannot be checked.
 
-Staged pushes are bounded by a byte budget, so peak memory is the float64 sums plus
-the budget, however many sites push at once.
+Staged pushes are bounded by a byte budget, so peak memory is the sums (one float32
+model per aggregate group) plus the budget, however many sites push at once.
 
 With a :class:`~fedshard.zone.policy.ZonePolicy` the zone also enforces
 residency: it re-decides every shard (refusing, with code ``residency``, what its

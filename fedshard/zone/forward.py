@@ -1,8 +1,13 @@
 """Hierarchical reduction: partial sums of ``global`` shards, from zone to reducing zone.
 
 At round close a zone that is not the reducing zone forwards, for every ``global``
-shard, ``Σ w x`` (float64) with ``Σ w`` and the sites it holds, or the encrypted sum as
-it is (:func:`partial_sums`). The reducing zone receives them as a transaction, the
+shard, its running sum ``S = Σ (w/unit)·x`` as it is (float32, or float64 where
+:func:`~fedshard.aggregation.sum_dtype` says so; ``unit`` is the round's largest fixed
+weight, the same at every zone) with ``Σ w`` and the sites it holds, or the encrypted
+sum as it is (:func:`partial_sums`). A partial sum is already a weighted sum: adding
+``K`` of them at the reducing zone adds ``K − 1`` roundings to the ``n − 1`` of the largest,
+so the reduced mean keeps the bound stated in :mod:`fedshard.aggregation.accumulator`
+for the ``N`` sites in all. The reducing zone receives them as a transaction, the
 way it receives a push (:class:`ForwardSession`): the header is checked before any
 frame (:func:`check_partial`: round and token, once per zone, every contribution's
 residency, sizes), the frames go through the one
@@ -17,14 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fedshard.aggregation import ShardAccumulator, extremes, fixed_weight_of, within
+from fedshard.aggregation import error_bound, extremes, fixed_weight_of, within
 from fedshard.aggregation.bounds import SUM_TOLERANCE
 from fedshard.crypto.he import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import ciphertext_digest, shard_digest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
-from fedshard.zone.heap import trim_heap
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
@@ -34,12 +38,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums", "send_partial_sums"]
 
-_TRIM_BYTES = 8 << 20  # forwards at least this large hand their memory back when done
-
 
 def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, ShardPayload]]:
     """The header and values this zone forwards for ``state``'s ``global`` shards (none: empty)."""
-    acc = state.groups.get(GLOBAL_GROUP, ShardAccumulator())
+    acc = state.groups.get(GLOBAL_GROUP) or state.accumulator()
     enc = state.encrypted.get(GLOBAL_GROUP)
     contributors = state.contributors.get(GLOBAL_GROUP, {})
     totals = acc.partial_sums()
@@ -126,8 +128,10 @@ def _check_entry(state: OpenRound, entry: PartialEntry, he_context: Any) -> None
         if he_context is None or not 0 < entry.nbytes <= 64 * spec.nbytes + (1 << 20):
             raise PushRejectedError(f"shard {sid}: not an encrypted partial sum this zone sums", RefusalCode.ENCRYPTION)
         return
-    if entry.nbytes != 8 * spec.size:
-        raise PushRejectedError(f"shard {sid}: partial sums are float64 of shape {spec.shape}", RefusalCode.SHAPE)
+    if entry.nbytes not in (4 * spec.size, 8 * spec.size):
+        raise PushRejectedError(
+            f"shard {sid}: partial sums are float32 or float64 of shape {spec.shape}", RefusalCode.SHAPE
+        )
     if not (entry.weight > 0 and np.isfinite(entry.weight)):
         raise PushRejectedError(f"shard {sid}: non-finite values or weight", RefusalCode.NON_FINITE)
 
@@ -166,7 +170,9 @@ def _declared(state: OpenRound, partial: PartialSum) -> dict[str, Declared]:
         if e.encrypted:
             out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, encrypted=True)
         else:
-            out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, "<f8", state.plan.shard(e.shard_id).shape)
+            spec = state.plan.shard(e.shard_id)
+            dtype = "<f4" if e.nbytes == 4 * spec.size else "<f8"  # check_partial allowed only these two
+            out[e.shard_id] = Declared(e.shard_id, e.nbytes, e.digest, dtype, spec.shape)
     return out
 
 
@@ -209,6 +215,8 @@ class ForwardSession:
         self._budget_bytes = budget_bytes
         self._frames = FrameAssembler(_declared(state, partial), source=Header.HEADER)
         self._weights = {e.shard_id: e.weight for e in partial.entries}
+        self._contributors = {e.shard_id: e.contributors for e in partial.entries}
+        self._unit = state.unit_weight
         self._sums: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}
         self._done = False
@@ -244,13 +252,16 @@ class ForwardSession:
         low, high = extremes(values)
         if not (math.isfinite(low) and math.isfinite(high)):
             raise self.refuse(RefusalCode.NON_FINITE, f"shard {sid}: non-finite values or weight")
-        # Σ w x of values |x| ≤ max_value: never clipped here, it is another zone's sum.
-        limit = self._weights[sid] * self._zone.bounds.max_value * (1 + SUM_TOLERANCE)
+        # S = Σ (w/unit)·x of values |x| ≤ max_value: never clipped here, it is another
+        # zone's sum; the slack covers its rounding (γ_{n+3}, see fedshard.aggregation).
+        n = len(self._contributors[sid])
+        slack = max(SUM_TOLERANCE, 2 * float(error_bound(n, 1.0, values.dtype)))
+        limit = self._weights[sid] / self._unit * self._zone.bounds.max_value * (1 + slack)
         if not within(low, high, limit):
             raise self.refuse(
                 RefusalCode.BOUND,
-                f"shard {sid}: partial sum values reach {max(-low, high):.3g}, beyond Σ w · aggregation.max_value "
-                f"= {limit:.3g}",
+                f"shard {sid}: partial sum values reach {max(-low, high):.3g}, beyond Σ w / unit weight · "
+                f"aggregation.max_value = {limit:.3g}",
             )
         self._sums[sid] = values
 
@@ -272,6 +283,4 @@ class ForwardSession:
             return
         self._done = True
         self._sums, self._ciphertexts = {}, {}
-        self._zone.end_forward(self._state, self.partial.zone, self._budget_bytes)
-        if self._budget_bytes >= _TRIM_BYTES:
-            trim_heap()
+        self._zone.end_forward(self._state, self.partial.zone, self._budget_bytes)  # the budget trims the heap

@@ -3,7 +3,10 @@
 A zone stages each push as the byte strings gRPC hands it, allocated by whichever
 worker thread received the push. glibc keeps freed memory in per-thread arenas, so
 without a trim a zone's resident size grows with the number of worker threads that
-ever staged a push, not with its staging budget (measured in BENCHMARKS.md).
+ever staged a push, not with its staging budget (measured in BENCHMARKS.md). The
+staging budget (:class:`~fedshard.zone.push.ByteBudget`) decides when to trim: only
+when the staging memory freed since the last trim, plus what is in use, could exceed
+it, since each trim makes the next pushes fault their pages in again.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 At round close each group's running sums become an :class:`~fedshard.protocol.rounds.Aggregate`
 (:func:`build_aggregate`): the weighted means of its clear shards, in their original
-dtype, and the encrypted sums of the others as they are (sites divide after
-decrypting), listed in a summary with every shard's digest, its ``encrypted`` flag and
+dtype (a float32 sum becomes its mean in place, so publishing allocates no second
+model; the means are within the bound stated in
+:mod:`fedshard.aggregation.accumulator`), and the encrypted sums of the others as they
+are (sites divide after decrypting), listed in a summary with every shard's digest, its ``encrypted`` flag and
 the Merkle root over them (which feeds the model-version chain).
 
 A zone with a store keeps every published aggregate (:class:`AggregateStore`), so it
@@ -27,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fedshard.aggregation import ShardAccumulator
 from fedshard.errors import AggregateNotFoundError, IntegrityError, RefusalCode
 from fedshard.integrity import ShardEntry, ciphertext_digest, merkle_root, shard_digest
 from fedshard.protocol.rounds import Aggregate, AggregateSummary
@@ -70,7 +71,7 @@ def summarize(
 
 def build_aggregate(zone: str, state: OpenRound, group: str) -> tuple[Aggregate, Contributors]:
     """Group ``group`` of a closed round: its aggregate and who contributed to each shard."""
-    acc = state.groups.get(group, ShardAccumulator())
+    acc = state.groups.get(group) or state.accumulator()
     means = acc.finalize()
     enc = state.encrypted.get(group)
     ciphertexts = {sid: enc.serialize(sid) for sid in enc.shard_ids()} if enc is not None else {}

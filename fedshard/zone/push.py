@@ -34,33 +34,47 @@ if TYPE_CHECKING:
 __all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest"]
 
 
-_TRIM_BYTES = 8 << 20  # pushes at least this large hand their memory back when done
-
-
 class ByteBudget:
     """A counting semaphore over bytes. A single request larger than the cap is let
-    through alone, so it waits instead of deadlocking."""
+    through alone, so it waits instead of deadlocking.
+
+    It also bounds what the allocator may keep of staging memory already freed: bytes
+    released count as *retained* (glibc keeps freed memory in the arena of the thread
+    that allocated it, where a push received by another worker thread may not reuse it),
+    and when the bytes in use plus those retained would exceed the capacity, an acquire
+    first hands free heap memory back to the system (:func:`~fedshard.zone.heap.trim_heap`).
+    So staging holds at most about the capacity, and pushes that follow each other reuse
+    the pages of the previous ones instead of faulting in fresh pages after a trim per push.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._used = 0
+        self._retained = 0  # released since the last trim: freed, perhaps still held by the allocator
         self._cond = threading.Condition()
 
     def acquire(self, n: int, timeout: float | None = None) -> bool:
         """Reserve ``n`` bytes; False if that did not happen within ``timeout``."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._used == 0 or self._used + n <= self.capacity, timeout) and (
+            ok = self._cond.wait_for(lambda: self._used == 0 or self._used + n <= self.capacity, timeout) and (
                 self._take(n)
             )
+            trim = ok and self._used + self._retained > self.capacity
+            if trim:
+                self._retained = 0
+        if trim:
+            trim_heap()
+        return ok
 
     def _take(self, n: int) -> bool:
         self._used += n
         return True
 
     def release(self, n: int) -> None:
-        """Return ``n`` bytes to the budget."""
+        """Return ``n`` bytes to the budget (their memory freed, perhaps retained by the allocator)."""
         with self._cond:
             self._used -= n
+            self._retained += n
             self._cond.notify_all()
 
 
@@ -307,7 +321,6 @@ class PushSession:
         self._staged = {}
         self._ciphertexts = {}
         if self._budget_bytes or not counted:
+            # the staging bytes go back to the budget, which trims the heap when freed memory piles up
             self._zone.end_push(self._state, self.site_id, self._budget_bytes, counted=counted)
-            if self._budget_bytes >= _TRIM_BYTES:
-                trim_heap()
             self._budget_bytes = 0

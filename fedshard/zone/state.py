@@ -10,7 +10,7 @@ from typing import Any
 from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto.he import EncryptedSum
 from fedshard.integrity import Manifest
-from fedshard.protocol.rounds import RoundSpec
+from fedshard.protocol.rounds import DEFAULT_WEIGHT, RoundSpec
 from fedshard.sharding import ShardPlan
 
 __all__ = ["OpenRound", "ZoneStats"]
@@ -30,12 +30,24 @@ class OpenRound:
     forwarding: set[str] = field(default_factory=set)  # zones whose partial sums are arriving
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
 
+    @property
+    def unit_weight(self) -> float:
+        """The largest weight the round fixed for a selected site: the accumulators fold
+        ``(w / unit_weight)·x``, so sums stay at the scale of the values (every zone of
+        the round computes the same unit, so partial sums add up as they are)."""
+        fixed = dict(self.spec.weights)
+        return max((fixed.get(site, DEFAULT_WEIGHT) for site in self.spec.sites), default=DEFAULT_WEIGHT)
+
+    def accumulator(self) -> ShardAccumulator:
+        """A new accumulator for this round's sums (unit weight; at most all selected sites per shard)."""
+        return ShardAccumulator(self.unit_weight, len(self.spec.sites))
+
     def fold(self, group: str, shard_id: str, sites: Iterable[str]) -> ShardAccumulator:
         """The group's accumulator, noting ``sites`` as contributors of ``shard_id``."""
         self.contributors.setdefault(group, {}).setdefault(shard_id, set()).update(sites)
         acc = self.groups.get(group)
         if acc is None:
-            acc = self.groups[group] = ShardAccumulator()
+            acc = self.groups[group] = self.accumulator()
         return acc
 
     def fold_encrypted(self, group: str, shard_id: str, sites: Iterable[str], context: Any) -> EncryptedSum:

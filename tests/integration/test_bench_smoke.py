@@ -89,6 +89,12 @@ def _zone_memory(h: dict[str, Any]) -> None:
         increase = h[f"peak_rss_increase{suffix}_mb"]
         assert increase > 0 and h[f"peak_vs_model{suffix}"] == pytest.approx(increase / h["model_mb"])
     assert h["peak_vs_all_sites"] == pytest.approx(h["peak_vs_model"] / h["sites"])
+    # the goal's yardstick: 1.5 x model + the staging budget (default 256 MiB; or one model)
+    default_goal = 1.5 * h["model_mb"] + (256 << 20) / 1e6
+    assert h["peak_vs_goal"] == pytest.approx(h["peak_rss_increase_mb"] / default_goal, rel=1e-3)
+    assert h["peak_vs_goal_model_budget"] == pytest.approx(
+        h["peak_rss_increase_model_budget_mb"] / (2.5 * h["model_mb"]), rel=1e-3
+    )
 
 
 def _zone_memory_shown(h: dict[str, Any], section: str) -> None:
@@ -247,6 +253,8 @@ EXPECT: dict[str, Expect] = {
             "peak_vs_all_sites",
             "peak_rss_increase_model_budget_mb",
             "peak_vs_model_model_budget",
+            "peak_vs_goal",
+            "peak_vs_goal_model_budget",
         },
         _zone_memory,
         _zone_memory_shown,

@@ -34,7 +34,7 @@ from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, manifest_fo
 
 SITES = ("site-a", "site-b")
 CHUNK = 1000
-# w#r0c0 (32, 30): 3840 bytes of float32, 7680 of float64 sums; w#r1c0 (8, 30); b#r0c0 (30, 1)
+# w#r0c0 (32, 30): 3840 bytes of float32, 7680 of float64 partial sums; w#r1c0 (8, 30); b#r0c0 (30, 1)
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((40, 30), np.float32), "b": np.zeros(30, np.float32)}, tile=(32, 32))
 Frames = list[pb.PushFrame]
 
@@ -77,7 +77,10 @@ def assert_only_good_forward_counted(zone: ZoneAggregator, endpoint: str) -> Non
 
     assert (summary.sites, summary.total_weight) == (("site-a",), 4.0)
     for sid, total in good.items():
-        np.testing.assert_array_equal(aggregate[sid], (total / 4.0).astype(np.float32))
+        # a partial sum is Σ (w/unit)·x, unit = the round's largest weight (site-a's 4): the mean is total·4/4
+        np.testing.assert_array_equal(
+            aggregate[sid], (total * max(w for _, w in FORWARD_WEIGHTS) / 4.0).astype(np.float32)
+        )
 
 
 def _cut(shard: str, which: int) -> Callable[[Frames], Frames]:
