@@ -374,7 +374,8 @@ def notes(m: Measured) -> list[str]:
         f"w_i = n_i / max n = {', '.join(f'{w:g}' for w in [n / max(SAMPLES) for n in SAMPLES])}.",
         f"- fedshard: `HeCodec(value_range={VALUE_RANGE:g}, max_sites={MAX_SITES})` (the defaults), N = "
         f"{POLY_DEGREE}, coefficients {list(COEFF_BITS)}, scale 2^{SCALE_BITS}, symmetric encryption (`he_init`'s "
-        "context; sites hold the secret key); sites `encrypt_many`: packing in the calling process, from "
+        "context; sites hold the secret key); sites `encrypt_packs` (the shards packed as `pack_layout` lays "
+        "them out, then `encrypt_many`): packing in the calling process, from "
         f"{POOL_VALUES:,} values ciphertext-sized pieces ({PIECE:,} values) on a spawn pool of one worker per "
         f"core ({os.cpu_count()} here), started once per process and kept; the benchmark starts its pool with "
         "an untimed call, so every timed round runs it warm; the pool's start-up is measured on "

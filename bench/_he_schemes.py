@@ -34,7 +34,16 @@ import _common as c
 
 from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto import he
-from fedshard.crypto.he import SLOTS, VALUES_PER_SLOT, EncryptedSum, HeCodec, he_init, load_context
+from fedshard.crypto.he import (
+    SLOTS,
+    VALUES_PER_SLOT,
+    EncryptedSum,
+    HeCodec,
+    Pack,
+    he_init,
+    load_context,
+    pack_layout,
+)
 
 __all__ = [
     "DEFAULT_TILE",
@@ -138,7 +147,8 @@ class OtherLoad:
 
 # schemes -----------------------------------------------------------------------------------------
 class FedshardScheme:
-    """fedshard's CKKS scheme: ``encrypt_many`` at the sites, ``EncryptedSum`` at the zone, ``decrypt_mean``."""
+    """fedshard's scheme: ``encrypt_packs`` at the sites (the shards packed as ``pack_layout`` lays
+    them out), ``EncryptedSum`` at the zone, ``decrypt_pack``."""
 
     def __init__(self, keys: Path) -> None:
         secret_path, public_path = he_init(keys)
@@ -147,8 +157,12 @@ class FedshardScheme:
         self.public = load_context(public_path, secret=False)
         self.clipped = 0
 
+    def _packs(self, shapes: dict[str, tuple[int, ...]]) -> list[Pack]:
+        return pack_layout((sid, math.prod(shape), "") for sid, shape in shapes.items())
+
     def encrypt(self, shards: dict[str, np.ndarray], weight: float) -> dict[str, bytes]:
-        out, clipped = self.codec.encrypt_many(shards, weight)
+        packs = self._packs({sid: v.shape for sid, v in shards.items()})
+        out, clipped = self.codec.encrypt_packs(packs, shards, weight)
         self.clipped += clipped
         return out
 
@@ -160,7 +174,11 @@ class FedshardScheme:
         return _FedshardZone(self.public)
 
     def decrypt(self, agg: dict[str, bytes], shapes: dict[str, tuple[int, ...]], total: float) -> dict[str, np.ndarray]:
-        return {sid: self.codec.decrypt_mean(b, math.prod(shapes[sid])).reshape(shapes[sid]) for sid, b in agg.items()}
+        out = {}
+        for pack in self._packs(shapes):
+            for sid, mean in self.codec.decrypt_pack(agg[pack.carrier], pack).items():
+                out[sid] = mean.reshape(shapes[sid])
+        return out
 
 
 class _FedshardZone:

@@ -24,7 +24,7 @@ from fedshard.protocol.messages import AppliedRound, ApplyRule
 from fedshard.protocol.rounds import AggregateKey
 
 if TYPE_CHECKING:
-    from fedshard.crypto.he import HeCodec
+    from fedshard.crypto.he import HeCodec, Pack
     from fedshard.sharding import ShardPlan
 
 __all__ = [
@@ -146,25 +146,37 @@ def decrypt_aggregate(
     fetched: RoundShards,
     codec: Callable[[], HeCodec],
     encrypted: frozenset[str] | None,
+    packs: Sequence[Pack] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every shard of ``fetched`` as a weighted mean: the means as they are, the encrypted
     sums decrypted and divided (the ciphertexts are dropped from ``fetched`` as they go).
 
     ``encrypted`` (the shards the policy encrypts; None without residency routing)
     refuses a shard that arrives encrypted although the policy sends it in clear, or
-    in clear although the policy encrypts it.
+    in clear although the policy encrypts it. ``packs`` says how the encrypted shards
+    travel (see :func:`~fedshard.site.release.he_packs`); without it, one shard per pack.
     """
     if encrypted is not None:
         clear = next((sid for sid in fetched.means if sid in encrypted), None)
         if clear is not None:
             raise IntegrityError(f"site {site_id}: shard {clear} arrived in clear, the policy encrypts it")
+    from fedshard.crypto.he import Pack as OnePack
+
     out = fetched.means
+    by_carrier = {p.carrier: p for p in packs or ()}
+    members = {sid for p in by_carrier.values() for sid, _ in p.members[1:]}
     for sid in list(fetched.ciphertexts):
         if encrypted is not None and sid not in encrypted:
             raise IntegrityError(f"site {site_id}: shard {sid} arrived encrypted, the policy sends it in clear")
-        spec = plan.shard(sid)
-        mean = codec().decrypt_mean(fetched.ciphertexts.pop(sid), spec.size)
-        out[sid] = mean.reshape(spec.shape).astype(spec.dtype)
+        data = fetched.ciphertexts.pop(sid)
+        if sid in members:
+            if data:
+                raise IntegrityError(f"site {site_id}: shard {sid} travels in its pack's carrier, yet has bytes")
+            continue
+        pack = by_carrier.get(sid) or OnePack(((sid, plan.shard(sid).size),))
+        for member, mean in codec().decrypt_pack(data, pack).items():
+            spec = plan.shard(member)
+            out[member] = mean.reshape(spec.shape).astype(spec.dtype)
     return out
 
 

@@ -8,7 +8,7 @@ are replaced by their ciphertexts; each zone gets a signed manifest and its shar
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
@@ -25,9 +25,9 @@ from fedshard.site.routes import SiteRouting
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from fedshard.crypto.he import HeCodec
+    from fedshard.crypto.he import HeCodec, Pack
 
-__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "noised", "push_update", "update_over"]
+__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "he_packs", "noised", "push_update", "update_over"]
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +49,40 @@ def noised(update: dict[str, np.ndarray], plan: UpdatePlan | None) -> dict[str, 
     return out
 
 
+def he_packs(routing: SiteRouting, sizes: Mapping[str, int]) -> list[Pack]:
+    """How the shards ``routing`` encrypts travel (``sizes``: values per shard): packed in
+    plan order per destination zone, aggregate group and shard class (see
+    :func:`~fedshard.crypto.he.pack_layout`): residency holds, and as the policy routes by
+    class, every site that sends a shard to an aggregate packs it with the same others."""
+    from fedshard.crypto.he import pack_layout
+
+    return pack_layout(
+        (sid, sizes[sid], f"{d.zone}|{d.aggregate.group}|{d.shard_class}")
+        for sid, d in routing.routes.items()
+        if sid in routing.encrypted
+    )
+
+
 def encrypt_shards(
     update: dict[str, np.ndarray],
     encrypted: frozenset[str],
     codec: Callable[[], HeCodec],
     weight: float,
     context: str,
+    packs: Sequence[Pack] | None = None,
 ) -> dict[str, ShardPayload]:
-    """The payload of ``update``: the shards in ``encrypted`` as their CKKS ciphertext
-    ``bytes``, the others as they are (same order; the arrays are not copied)."""
+    """The payload of ``update``: the shards in ``encrypted`` as ciphertext ``bytes`` (each
+    pack's carrier its pack's ciphertexts, the other members empty bytes; without
+    ``packs`` one pack per shard), the others as they are (same order; the arrays are
+    not copied)."""
     if not encrypted:
         return dict(update)
     he = codec()
-    blobs, clipped = he.encrypt_many({sid: update[sid] for sid in encrypted}, min(weight, 1.0))
+    if packs is None:
+        from fedshard.crypto.he import Pack
+
+        packs = [Pack(((sid, int(update[sid].size)),)) for sid in update if sid in encrypted]
+    blobs, clipped = he.encrypt_packs(packs, update, min(weight, 1.0))
     payload: dict[str, ShardPayload] = {sid: blobs.get(sid, values) for sid, values in update.items()}
     if clipped:
         log.warning(

@@ -50,7 +50,7 @@ from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_a
 from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import SitePrivacy
-from fedshard.site.release import encrypt_shards, noised, push_update, update_over
+from fedshard.site.release import encrypt_shards, he_packs, noised, push_update, update_over
 from fedshard.site.routes import RouteSource, SiteRouting
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 
@@ -262,6 +262,7 @@ class Site:
         routing = self._routes(zones)
         view = routing.view()
         encrypted = routing.encrypted if self._route_source is not None else None
+        packs = he_packs(routing, {s.shard_id: s.size for s in self.model.plan.shards}) if encrypted else None
         model, start = self.model, state.applied_round
         try:
             apply_rounds(
@@ -270,7 +271,7 @@ class Site:
                 optimizer,
                 model.shards(),
                 lambda applied: fetch_view(self.site_id, applied, view, zones, self._connect),
-                lambda aggregate: decrypt_aggregate(self.site_id, model.plan, aggregate, self._codec, encrypted),
+                lambda aggregate: decrypt_aggregate(self.site_id, model.plan, aggregate, self._codec, encrypted, packs),
                 plan=model.plan,
                 site_id=self.site_id,
                 skip=model.aliases(),
@@ -401,7 +402,12 @@ class Site:
         # The coordinator fixed the weight (zones refuse any other); ciphertext carries it over the scale.
         he_weight = message.weight / (message.weight_scale or message.weight)
         payload = encrypt_shards(
-            update, routing.encrypted, self._codec, he_weight, f"site {self.site_id} round {message.round}"
+            update,
+            routing.encrypted,
+            self._codec,
+            he_weight,
+            f"site {self.site_id} round {message.round}",
+            he_packs(routing, {sid: values.size for sid, values in update.items()}),
         )
         del base, update  # the values of the encrypted shards go now
         pushes = push_update(

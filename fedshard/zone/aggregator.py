@@ -67,7 +67,7 @@ from fedshard.zone.forward import ForwardSession, check_partial, send_partial_su
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.publish import Publications, build_aggregate, missing_noise_shares
-from fedshard.zone.push import ByteBudget, PushSession, accepted_fields, check_manifest
+from fedshard.zone.push import ByteBudget, PushSession, accepted_fields, check_manifest, check_packs
 from fedshard.zone.state import OpenRound, ZoneStats
 
 if TYPE_CHECKING:
@@ -203,6 +203,7 @@ class ZoneAggregator:
                 if self.residency is not None:
                     self.residency.origin(manifest.site_id, certified)
                     groups = self.residency.check_manifest(manifest)
+                packs = check_packs(state, manifest, groups)
             except PushRejectedError as exc:
                 raise self.refused_push(manifest, exc.code, str(exc)) from None
             state.pushing.add(manifest.site_id)
@@ -211,7 +212,7 @@ class ZoneAggregator:
             with self._lock:
                 state.pushing.discard(manifest.site_id)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        return PushSession(self, state, manifest, need, groups)
+        return PushSession(self, state, manifest, need, groups, packs)
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""

@@ -115,6 +115,24 @@ def check_partial(state: OpenRound, partial: PartialSum, *, residency: ZonePolic
         _check_entry(state, entry, he_context)
         residency.check_partial(partial.zone, entry.shard_id, entry.contributors)
         _check_contributors(state, entry, weights)
+    _check_packs(state, partial)
+
+
+def _check_packs(state: OpenRound, partial: PartialSum) -> None:
+    """Encrypted partial sums come packed as the sites packed them: a carrier's bytes (at
+    most 64× the plan's bytes of the encrypted shards forwarded, plus 1 MiB) hold its
+    pack, the other members have none; a shard this zone's own pushes packed must come
+    as they packed it (the sums' ciphertext counts are checked as they are added)."""
+    entries = {e.shard_id: e for e in partial.entries if e.encrypted}
+    budget = 64 * sum(state.plan.shard(sid).nbytes for sid in entries) + (1 << 20)
+    for sid, entry in entries.items():
+        members = state.packs.get(sid)
+        carrier = members is None or members[0] == sid
+        if entry.nbytes > budget or (members is not None and bool(entry.nbytes) != carrier):
+            raise PushRejectedError(
+                f"shard {sid}: not an encrypted partial sum this zone sums (packed as the sites pack it)",
+                RefusalCode.ENCRYPTION,
+            )
 
 
 def _check_entry(state: OpenRound, entry: PartialEntry, he_context: Any) -> None:
@@ -125,7 +143,7 @@ def _check_entry(state: OpenRound, entry: PartialEntry, he_context: Any) -> None
         raise PushRejectedError(f"shard {sid}: a partial sum of no site", RefusalCode.MALFORMED)
     spec = state.plan.shard(sid)
     if entry.encrypted:
-        if he_context is None or not 0 < entry.nbytes <= 64 * spec.nbytes + (1 << 20):
+        if he_context is None:  # its size is checked with its pack's (_check_packs)
             raise PushRejectedError(f"shard {sid}: not an encrypted partial sum this zone sums", RefusalCode.ENCRYPTION)
         return
     if entry.nbytes not in (4 * spec.size, 8 * spec.size):

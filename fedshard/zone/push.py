@@ -20,7 +20,7 @@ import numpy as np
 
 from fedshard.aggregation import extremes, norm_scale, squared_norm, within
 from fedshard.config import BoundRule
-from fedshard.crypto.he import load_ciphertexts
+from fedshard.crypto.he import Pack, load_ciphertexts, pack_layout
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, ShardPayload
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
     from fedshard.zone.state import OpenRound
 
-__all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest"]
+__all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest", "check_packs"]
 
 
 class ByteBudget:
@@ -148,11 +148,7 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
                 f"shard {entry.shard_id} is not in the round's shard plan", RefusalCode.UNKNOWN_SHARD
             )
         planned = state.plan.shard(entry.shard_id).nbytes
-        if entry.encrypted:
-            if not 0 < entry.nbytes <= 64 * planned + (1 << 20):
-                raise PushRejectedError(
-                    f"shard {entry.shard_id}: {entry.nbytes} bytes of ciphertext is implausible", RefusalCode.SHAPE
-                )
+        if entry.encrypted:  # its size is checked with its pack's (check_packs)
             if he_context is None:
                 raise PushRejectedError(
                     f"shard {entry.shard_id} is encrypted but this zone has no CKKS context", RefusalCode.ENCRYPTION
@@ -161,6 +157,58 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
             raise PushRejectedError(
                 f"shard {entry.shard_id}: manifest says {entry.nbytes} bytes, the plan {planned}", RefusalCode.SHAPE
             )
+
+
+def check_packs(state: OpenRound, manifest: Manifest, groups: dict[str, str]) -> dict[str, Pack]:
+    """The packs of a push's encrypted shards, by carrier, after checking the manifest
+    lays them out as :func:`~fedshard.crypto.he.pack_layout` does for the plan and the
+    aggregate groups (``groups``: shard → group) and the shard classes: carriers hold a
+    plausible number of ciphertext bytes (at most 64× the plan's bytes of the pack, plus
+    1 MiB), the other members none, and every pack is the one earlier pushes of the round
+    made of its carrier (so the zone never adds differently packed ciphertexts). Records
+    the packs in ``state``.
+
+    Raises
+    ------
+    PushRejectedError
+        ``shape``: a shard's bytes do not fit the layout, or the packs differ from
+        earlier pushes'.
+    """
+    entries = {e.shard_id: e for e in manifest.shards if e.encrypted}
+    if not entries:
+        return {}
+    order = [s for s in state.plan.shards if s.shard_id in entries]
+    packs = pack_layout(
+        (s.shard_id, s.size, f"{groups.get(s.shard_id, DEFAULT_GROUP)}|{entries[s.shard_id].shard_class}")
+        for s in order
+    )
+    for pack in packs:
+        members = tuple(sid for sid, _ in pack.members)
+        if any(state.packs.get(sid, members) != members for sid in members):
+            raise PushRejectedError(
+                f"shard {pack.carrier}: packed with other shards than earlier pushes of the round "
+                "(sites must route and classify shards alike)",
+                RefusalCode.SHAPE,
+            )
+        planned = sum(state.plan.shard(sid).nbytes for sid, _ in pack.members)
+        carrier = entries[pack.carrier]
+        if not 0 < carrier.nbytes <= 64 * planned + (1 << 20):
+            raise PushRejectedError(
+                f"shard {carrier.shard_id}: {carrier.nbytes} bytes of ciphertext is implausible for its pack of "
+                f"{len(pack.members)} shard(s)",
+                RefusalCode.SHAPE,
+            )
+        extra = next((sid for sid, _ in pack.members[1:] if entries[sid].nbytes), None)
+        if extra is not None:
+            raise PushRejectedError(
+                f"shard {extra}: travels in shard {pack.carrier}'s ciphertexts (the plan's packing), yet "
+                f"the manifest gives it {entries[extra].nbytes} bytes",
+                RefusalCode.SHAPE,
+            )
+    for pack in packs:
+        members = tuple(sid for sid, _ in pack.members)
+        state.packs.update(dict.fromkeys(members, members))
+    return {p.carrier: p for p in packs}
 
 
 def accepted_fields(manifest: Manifest, groups: dict[str, str]) -> dict[str, Any]:
@@ -209,11 +257,13 @@ class PushSession:
         manifest: Manifest,
         budget_bytes: int,
         groups: dict[str, str] | None = None,
+        packs: dict[str, Pack] | None = None,
     ) -> None:
         self._zone = zone
         self._state = state
         self.manifest = manifest
         self._groups = groups or {}
+        self._packs = packs or {}  # carrier → pack of the encrypted shards
         self._budget_bytes = budget_bytes
         self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST)
         self._staged: dict[str, np.ndarray] = {}
@@ -261,9 +311,17 @@ class PushSession:
     def _check(self, shard_id: str, values: ShardPayload) -> None:
         if isinstance(values, bytes):  # the manifest lists it encrypted (the assembler checked)
             try:
-                self._ciphertexts[shard_id] = load_ciphertexts(self._zone.he_context, shard_id, values)
+                parsed = load_ciphertexts(self._zone.he_context, shard_id, values)
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
+            pack = self._packs.get(shard_id)
+            if pack is not None and len(parsed) != pack.ciphertexts:
+                raise self.refuse(
+                    RefusalCode.ENCRYPTION,
+                    f"shard {shard_id}: {len(parsed)} ciphertexts, its pack of {pack.count} values needs "
+                    f"{pack.ciphertexts}",
+                )
+            self._ciphertexts[shard_id] = parsed  # a packed member (no bytes): no ciphertexts
             return
         low, high = extremes(values)
         if not (math.isfinite(low) and math.isfinite(high)):

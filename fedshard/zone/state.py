@@ -29,6 +29,7 @@ class OpenRound:
     counted: list[str] = field(default_factory=list)
     forwarding: set[str] = field(default_factory=set)  # zones whose partial sums are arriving
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
+    packs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # encrypted shard -> its pack's members
 
     @property
     def unit_weight(self) -> float:

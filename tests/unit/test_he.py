@@ -7,7 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedshard.crypto.he import EncryptedSum, HeCodec, he_init, load_context, split
+from fedshard.crypto.he import (
+    PACK_SLOTS,
+    EncryptedSum,
+    HeCodec,
+    encrypted_nbytes,
+    he_init,
+    load_context,
+    pack_layout,
+    slots_for,
+    split,
+)
 from fedshard.errors import ConfigError, IntegrityError, PkiError, ShardError, ZoneError
 from fedshard.integrity import Manifest, build_manifest, ciphertext_digest, shard_digest
 from fedshard.protocol.rounds import RoundSpec
@@ -61,6 +71,64 @@ def test_ciphertext_costs_four_times_float32_for_large_shards(codec: HeCodec) ->
     blob, _ = codec.encrypt(np.zeros(4 * 4095), 1.0)  # 8190 value slots + 1 weight slot = 4 ciphertexts
     assert len(split(blob)) == 4
     assert len(blob) / (4 * 4 * 4095) < 4.1
+
+
+def test_encrypted_nbytes_is_exact(codec: HeCodec) -> None:
+    # partial ciphertexts of several slot counts (TenSEAL frames the count as a varint), full ones, a spill
+    counts = [1, 200, 1024, 4094, 4095, 4096, 20000]
+    rng = np.random.default_rng(4)
+    blobs, _ = codec.encrypt_many({str(i): rng.uniform(-1, 1, n) for i, n in enumerate(counts)}, 0.5, workers=1)
+    assert encrypted_nbytes(counts, codec.context) == sum(len(b) for b in blobs.values())
+    assert encrypted_nbytes(counts) == sum(len(b) for b in blobs.values())
+
+
+def test_encrypted_sums_have_the_bytes_of_one_push(keys, codec: HeCodec) -> None:
+    blobs = [codec.encrypt(np.full(10000, 0.5), 1.0)[0] for _ in range(3)]
+    assert len(_sum(keys, blobs)) == encrypted_nbytes([10000]) == len(blobs[0])
+
+
+def test_a_sum_of_many_sites_decrypts_within_the_bound(keys, tmp_path: Path) -> None:
+    codec = HeCodec(load_context(keys[0], secret=True), value_range=1.0, max_sites=64)
+    rng = np.random.default_rng(3)
+    updates = [rng.uniform(-1, 1, 5000) for _ in range(64)]
+    blob = _sum(keys, [codec.encrypt(u, 1.0)[0] for u in updates])
+    mean = codec.decrypt_mean(blob, 5000)
+    assert np.max(np.abs(mean - np.mean(updates, axis=0))) <= codec.step / 2 + 1e-12
+
+
+def test_the_error_bound_is_the_ckks_schemes(codec: HeCodec) -> None:
+    assert codec.levels == 2**14 - 1  # 19-bit fields, 16 sites: 4 bits of headroom, one sign bit
+    assert codec.step / 2 == pytest.approx(3.0519e-5, rel=1e-4)
+
+
+def test_contexts_made_by_main_he_init_load(tmp_path: Path) -> None:
+    import tenseal as ts
+
+    # exactly what main's `he-init` made (CKKS, symmetric, scale 2^20)
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=[60, 49], encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC
+    )
+    ctx.global_scale = 2**20
+    for name, secret in (("s.ctx", True), ("p.ctx", False)):
+        blob = ctx.serialize(save_secret_key=secret, save_galois_keys=False, save_relin_keys=False)
+        (tmp_path / name).write_bytes(blob)
+    assert load_context(tmp_path / "s.ctx", secret=True).has_secret_key()
+    assert not load_context(tmp_path / "p.ctx", secret=False).has_secret_key()
+
+
+@pytest.mark.parametrize("kind", ["bfv", "ckks-8192", "ckks-scale"])
+def test_a_foreign_context_is_refused_in_one_line(tmp_path: Path, kind: str) -> None:
+    import tenseal as ts
+
+    if kind == "bfv":
+        ctx = ts.context(ts.SCHEME_TYPE.BFV, 4096, plain_modulus=4398046486529, coeff_mod_bit_sizes=[60, 49])
+    else:
+        ctx = ts.context(ts.SCHEME_TYPE.CKKS, 8192 if kind == "ckks-8192" else 4096, coeff_mod_bit_sizes=[60, 49])
+        ctx.global_scale = 2**40 if kind == "ckks-scale" else 2**20
+    (tmp_path / "other.ctx").write_bytes(ctx.serialize(save_secret_key=True))
+    with pytest.raises(ConfigError, match=r"not a context of fedshard's CKKS scheme .*he-init") as err:
+        load_context(tmp_path / "other.ctx", secret=True)
+    assert "\n" not in str(err.value)
 
 
 def test_public_context_has_no_secret_key_and_cannot_decrypt(keys, codec: HeCodec) -> None:
@@ -198,3 +266,74 @@ def test_bytes_for_a_clear_shard_or_values_for_an_encrypted_one_are_refused_at_t
         build_manifest(**fields, shards={"w#r0c0": blob})  # type: ignore[arg-type]
     with pytest.raises(ShardError, match="listed as encrypted but holds float32 values"):
         build_manifest(**fields, shards={"w#r0c0": np.zeros((2, 3), np.float32)}, encrypted=frozenset({"w#r0c0"}))  # type: ignore[arg-type]
+
+
+# packs: several small shards share ciphertexts ----------------------------------------------
+
+
+def test_pack_layout_keeps_plan_order_keys_apart_and_bounds_packs() -> None:
+    shards = [("a", 1024, "g1"), ("b", 32, "g2"), ("c", 1024, "g1"), ("d", 2, "g2")]
+    packs = pack_layout(shards)
+    assert [p.members for p in packs] == [(("a", 1024), ("c", 1024)), (("b", 32), ("d", 2))]
+    assert pack_layout(list(shards)) == packs  # from the plan and routing only: every site packs alike
+    big = pack_layout([(f"t{i}", 65536, "g") for i in range(40)])
+    assert all(slots_for(p.count) <= PACK_SLOTS for p in big) and sum(len(p.members) for p in big) == 40
+
+
+def test_one_weight_slot_per_pack_no_spill_per_shard() -> None:
+    tiles = [(f"t{i}", 65536, "g") for i in range(15)]  # each 256x256 tile fills 16 ciphertexts exactly
+    (pack,) = pack_layout(tiles)
+    assert pack.ciphertexts == 15 * 16 + 1  # one weight slot for the pack, not 15 spilled ciphertexts
+    assert encrypted_nbytes([pack.count]) < encrypted_nbytes([65536] * 15)
+
+
+def test_packed_pushes_are_summed_slot_wise_and_decrypt_per_shard(keys, codec: HeCodec) -> None:
+    plan = ShardPlan.from_state_dict(
+        {"w": np.zeros((64, 30), np.float32), "b": np.zeros(64, np.float32), "o": np.zeros(2, np.float32)},
+        tile=(32, 32),
+    )
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
+    packs = pack_layout((s.shard_id, s.size, "g") for s in plan.shards)
+    (pack,) = packs
+    rng = np.random.default_rng(2)
+    ws = {"site-a": 0.25, "site-b": 0.75}
+    xs = {site: {s.shard_id: rng.normal(0, 0.1, s.shape) for s in plan.shards} for site in ws}
+    pushed = 0
+    for site, x in xs.items():
+        blobs, _ = codec.encrypt_packs(packs, x, ws[site], workers=1)
+        assert len(blobs[pack.carrier]) == encrypted_nbytes([pack.count]) and len(blobs) == len(plan.shards)
+        assert all(blobs[sid] == b"" for sid, _ in pack.members[1:])
+        pushed += sum(len(b) for b in blobs.values())
+        zone.push(_encrypted_manifest(site, plan, blobs), TOKEN, blobs)
+    assert pushed == 2 * encrypted_nbytes([sum(s.size for s in plan.shards)])  # one ciphertext per site
+
+    zone.close_round(1)
+    aggregate = zone.fetch(1)
+    means = codec.decrypt_pack(aggregate.ciphertexts[pack.carrier], pack)
+    for s in plan.shards:
+        expected = sum(ws[site] * xs[site][s.shard_id] for site in ws) / sum(ws.values())
+        assert np.abs(means[s.shard_id].reshape(s.shape) - expected).max() <= 2 * codec.step / 2 / sum(ws.values())
+
+
+def test_a_push_not_packed_as_the_plan_lays_out_is_refused(keys, codec: HeCodec) -> None:
+    plan = ShardPlan.from_state_dict({"w": np.zeros((64, 30), np.float32)}, tile=(32, 32))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
+    x = {s.shard_id: np.zeros(s.shape) for s in plan.shards}
+    unpacked, _ = codec.encrypt_many(x, 1.0, workers=1)  # one ciphertext per shard: not the plan's layout
+    with pytest.raises(ZoneError, match="packing"):
+        zone.push(_encrypted_manifest("site-a", plan, unpacked), TOKEN, unpacked)
+
+
+def test_a_push_packed_unlike_earlier_ones_is_refused(keys, codec: HeCodec) -> None:
+    plan = ShardPlan.from_state_dict({"w": np.zeros((64, 30), np.float32)}, tile=(32, 32))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
+    x = {s.shard_id: np.zeros(s.shape) for s in plan.shards}
+    both, _ = codec.encrypt_packs(pack_layout((sid, 960, "g") for sid in x), x, 1.0, workers=1)
+    zone.push(_encrypted_manifest("site-a", plan, both), TOKEN, both)
+    last = plan.shard_ids[1]  # alone, it would be a carrier: its sum would not line up with site-a's pack
+    alone = {last: codec.encrypt(x[last], 1.0)[0]}
+    with pytest.raises(ZoneError, match="packed with other shards than earlier pushes"):
+        zone.push(_encrypted_manifest("site-b", plan, alone), TOKEN, alone)
