@@ -583,23 +583,18 @@ def measure(transformer: dict[str, int] | None, rounds: int, encrypt: bool) -> d
 def ckks_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
     """(ciphertext bytes, values) of one site's fully encrypted update of ``transformer``'s model.
 
-    A shard's ciphertext size depends only on its value count: one shard of each count
-    is encrypted with the CKKS codec sites use, and the sizes are summed over the plan.
+    Packed as a site packs it when every shard goes to one zone, group and class (this
+    bench's routing): :func:`~fedshard.crypto.he.pack_layout` in plan order; a
+    ciphertext's size depends only on its slot count, so
+    :func:`~fedshard.crypto.he.encrypted_nbytes` gives the exact bytes.
     """
     from clients.tasks.large_transformer import TransformerConfig, shard_plan
-    from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, he_init, load_context
+    from fedshard.crypto.he import encrypted_nbytes, pack_layout
 
     plan = shard_plan(TransformerConfig(**(transformer or {})))
-    counts = Counter(int(plan.shard(sid).size) for sid in plan.shard_ids)
-    with tempfile.TemporaryDirectory(prefix="large-round-he-") as tmp:
-        he_init(Path(tmp))
-        codec = HeCodec(load_context(Path(tmp) / SECRET_CONTEXT_FILE, secret=True), 1.0, 16)
-        rng = np.random.default_rng(0)
-        size = {}
-        for n in counts:
-            data, _ = codec.encrypt(rng.uniform(-0.01, 0.01, n).astype(np.float32), 1.0)
-            size[n] = len(data)
-    return sum(size[n] * k for n, k in counts.items()), sum(n * k for n, k in counts.items())
+    sizes = [(sid, int(plan.shard(sid).size), "all") for sid in plan.shard_ids]
+    packs = pack_layout(sizes)
+    return encrypted_nbytes([p.count for p in packs]), sum(n for _, n, _ in sizes)
 
 
 # report ------------------------------------------------------------------------------------------

@@ -101,8 +101,8 @@ def against(ref: str, values: int, quick: bool) -> tuple[dict[str, Any], list[st
         f"(`bench/_against.py`).",
     ]
     sentence = (
-        f"Against {ref}, the security checks (caller authorisation from the certificate, the stream guard, the "
-        f"fixed weight, the value bound) change the mTLS push time by {cost:+.1f} %."
+        f"Against {ref}, this tree's mTLS push time differs by {cost:+.1f} % (everything changed since {ref}; "
+        "against the commit before issue 13 that includes its security checks)."
     )
     return figures, notes, sentence
 
@@ -279,7 +279,7 @@ def interpretation(f: Figures) -> str:
         f"With 256 KiB shards all three chunk sizes send identical frames (a chunk never spans shards), so their "
         f"spread ({min(small_rates):,.0f}-{max(small_rates):,.0f} MB/s) is the run-to-run noise of this shared "
         "machine; differences smaller than that are not significant.",
-        f"Building the manifest (SHA-256 of every shard) takes {all_manifest.median:.3f} s "
+        f"Building the manifest (BLAKE3 of every shard) takes {all_manifest.median:.3f} s "
         f"({nbytes / all_manifest.median / c.MB:,.0f} MB/s, median of all {all_manifest.n} rounds) before a push "
         "can start; it is not part of push MB/s.",
         f"During a push the zone process is busy for {min(srv_share):.0%}-{max(srv_share):.0%} of the wall time "

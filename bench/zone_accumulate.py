@@ -9,14 +9,14 @@ serialised beforehand exactly as ``GrpcZoneClient.push`` does
   ``np.frombuffer`` its data and ``ShardAccumulator.add`` it (weight 3): "accumulate
   including frame decode";
 * ``zone push (validated)``: the real zone path as the gRPC service drives it:
-  ``begin_push`` then, per frame, ``FromString`` + ``PushSession.receive`` (SHA-256
+  ``begin_push`` then, per frame, ``FromString`` + ``PushSession.receive`` (BLAKE3
   digest, dtype/shape/offset checks, finite check, staging) and ``commit`` (the
   fold into float32 sums of ``(w/unit)·x``: with the round's weights all equal, one
   in-place add per shard);
 * the NumPy peers, in the same run: ``np.add(acc32, x32, out=acc32)`` (float32 in-place
   add, the zone's precision) and ``np.add(acc64, x32, out=acc64)`` (a float64
   accumulator, the zone's precision before issue 14);
-* components, for the analysis: frame parse, SHA-256 (``ShardHasher``), ``all_finite``
+* components, for the analysis: frame parse, BLAKE3 (``ShardHasher``), ``all_finite``
   and the fold (``ShardAccumulator.add`` of decoded arrays).
 
 All variants run interleaved (order rotated every repetition) after one untimed
@@ -61,7 +61,7 @@ PEER32, PEER64 = "numpy add f32 (acc f32)", "numpy add f32 (acc f64)"
 DECODE_FOLD, ZONE_PUSH = "decode+fold", "zone push (validated)"
 PARSE, SHA, FINITE, FOLD = (
     "frame parse (FromString + data)",
-    "SHA-256 (ShardHasher)",
+    "BLAKE3 (ShardHasher)",
     "all_finite",
     "fold (ShardAccumulator.add)",
 )
@@ -160,7 +160,7 @@ def zone_push(w: Workload, runs: int) -> tuple[Callable[[], None], ZoneAggregato
 
 
 def components(w: Workload) -> Variants:
-    """The parts of the validated path, each alone on the same data: parse, SHA-256, finite check, fold."""
+    """The parts of the validated path, each alone on the same data: parse, BLAKE3, finite check, fold."""
 
     def parse_only() -> None:
         for raw in w.frames:
@@ -290,7 +290,7 @@ def interpretation(f: Figures) -> str:
         f"one in-place add) runs at {peer32 / med(FOLD):.0%} of the float32 peer.",
         f"Decoding a frame copies its payload into a new bytes object ({nbytes / med(PARSE) / 1e9:.1f} GB/s), "
         f"{med(PARSE) / df:.0%} of the decode+fold time.",
-        f"The validated path adds SHA-256 over every byte ({nbytes / med(SHA) / 1e9:.2f} GB/s) and the finite check "
+        f"The validated path adds BLAKE3 over every byte ({nbytes / med(SHA) / 1e9:.2f} GB/s) and the finite check "
         f"({nbytes / med(FINITE) / 1e9:.1f} GB/s); the largest single component is {largest} "
         f"({med(largest) / component_sum:.0%} of the components' sum).",
     ]
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             "float32 shard data.",
             "- `decode+fold` = `PushFrame.FromString` + `np.frombuffer` + `ShardAccumulator.add`; "
             "`zone push (validated)` = `ZoneAggregator.begin_push` + `FromString` + `PushSession.receive` "
-            "(SHA-256, checks, finite check, staging) per frame + `commit` (float32 fold), i.e. what the gRPC "
+            "(BLAKE3, checks, finite check, staging) per frame + `commit` (float32 fold), i.e. what the gRPC "
             "service does without the transport. Component rows are timed alone on the same data.",
         ],
         headers=HEADERS,
