@@ -38,20 +38,17 @@ hash rule and the ``adopted`` record's fields (``unsigned_from``, ``unsigned_to`
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, BinaryIO
+from typing import Any
 
 from fedshard.errors import PkiError, StoreError
 from fedshard.residency.audit_head import (
@@ -63,6 +60,18 @@ from fedshard.residency.audit_head import (
     head_path,
     read_head,
 )
+from fedshard.residency.audit_lines import (
+    GENESIS,
+    RESERVED,
+    Adoption,
+    AuditVerdict,
+    Decision,
+    canonical,
+    head_problem,
+    record_hash,
+    render,
+)
+from fedshard.residency.audit_lines import scan as scan_lines
 
 if sys.platform != "win32":
     import fcntl
@@ -77,28 +86,13 @@ __all__ = [
     "HeadSignature",
     "HeadSigner",
     "HeadVerifier",
+    "record_hash",
     "verify_audit_log",
 ]
 
 _log = logging.getLogger(__name__)
 
-GENESIS = "0" * 64
-"""``prev`` of the first record."""
-
-_RESERVED = frozenset({"seq", "time", "decision", "prev", "hash"})
 _FILE_MODE = 0o640
-
-
-class Decision(StrEnum):
-    """Decisions a zone records; :meth:`AuditLog.append` also takes any other non-empty string."""
-
-    ACCEPTED = "accepted"
-    REFUSED = "refused"
-    FORWARDED = "forwarded"
-    PUBLISHED = "published"
-    SERVED = "served"
-    ADOPTED = "adopted"
-    """Written by the log itself on reopening: lines it found without a signed head."""
 
 
 @dataclass(frozen=True)
@@ -116,60 +110,6 @@ class AuditRecord:
         """The record as one flat mapping, in line order."""
         head = {"seq": self.seq, "time": self.time, "decision": self.decision}
         return {**head, **self.fields, "prev": self.prev, "hash": self.hash}
-
-
-@dataclass(frozen=True)
-class Adoption:
-    """Lines the zone found without a signed head when it reopened its log, and adopted.
-
-    Attributes
-    ----------
-    first, last:
-        The unsigned lines (1-based, inclusive).
-    at:
-        The line of the ``adopted`` record that names them.
-    cause:
-        Why they were unsigned, as the zone saw it.
-    """
-
-    first: int
-    last: int
-    at: int
-    cause: str
-
-
-@dataclass(frozen=True)
-class AuditVerdict:
-    """Result of :func:`verify_audit_log`.
-
-    Attributes
-    ----------
-    ok:
-        Whether every line verifies (and ``expected_head``, if given, was found).
-    lines:
-        Number of lines that verify, counted from the top.
-    head:
-        Hash of the last line that verifies (:data:`GENESIS` if none).
-    first_bad_line:
-        1-based number of the first line that does not verify; ``None`` when ``ok``.
-    reason:
-        Why that line (or the signed head) does not verify; ``None`` when ``ok``.
-    signed:
-        Who signed the head and how many lines it covers; ``None`` for an unsigned log.
-    adopted:
-        Lines written without a signature and adopted by the zone on reopening.
-    decisions:
-        How many verified records there are of each decision.
-    """
-
-    ok: bool
-    lines: int
-    head: str
-    first_bad_line: int | None = None
-    reason: str | None = None
-    signed: HeadSignature | None = None
-    adopted: tuple[Adoption, ...] = ()
-    decisions: Mapping[str, int] = field(default_factory=dict)
 
 
 class AuditLog:
@@ -214,7 +154,7 @@ class AuditLog:
         self._closed = False
         try:
             with open(self.path, "rb") as fh:
-                scan = _scan(fh, self.path)
+                scan = scan_lines(fh, self.path)
             verdict = scan.verdict
             if not verdict.ok:
                 raise StoreError(
@@ -250,7 +190,7 @@ class AuditLog:
                 raise StoreError(f"{where}: {exc}; keep the log and its head file as evidence") from None
             if signed.zone != signer.zone:
                 raise StoreError(f"{where} is signed by zone {signed.zone!r}, not {signer.zone!r}: another zone's log")
-            problem = _head_problem(self.path, signed, self._seq)
+            problem = head_problem(self.path, signed, self._seq)
             if problem is not None:
                 raise StoreError(f"{where}: {problem}; keep the log and its head file as evidence")
             covered = signed.lines
@@ -304,12 +244,12 @@ class AuditLog:
         """
         if not isinstance(decision, str) or not decision:
             raise ValueError(f"decision must be a non-empty string, got {decision!r}")
-        clash = _RESERVED.intersection(fields)
+        clash = RESERVED.intersection(fields)
         if clash:
             raise ValueError(f"audit field names {sorted(clash)} are reserved; rename them")
         for name, value in fields.items():
             try:
-                _canonical(value)
+                canonical(value)
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"audit field {name!r} is not a finite JSON value ({exc})") from None
         with self._lock:
@@ -319,14 +259,14 @@ class AuditLog:
             body.update(sorted(fields.items()))
             body["prev"] = self._head
             digest = record_hash(body)
-            line = _render({**body, "hash": digest}) + b"\n"
+            line = render({**body, "hash": digest}) + b"\n"
             self._write(line)
             self._seq += 1
             self._head = digest
             self._counts[body["decision"]] += 1
             if self._signer is not None:
                 self._sign(self._signer)
-        fixed = {k: v for k, v in body.items() if k not in _RESERVED}
+        fixed = {k: v for k, v in body.items() if k not in RESERVED}
         return AuditRecord(body["seq"], body["time"], body["decision"], MappingProxyType(fixed), body["prev"], digest)
 
     def close(self) -> None:
@@ -427,7 +367,7 @@ def verify_audit_log(
     hp = head_path(p)
     try:
         with open(p, "rb") as fh:
-            scan = _scan(fh, p, expected_head)
+            scan = scan_lines(fh, p, expected_head)
     except OSError as exc:
         raise StoreError(f"cannot read audit log {p}: {exc.strerror or exc}") from None
     verdict = scan.verdict
@@ -447,11 +387,25 @@ def verify_audit_log(
         signature = (verifier or HeadVerifier()).check(signed_raw)
     except PkiError as exc:
         return replace(verdict, ok=False, reason=f"head file {hp}: {exc}")
-    problem = _head_problem(p, signed_raw, verdict.lines)
+    return _against_head(p, verdict, scan.adoptions, signed_raw, signature, allow_adopted=allow_adopted)
+
+
+def _against_head(
+    path: Path,
+    verdict: AuditVerdict,
+    adoptions: tuple[Adoption, ...],
+    signed_raw: SignedHead,
+    signature: HeadSignature,
+    *,
+    allow_adopted: bool,
+) -> AuditVerdict:
+    """``verdict`` of a chain that verifies, checked against the head the zone signed:
+    nothing removed, rewritten or appended after it, and adopted lines only if allowed."""
+    problem = head_problem(path, signed_raw, verdict.lines)
     if problem is not None:
         first = verdict.lines + 1 if signed_raw.lines > verdict.lines else signed_raw.lines
         return replace(verdict, ok=False, first_bad_line=first, reason=problem, signed=signature)
-    adopted = tuple(a for a in scan.adoptions if a.at <= signed_raw.lines)
+    adopted = tuple(a for a in adoptions if a.at <= signed_raw.lines)
     if verdict.lines > signed_raw.lines:
         n, last = signed_raw.lines, verdict.lines
         span = f"line {n + 1} was" if last == n + 1 else f"lines {n + 1}-{last} were"
@@ -466,128 +420,6 @@ def verify_audit_log(
         )
         return replace(verdict, ok=False, first_bad_line=a.first, reason=reason, signed=signature, adopted=adopted)
     return replace(verdict, signed=signature, adopted=adopted)
-
-
-def _head_problem(path: Path, signed: SignedHead, lines: int) -> str | None:
-    """Why the signed head does not match the log's chain of ``lines`` lines; ``None`` if it does."""
-    if signed.lines > lines:
-        gone = f"line {signed.lines} was" if signed.lines == lines + 1 else f"lines {lines + 1}-{signed.lines} were"
-        return f"the signed head covers {signed.lines} lines but the log has {lines}: {gone} removed from its end"
-    if signed.lines == 0:
-        at = GENESIS
-    else:
-        with open(path, "rb") as fh:
-            at = _hash_at(fh, signed.lines)
-    if at != signed.head:
-        return f"line {signed.lines} does not match the signed head: the log was rewritten up to there"
-    return None
-
-
-def _hash_at(fh: BinaryIO, number: int) -> str:
-    for n, raw in enumerate(_lines(fh), start=1):
-        if n == number:
-            return str(json.loads(raw)["hash"])
-    return ""
-
-
-def record_hash(body: Mapping[str, Any]) -> str:
-    """``sha256(bytes.fromhex(body["prev"]) ‖ canonical JSON of body)``, hex; ``body`` has no ``hash``."""
-    return hashlib.sha256(bytes.fromhex(body["prev"]) + _canonical(body)).hexdigest()
-
-
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
-def _render(record: Mapping[str, Any]) -> bytes:
-    """The line of a record: reserved keys around the fields, every value canonical."""
-    head = ("seq", "time", "decision")
-    order = [*head, *sorted(k for k in record if k not in _RESERVED), "prev", "hash"]
-    parts = [_canonical(k) + b":" + _canonical(record[k]) for k in order]
-    return b"{" + b",".join(parts) + b"}"
-
-
-@dataclass(frozen=True)
-class _Scan:
-    verdict: AuditVerdict
-    adoptions: tuple[Adoption, ...]
-
-
-def _scan(fh: BinaryIO, path: Path, expected_head: str | None = None) -> _Scan:
-    head, count, seen = GENESIS, 0, expected_head is None
-    decisions: Counter[str] = Counter()
-    adoptions: list[Adoption] = []
-    for number, raw in enumerate(_lines(fh), start=1):
-        try:
-            head, record = _check_line(raw, number, head)
-        except _BadLineError as bad:
-            verdict = AuditVerdict(False, count, head, number, f"line {number} {bad}", decisions=dict(decisions))
-            return _Scan(verdict, tuple(adoptions))
-        count = number
-        seen = seen or head == expected_head
-        decisions[record["decision"]] += 1
-        if record["decision"] == Decision.ADOPTED:
-            first, last = record.get("unsigned_from"), record.get("unsigned_to")
-            if isinstance(first, int) and isinstance(last, int):
-                adoptions.append(Adoption(first, last, number, str(record.get("cause", ""))))
-    if not seen:
-        reason = f"head {expected_head} is not in the log: lines were removed from its end"
-        return _Scan(AuditVerdict(False, count, head, count + 1, reason, decisions=dict(decisions)), tuple(adoptions))
-    return _Scan(AuditVerdict(True, count, head, decisions=dict(decisions)), tuple(adoptions))
-
-
-def _lines(fh: BinaryIO) -> Iterator[bytes]:
-    # readline keeps the newline, so a last line without one (an append cut short) shows.
-    while raw := fh.readline():
-        yield raw
-
-
-def _check_line(raw: bytes, number: int, prev: str) -> tuple[str, dict[str, Any]]:
-    """The line's hash and record if it follows ``prev`` correctly; :class:`_BadLineError` saying why not."""
-    if not raw.endswith(b"\n"):
-        raise _BadLineError("is truncated (no newline at the end): an append did not finish")
-    try:
-        record = json.loads(raw[:-1], parse_constant=_refuse_constant)
-    except ValueError:
-        raise _BadLineError("is not valid JSON") from None
-    if not _is_record(record):
-        raise _BadLineError("is not an audit record (seq, time, decision, prev or hash missing or mistyped)")
-    body = {k: v for k, v in record.items() if k != "hash"}
-    try:
-        digest = record_hash(body)
-    except ValueError:
-        raise _BadLineError("has a malformed prev hash") from None
-    if digest != record["hash"]:
-        raise _BadLineError("was altered: its hash does not match its content")
-    if _render(record) != raw[:-1]:
-        raise _BadLineError("is not in canonical form: it was edited")
-    if record["seq"] != number:
-        raise _BadLineError(f"has seq {record['seq']}, expected {number}: lines were removed, inserted or moved")
-    if record["prev"] != prev:
-        raise _BadLineError("does not follow the line before it: lines were removed, inserted or moved")
-    return str(digest), record
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")  # NaN and Infinity: json.loads would accept them
-
-
-class _BadLineError(Exception):
-    """Why a line does not verify (internal to :func:`_scan`)."""
-
-
-def _is_record(record: object) -> bool:
-    if not isinstance(record, dict):
-        return False
-    seq, when = record.get("seq"), record.get("time")
-    return (
-        isinstance(seq, int)
-        and not isinstance(seq, bool)
-        and isinstance(when, int | float)
-        and not isinstance(when, bool)
-        and isinstance(record.get("decision"), str)
-        and all(isinstance(record.get(k), str) and len(record[k]) == 64 for k in ("prev", "hash"))
-    )
 
 
 def _open_locked(path: Path) -> int:
