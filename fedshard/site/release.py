@@ -7,6 +7,7 @@ are replaced by their ciphertexts; each zone gets a signed manifest and its shar
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -141,45 +142,73 @@ def push_update(
                 f"the round names no endpoint for zone {zone}, where residency routes {len(shard_ids)} shard(s)"
             )
 
-    def push(zone: str) -> ZonePush:
-        shard_ids = by_zone[zone]
-        part = {sid: payload[sid] for sid in shard_ids}
-        manifest = build_manifest(
-            site_id=site_id,
-            round=message.round,
-            plan_digest=plan_digest,
-            base_version=message.base_version,
-            zone=zone,
-            weight=weight,
-            shards=part,
-            classes={sid: routing.routes[sid].shard_class for sid in shard_ids},
-            policy_digest=routing.policy_digest,
-            encrypted=frozenset(shard_ids) & routing.encrypted,
-        )
-        if signing_key is not None:
-            manifest = manifest.signed(signing_key)
-        client = connect(zone, message.zones[zone])
-        try:
-            receipt = client.push(manifest, message.token, part)
-        except PushRejectedError as exc:  # the zone's own line names the zone, the site and the round
-            raise RoundError(str(exc), code=exc.code) from None
-        except FedshardError as exc:
-            raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
-        finally:
-            client.close()
-        return ZonePush(
-            zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes
-        )
+    push = functools.partial(
+        _push_zone,
+        payload=payload,
+        routing=routing,
+        message=message,
+        site_id=site_id,
+        plan_digest=plan_digest,
+        weight=weight,
+        signing_key=signing_key,
+        connect=connect,
+    )
+    jobs = [functools.partial(push, zone, shard_ids) for zone, shard_ids in by_zone.items()]
+    return _run_all(jobs, list(by_zone), max_parallel, f"site {site_id}, round {message.round}")
 
-    zones = list(by_zone)
-    if len(zones) <= 1 or max_parallel <= 1:
-        return [push(zone) for zone in zones]
-    with ThreadPoolExecutor(max_workers=min(max_parallel, len(zones)), thread_name_prefix="push") as pool:
-        futures = [pool.submit(push, zone) for zone in zones]
+
+def _push_zone(
+    zone: str,
+    shard_ids: list[str],
+    *,
+    payload: Mapping[str, ShardPayload],
+    routing: SiteRouting,
+    message: TrainInstruction,
+    site_id: str,
+    plan_digest: str,
+    weight: float,
+    signing_key: Ed25519PrivateKey | None,
+    connect: ZoneConnector,
+) -> ZonePush:
+    """Push ``zone`` its shards with a (signed) manifest; :class:`RoundError` if it refuses."""
+    part = {sid: payload[sid] for sid in shard_ids}
+    manifest = build_manifest(
+        site_id=site_id,
+        round=message.round,
+        plan_digest=plan_digest,
+        base_version=message.base_version,
+        zone=zone,
+        weight=weight,
+        shards=part,
+        classes={sid: routing.routes[sid].shard_class for sid in shard_ids},
+        policy_digest=routing.policy_digest,
+        encrypted=frozenset(shard_ids) & routing.encrypted,
+    )
+    if signing_key is not None:
+        manifest = manifest.signed(signing_key)
+    client = connect(zone, message.zones[zone])
+    try:
+        receipt = client.push(manifest, message.token, part)
+    except PushRejectedError as exc:  # the zone's own line names the zone, the site and the round
+        raise RoundError(str(exc), code=exc.code) from None
+    except FedshardError as exc:
+        raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
+    finally:
+        client.close()
+    return ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
+
+
+def _run_all(jobs: Sequence[Callable[[], ZonePush]], zones: list[str], max_parallel: int, who: str) -> list[ZonePush]:
+    """Run every job to its end, at most ``max_parallel`` at once; the first failure (in
+    zone order) is raised, the others logged."""
+    if len(jobs) <= 1 or max_parallel <= 1:
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(max_parallel, len(jobs)), thread_name_prefix="push") as pool:
+        futures = [pool.submit(job) for job in jobs]
         wait(futures)
     failed = [(zone, f.exception()) for zone, f in zip(zones, futures, strict=True) if f.exception() is not None]
     for zone, exc in failed[1:]:
-        log.warning("site %s, round %d: push to zone %s failed too: %s", site_id, message.round, zone, exc)
+        log.warning("%s: push to zone %s failed too: %s", who, zone, exc)
     if failed:
         raise failed[0][1]  # type: ignore[misc]
     return [f.result() for f in futures]
