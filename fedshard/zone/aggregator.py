@@ -32,7 +32,6 @@ only to sites the policy allows, and writes every decision to its audit log.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -67,7 +66,14 @@ from fedshard.zone.forward import ForwardSession, check_partial, send_partial_su
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.publish import Publications, build_aggregate, missing_noise_shares
-from fedshard.zone.push import ByteBudget, PushSession, accepted_fields, check_manifest, check_packs
+from fedshard.zone.push import (
+    ByteBudget,
+    PushSession,
+    accepted_fields,
+    check_manifest,
+    check_packs,
+    check_round_weights,
+)
 from fedshard.zone.state import OpenRound, ZoneStats
 
 if TYPE_CHECKING:
@@ -151,7 +157,7 @@ class ZoneAggregator:
                         "classification does not know (zone and sites run different models or configs)",
                         RefusalCode.INVALID,
                     )
-            self._check_weights(spec)
+            check_round_weights(spec, self.bounds.max_site_weight, zone=self.name)
             with self._lock:
                 if spec.round in self._rounds or spec.round in self._closed:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
@@ -165,23 +171,6 @@ class ZoneAggregator:
         """Count and audit a refused call (one the zone refused before or outside a push)."""
         self.stats.refuse(reason)
         self._record(Decision.REFUSED, call=call, by=caller, code=code, reason=reason, **fields)
-
-    def _check_weights(self, spec: RoundSpec) -> None:
-        """Refuse a round whose fixed weights name an unselected site or exceed this zone's cap."""
-        selected = set(spec.sites)
-        cap = self.bounds.max_site_weight
-        for site, weight in spec.weights:
-            if site not in selected:
-                raise ZoneError(
-                    f"zone {self.name}: round {spec.round} fixes a weight for site {site!r}, which it did not select",
-                    RefusalCode.INVALID,
-                )
-            if not (math.isfinite(weight) and 0 < weight <= cap):
-                raise ZoneError(
-                    f"zone {self.name}: round {spec.round} fixes weight {weight:g} for site {site}; weights must be "
-                    f"positive and at most aggregation.max_site_weight = {cap:g}",
-                    RefusalCode.BOUND,
-                )
 
     def begin_push(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None

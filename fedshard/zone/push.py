@@ -21,9 +21,9 @@ import numpy as np
 from fedshard.aggregation import extremes, norm_scale, squared_norm, within
 from fedshard.config import BoundRule
 from fedshard.crypto.he import Pack, load_ciphertexts, pack_layout
-from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode
+from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
-from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, ShardPayload
+from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload
 from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
 
@@ -31,7 +31,15 @@ if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
     from fedshard.zone.state import OpenRound
 
-__all__ = ["ByteBudget", "PushSession", "PushTarget", "accepted_fields", "check_manifest", "check_packs"]
+__all__ = [
+    "ByteBudget",
+    "PushSession",
+    "PushTarget",
+    "accepted_fields",
+    "check_manifest",
+    "check_packs",
+    "check_round_weights",
+]
 
 
 class ByteBudget:
@@ -107,6 +115,31 @@ class PushTarget(Protocol):
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise."""
         ...
+
+
+def check_round_weights(spec: RoundSpec, cap: float, *, zone: str) -> None:
+    """Refuse a round whose fixed weights name an unselected site or exceed ``cap``
+    (``aggregation.max_site_weight``), before the round opens at ``zone``.
+
+    Raises
+    ------
+    ZoneError
+        With code :attr:`~RefusalCode.INVALID` (an unselected site) or
+        :attr:`~RefusalCode.BOUND` (a weight not in ``(0, cap]``).
+    """
+    selected = set(spec.sites)
+    for site, weight in spec.weights:
+        if site not in selected:
+            raise ZoneError(
+                f"zone {zone}: round {spec.round} fixes a weight for site {site!r}, which it did not select",
+                RefusalCode.INVALID,
+            )
+        if not (math.isfinite(weight) and 0 < weight <= cap):
+            raise ZoneError(
+                f"zone {zone}: round {spec.round} fixes weight {weight:g} for site {site}; weights must be "
+                f"positive and at most aggregation.max_site_weight = {cap:g}",
+                RefusalCode.BOUND,
+            )
 
 
 def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: str, he_context: Any) -> None:
