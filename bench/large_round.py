@@ -602,29 +602,28 @@ def _gb_s(nbytes: float, seconds: float) -> str:
     return f"{nbytes / seconds / 1e9:.2f}" if seconds >= 1e-3 and nbytes else "–"  # not for a call that did nothing
 
 
-def report(
-    plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], args: argparse.Namespace
-) -> dict[str, Any]:
-    """Print the table, write the section, print the headline JSON."""
-    mb = 1e6
-    ckks_measured = ckks["pushed"] / (len(SITES) * 4 * ckks["values"])
-    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
-    headers = ["phase (4 sites, summed)", "plaintext s", "plaintext GB/s", "CKKS s", "CKKS GB/s"]
-    byte_phases = {
-        "train msg: push": ("pushed", "pushed"),
-        "zone push (receive, validate, fold)": ("pushed", "pushed"),
-        "evaluate msg: fetch": ("fetched", "fetched"),
-        "train msg: digest": ("model", "pushed"),
-        "train msg: split": ("model", "model"),
-        "evaluate msg: verify": ("model", "fetched"),
-        "evaluate msg: apply": ("model", "model"),
-        "evaluate msg: save": ("model", "model"),
-        "evaluate msg: load": ("model", "model"),
-        "train msg: load": ("model", "model"),
-        "train msg: update": ("model", "model"),
-        "train msg: encrypt": ("model", "model"),
-        "evaluate msg: decrypt": ("model", "model"),
-    }
+_BYTE_PHASES = {
+    "train msg: push": ("pushed", "pushed"),
+    "zone push (receive, validate, fold)": ("pushed", "pushed"),
+    "evaluate msg: fetch": ("fetched", "fetched"),
+    "train msg: digest": ("model", "pushed"),
+    "train msg: split": ("model", "model"),
+    "evaluate msg: verify": ("model", "fetched"),
+    "evaluate msg: apply": ("model", "model"),
+    "evaluate msg: save": ("model", "model"),
+    "evaluate msg: load": ("model", "model"),
+    "train msg: load": ("model", "model"),
+    "train msg: update": ("model", "model"),
+    "train msg: encrypt": ("model", "model"),
+    "evaluate msg: decrypt": ("model", "model"),
+}
+"""Which bytes a phase's GB/s is taken over: (plaintext, CKKS), each ``model`` (every site's
+model), ``pushed`` or ``fetched``."""
+_MB = 1e6
+
+
+def _rows(plain: dict[str, Any], ckks: dict[str, Any]) -> list[list[str]]:
+    """The table: one row per phase, then the round, the data plane and the copy floor."""
 
     def nbytes(run: dict[str, Any], what: str) -> float:
         return len(SITES) * run["model_bytes"] if what == "model" else run[what]
@@ -632,7 +631,7 @@ def report(
     rows = []
     for phase in plain["phases"]:
         p, k = plain["phases"][phase], ckks["phases"].get(phase, 0.0)
-        which = byte_phases.get(phase)
+        which = _BYTE_PHASES.get(phase)
         rows.append(
             [
                 phase,
@@ -661,23 +660,22 @@ def report(
             f"{ckks['copy_gb_s']:.2f}",
         ]
     )
+    return rows
+
+
+def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], quick: bool) -> list[str]:
+    """The section's notes: models, set-up, rounds, bytes, memory, CKKS bytes."""
+    mb = _MB
     model_mb = plain["model_bytes"] / mb
-    headline = {
-        "data_plane_s": plain["data_plane_s"],
-        "copy_floor_s": plain["copy_floor_s"],
-        "zone_peak_rss_mb": plain["zone_peak_rss"] / mb,
-        "site_peak_rss_mb": plain["site_peak_rss"] / mb,
-        "model_mb": model_mb,
-        "ckks_bytes_per_f32": ckks_plan,
-    }
-    c.print_table("a large full-parameter round, 4 sites, 2 zones", headers, rows)
+    ckks_measured = ckks["pushed"] / (len(SITES) * 4 * ckks["values"])
+    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
     plain_model = f"{plain['values'] / 1e6:.1f} M-parameter transformer ({model_mb:.1f} MB)"
     ckks_model = f"{ckks['values'] / 1e6:.1f} M-parameter transformer ({ckks['model_bytes'] / mb:.1f} MB)"
     notes = [
         f"- Plaintext: the {plain_model}; every shard CKKS-encrypted: the {ckks_model}"
         + (
             " (--quick: small models, a smoke test of the path)."
-            if args.quick
+            if quick
             else " (a subset of the 118 M one: one block, "
             "vocab 4,096, so that 4 sites' encryption and decryption fit a run on 2 cores)."
         ),
@@ -702,7 +700,7 @@ def report(
         "torch).",
         f"- CKKS bytes per float32 byte: {ckks_measured:.2f}× pushed in the measured round; "
         f"{ckks_plan:.2f}× for the {plan_bytes[1] / 1e6:.1f} M values of the "
-        f"{'quick' if args.quick else '118 M'} model's plan (one shard of each size encrypted).",
+        f"{'quick' if quick else '118 M'} model's plan (packed as sites pack it, bytes exact).",
     ]
     if plain["missing"] or ckks["missing"]:
         notes.append(f"- Not timed (the library no longer has them): {', '.join(plain['missing'] + ckks['missing'])}.")
@@ -710,6 +708,12 @@ def report(
         "- Zone memory with 20 sites is not run here (20 site processes of the 118 M model do not fit this machine): "
         "`bench/zone_memory.py` pushes 20 synthetic updates into one zone."
     )
+    return notes
+
+
+def _interpretation(plain: dict[str, Any], ckks_plan: float) -> str:
+    """The goals in words, and where the data plane's time goes."""
+    mb = _MB
     floor_ratio = plain["data_plane_s"] / plain["copy_floor_s"]
     site_phases = {
         k: v for k, v in plain["phases"].items() if "msg: " in k and not k.endswith(("whole message", ": train"))
@@ -725,9 +729,29 @@ def report(
         f"≤ 2.5 × model: {plain['site_peak_rss'] / plain['model_bytes']:.2f}×; CKKS bytes ≤ 3× float32: "
         f"{ckks_plan:.2f}×."
     )
+    return interpretation
+
+
+def report(
+    plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Print the table, write the section, print the headline JSON."""
+    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
+    headers = ["phase (4 sites, summed)", "plaintext s", "plaintext GB/s", "CKKS s", "CKKS GB/s"]
+    rows = _rows(plain, ckks)
+    headline = {
+        "data_plane_s": plain["data_plane_s"],
+        "copy_floor_s": plain["copy_floor_s"],
+        "zone_peak_rss_mb": plain["zone_peak_rss"] / _MB,
+        "site_peak_rss_mb": plain["site_peak_rss"] / _MB,
+        "model_mb": plain["model_bytes"] / _MB,
+        "ckks_bytes_per_f32": ckks_plan,
+    }
+    c.print_table("a large full-parameter round, 4 sites, 2 zones", headers, rows)
+    notes = _notes(plain, ckks, plan_bytes, args.quick)
     runs = f"{plain['rounds']} plaintext rounds, {ckks['rounds']} CKKS rounds (medians of rounds ≥ 2)"
-    c.publish(args, SECTION, "A large full-parameter round", runs, None, notes, headers, rows, interpretation,
-              headline=headline)  # fmt: skip
+    c.publish(args, SECTION, "A large full-parameter round", runs, None, notes, headers, rows,
+              _interpretation(plain, ckks_plan), headline=headline)  # fmt: skip
     return headline
 
 
