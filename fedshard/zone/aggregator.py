@@ -20,7 +20,9 @@ zone within an L2 norm; so every sum (float32, of ``(w/unit)·x``: see
 :class:`~fedshard.config.AggregationConfig`). Encrypted shards cannot be checked.
 
 Staged pushes are bounded by a byte budget, so peak memory is the sums (one float32
-model per aggregate group) plus the budget, however many sites push at once.
+model per aggregate group) plus the budget, however many sites push at once; their
+clear shards are staged in buffers the zone reuses from push to push
+(:mod:`fedshard.zone.staging`), at most the budget's worth.
 
 With a :class:`~fedshard.zone.policy.ZonePolicy` the zone also enforces
 residency: it re-decides every shard (refusing, with code ``residency``, what its
@@ -74,6 +76,7 @@ from fedshard.zone.push import (
     check_packs,
     check_round_weights,
 )
+from fedshard.zone.staging import StagingPool
 from fedshard.zone.state import OpenRound, ZoneStats
 
 if TYPE_CHECKING:
@@ -138,6 +141,7 @@ class ZoneAggregator:
         self._closed: set[int] = set()
         self._lock = threading.Lock()
         self._budget = ByteBudget(staging_bytes)
+        self._staging = StagingPool(staging_bytes)
         self.stats = ZoneStats()
 
     def _record(self, decision: str, **fields: Any) -> None:
@@ -201,7 +205,7 @@ class ZoneAggregator:
             with self._lock:
                 state.pushing.discard(manifest.site_id)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        return PushSession(self, state, manifest, need, groups, packs)
+        return PushSession(self, state, manifest, need, groups, packs, self._staging)
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
@@ -243,13 +247,16 @@ class ZoneAggregator:
         self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
         return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
 
-    def end_push(self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool) -> None:
-        """A push is over (see :class:`PushSession`): forget it unless counted; return its staging bytes."""
+    def end_push(
+        self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool, freed: int | None = None
+    ) -> None:
+        """A push is over (see :class:`PushSession`): forget it unless counted; return its staging
+        bytes (``freed`` of them freed, the others kept in the staging pool)."""
         if not counted:
             with self._lock:
                 state.pushing.discard(site_id)
         if budget_bytes:
-            self._budget.release(budget_bytes)
+            self._budget.release(budget_bytes, freed=freed)
 
     def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
         """Push a whole update at once (in-process use; the gRPC service streams instead).

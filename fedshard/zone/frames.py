@@ -17,7 +17,10 @@ stream to that :class:`Declared` expectation, with the same checks on every path
 
 A shard that arrives in one chunk is kept as the bytes received (no copy); a larger
 one is assembled in a buffer of its final size allocated at its first chunk. Values
-are decoded with :func:`numpy.frombuffer` over those bytes. A shard the header says
+are decoded with :func:`numpy.frombuffer` over those bytes. Given ``buffers`` (a zone's
+:class:`~fedshard.zone.staging.StagingPool`), every clear shard, even one of a single
+chunk, is copied into a buffer taken from it, so the received bytes are freed at once
+and the values are read-only views of reused memory. A shard the header says
 is ``encrypted`` is CKKS ciphertext: its first chunk is labelled
 :data:`~fedshard.crypto.he.CKKS_DTYPE` with no shape, and it comes out as ``bytes``
 (a larger one joined once from its chunks: ``bytes`` cannot be filled in place).
@@ -30,7 +33,7 @@ push, counts nothing of it).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
@@ -112,7 +115,7 @@ class _Current:
     dtype: np.dtype | None  # None: ciphertext
     shape: tuple[int, ...]
     hasher: ShardHasher
-    raw: Buffer | None  # the one chunk, or the buffer being filled
+    raw: Buffer | np.ndarray | None  # the one chunk, or the buffer being filled
     parts: list[Buffer] | None = None  # the chunks of a ciphertext of more than one
     received: int = 0
 
@@ -126,11 +129,23 @@ class FrameAssembler:
         Shard id → what the header declares of it.
     source:
         What declares the shards, their sizes and digests (named in refusals).
+    buffers:
+        Gives a writable ``uint8`` buffer of a number of bytes, into which a clear shard
+        is assembled (e.g. :meth:`~fedshard.zone.staging.StagingPool.take`; whoever
+        gives it takes the buffers back). None: a shard of one chunk is kept as received,
+        a larger one assembled in a new ``bytearray``.
     """
 
-    def __init__(self, declared: Mapping[str, Declared], *, source: Header) -> None:
+    def __init__(
+        self,
+        declared: Mapping[str, Declared],
+        *,
+        source: Header,
+        buffers: Callable[[int], np.ndarray] | None = None,
+    ) -> None:
         self._declared = declared
         self._source = source
+        self._buffers = buffers
         self._done: set[str] = set()
         self._current: _Current | None = None
 
@@ -170,8 +185,10 @@ class FrameAssembler:
             current.parts.append(chunk.data)
         elif current.raw is None:  # the whole shard in this chunk: keep it as received
             current.raw = chunk.data
-        else:
-            memoryview(current.raw)[current.received : current.received + size] = chunk.data
+        else:  # filling the shard's buffer
+            raw = current.raw
+            dest = raw.data if isinstance(raw, np.ndarray) else memoryview(raw)
+            dest[current.received : current.received + size] = chunk.data
         current.received += size
         return self._complete(current) if current.received == declared.nbytes else None
 
@@ -205,7 +222,11 @@ class FrameAssembler:
                 raise FrameError(f"shard {sid} is ciphertext, which has no shape; got {chunk.shape}", RefusalCode.SHAPE)
             return _Current(declared, None, (), ciphertext_hasher(declared.nbytes), None, None if whole else [])
         dtype, shape = _layout(declared, chunk.dtype, tuple(chunk.shape))
-        raw = None if whole else bytearray(declared.nbytes)
+        raw: bytearray | np.ndarray | None
+        if self._buffers is not None:
+            raw = self._buffers(declared.nbytes)
+        else:
+            raw = None if whole else bytearray(declared.nbytes)
         return _Current(declared, dtype, shape, ShardHasher(dtype.str, shape), raw)
 
     def _complete(self, current: _Current) -> tuple[str, ShardPayload]:
@@ -217,6 +238,10 @@ class FrameAssembler:
         if current.dtype is None:  # ciphertext
             data = b"".join(current.parts) if current.parts is not None else current.raw or b""
             return declared.shard_id, data if isinstance(data, bytes) else bytes(data)
+        if isinstance(current.raw, np.ndarray):  # a buffer given to this assembler: staged read-only
+            values = current.raw.view(current.dtype).reshape(current.shape)
+            values.flags.writeable = False
+            return declared.shard_id, values
         raw = current.raw if current.raw is not None else b""
         return declared.shard_id, np.frombuffer(raw, dtype=current.dtype).reshape(current.shape)
 

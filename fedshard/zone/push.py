@@ -26,6 +26,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload
 from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
+from fedshard.zone.staging import StagingPool
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
@@ -53,6 +54,8 @@ class ByteBudget:
     first hands free heap memory back to the system (:func:`~fedshard.zone.heap.trim_heap`).
     So staging holds at most about the capacity, and pushes that follow each other reuse
     the pages of the previous ones instead of faulting in fresh pages after a trim per push.
+    Bytes staged in reused buffers (:class:`~fedshard.zone.staging.StagingPool`) are not
+    freed when they are released, so they do not count as retained (``freed``).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -78,11 +81,12 @@ class ByteBudget:
         self._used += n
         return True
 
-    def release(self, n: int) -> None:
-        """Return ``n`` bytes to the budget (their memory freed, perhaps retained by the allocator)."""
+    def release(self, n: int, *, freed: int | None = None) -> None:
+        """Return ``n`` bytes to the budget, of which ``freed`` (default: all) had their memory
+        freed, perhaps retained by the allocator; the others stay in a staging pool."""
         with self._cond:
             self._used -= n
-            self._retained += n
+            self._retained += n if freed is None else freed
             self._cond.notify_all()
 
 
@@ -108,8 +112,11 @@ class PushTarget(Protocol):
         says how it was brought within bounds (``norm_scale``, ``values_clipped``), if it was."""
         ...
 
-    def end_push(self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool) -> None:
-        """The push is over: forget it as in progress (unless ``counted``) and return its staging bytes."""
+    def end_push(
+        self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool, freed: int | None = None
+    ) -> None:
+        """The push is over: forget it as in progress (unless ``counted``) and return its staging
+        bytes, of which ``freed`` (default: all) were freed rather than given back to a pool."""
         ...
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
@@ -281,6 +288,10 @@ class PushSession:
     add up towards ``max_update_norm``. Any failure raises :class:`PushRejectedError` and ends the
     push; call :meth:`abort` (or use the session as a context manager) so the staging
     budget is returned.
+
+    With ``staging`` (the zone's :class:`~fedshard.zone.staging.StagingPool`) the clear
+    shards are copied out of the frames into buffers of the pool, given back when the push
+    commits or ends; a session is driven by one thread, which alone takes and gives them.
     """
 
     def __init__(
@@ -291,6 +302,7 @@ class PushSession:
         budget_bytes: int,
         groups: dict[str, str] | None = None,
         packs: dict[str, Pack] | None = None,
+        staging: StagingPool | None = None,
     ) -> None:
         self._zone = zone
         self._state = state
@@ -298,7 +310,10 @@ class PushSession:
         self._groups = groups or {}
         self._packs = packs or {}  # carrier → pack of the encrypted shards
         self._budget_bytes = budget_bytes
-        self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST)
+        self._pool = staging
+        self._lent: list[np.ndarray] = []  # buffers taken from the pool, the pending shard's included
+        buffers = self._buffer if staging is not None else None
+        self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST, buffers=buffers)
         self._staged: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
         self._squares = 0.0  # Σ x² over the plaintext shards so far
@@ -310,6 +325,12 @@ class PushSession:
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        assert self._pool is not None  # only handed to the assembler with a pool
+        buf = self._pool.take(nbytes)
+        self._lent.append(buf)
+        return buf
 
     @property
     def site_id(self) -> str:
@@ -411,7 +432,14 @@ class PushSession:
     def _release(self, *, counted: bool) -> None:
         self._staged = {}
         self._ciphertexts = {}
+        kept = 0
+        if self._lent:  # nothing refers to them any more: the sums were folded, or the push ended
+            assert self._pool is not None
+            lent = sum(b.nbytes for b in self._lent)
+            kept = lent - self._pool.give(self._lent)
+            self._lent = []
         if self._budget_bytes or not counted:
             # the staging bytes go back to the budget, which trims the heap when freed memory piles up
-            self._zone.end_push(self._state, self.site_id, self._budget_bytes, counted=counted)
+            freed = max(self._budget_bytes - kept, 0)
+            self._zone.end_push(self._state, self.site_id, self._budget_bytes, counted=counted, freed=freed)
             self._budget_bytes = 0
