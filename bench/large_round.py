@@ -264,7 +264,8 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
     client_module.GrpcZoneClient.fetch = counting_fetch  # type: ignore[method-assign]
     config = load_federation(config_path)
     site = make_site(config, site_id, state_root, FederationRouting(config))
-    print(json.dumps({"ready": site_id, "missing": phases.missing}), flush=True)
+    # before any message: Python, torch, gRPC and fedshard imported, the site assembled, no model yet
+    print(json.dumps({"ready": site_id, "missing": phases.missing, "rss": _status_bytes("VmRSS")}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         kind = MessageKind(request["kind"])
@@ -300,10 +301,12 @@ class SiteProcess:
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=c.REPO, env=_child_env()
         )
         self.missing: list[str] = []
+        self.base_rss = 0  # its RSS once assembled, before any message
 
     def ready(self) -> None:
         """Wait for the site to be assembled."""
-        self.missing = self._read()["missing"]
+        ready = self._read()
+        self.missing, self.base_rss = ready["missing"], int(ready["rss"])
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -507,6 +510,7 @@ def _federation(transformer: dict[str, int] | None, rounds: int, encrypt: bool) 
                 "records": gateway.records,
                 "zone_peak_rss": {n: z.peak_rss() for n, z in zones.items()},
                 "zone_base_rss": {n: z.base_rss for n, z in zones.items()},
+                "site_base_rss": {n: s.base_rss for n, s in sites.items()},
                 "staging_bytes": max(z.staging_bytes for z in zones.values()),
                 "missing": sorted({m for p in [*zones.values(), *sites.values()] for m in p.missing}),
             }
@@ -575,6 +579,7 @@ def measure(transformer: dict[str, int] | None, rounds: int, encrypt: bool) -> d
         "site_peak_rss": med(f["site_peak_rss"] for f in steady),  # each round's largest message peak
         "zone_peak_rss": max(run["zone_peak_rss"].values()),
         "zone_base_rss": max(run["zone_base_rss"].values()),
+        "site_base_rss": max(run["site_base_rss"].values()),
         "staging_bytes": run["staging_bytes"],
         "missing": run["missing"],
     }
@@ -697,7 +702,8 @@ def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, i
         f"{plain['zone_peak_rss'] / plain['model_bytes']:.2f}× the model; site during a message "
         f"{plain['site_peak_rss'] / mb:,.0f} MB = {plain['site_peak_rss'] / plain['model_bytes']:.2f}× the model "
         "(the median over rounds of the round's largest message peak; both include the processes' Python, gRPC and "
-        "torch).",
+        f"torch); the site's RSS once assembled, before any message, {plain['site_base_rss'] / mb:,.0f} MB, so a "
+        f"message adds {_site_added(plain):.2f}× the model.",
         f"- CKKS bytes per float32 byte: {ckks_measured:.2f}× pushed in the measured round; "
         f"{ckks_plan:.2f}× for the {plan_bytes[1] / 1e6:.1f} M values of the "
         f"{'quick' if quick else '118 M'} model's plan (packed as sites pack it, bytes exact).",
@@ -709,6 +715,11 @@ def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, i
         "`bench/zone_memory.py` pushes 20 synthetic updates into one zone."
     )
     return notes
+
+
+def _site_added(plain: dict[str, Any]) -> float:
+    """What a site's largest message adds to its RSS before any message, in models."""
+    return float((plain["site_peak_rss"] - plain["site_base_rss"]) / plain["model_bytes"])
 
 
 def _interpretation(plain: dict[str, Any], ckks_plan: float) -> str:
@@ -726,7 +737,8 @@ def _interpretation(plain: dict[str, Any], ckks_plan: float) -> str:
         f"Zone peak RSS ≤ 1.5 × model + staging budget: {plain['zone_peak_rss'] / mb:,.0f} MB "
         f"({(plain['zone_peak_rss'] - plain['zone_base_rss']) / mb:,.0f} MB over its RSS at start) against "
         f"{(1.5 * plain['model_bytes'] + plain['staging_bytes']) / mb:,.0f} MB; site peak RSS during a message "
-        f"≤ 2.5 × model: {plain['site_peak_rss'] / plain['model_bytes']:.2f}×; CKKS bytes ≤ 3× float32: "
+        f"≤ 2.5 × model: {plain['site_peak_rss'] / plain['model_bytes']:.2f}× ({_site_added(plain):.2f}× over the "
+        "site's RSS before its first message); CKKS bytes ≤ 3× float32: "
         f"{ckks_plan:.2f}×."
     )
     return interpretation
@@ -744,6 +756,7 @@ def report(
         "copy_floor_s": plain["copy_floor_s"],
         "zone_peak_rss_mb": plain["zone_peak_rss"] / _MB,
         "site_peak_rss_mb": plain["site_peak_rss"] / _MB,
+        "site_base_rss_mb": plain["site_base_rss"] / _MB,
         "model_mb": plain["model_bytes"] / _MB,
         "ckks_bytes_per_f32": ckks_plan,
     }
