@@ -264,6 +264,9 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
     client_module.GrpcZoneClient.fetch = counting_fetch  # type: ignore[method-assign]
     config = load_federation(config_path)
     site = make_site(config, site_id, state_root, FederationRouting(config))
+    import torch  # the first message imports it anyway: its fixed cost is not the message's
+
+    torch.zeros(1).add_(1)  # and its allocator warmed up
     # before any message: Python, torch, gRPC and fedshard imported, the site assembled, no model yet
     print(json.dumps({"ready": site_id, "missing": phases.missing, "rss": _status_bytes("VmRSS")}), flush=True)
     for line in sys.stdin:
