@@ -9,6 +9,13 @@ of shards, keys or formats. What the store needs from it:
 * temporary objects of interrupted writes are listed by ``temporaries`` and removed
   by ``remove_temporaries``, never seen by ``list``.
 
+Optionally (:class:`DefersSync`), a backend whose ``write`` waits for the disk on each
+object can open :class:`DeferredWrites`: writes just as atomic, made durable all at once
+by ``sync`` — one barrier for a batch of shard blobs instead of one per blob. The
+store's commit (:class:`~fedshard.store.commit.Committer`) writes a batch's blobs that
+way and syncs them before it writes the key table and the catalog; without the option
+it writes each blob with ``write``.
+
 Backends: :class:`~fedshard.store.local_dir.LocalDirBackend` (the default; a local
 folder, fsync'd) and :class:`~fedshard.store.fsspec_backend.FsspecBackend` (any fsspec
 URL: ``memory://``, ``s3://``, a local path, …). :func:`backend_for` picks one.
@@ -21,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["TMP_PREFIX", "Backend", "ObjectStat"]
+__all__ = ["TMP_PREFIX", "Backend", "DeferredWrites", "DefersSync", "ObjectStat"]
 
 TMP_PREFIX = ".tmp/"  # temporaries of in-progress writes, under the store's root
 
@@ -74,4 +81,33 @@ class Backend(Protocol):
 
     def remove_temporaries(self) -> int:
         """Delete the temporaries of interrupted writes (only while nothing writes); return how many."""
+        ...
+
+
+@runtime_checkable
+class DeferredWrites(Protocol):
+    """Writes to one backend that become durable together, at :meth:`sync`."""
+
+    def write(self, name: str, data: bytes | memoryview) -> None:
+        """Store ``data`` under ``name`` atomically, as :meth:`Backend.write`, but durable only after :meth:`sync`."""
+        ...
+
+    def sync(self) -> None:
+        """Make every write so far durable (a power loss after this returns keeps them all).
+
+        Raises ``StoreError`` if that cannot be guaranteed (the disk reported an error).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the writes hold; writes not synced may be lost in a power loss."""
+        ...
+
+
+@runtime_checkable
+class DefersSync(Protocol):
+    """A backend that can make a batch of writes durable with one barrier (optional)."""
+
+    def deferred_writes(self) -> DeferredWrites:
+        """Open a set of writes made durable together (see :class:`DeferredWrites`)."""
         ...

@@ -2,11 +2,18 @@
 
 :func:`read_catalog` opens the catalog of the current generation with its key table
 (refusing a store whose key rotation to this KEK was interrupted). A
-:class:`Committer` groups a store's writes into batches: it remembers the blobs a batch
-wrote (removed if the batch fails) and those it supersedes (removed once it commits),
-and commits by writing ``keys/<g+1>`` and then replacing ``catalog`` — that replacement
-is the commit (:mod:`fedshard.store.catalog`). A crash at any point leaves the previous
-generation readable.
+:class:`Committer` groups a store's writes into batches: it writes the batch's blobs
+(removed if the batch fails) and remembers those it supersedes (removed once it
+commits), and commits by making the batch's blobs durable, writing ``keys/<g+1>`` and
+then replacing ``catalog`` — that replacement is the commit
+(:mod:`fedshard.store.catalog`). A crash at any point leaves the previous generation
+readable.
+
+Durability costs one barrier per batch, not one per blob: on a backend that
+:class:`~fedshard.store.backend.DefersSync`, a batch's blobs are written as
+:class:`~fedshard.store.backend.DeferredWrites` and synced together before the key
+table is written; the key table and the catalog are written with ``Backend.write``,
+each durable on its own. So the catalog never names a blob that a power loss can take.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from contextlib import contextmanager, suppress
 
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import StoreError, StoreKeyError
-from fedshard.store.backend import Backend
+from fedshard.store.backend import Backend, DeferredWrites, DefersSync
 from fedshard.store.catalog import CATALOG, Catalog, catalog_header, keys_header, keys_name
 from fedshard.store.rotation import pending_rotation
 
@@ -75,10 +82,21 @@ class Committer:
         self._depth = 0
         self._fresh: list[str] = []  # blobs written by the open batch
         self._garbage: list[str] = []  # blobs the open batch supersedes
+        self._pending: DeferredWrites | None = None  # the open batch's blob writes, not yet synced
+        self._defers = backend if isinstance(backend, DefersSync) else None
 
-    def wrote(self, name: str) -> None:
-        """Record that the open batch wrote blob ``name`` (deleted if the batch fails)."""
+    def write_blob(self, name: str, data: bytes | memoryview) -> None:
+        """Write blob ``name`` for the open batch: durable before the batch commits, deleted if it fails.
+
+        Outside a batch the blob is written (durably) at once.
+        """
         self._fresh.append(name)
+        if not self._depth or self._defers is None:
+            self.backend.write(name, data)
+            return
+        if self._pending is None:
+            self._pending = self._defers.deferred_writes()
+        self._pending.write(name, data)
 
     def supersede(self, name: str) -> None:
         """Record that the open batch makes ``name`` garbage (deleted once it commits)."""
@@ -113,9 +131,19 @@ class Committer:
                     self.backend.delete(name)
             self._fresh, self._garbage = [], []
             raise
+        finally:
+            self._close_pending()
+
+    def _close_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.close()
 
     def commit(self) -> None:
-        """Write the next generation's key table, then its catalog (the commit); then drop the garbage."""
+        """Make the batch's blobs durable, write the next generation's key table, then its catalog
+        (the commit); then drop the garbage."""
+        if self._pending is not None:
+            self._pending.sync()  # every blob on disk before anything names it
         cat = self.catalog
         cat.generation += 1
         table = keys_name(cat.generation)

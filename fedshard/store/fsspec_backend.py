@@ -13,6 +13,11 @@ store's one mutable object, its catalog, is the commit point (see
 
 Durability is the file system's: fsspec's local implementation does not fsync (use
 the default :class:`~fedshard.store.local_dir.LocalDirBackend` for a local folder).
+For the same reason this backend offers no deferred writes
+(:class:`~fedshard.store.backend.DefersSync`): an object store has made an object
+durable when it acknowledges the upload, and there is no barrier to share, so a
+batch's blobs are written one by one with :meth:`FsspecBackend.write`, each complete
+before the catalog that names them is written.
 """
 
 from __future__ import annotations

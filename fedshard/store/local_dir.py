@@ -2,26 +2,66 @@
 
 A write goes to a temporary file under ``.tmp/`` (same file system), is fsync'd,
 renamed over its name (``os.replace`` is atomic on POSIX) and the folder entry is
-fsync'd, so after a crash or ``SIGKILL`` a name holds either its old bytes or its new
-ones, and after a power loss the rename is durable once ``write`` returns.
+fsync'd (with the parent of any folder the write created), so after a crash or
+``SIGKILL`` a name holds either its old bytes or its new ones, and after a power loss
+the rename is durable once ``write`` returns.
+
+:meth:`LocalDirBackend.deferred_writes` does the same without waiting for the disk on
+each file; its ``sync`` then makes them all durable at once: on Linux one
+``syncfs(2)`` of the file system holding ``.tmp/`` (where every temporary is created,
+so every renamed file lives there too), then one fsync per folder touched; elsewhere
+each file is fsync'd as it is written and each folder touched once at ``sync``.
 """
 
 from __future__ import annotations
 
 import builtins
+import errno
 import os
 import re
-import tempfile
 from contextlib import suppress
 from pathlib import Path
 
-from fedshard._fs import fsync_dir
+from fedshard._fs import fsync_dir, fsync_file, syncfs, syncfs_supported
 from fedshard.errors import StoreError
 from fedshard.store.backend import TMP_PREFIX, ObjectStat
 
 __all__ = ["LocalDirBackend"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_TMP_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
+def _make_dirs(directory: str) -> builtins.list[str]:
+    """Create ``directory`` and its missing parents; return the folders whose entries changed."""
+    parent = os.path.dirname(directory) or os.curdir
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return []
+    except FileNotFoundError:
+        if parent == directory:
+            raise
+        changed = _make_dirs(parent)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            return changed
+        return [*changed, parent]
+    return [parent]
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class LocalDirBackend:
@@ -39,6 +79,8 @@ class LocalDirBackend:
     def __init__(self, root: str | os.PathLike[str], *, durable: bool = True) -> None:
         self.root = Path(root)
         self.durable = durable
+        self._dir = os.fspath(self.root)
+        self._tmp_dir = os.path.join(self._dir, TMP_PREFIX.rstrip("/"))
 
     @property
     def location(self) -> str:
@@ -50,38 +92,71 @@ class LocalDirBackend:
         """The folder holding the objects."""
         return self.root
 
-    def _path(self, name: str) -> Path:
+    def _path(self, name: str) -> str:
         if not _NAME_RE.match(name) or any(part in (".", "..") for part in name.split("/")):
             raise StoreError(f"invalid object name {name!r} in store {self.root}")
-        return self.root / name
+        return os.path.join(self._dir, name)
 
     def write(self, name: str, data: bytes | memoryview) -> None:
         """Write ``data`` to ``name`` through a temporary file and an atomic rename."""
         path = self._path(name)
-        tmp_dir = self.root / TMP_PREFIX
+        changed = self._put(path, data, fsync=self.durable)
         try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", dir=tmp_dir)
+            if self.durable:
+                for directory in dict.fromkeys(changed):  # each once
+                    fsync_dir(directory)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+    def deferred_writes(self) -> _DeferredWrites:
+        """Writes made durable together by their ``sync`` (see the module docstring)."""
+        return _DeferredWrites(self)
+
+    def _put(self, path: str, data: bytes | memoryview, *, fsync: bool) -> builtins.list[str]:
+        """Write ``path`` through a temporary file (fsync'd if ``fsync``) and a rename; return
+        the folders whose entries changed (not fsync'd)."""
+        tmp = ""
+        changed: builtins.list[str] = []
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                if self.durable:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            if self.durable:
-                fsync_dir(path.parent)
+            fd, tmp, changed = self._temporary(os.path.basename(path))
+            try:
+                _write_all(fd, data)
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            parent = os.path.dirname(path)
+            try:
+                os.replace(tmp, path)
+            except FileNotFoundError:  # the folder is new (or was removed): make it, then rename
+                changed += _make_dirs(parent)
+                os.replace(tmp, path)
+            return [*changed, parent]
         except OSError as exc:
-            with suppress(OSError):
-                os.unlink(tmp)
+            if tmp:
+                with suppress(OSError):
+                    os.unlink(tmp)
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
         except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
+            if tmp:
+                with suppress(OSError):
+                    os.unlink(tmp)
             raise
+
+    def _temporary(self, base: str) -> tuple[int, str, builtins.list[str]]:
+        """A new temporary file under ``.tmp/`` (its descriptor and path), and the folders made for it."""
+        changed: builtins.list[str] = []
+        for attempt in range(100):
+            tmp = os.path.join(self._tmp_dir, f"{base}.{os.urandom(6).hex()}")
+            try:
+                return os.open(tmp, _TMP_FLAGS, 0o600), tmp, changed
+            except FileExistsError:
+                continue
+            except FileNotFoundError:  # no .tmp/ yet
+                if attempt:
+                    raise
+                changed += _make_dirs(self._tmp_dir)
+        raise FileExistsError(errno.EEXIST, "no free temporary name", self._tmp_dir)
 
     def read(self, name: str) -> bytes | None:
         """The file's bytes, or ``None`` if it does not exist."""
@@ -98,7 +173,9 @@ class LocalDirBackend:
         """Remove the file (no error if it is gone)."""
         path = self._path(name)
         try:
-            path.unlink(missing_ok=True)
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
         except OSError as exc:
             raise StoreError(f"cannot delete {path}: {exc.strerror or exc}") from None
 
@@ -120,7 +197,7 @@ class LocalDirBackend:
     def stat(self, name: str) -> ObjectStat | None:
         """Size of the file, or ``None``."""
         try:
-            return ObjectStat(name, self._path(name).stat().st_size)
+            return ObjectStat(name, os.stat(self._path(name)).st_size)
         except FileNotFoundError:
             return None
 
@@ -138,3 +215,51 @@ class LocalDirBackend:
             with suppress(OSError):
                 (self.root / name).unlink()
         return len(names)
+
+
+class _DeferredWrites:
+    """:meth:`LocalDirBackend.deferred_writes`: writes of one batch, synced together."""
+
+    def __init__(self, backend: LocalDirBackend) -> None:
+        self._backend = backend
+        self._files: builtins.list[str] = []
+        self._dirs: dict[str, None] = {}  # touched folders, in order, once each
+        self._fd: int | None = None  # on .tmp/, opened before the writes: syncfs reports errors since then
+        if backend.durable and syncfs_supported():
+            try:
+                _make_dirs(backend._tmp_dir)
+                self._fd = os.open(backend._tmp_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            except OSError as exc:
+                raise StoreError(f"cannot write to {backend._tmp_dir}: {exc.strerror or exc}") from None
+
+    def write(self, name: str, data: bytes | memoryview) -> None:
+        """Write ``name`` atomically; durable after :meth:`sync`."""
+        backend = self._backend
+        path = backend._path(name)
+        # without syncfs each file is fsync'd now, through the descriptor that wrote it
+        changed = backend._put(path, data, fsync=backend.durable and self._fd is None)
+        self._files.append(path)
+        self._dirs.update(dict.fromkeys(changed))
+
+    def sync(self) -> None:
+        """Make the writes so far durable: one syncfs (or the files' fsyncs), then each touched folder once."""
+        if not self._backend.durable:
+            self._files.clear()
+            self._dirs.clear()
+            return
+        try:
+            if self._fd is not None and not syncfs(self._fd):  # syncfs refused at run time: fsync each file
+                for path in self._files:
+                    fsync_file(path)
+            for directory in self._dirs:
+                fsync_dir(directory)
+        except OSError as exc:
+            raise StoreError(f"cannot make the writes to {self._backend.root} durable: {exc.strerror or exc}") from None
+        self._files.clear()
+        self._dirs.clear()
+
+    def close(self) -> None:
+        """Release the descriptor held for syncfs."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -11,7 +11,8 @@
     .tmp/…                    temporaries of interrupted writes
 
 A write seals the shard under a fresh data key into a *new* blob
-(:func:`~fedshard.store.shard_io.seal_shard`), then commits (key table, then catalog:
+(:func:`~fedshard.store.shard_io.seal_shard`), then commits (the batch's blobs made
+durable together, then key table, then catalog:
 :class:`~fedshard.store.commit.Committer`, :mod:`fedshard.store.catalog`); the
 superseded blob is deleted only after the commit. A crash at any point leaves the
 previous version readable (its blob and its key are still what the catalog names). A
@@ -142,8 +143,7 @@ class SealedShardStore:
         old = self._cat.entries.get(shard_id)
         version = old.version + 1 if old else 1
         sealed = seal_shard(self.store_id, shard_id, version, values, fmt, source_digest, self.clock())
-        self._tx.wrote(sealed.name)
-        self.backend.write(sealed.name, sealed.blob)
+        self._tx.write_blob(sealed.name, sealed.blob)
         if old is not None:
             self._tx.supersede(blob_name(shard_id, old.version))
         self._cat.entries[shard_id] = sealed.entry
