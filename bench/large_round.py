@@ -31,7 +31,10 @@ message (sites) and read at the end of the run (zones).
 The copy floor is the time NumPy's ``np.copyto`` takes to copy every byte the round
 moves (each site's push and each site's fetch), measured in the same run.
 
-    .venv/bin/python bench/large_round.py [--quick] [--json] [--rounds N] [--output FILE]
+    .venv/bin/python bench/large_round.py [--quick] [--json] [--rounds N] [--tile RxC] [--output FILE]
+
+``--tile``: the federation's shard tile (default 1024x1024, 4 MiB shards, as the README
+advises for a large model: fewer shards mean fewer store files, digests and frames).
 
 ``--quick``: the 2.7 M-parameter transformer (2 blocks, d_model 256) in plaintext and a
 0.3 M-parameter one (1 block, d_model 128) with every shard CKKS-encrypted, 2 rounds
@@ -75,6 +78,7 @@ CKKS_SUBSET = {"vocab": 4096, "layers": 1}
 SITES = (("site-eu-1", "EU"), ("site-eu-2", "EU"), ("site-us-1", "US"), ("site-us-2", "US"))
 ZONES = (("eu-central", "EU"), ("us-east", "US"))
 REDUCER = "eu-central"
+TILE = (1024, 1024)  # the shard tile (--tile): 4 MiB shards, as for a large model (README, "Sizing tiles")
 SCALE = 1e-3  # the synthetic update: every parameter p becomes p · (1 + SCALE)
 
 # (module, attribute path, phase): the library calls timed in a site process
@@ -144,7 +148,7 @@ def _config(transformer: dict[str, int] | None, rounds: int, encrypt: bool, keys
     data: dict[str, Any] = {
         "federation": {"name": "large-round", "seed": 7, "rounds": rounds, "min_sites": 4, "round_timeout_s": 7200},
         "task": {"target": "__main__:SyntheticUpdateTask", "options": {"transformer": transformer}},
-        "sharding": {"tile": [256, 256]},
+        "sharding": {"tile": list(TILE)},
         # every shard public and global: all of the model is reduced in eu-central from the zones' partial sums
         "residency": {
             "detectors": False,
@@ -599,7 +603,7 @@ def ckks_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
     from clients.tasks.large_transformer import TransformerConfig, shard_plan
     from fedshard.crypto.he import encrypted_nbytes, pack_layout
 
-    plan = shard_plan(TransformerConfig(**(transformer or {})))
+    plan = shard_plan(TransformerConfig(**(transformer or {})), TILE)
     sizes = [(sid, int(plan.shard(sid).size), "all") for sid in plan.shard_ids]
     packs = pack_layout(sizes)
     return encrypted_nbytes([p.count for p in packs]), sum(n for _, n, _ in sizes)
@@ -689,7 +693,8 @@ def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, i
         ),
         "- 4 site processes (2 EU, 2 US), 2 zone processes (eu-central reducing, us-east), gRPC on loopback, plain "
         "text; the real Coordinator, Site (sealed store, signed manifests) and zones (residency policy, signatures "
-        "checked); training replaced by a synthetic in-place update. Sites are sent their messages one at a time.",
+        "checked); training replaced by a synthetic in-place update. Sites are sent their messages one at a time. "
+        f"Shard tile {TILE[0]}x{TILE[1]} ({TILE[0] * TILE[1] * 4 / 2**20:g} MiB shards; `--tile`).",
         f"- Times are medians over rounds 2…{plain['rounds']} (plaintext) and 2…{ckks['rounds']} (CKKS); round 1 "
         f"(model build, genesis save, CKKS pool start) took {plain['first_round_s']:.2f} s / "
         f"{ckks['first_round_s']:.2f} s. Phase seconds are summed over the 4 sites (zone phases over both zones); "
@@ -776,12 +781,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument("--rounds", type=int, default=None, help="plaintext rounds (default: 3; --quick 2)")
+    parser.add_argument(
+        "--tile", default="1024x1024", help="the shard tile, ROWSxCOLS (default 1024x1024: 4 MiB shards)"
+    )
     parser.add_argument("--site-child", help=argparse.SUPPRESS)
     parser.add_argument("--zone-child", help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--state-root", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--site-keys", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global TILE
+    rows, _, cols = args.tile.partition("x")
+    TILE = (int(rows), int(cols))
     if args.site_child:
         site_child(args.site_child, args.config, args.state_root)
         return 0
