@@ -293,7 +293,7 @@ class ZoneAggregator:
         if not self._budget.acquire(need, timeout):
             self.end_forward(state, partial.zone, 0)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        return ForwardSession(self, state, partial, need)
+        return ForwardSession(self, state, partial, need, self._staging)
 
     def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
@@ -332,12 +332,13 @@ class ZoneAggregator:
         )
         return len(partial.entries)
 
-    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int) -> None:
-        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its staging bytes."""
+    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int, *, freed: int | None = None) -> None:
+        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its
+        staging bytes (``freed`` of them freed, the others kept in the staging pool)."""
         with self._lock:
             state.forwarding.discard(zone)
         if budget_bytes:
-            self._budget.release(budget_bytes)
+            self._budget.release(budget_bytes, freed=freed)
 
     def receive_partial(
         self, partial: PartialSum, sums: Mapping[str, ShardPayload], *, certified: str | None = None

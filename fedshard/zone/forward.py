@@ -29,6 +29,7 @@ from fedshard.errors import FrameError, IntegrityError, PushRejectedError, Refus
 from fedshard.integrity import ciphertext_digest, shard_digest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
+from fedshard.zone.staging import Loan, StagingPool
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
@@ -209,8 +210,9 @@ class ForwardTarget(Protocol):
         """Fold a complete, valid forward into the round (all or nothing); shards folded."""
         ...
 
-    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int) -> None:
-        """The forward is over: forget it as in progress and return its staging bytes."""
+    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int, *, freed: int | None = None) -> None:
+        """The forward is over: forget it as in progress and return its staging bytes, of which
+        ``freed`` (default: all) were freed rather than given back to a pool."""
         ...
 
     def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
@@ -223,15 +225,24 @@ class ForwardSession:
 
     Any failure raises :class:`PushRejectedError` and ends the forward; call
     :meth:`abort` (or use the session as a context manager) so the staging budget is
-    returned.
+    returned. With ``staging`` (the zone's pool) clear partial sums are copied out of the
+    frames into reused buffers, as a push's shards are (:mod:`fedshard.zone.staging`).
     """
 
-    def __init__(self, zone: ForwardTarget, state: OpenRound, partial: PartialSum, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        zone: ForwardTarget,
+        state: OpenRound,
+        partial: PartialSum,
+        budget_bytes: int,
+        staging: StagingPool | None = None,
+    ) -> None:
         self._zone = zone
         self._state = state
         self.partial = partial
         self._budget_bytes = budget_bytes
-        self._frames = FrameAssembler(_declared(state, partial), source=Header.HEADER)
+        self._loan = Loan(staging)
+        self._frames = FrameAssembler(_declared(state, partial), source=Header.HEADER, buffers=self._loan.taker)
         self._weights = {e.shard_id: e.weight for e in partial.entries}
         self._contributors = {e.shard_id: e.contributors for e in partial.entries}
         self._unit = state.unit_weight
@@ -301,4 +312,7 @@ class ForwardSession:
             return
         self._done = True
         self._sums, self._ciphertexts = {}, {}
-        self._zone.end_forward(self._state, self.partial.zone, self._budget_bytes)  # the budget trims the heap
+        kept = self._loan.give_back()
+        # the budget trims the heap when freed memory piles up
+        freed = max(self._budget_bytes - kept, 0)
+        self._zone.end_forward(self._state, self.partial.zone, self._budget_bytes, freed=freed)

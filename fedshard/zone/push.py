@@ -26,7 +26,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload
 from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.heap import trim_heap
-from fedshard.zone.staging import StagingPool
+from fedshard.zone.staging import Loan, StagingPool
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
@@ -310,10 +310,8 @@ class PushSession:
         self._groups = groups or {}
         self._packs = packs or {}  # carrier → pack of the encrypted shards
         self._budget_bytes = budget_bytes
-        self._pool = staging
-        self._lent: list[np.ndarray] = []  # buffers taken from the pool, the pending shard's included
-        buffers = self._buffer if staging is not None else None
-        self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST, buffers=buffers)
+        self._loan = Loan(staging)
+        self._frames = FrameAssembler(_declared(state, manifest), source=Header.MANIFEST, buffers=self._loan.taker)
         self._staged: dict[str, np.ndarray] = {}
         self._ciphertexts: dict[str, list[Any]] = {}  # parsed encrypted shards
         self._squares = 0.0  # Σ x² over the plaintext shards so far
@@ -325,12 +323,6 @@ class PushSession:
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
-
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        assert self._pool is not None  # only handed to the assembler with a pool
-        buf = self._pool.take(nbytes)
-        self._lent.append(buf)
-        return buf
 
     @property
     def site_id(self) -> str:
@@ -432,12 +424,7 @@ class PushSession:
     def _release(self, *, counted: bool) -> None:
         self._staged = {}
         self._ciphertexts = {}
-        kept = 0
-        if self._lent:  # nothing refers to them any more: the sums were folded, or the push ended
-            assert self._pool is not None
-            lent = sum(b.nbytes for b in self._lent)
-            kept = lent - self._pool.give(self._lent)
-            self._lent = []
+        kept = self._loan.give_back()  # nothing refers to them any more: the sums were folded, or the push ended
         if self._budget_bytes or not counted:
             # the staging bytes go back to the budget, which trims the heap when freed memory piles up
             freed = max(self._budget_bytes - kept, 0)

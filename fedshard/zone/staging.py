@@ -23,11 +23,11 @@ buffers from the one thread that drives it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
-__all__ = ["StagingPool"]
+__all__ = ["Loan", "StagingPool"]
 
 
 class StagingPool:
@@ -98,3 +98,37 @@ class StagingPool:
             self._free_bytes -= size
             if not stack:
                 del self._free[size]
+
+
+class Loan:
+    """The buffers one push or forward took from a pool (none without a pool), given back together.
+
+    Hand :attr:`taker` to the session's :class:`~fedshard.zone.frames.FrameAssembler`;
+    call :meth:`give_back` once nothing refers to the buffers (the sums were folded, or
+    the session ended), from the thread that drives the session.
+    """
+
+    def __init__(self, pool: StagingPool | None) -> None:
+        self._pool = pool
+        self._buffers: list[np.ndarray] = []  # the pending shard's included
+
+    @property
+    def taker(self) -> Callable[[int], np.ndarray] | None:
+        """What the assembler calls for a shard's buffer (``None`` without a pool: shards stay as received)."""
+        return self._take if self._pool is not None else None
+
+    def _take(self, nbytes: int) -> np.ndarray:
+        assert self._pool is not None  # only handed out with a pool
+        buf = self._pool.take(nbytes)
+        self._buffers.append(buf)
+        return buf
+
+    def give_back(self) -> int:
+        """Give every buffer back to the pool; the bytes the pool kept (the others were freed)."""
+        if not self._buffers:
+            return 0
+        assert self._pool is not None
+        lent = sum(b.nbytes for b in self._buffers)
+        kept = lent - self._pool.give(self._buffers)
+        self._buffers = []
+        return kept
