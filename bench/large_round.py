@@ -155,7 +155,11 @@ def _config(transformer: dict[str, int] | None, rounds: int, encrypt: bool, keys
             "rules": [{"class": "*", "allow_regions": "*", "serve_to": "*"}],
             "encrypt": "all" if encrypt else "none",
         },
-        "zones": [{"name": n, "region": r, "endpoint": "127.0.0.1:0"} for n, r in ZONES],
+        # a push is staged whole until it commits: a budget of one update (+ 64 MiB) keeps it in reused buffers
+        "zones": [
+            {"name": n, "region": r, "endpoint": "127.0.0.1:0", "staging_mb": (_model_bytes(transformer) >> 20) + 64}
+            for n, r in ZONES
+        ],
         "reducing_zone": REDUCER,
         "sites": [{"id": s, "jurisdiction": j} for s, j in SITES],
     }
