@@ -169,6 +169,7 @@ class ZoneAggregator:
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
             raise
+        self._published.spill()  # the new round's sums take the memory of the stored aggregates
         self._record(Call.OPEN, by=by, round=spec.round, sites=len(spec.sites))
 
     def refused_call(self, call: str, caller: str, code: RefusalCode, reason: str, **fields: Any) -> None:

@@ -199,6 +199,16 @@ class Publications:
             self._latest[summary.group] = (aggregate, contributors)
             self._summaries[(summary.round, summary.group)] = summary
 
+    def spill(self) -> None:
+        """Stop holding the latest aggregates in memory when they are stored: a new round's
+        sums need that memory (a zone then holds one model's worth, not two), and fetches
+        of the latest round read it from the store, checked against its Merkle root.
+        Without a store the latest aggregates are their only copy and stay."""
+        if self._store is None:
+            return
+        with self._lock:
+            self._latest = {}
+
     def summaries(self, round: int) -> list[AggregateSummary]:
         """The summaries published for ``round``, by group."""
         with self._lock:
@@ -206,7 +216,8 @@ class Publications:
 
     def load(self, round: int, group: str) -> tuple[Aggregate, Contributors]:
         """Aggregate ``group`` of ``round`` and its contributors: the latest round from
-        memory, older ones (and any after a restart) from the store, checked.
+        memory until the next round opens (:meth:`spill`), others (and any after a
+        restart) from the store, checked.
 
         Raises
         ------

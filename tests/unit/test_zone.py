@@ -167,6 +167,23 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
         restarted.fetch(2)
 
 
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_new_round_takes_the_memory_of_the_stored_aggregates(tmp_path: Path, stored: bool) -> None:
+    zone = open_zone(store_dir=tmp_path if stored else None)
+    a = make_update(1)
+    zone.push(manifest_for("site-a", a), TOKEN, a)
+    zone.close_round(1)
+    held = zone.fetch(1).means
+
+    zone.open_round(RoundSpec(2, "t2", PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
+    after = zone.fetch(1).means
+
+    # stored: round 1 is read back from the store (a new copy); else memory is its only copy, kept
+    assert all((after[sid] is held[sid]) is not stored for sid in held)
+    for sid in held:
+        np.testing.assert_array_equal(after[sid], held[sid])
+
+
 @pytest.mark.parametrize("fmt", [None, 2])
 def test_a_stored_aggregate_of_the_sha256_era_is_refused_with_one_line(tmp_path: Path, fmt: int | None) -> None:
     # Formats 1 (no "format" key) and 2: written before BLAKE3, their roots are over SHA-256 digests.
