@@ -32,7 +32,7 @@ from fedshard.residency import (
 )
 from fedshard.sharding import ShardPlan
 from fedshard.site.routes import SiteRouting
-from fedshard.task import build_initial_model, load_task
+from fedshard.task import build_initial_model, load_task, trained_state
 from fedshard.zone.policy import ZonePolicy
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def model_classes(config: FederationConfig) -> tuple[ShardPlan, dict[str, Classi
             task = load_task(config.task.target, dict(config.task.options))
             with torch.random.fork_rng(devices=[]):
                 model = build_initial_model(task, config.federation.seed, config.privacy.layer_policy)
-            plan = ShardPlan.from_state_dict(model.state_dict(), config.sharding.tile)
+            plan = ShardPlan.from_state_dict(trained_state(model), config.sharding.tile)
             known = _CLASSIFIED[key] = (plan, classify(config, plan, model))
     return known
 

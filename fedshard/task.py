@@ -3,6 +3,11 @@
 A task is any object with the four methods of :class:`Task`. Point a federation at
 it with ``task.target: "package.module:object"``; if the object is a class or a
 factory function it is called with ``task.options`` as keyword arguments.
+
+A model's parameters that the built model marks frozen (``requires_grad=False``, e.g.
+a pretrained base under LoRA adapters) are not federated: they are never released,
+aggregated or saved with the model's shards (:func:`trained_state`); they must be the
+same at every site, which the genesis version binds (:func:`frozen_state`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,17 @@ if TYPE_CHECKING:
 
     from fedshard.privacy.dpsgd import RecordPrivacy
 
-__all__ = ["Metrics", "Partition", "Task", "TaskData", "TrainSettings", "build_initial_model", "load_task"]
+__all__ = [
+    "Metrics",
+    "Partition",
+    "Task",
+    "TaskData",
+    "TrainSettings",
+    "build_initial_model",
+    "frozen_state",
+    "load_task",
+    "trained_state",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +151,17 @@ def build_initial_model(task: Task, seed: int, dp_layers: LayerPolicy = LayerPol
 
         check_model(model)
     return model
+
+
+def frozen_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's frozen parameters (``requires_grad=False``) by ``state_dict`` name: a
+    base the federation does not train (see the module docstring)."""
+    frozen = {id(p) for p in model.parameters() if not p.requires_grad}
+    return {name: t.detach() for name, t in model.state_dict(keep_vars=True).items() if id(t) in frozen}
+
+
+def trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a federation trains and aggregates: the ``state_dict`` without the
+    frozen parameters (buffers included; the shard plan keeps their floating-point ones)."""
+    frozen = frozen_state(model)
+    return {name: t.detach() for name, t in model.state_dict(keep_vars=True).items() if name not in frozen}

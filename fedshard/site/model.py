@@ -23,6 +23,7 @@ import numpy as np
 
 from fedshard.errors import ShardError
 from fedshard.sharding import ShardPlan
+from fedshard.task import frozen_state, trained_state
 
 if TYPE_CHECKING:
     import torch
@@ -93,6 +94,7 @@ class HeldModel:
         self._module: torch.nn.Module | None = None
         self._plan: ShardPlan | None = None
         self._pristine: _Pristine | None = None
+        self._frozen: frozenset[str] = frozenset()  # frozen parameters (not federated), by name
         self.builds = 0  # models built by this object
         self.initial = False  # the module holds the values it was built with
 
@@ -128,9 +130,10 @@ class HeldModel:
         for tensor in module.state_dict(keep_vars=True).values():
             if not tensor.is_contiguous():  # shards are written into the tensors' memory
                 tensor.data = tensor.data.contiguous()
-        plan = ShardPlan.from_state_dict(module.state_dict(), self._tile)
+        plan = ShardPlan.from_state_dict(trained_state(module), self._tile)
         self._module, self._plan = module, plan
-        self._pristine = _snapshot(module, plan)
+        self._frozen = frozenset(frozen_state(module))
+        self._pristine = _snapshot(module, plan, self._frozen)
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The plan's tensors as NumPy arrays sharing the module's memory, by name."""
@@ -143,6 +146,14 @@ class HeldModel:
                 raise ShardError(f"tensor {spec.name!r} of the model no longer matches its shard plan")
             out[spec.name] = array
         return out
+
+    def frozen_digests(self) -> dict[str, str]:
+        """``"frozen:<name>"`` → BLAKE3 digest of each frozen parameter (a base the federation
+        does not train; see :func:`~fedshard.task.frozen_state`): what the genesis version binds."""
+        from fedshard.integrity import shard_digest
+
+        state = self.module().state_dict()
+        return {f"frozen:{name}": shard_digest(state[name].numpy()) for name in sorted(self._frozen)}
 
     def shards(self) -> ShardViews:
         """Every shard as a writable view of the module's memory."""
@@ -193,8 +204,8 @@ class HeldModel:
         self.initial = False
 
 
-def _snapshot(module: torch.nn.Module, plan: ShardPlan) -> _Pristine:
-    planned = {t.name for t in plan.tensors}
+def _snapshot(module: torch.nn.Module, plan: ShardPlan, frozen: frozenset[str]) -> _Pristine:
+    planned = {t.name for t in plan.tensors} | frozen  # frozen parameters never change: no copy
     others = {n: t.detach().clone() for n, t in module.state_dict().items() if n not in planned}
     attrs: list[tuple[Any, dict[str, Any], frozenset[str]]] = []
     hooks: list[tuple[dict[Any, Any], frozenset[Any]]] = []

@@ -219,7 +219,10 @@ class Site:
                     f"site {self.site_id}: the task builds its model without values (on the meta device); "
                     "write its initial weights into the site's store first"
                 )
-            root = merkle_root({sid: shard_digest(a) for sid, a in model.shards().items()})
+            # the genesis binds the frozen base too: sites built on another base start from another version
+            root = merkle_root(
+                {**{sid: shard_digest(a) for sid, a in model.shards().items()}, **model.frozen_digests()}
+            )
             genesis = genesis_version(plan.digest, root)
             state = ModelState(genesis, genesis, 0)
             self._save(state)

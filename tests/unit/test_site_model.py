@@ -112,3 +112,40 @@ def test_a_non_contiguous_parameter_is_made_contiguous_with_the_same_values() ->
     assert np.array_equal(tensors["weight"], values.t().numpy())
     held.shards()["weight#r0c0"] = np.zeros((6, 4), dtype=np.float32)
     assert torch.all(held.module().weight == 0)
+
+
+def _with_frozen_base(seed: int = 5) -> nn.Module:
+    """A pretrained-base stand-in: the first layer frozen (as under LoRA adapters), the rest trained."""
+    module = _build()
+    with torch.no_grad():
+        module[0].weight.add_(seed)  # another "vendor" base for another seed
+    for p in module[0].parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def test_frozen_parameters_are_not_federated() -> None:
+    held = HeldModel(_with_frozen_base, (16, 16))
+    tensors = {t.name for t in held.plan.tensors}
+    assert "0.weight" not in tensors and "0.bias" not in tensors  # never split, released, aggregated or saved
+    assert {"1.weight", "1.bias", "1.running_mean", "1.running_var", "2.weight", "2.bias"} == tensors
+    assert set(held.tensors()) == tensors
+    assert set(held.frozen_digests()) == {"frozen:0.weight", "frozen:0.bias"}
+
+
+def test_the_frozen_base_is_not_copied_to_restore_it() -> None:
+    held = HeldModel(_with_frozen_base, (16, 16))
+    held.module()
+    assert held._pristine is not None
+    assert not {"0.weight", "0.bias"} & set(held._pristine.others)  # frozen: nothing to put back
+    held.tidy()
+    assert not held.module()[0].weight.requires_grad  # still frozen after tidy
+
+
+def test_the_frozen_digests_tell_bases_apart() -> None:
+    same = HeldModel(_with_frozen_base, (16, 16)).frozen_digests()
+    assert HeldModel(_with_frozen_base, (16, 16)).frozen_digests() == same
+    assert HeldModel(lambda: _with_frozen_base(seed=6), (16, 16)).frozen_digests()["frozen:0.weight"] != (
+        same["frozen:0.weight"]
+    )
+    assert HeldModel(_build, (16, 16)).frozen_digests() == {}  # nothing frozen: the genesis is as before

@@ -1,0 +1,94 @@
+"""The LLM task end to end: LoRA adapters over a frozen, centrally pretrained base.
+
+Only the adapters are federated: the shard plan holds them alone, sites release
+adapter bytes only (the base's released bytes are 0), the detectors classify them
+``personal`` (EU sites' adapters reduced in the EU as a regional aggregate), and the
+genesis version binds the frozen base (sites on another base would start elsewhere).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedshard.config import FederationConfig
+from fedshard.routing import explain_routes, model_classes
+from fedshard.simulate.run import simulate
+from fedshard.task import build_initial_model, frozen_state, load_task, trained_state
+
+pytestmark = pytest.mark.slow
+
+SITES = [
+    {"id": "charite-berlin", "jurisdiction": "EU"},
+    {"id": "ap-hp-paris", "jurisdiction": "EU"},
+    {"id": "mayo-rochester", "jurisdiction": "US"},
+]
+
+
+@pytest.fixture(scope="module")
+def base_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llm-base")
+
+
+def _config(cache: Path, **task: Any) -> FederationConfig:
+    return FederationConfig.model_validate(
+        {
+            "federation": {"name": "llm", "seed": 7, "rounds": 2, "min_sites": 3},
+            "task": {
+                "target": "clients.tasks.llm:task",
+                "options": {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, **task},
+            },
+            "training": {"local_epochs": 1, "batch_size": 64, "learning_rate": 0.003},
+            "sharding": {"tile": [64, 64]},
+            "zones": [
+                {"name": "eu-central", "region": "EU", "endpoint": "127.0.0.1:0"},
+                {"name": "us-east", "region": "US", "endpoint": "127.0.0.1:0"},
+            ],
+            "reducing_zone": "eu-central",
+            "sites": SITES,
+        }
+    )
+
+
+def test_only_adapters_are_federated_and_they_are_personal(base_cache: Path) -> None:
+    config = _config(base_cache)
+    plan, classes = model_classes(config)
+    assert plan.tensors and all("lora_B" in t.name for t in plan.tensors)  # FFA: A frozen with the base
+    assert {c.shard_class for c in classes.values()} == {"personal"}
+    routes = explain_routes(config, "charite-berlin")
+    assert {(r.shard_class, r.zone, r.aggregate.group) for r in routes} == {("personal", "eu-central", "regional/EU")}
+
+
+def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_path: Path) -> None:
+    config = _config(base_cache)
+    task = load_task(config.task.target, dict(config.task.options))
+    model = build_initial_model(task, config.federation.seed)
+    adapter_bytes = sum(t.numel() * t.element_size() for t in trained_state(model).values())
+    base_bytes = sum(t.numel() * t.element_size() for t in frozen_state(model).values())
+    assert base_bytes > 10 * adapter_bytes > 0
+
+    summary = simulate(config, tmp_path)
+
+    assert summary["rounds"] == 2 and not summary["stopped_reason"]
+    for entry in summary["history"]:
+        assert entry["bytes_up"] == len(SITES) * adapter_bytes  # base bytes released: 0
+    assert 0.4 < summary["final_accuracy"] <= 1.0
+    zones = {z["name"]: z for z in summary["zones"]}
+    shards = len(model_classes(config)[0])
+    assert zones["eu-central"]["shards_by_class"] == {"personal from EU": 2 * 2 * shards}  # 2 EU sites, 2 rounds
+    assert zones["us-east"]["shards_by_class"] == {"personal from US": 2 * shards}
+
+
+def test_sites_on_another_base_start_from_another_version(base_cache: Path, tmp_path: Path) -> None:
+    one = simulate(_config(base_cache).model_copy(update={"federation": _rounds(1)}), tmp_path / "one")
+    other = _config(base_cache, pretrain_lr=2e-3).model_copy(update={"federation": _rounds(1)})
+    two = simulate(other, tmp_path / "two")
+    assert one["genesis_version"] != two["genesis_version"]
+
+
+def _rounds(n: int) -> Any:
+    from fedshard.config.models import FederationSettings
+
+    return FederationSettings(name="llm", seed=7, rounds=n, min_sites=3)
