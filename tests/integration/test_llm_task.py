@@ -81,11 +81,17 @@ def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_pat
     assert zones["us-east"]["shards_by_class"] == {"personal from US": 2 * shards}
 
 
-def test_sites_on_another_base_start_from_another_version(base_cache: Path, tmp_path: Path) -> None:
-    one = simulate(_config(base_cache).model_copy(update={"federation": _rounds(1)}), tmp_path / "one")
+def test_both_engines_agree_and_another_base_starts_from_another_version(base_cache: Path, tmp_path: Path) -> None:
+    from fedshard.simulate.run import Engine
+
+    config = _config(base_cache).model_copy(update={"federation": _rounds(1)})
+    inprocess = simulate(config, tmp_path / "inprocess")
+    flower = simulate(config, tmp_path / "flower", engine=Engine.FLOWER)
+    assert flower["model_version"] == inprocess["model_version"]  # same adapters, same rounds, bit for bit
+    assert flower["history"][0]["bytes_up"] == inprocess["history"][0]["bytes_up"]
+
     other = _config(base_cache, pretrain_lr=2e-3).model_copy(update={"federation": _rounds(1)})
-    two = simulate(other, tmp_path / "two")
-    assert one["genesis_version"] != two["genesis_version"]
+    assert simulate(other, tmp_path / "other")["genesis_version"] != inprocess["genesis_version"]
 
 
 def _rounds(n: int) -> Any:
