@@ -53,6 +53,9 @@ class LlmTask:
         Folder of the pretrained base (created if missing).
     data_seed, public_fraction, test_fraction:
         The fixed public / private / test cut of the corpus.
+    private_examples:
+        Use only the first this many examples of the (shuffled) private split, for the
+        sites and the central baseline alike (default: all 24,209); a demo-sized run.
     dirichlet_alpha:
         Label skew of the sites' private splits (smaller: more skewed).
     split_seed:
@@ -72,6 +75,7 @@ class LlmTask:
         data_seed: int = 0,
         public_fraction: float = 0.2,
         test_fraction: float = 0.15,
+        private_examples: int | None = None,
         dirichlet_alpha: float = 0.5,
         split_seed: int | None = None,
         pretrain_epochs: int = 3,
@@ -93,6 +97,9 @@ class LlmTask:
             "public_fraction": public_fraction,
             "test_fraction": test_fraction,
         }
+        if private_examples is not None and private_examples < 1:
+            raise ValueError(f"private_examples must be >= 1, got {private_examples}")
+        self.private_examples = private_examples
         self.dirichlet_alpha = dirichlet_alpha
         self.split_seed = split_seed
         self.pretrain = PretrainSettings(epochs=pretrain_epochs, learning_rate=pretrain_lr, seed=data_seed)
@@ -125,6 +132,8 @@ class LlmTask:
 
         splits = self.splits()
         train: Examples = splits.private
+        if self.private_examples is not None:  # the split is shuffled: its first examples are a random sample
+            train = train.take(np.arange(min(self.private_examples, len(train))))
         test: Examples = splits.test
         if partition.index is not None:
             seed = partition.seed if self.split_seed is None else self.split_seed
