@@ -4,8 +4,7 @@ The LLM task's classifier (``clients/tasks/llm``; the 118 M configuration,
 ``SIZES["large"]``; ``--quick``: ``small``), randomly initialised (this measures the
 system, not accuracy), with LoRA r=8 (alpha 16) on every block's ``qkv``, ``proj``,
 ``ff1``, ``ff2``. One training step = forward, cross-entropy, backward, Adam on the
-adapters, on a batch of 8 × 32 tokens, torch on 2 threads. Three variants, each in its
-own process (so each one's peak RSS is its own):
+adapters, on a batch of 8 × 32 tokens, torch on 2 threads. Three variants:
 
 * **resident**: the fp32 base in the module (the reference);
 * **int8**, **fp8**: the module built on the ``meta`` device, the base attached from a
@@ -14,8 +13,11 @@ own process (so each one's peak RSS is its own):
   BLAKE3 check) in forward and again in backward, ``lookahead`` weights ahead in a
   background thread; biases and LayerNorms stay resident.
 
-Step time: median of the timed steps after the warm-up steps (the first step of a
-streamed run records the access order). Base memory of a streamed run = its peak RSS −
+Step time: one process builds the three variants and runs their steps interleaved
+(resident, int8, fp8, resident, …), so load from other processes on a shared machine
+hits all three alike; median of the timed steps after the warm-up steps (the first step
+of a streamed run records the access order). Memory: each variant alone in its own
+process, its peak RSS. Base memory of a streamed run = its peak RSS −
 (the resident run's peak RSS − the fp32 base's bytes): everything but the base is the
 same in both (torch, peft, activations, adapters, Adam). Goals: step ratio ≤ 1.15,
 base memory ≤ 30 % of fp32.
@@ -24,7 +26,8 @@ base memory ≤ 30 % of fp32.
 
 ``--json`` prints ``streamed_step_ratio`` and ``base_memory_fraction`` (int8),
 ``fp8_step_ratio``, ``fp8_base_memory_fraction``, ``resident_step_s``, ``int8_step_s``,
-``fp8_step_s`` and ``base_fp32_bytes``.
+``fp8_step_s``, ``base_fp32_bytes``, ``fetch_ns_per_value`` (fetching alone, one thread) and
+``step_ratio_floor_2_cores`` (the ratio that fetching's CPU alone implies on 2 cores).
 """
 
 from __future__ import annotations
@@ -52,80 +55,107 @@ BATCH = 8
 RANK, ALPHA = 8, 16
 STEP_GOAL, MEMORY_GOAL = 1.15, 0.30
 VARIANTS = ("resident", "int8", "fp8")
+MEMORY_STEPS = 3  # timed steps of a variant's memory run (after the warm-up)
 
 
-# one variant, in its own process ------------------------------------------------------------
+# the children: one variant for its memory, or all three interleaved for time ---------------------------
+class Trainer:
+    """One variant's model, adapters and optimiser, and its step."""
+
+    def __init__(self, variant: str, args: argparse.Namespace) -> None:
+        import torch
+
+        from clients.tasks.llm.model import SIZES, AdapterScheme, add_lora, build_classifier
+
+        self.variant = variant
+        self.cfg = SIZES[args.size]
+        self.base: Any = None
+        if variant == "resident":
+            torch.manual_seed(0)
+            model = build_classifier(self.cfg, CLASSES)
+            model.requires_grad_(False)
+            self.base_bytes = sum(t.numel() * 4 for t in model.state_dict().values())
+        else:
+            from fedshard.crypto.at_rest import Kek
+            from fedshard.store.sealed_store import SealedShardStore
+            from fedshard.store.streamed import StreamedBase
+
+            with torch.device("meta"):
+                model = build_classifier(self.cfg, CLASSES)
+            model.requires_grad_(False)
+            kek = Kek.from_text(Path(args.key_file).read_text())
+            store = SealedShardStore.open(Path(args.stores) / variant, kek)
+            self.base = StreamedBase(model, store, lookahead=args.lookahead, niceness=args.niceness)
+            self.base_bytes = self.base.resident_bytes + self.base.streamed_bytes
+        self.model = add_lora(model, RANK, ALPHA, AdapterScheme.FEDAVG)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimiser = torch.optim.Adam(self.params, lr=1e-3)
+        self.gen = torch.Generator().manual_seed(1)
+        self.times: list[float] = []
+        self.fetch_s: list[float] = []
+        self.wait_s: list[float] = []
+        self.fwd_wait_s: list[float] = []
+
+    def step(self, timed: bool) -> None:
+        """One training step on a fresh random batch."""
+        import torch
+
+        x = torch.randint(1, self.cfg.vocab, (BATCH, self.cfg.max_len), generator=self.gen)
+        y = torch.randint(0, CLASSES, (BATCH,), generator=self.gen)
+        if self.base is not None:
+            self.base.stream.reset_stats()
+        t0 = time.perf_counter()
+        self.optimiser.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimiser.step()
+        dt = time.perf_counter() - t0
+        if timed:
+            self.times.append(dt)
+            if self.base is not None:
+                self.fetch_s.append(self.base.stats.fetch_s)
+                self.wait_s.append(self.base.stats.wait_s)
+                self.fwd_wait_s.append(self.base.stats.phases.get("fwd", 0.0))
+
+    def figures(self) -> dict[str, Any]:
+        """What the parent needs of this variant."""
+        out: dict[str, Any] = {
+            "variant": self.variant,
+            "step_s": self.times,
+            "base_bytes": self.base_bytes,
+            "trainable": sum(p.numel() for p in self.params),
+        }
+        if self.base is not None:
+            stats = self.base.stats
+            out.update(
+                fetch_s=statistics.median(self.fetch_s),
+                wait_s=statistics.median(self.wait_s),
+                fwd_wait_s=statistics.median(self.fwd_wait_s),
+                fetched_bytes=stats.fetched_bytes,
+                misses=stats.misses,
+                peak_resident=self.base.peak_resident,
+                resident_bytes=self.base.resident_bytes,
+            )
+        return out
+
+
 def child(args: argparse.Namespace) -> None:
-    """Run one variant and print its figures as JSON (the last line of stdout)."""
+    """``--child VARIANT``: that variant alone, for its peak RSS; ``--child timing``: the three variants'
+    steps interleaved (so that other load on the machine hits them alike). Prints JSON last."""
     import torch
 
-    from clients.tasks.llm.model import SIZES, AdapterScheme, add_lora, build_classifier
-
     torch.set_num_threads(args.torch_threads)
-    cfg = SIZES[args.size]
-    base = None
-    if args.child == "resident":
-        torch.manual_seed(0)
-        model = build_classifier(cfg, CLASSES)
-        model.requires_grad_(False)
-        base_bytes = sum(t.numel() * 4 for t in model.state_dict().values())
-    else:
-        from fedshard.crypto.at_rest import Kek
-        from fedshard.store.sealed_store import SealedShardStore
-        from fedshard.store.streamed import StreamedBase
-
-        with torch.device("meta"):
-            model = build_classifier(cfg, CLASSES)
-        model.requires_grad_(False)
-        store = SealedShardStore.open(Path(args.store), Kek.from_text(Path(args.key_file).read_text()))
-        base = StreamedBase(model, store, lookahead=args.lookahead)
-        base_bytes = base.resident_bytes + base.streamed_bytes
-    model = add_lora(model, RANK, ALPHA, AdapterScheme.FEDAVG)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimiser = torch.optim.Adam(params, lr=1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(1)
-    times: list[float] = []
-    fetch_s: list[float] = []
-    wait_s: list[float] = []
-    fwd_wait: list[float] = []
+    variants = VARIANTS if args.child == "timing" else (args.child,)
+    trainers = [Trainer(v, args) for v in variants]
     for i in range(args.warmup + args.steps):
-        x = torch.randint(1, cfg.vocab, (BATCH, cfg.max_len), generator=gen)
-        y = torch.randint(0, CLASSES, (BATCH,), generator=gen)
-        if base is not None:
-            base.stream.reset_stats()
-        t0 = time.perf_counter()
-        optimiser.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimiser.step()
-        dt = time.perf_counter() - t0
-        if i >= args.warmup:
-            times.append(dt)
-            if base is not None:
-                fetch_s.append(base.stats.fetch_s)
-                wait_s.append(base.stats.wait_s)
-                fwd_wait.append(base.stats.phases.get("fwd", 0.0))
-    out: dict[str, Any] = {
-        "variant": args.child,
-        "step_s": times,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "base_bytes": base_bytes,
-        "trainable": sum(p.numel() for p in params),
-    }
-    if base is not None:
-        out.update(
-            fetch_s=statistics.median(fetch_s),
-            wait_s=statistics.median(wait_s),
-            fwd_wait_s=statistics.median(fwd_wait),
-            fetched_bytes=base.stats.fetched_bytes,
-            fetches=base.stats.fetches,
-            misses=base.stats.misses,
-            peak_resident=base.peak_resident,
-            resident_bytes=base.resident_bytes,
-        )
-        base.close()
-    print(json.dumps(out))
+        for t in trainers:
+            t.step(timed=i >= args.warmup)
+    out = {t.variant: t.figures() for t in trainers}
+    for t in trainers:
+        if t.base is not None:
+            t.base.close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_rss": peak, "variants": out}))
 
 
 # the parent: write the stores, run the variants ------------------------------------------------------
@@ -152,42 +182,15 @@ def write_stores(root: Path, size: str, key_file: Path) -> dict[str, float]:
     return seconds
 
 
-def run_variant(variant: str, args: argparse.Namespace, root: Path, key_file: Path, size: str) -> dict[str, Any]:
-    """One variant in a fresh process; its JSON figures."""
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--child",
-        variant,
-        "--size",
-        size,
-        "--store",
-        str(root / variant),
-        "--key-file",
-        str(key_file),
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--lookahead",
-        str(args.lookahead),
-    ]
+def run_child(what: str, args: argparse.Namespace, root: Path, key_file: Path, size: str, steps: int) -> Any:
+    """``--child what`` in a fresh process; its JSON."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", what, "--size", size, "--stores", str(root)]
+    cmd += ["--key-file", str(key_file), "--steps", str(steps), "--warmup", str(args.warmup)]
+    cmd += ["--lookahead", str(args.lookahead), "--niceness", str(args.niceness)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"variant {variant} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
-def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One variant's rounds together: all timed steps, the largest peak RSS, medians of the rest."""
-    out = dict(runs[-1])
-    out["step_s"] = [t for r in runs for t in r["step_s"]]
-    out["peak_rss"] = max(r["peak_rss"] for r in runs)
-    for key in ("fetch_s", "wait_s", "fwd_wait_s"):
-        if key in out:
-            out[key] = statistics.median(r[key] for r in runs)
-    return out
+        raise SystemExit(f"child {what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def fetch_cost(store_dir: Path, key_file: Path, size: str) -> float:
@@ -244,17 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant (default 7; 5 --quick)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--lookahead", type=int, default=2, help="weights fetched ahead (default 2)")
-    parser.add_argument(
-        "--rounds", type=int, default=None, help="rounds of the three variants, interleaved (default 2; 1 --quick)"
-    )
-    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=(*VARIANTS, "timing"), help=argparse.SUPPRESS)
     parser.add_argument("--size", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stores", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--key-file", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--torch-threads", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--niceness", type=int, default=0, help="lower the prefetch thread's priority (default 0)")
     args = parser.parse_args(argv)
-    args.steps = args.steps or (5 if args.quick else 7)
-    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.steps = args.steps or (5 if args.quick else 9)
     if args.child:
         child(args)
         return 0
@@ -264,12 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         key_file = root / "kek.txt"
         seal_s = write_stores(root, size, key_file)
+        rss = {v: run_child(v, args, root, key_file, size, MEMORY_STEPS)["peak_rss"] for v in VARIANTS}
         wall0, busy0 = time.perf_counter(), c.machine_busy_seconds()
-        rounds = [{v: run_variant(v, args, root, key_file, size) for v in VARIANTS} for _ in range(args.rounds)]
-        # the children's CPU is the machine's minus other processes' (their own share is not known here)
+        runs = run_child("timing", args, root, key_file, size, args.steps)["variants"]
         busy = (c.machine_busy_seconds() - busy0) / (time.perf_counter() - wall0)
         fetch_ns = fetch_cost(root / "int8", key_file, size)
-    runs = {v: merged([r[v] for r in rounds]) for v in VARIANTS}
+    for v in VARIANTS:
+        runs[v]["peak_rss"] = rss[v]
     resident = runs["resident"]
     figs = {v: derive(resident, runs[v]) for v in ("int8", "fp8")}
     fp32 = resident["base_bytes"]
@@ -299,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     notes = [
         f"- model: `SIZES[{size!r}]`, {fp32 / 1e6:.1f} MB fp32 base ({fp32 // 4 / 1e6:.1f} M values), "
         f"{resident['trainable']:,} trainable LoRA values; batch {BATCH} × 32 tokens; lookahead {args.lookahead}; "
-        f"{args.warmup} warm-up + {args.steps} timed steps per variant and round, {args.rounds} round(s) of the "
-        "three variants in turn, each run in its own process; peak RSS: the largest of the rounds",
+        f"step times: one process with the three variants, their steps interleaved ({args.warmup} warm-up + "
+        f"{args.steps} timed steps each), so other load on the machine hits them alike; peak RSS: each variant alone "
+        f"in its own process ({args.warmup} + {MEMORY_STEPS} steps)",
         f"- sealing the base: {seal_s['int8']:.1f} s (int8), {seal_s['fp8']:.1f} s (fp8), one commit each",
     ]
     for v in ("int8", "fp8"):

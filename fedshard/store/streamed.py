@@ -346,6 +346,9 @@ class StreamedBase:
     spare_bytes:
         Memory kept for reuse by later fetches once a weight is dropped (default 64 MiB;
         0: none). Counted on top of the resident weights.
+    niceness:
+        Lower the prefetch thread's priority by this much (see
+        :class:`~fedshard.store.weight_stream.WeightStream`).
 
     Raises
     ------
@@ -359,7 +362,13 @@ class StreamedBase:
     """
 
     def __init__(
-        self, module: nn.Module, store: SealedShardStore, *, lookahead: int = 2, spare_bytes: int = 64 << 20
+        self,
+        module: nn.Module,
+        store: SealedShardStore,
+        *,
+        lookahead: int = 2,
+        spare_bytes: int = 64 << 20,
+        niceness: int = 0,
     ) -> None:
         doc = store.get_meta(BASE_META)
         if not isinstance(doc, dict) or doc.get("version") != _META_VERSION:
@@ -370,7 +379,7 @@ class StreamedBase:
         self._specs = {t.name: t for t in self.plan.tensors}
         self.streamed: tuple[str, ...] = tuple(doc["streamed"])
         self._buffers = _Buffers(spare_bytes)
-        self.stream = WeightStream(self._fetch, lookahead)
+        self.stream = WeightStream(self._fetch, lookahead, niceness=niceness)
         slots = dict(_slots(module))
         for spec in self.plan.tensors:
             slot = slots.get(spec.name)

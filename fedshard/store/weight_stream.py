@@ -28,6 +28,7 @@ wraps them in tensors without copying.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -76,13 +77,17 @@ class WeightStream:
         background thread once a schedule is complete.
     lookahead:
         Tensors fetched ahead of the one in use (0: every tensor is fetched when asked).
+    niceness:
+        Added to the background thread's nice value (Linux: per thread), so that on a
+        machine with no spare core the fetching yields to the compute threads (0: none).
     """
 
-    def __init__(self, fetch: FetchTensor, lookahead: int = 2) -> None:
+    def __init__(self, fetch: FetchTensor, lookahead: int = 2, *, niceness: int = 0) -> None:
         if lookahead < 0:
             raise StoreError(f"lookahead must be 0 or more, got {lookahead}")
         self._fetch_tensor = fetch
         self.lookahead = lookahead
+        self.niceness = niceness
         self._schedules: dict[str, _Schedule] = {}
         self._ahead: dict[int, Future[np.ndarray]] = {}  # schedule position -> fetch, of _mode
         self._mode: str | None = None
@@ -111,8 +116,15 @@ class WeightStream:
 
     def _submit(self, schedule: _Schedule, pos: int) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, "fedshard-stream")
+            self._pool = ThreadPoolExecutor(1, "fedshard-stream", initializer=self._deprioritise)
         self._ahead[pos] = self._pool.submit(self._fetch, schedule.keys[pos][2])
+
+    def _deprioritise(self) -> None:
+        if self.niceness > 0 and hasattr(os, "setpriority"):
+            with suppress(OSError):  # a platform without per-thread priorities keeps the default
+                os.setpriority(
+                    os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + self.niceness
+                )
 
     def _drop(self, keep: set[int] | None = None) -> None:
         """Forget fetched-ahead tensors (all, or those not in ``keep``); wait for one in flight."""

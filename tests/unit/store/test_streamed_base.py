@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -244,3 +246,21 @@ def test_the_stream_follows_a_changed_order_and_counts_misses() -> None:
     assert stream.stats.misses == 1 and stream.stats.dropped >= 1
     assert fetched[-1] == "z" or fetched[-2] == "z"
     stream.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priorities here")
+def test_the_prefetch_thread_can_yield_to_the_compute_threads() -> None:
+    seen: list[int] = []
+
+    def fetch(name: str) -> np.ndarray:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return np.zeros(1, np.float32)
+
+    stream = WeightStream(fetch, lookahead=1, niceness=5)
+    for _ in range(3):
+        for name in "ab":
+            stream.take(("m", "fwd", name))
+    stream.close()
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen[0] == mine  # recorded in the caller's thread
+    assert min(mine + 5, 19) in seen[2:]  # fetched ahead in the lowered thread
