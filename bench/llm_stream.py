@@ -100,10 +100,12 @@ class Trainer:
         """One training step on a fresh random batch."""
         import torch
 
+        from fedshard.store.weight_stream import StreamStats
+
         x = torch.randint(1, self.cfg.vocab, (BATCH, self.cfg.max_len), generator=self.gen)
         y = torch.randint(0, CLASSES, (BATCH,), generator=self.gen)
         if self.base is not None:
-            self.base.stream.reset_stats()
+            self.base.stream.stats = StreamStats()  # counters per step; the peaks run on
         t0 = time.perf_counter()
         self.optimiser.zero_grad()
         loss = torch.nn.functional.cross_entropy(self.model(x), y)
@@ -134,6 +136,8 @@ class Trainer:
                 fetched_bytes=stats.fetched_bytes,
                 misses=stats.misses,
                 peak_resident=self.base.peak_resident,
+                peak_stream_bytes=self.base.stream.peak_bytes,
+                spare_bytes=self.base._buffers.spare_bytes,
                 resident_bytes=self.base.resident_bytes,
             )
         return out
@@ -312,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             f"- {v}: per step {r['fetched_bytes'] / 1e6:.0f} MB of fp32 weights fetched; fetch time "
             f"{r['fetch_s']:.3f} s (one core, background), caller waited {r['wait_s']:.3f} s "
             f"({r['fwd_wait_s']:.3f} s in forward) of the {step:.3f} s step; {r['misses']} misses; at most "
-            f"{r['peak_resident']} streamed weights resident; {r['resident_bytes'] / 1e3:.0f} kB stays resident "
-            "(biases, LayerNorms)"
+            f"{r['peak_resident']} streamed weights resident, {r['peak_stream_bytes'] / 1e6:.0f} MB at most (plus at "
+            f"most {r['spare_bytes'] / 1e6:.0f} MB of spare buffers for reuse); {r['resident_bytes'] / 1e3:.0f} kB "
+            "stays resident (biases, LayerNorms)"
         )
     per_step = runs["int8"]["fetched_bytes"] / 4 * fetch_ns / 1e9
     ref_step = statistics.median(resident["step_s"])

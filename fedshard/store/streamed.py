@@ -344,7 +344,7 @@ class StreamedBase:
         Weights fetched ahead of the one in use; at most ``lookahead + 1`` streamed
         weights are resident at once.
     spare_bytes:
-        Memory kept for reuse by later fetches once a weight is dropped (default 64 MiB;
+        Memory kept for reuse by later fetches once a weight is dropped (default 32 MiB;
         0: none). Counted on top of the resident weights.
     niceness:
         Lower the prefetch thread's priority by this much (see
@@ -367,7 +367,7 @@ class StreamedBase:
         store: SealedShardStore,
         *,
         lookahead: int = 2,
-        spare_bytes: int = 64 << 20,
+        spare_bytes: int = 32 << 20,
         niceness: int = 0,
     ) -> None:
         doc = store.get_meta(BASE_META)

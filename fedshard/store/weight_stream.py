@@ -95,24 +95,30 @@ class WeightStream:
         self._lock = threading.Lock()
         self.resident = 0
         self.peak_resident = 0
+        self.resident_bytes = 0
+        self.peak_bytes = 0  # most bytes of fetched tensors alive at once
         self.stats = StreamStats()
 
     # fetching and counting ----------------------------------------------------------------
     def _fetch(self, name: str) -> np.ndarray:
         t0 = time.perf_counter()
         array = self._fetch_tensor(name)
+        nbytes = int(array.nbytes)
         with self._lock:
             self.resident += 1
             self.peak_resident = max(self.peak_resident, self.resident)
+            self.resident_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
             self.stats.fetches += 1
             self.stats.fetched_bytes += int(array.nbytes)
             self.stats.fetch_s += time.perf_counter() - t0
-        weakref.finalize(array, self._released)
+        weakref.finalize(array, self._released, nbytes)
         return array
 
-    def _released(self) -> None:
+    def _released(self, nbytes: int) -> None:
         with self._lock:
             self.resident -= 1
+            self.resident_bytes -= nbytes
 
     def _submit(self, schedule: _Schedule, pos: int) -> None:
         if self._pool is None:
@@ -193,10 +199,11 @@ class WeightStream:
 
     # housekeeping ---------------------------------------------------------------------------------
     def reset_stats(self) -> None:
-        """Zero the counters (the peak resident count restarts from what is resident now)."""
+        """Zero the counters (the peaks restart from what is resident now)."""
         self.stats = StreamStats()
         with self._lock:
             self.peak_resident = self.resident
+            self.peak_bytes = self.resident_bytes
 
     def schedule(self, mode: str) -> list[Key]:
         """The keys recorded for ``mode`` (empty if none yet)."""

@@ -134,6 +134,8 @@ def test_at_most_lookahead_plus_one_weights_are_resident(sealed, lookahead: int)
         with torch.no_grad():
             model(tokens(seed))
     assert base.peak_resident == lookahead + 1
+    largest = max(4 * int(np.prod(t.shape)) for t in base.plan.tensors if t.name in base.streamed)
+    assert base.stream.peak_bytes <= (lookahead + 1) * largest
     assert base.stream.resident <= lookahead  # between steps only fetched-ahead weights are alive
     base.close()
     assert base.stream.resident == 0
