@@ -197,6 +197,12 @@ def run_child(what: str, args: argparse.Namespace, root: Path, key_file: Path, s
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's finished children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def fetch_cost(store_dir: Path, key_file: Path, size: str) -> float:
     """Nanoseconds per value of fetching every streamed weight once, alone on one thread (median of 3 passes)."""
     import torch
@@ -269,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         key_file = root / "kek.txt"
         seal_s = write_stores(root, size, key_file)
         rss = {v: run_child(v, args, root, key_file, size, MEMORY_STEPS)["peak_rss"] for v in VARIANTS}
-        wall0, busy0 = time.perf_counter(), c.machine_busy_seconds()
+        wall0, busy0, own0 = time.perf_counter(), c.machine_busy_seconds(), children_cpu()
         runs = run_child("timing", args, root, key_file, size, args.steps)["variants"]
-        busy = (c.machine_busy_seconds() - busy0) / (time.perf_counter() - wall0)
+        wall = time.perf_counter() - wall0
+        others = max(0.0, c.machine_busy_seconds() - busy0 - (children_cpu() - own0)) / wall
         fetch_ns = fetch_cost(root / "int8", key_file, size)
     for v in VARIANTS:
         runs[v]["peak_rss"] = rss[v]
@@ -327,11 +334,14 @@ def main(argv: list[str] | None = None) -> int:
         f"- fetching alone (one thread, int8): {fetch_ns:.2f} ns per value (read, decrypt, dequantise, BLAKE3 check, "
         f"assemble), i.e. {per_step:.3f} core-seconds per step; with the 2 torch threads using both cores for "
         f"{ref_step:.3f} s, the step cannot be shorter than {floor:.2f}× the resident one on 2 cores even with "
-        "perfect overlap"
+        "perfect overlap (if the torch threads kept both cores busy)"
     )
-    notes.append(
-        f"- the machine was busy {busy:.2f} cores on average while the variants ran (theirs and any other load)"
-    )
+    notes.append(f"- other processes used {others:.2f} of the 2 cores on average while the steps were timed")
+    if others > 0.2:
+        notes.append(
+            "- **the machine was not quiet**: torch's 2 threads on 2 shared cores stall whenever one is preempted, "
+            "which inflates every step and pulls the ratios towards 1; these step ratios are not a quiet machine's"
+        )
     notes.append(f"- {c.steal_note(ticks0)}")
     missed = [v for v in ("int8", "fp8") if figs[v].ratio > STEP_GOAL]
     where = ""
