@@ -5,7 +5,8 @@
   shard store, on a :class:`Backend` (a local folder by default, or any fsspec URL),
   with hot/cold tiering (:mod:`~fedshard.store.quantize`, :mod:`~fedshard.store.tiering`),
   resumable key rotation (:mod:`~fedshard.store.rotation`), a prefetching layer-by-layer
-  loader (:mod:`~fedshard.store.prefetch`) and whole-store checks (:mod:`~fedshard.store.verify`).
+  loader (:mod:`~fedshard.store.prefetch`), whole-store checks (:mod:`~fedshard.store.verify`)
+  and a frozen base streamed from the store into training (:mod:`~fedshard.store.streamed`).
 
 Only :class:`LocalShardStore` is imported eagerly: every Flower message starts a fresh
 ClientApp process that imports this package, and the sealed store pulls in
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from fedshard.store.quantize import ColdFormat
     from fedshard.store.rotation import RotationReport, rotate_keys
     from fedshard.store.sealed_store import SealedShardStore
+    from fedshard.store.streamed import StreamedBase, seal_base
     from fedshard.store.tiering import StoreStats, TierReport, parse_age
     from fedshard.store.verify import VerifyReport, check_store
 
@@ -49,6 +51,7 @@ __all__ = [
     "ShardStat",
     "ShardStore",
     "StoreStats",
+    "StreamedBase",
     "Tier",
     "TierReport",
     "VerifyReport",
@@ -59,6 +62,7 @@ __all__ = [
     "parse_age",
     "record_model",
     "rotate_keys",
+    "seal_base",
     "write_tensors",
 ]
 
@@ -83,6 +87,8 @@ _HOME = {
     "RotationReport": "rotation",
     "rotate_keys": "rotation",
     "SealedShardStore": "sealed_store",
+    "StreamedBase": "streamed",
+    "seal_base": "streamed",
     "StoreStats": "tiering",
     "TierReport": "tiering",
     "parse_age": "tiering",

@@ -76,6 +76,12 @@ def _fp8_values() -> np.ndarray:
     return codes.to(torch.float32).numpy().astype(np.float64)
 
 
+@functools.cache
+def _fp8_values32() -> np.ndarray:
+    """:func:`_fp8_values` as float32 (every E4M3 value is exact in float32)."""
+    return _fp8_values().astype(np.float32)
+
+
 def fp8_codes(values: np.ndarray) -> np.ndarray:
     """E4M3 codes (uint8) of float32 ``values`` within ±448, rounded to nearest, ties to even.
 
@@ -157,20 +163,26 @@ def decode(payload: bytes | memoryview | np.ndarray, fmt: ColdFormat, count: int
     blocks = _blocks(count)
     if len(payload) != encoded_nbytes(count, fmt):
         raise StoreError(f"{fmt.value} payload of {len(payload)} bytes cannot hold {count} values")
-    scales = np.frombuffer(payload, dtype=np.float32, count=blocks).astype(np.float64)[:, None]
+    scales = np.frombuffer(payload, dtype=np.float32, count=blocks)[:, None]
     raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * blocks)
     if fmt is ColdFormat.FP8:
-        q = _fp8_values()[raw]
+        q = _fp8_values32()[raw]
     elif fmt is ColdFormat.INT4:
-        q = np.empty(raw.size * 2, dtype=np.float64)
-        q[0::2] = (raw & 0x0F).astype(np.int16) - 8
-        q[1::2] = (raw >> 4).astype(np.int16) - 8
+        q = np.empty(raw.size * 2, dtype=np.float32)
+        q[0::2] = (raw & 0x0F).astype(np.int8) - 8
+        q[1::2] = (raw >> 4).astype(np.int8) - 8
     else:
-        q = raw.view(np.int8).astype(np.float64)
-    # q·s is exact in float64 (few code bits × 24 scale bits); one rounding to float32. The clip
-    # only matters next to float32's largest value, where the nudged scale may step past it.
-    limit = float(np.finfo(np.float32).max)
-    out = np.clip(q.reshape(blocks, BLOCK) * scales, -limit, limit).astype(np.float32).reshape(-1)
+        q = raw.view(np.int8).astype(np.float32)
+    # One float32 multiplication: a code has at most 8 significant bits and a scale 24, so the
+    # exact product fits float64 and IEEE rounds the float32 product once, to the same value as
+    # the exact product rounded to float32 (what a float64 product cast to float32 gives; a
+    # test checks it). Products past float32's largest value (a nudged scale next to it) become
+    # inf and are clipped back to it, as the float64 product would have been.
+    with np.errstate(over="ignore"):
+        out = (q.reshape(blocks, BLOCK) * scales).reshape(-1)
+    limit = np.float32(np.finfo(np.float32).max)
+    if blocks and float(np.abs(scales).max()) * _QMAX[fmt] > float(limit):
+        np.clip(out, -limit, limit, out=out)
     return out[:count]
 
 

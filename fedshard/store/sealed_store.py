@@ -37,6 +37,7 @@ import numpy as np
 
 from fedshard.crypto.at_rest import Kek, check_key_location
 from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError
+from fedshard.integrity.digest import shard_digest
 from fedshard.store.access import AccessLog, Clock, system_clock
 from fedshard.store.backend import Backend
 from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, keys_name
@@ -164,6 +165,21 @@ class SealedShardStore:
         with self.batch():
             for sid, array in shards.items():
                 self._write(sid, normalise(sid, array), None, None)
+        return [self.stat(sid) for sid in shards]
+
+    def put_cold(self, shards: Mapping[str, np.ndarray], fmt: ColdFormat) -> list[ShardStat]:
+        """Store several shards straight to the cold tier in ``fmt``, in one atomic commit.
+
+        Each keeps the digest of the full-precision values it came from as its source
+        digest (as :meth:`tier` does). Shards that are not finite float32/float64 values
+        cannot go cold: the whole batch is refused (:class:`StoreError`), nothing stored.
+        """
+        with self.batch():
+            for sid, array in shards.items():
+                values = normalise(sid, array)
+                if not encodable(values):
+                    raise StoreError(f"shard {sid}: only finite float32/float64 values can be stored {fmt.value}")
+                self._write(sid, values, fmt, shard_digest(values))
         return [self.stat(sid) for sid in shards]
 
     def delete(self, shard_id: str) -> None:
