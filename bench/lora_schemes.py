@@ -95,7 +95,9 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, 3 seeds, 2 rounds (about 4 minutes on 2 cores)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny model, 3 seeds, 2 rounds (about 4 minutes on 2 cores)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object last")
     parser.add_argument("--size", default=None, help="model size: tiny, small (default) or large")
     parser.add_argument("--seeds", type=int, default=3)

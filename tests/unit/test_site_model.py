@@ -145,7 +145,8 @@ def test_the_frozen_base_is_not_copied_to_restore_it() -> None:
 def test_the_frozen_digests_tell_bases_apart() -> None:
     same = HeldModel(_with_frozen_base, (16, 16)).frozen_digests()
     assert HeldModel(_with_frozen_base, (16, 16)).frozen_digests() == same
-    assert HeldModel(lambda: _with_frozen_base(seed=6), (16, 16)).frozen_digests()["frozen:0.weight"] != (
-        same["frozen:0.weight"]
+    assert (
+        HeldModel(lambda: _with_frozen_base(seed=6), (16, 16)).frozen_digests()["frozen:0.weight"]
+        != (same["frozen:0.weight"])
     )
     assert HeldModel(_build, (16, 16)).frozen_digests() == {}  # nothing frozen: the genesis is as before
