@@ -217,6 +217,7 @@ def _large_round(h: dict[str, Any]) -> None:
     assert h["data_plane_s"] > h["copy_floor_s"] > 0
     # every process holds Python and gRPC besides the model; the site also torch and the model
     assert h["zone_peak_rss_mb"] > 0 and h["site_peak_rss_mb"] > h["model_mb"]
+    assert 0 < h["site_base_rss_mb"] < h["site_peak_rss_mb"]  # a message adds the model and its copies
     assert 1 < h["ckks_bytes_per_f32"] < 20
 
 
@@ -339,7 +340,15 @@ EXPECT: dict[str, Expect] = {
         _site_overhead_shown,
     ),
     "large_round": Expect(
-        {"data_plane_s", "copy_floor_s", "zone_peak_rss_mb", "site_peak_rss_mb", "model_mb", "ckks_bytes_per_f32"},
+        {
+            "data_plane_s",
+            "copy_floor_s",
+            "zone_peak_rss_mb",
+            "site_peak_rss_mb",
+            "site_base_rss_mb",
+            "model_mb",
+            "ckks_bytes_per_f32",
+        },
         _large_round,
         _large_round_shown,
     ),
