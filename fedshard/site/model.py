@@ -147,6 +147,13 @@ class HeldModel:
             out[spec.name] = array
         return out
 
+    def root(self) -> str:
+        """The Merkle root of the module's values: every shard, and the frozen base (a site
+        built on another base starts from another genesis version)."""
+        from fedshard.integrity import merkle_root, shard_digest
+
+        return merkle_root({**{sid: shard_digest(a) for sid, a in self.shards().items()}, **self.frozen_digests()})
+
     def frozen_digests(self) -> dict[str, str]:
         """``"frozen:<name>"`` → BLAKE3 digest of each frozen parameter (a base the federation
         does not train; see :func:`~fedshard.task.frozen_state`): what the genesis version binds."""

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from fedshard.config import LayerPolicy
 from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError, StoreError
-from fedshard.integrity import genesis_version, merkle_root, shard_digest
+from fedshard.integrity import genesis_version
 from fedshard.privacy.dpsgd import RecordPrivacy
 from fedshard.privacy.events import Guarantee
 from fedshard.protocol.channels import ZoneConnector
@@ -219,11 +219,7 @@ class Site:
                     f"site {self.site_id}: the task builds its model without values (on the meta device); "
                     "write its initial weights into the site's store first"
                 )
-            # the genesis binds the frozen base too: sites built on another base start from another version
-            root = merkle_root(
-                {**{sid: shard_digest(a) for sid, a in model.shards().items()}, **model.frozen_digests()}
-            )
-            genesis = genesis_version(plan.digest, root)
+            genesis = genesis_version(plan.digest, model.root())
             state = ModelState(genesis, genesis, 0)
             self._save(state)
             return state
