@@ -250,8 +250,8 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} s ({min(xs):.3f}–{max(xs):.3f})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure, then publish (see the module docstring)."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant (default 7; 5 --quick)")
@@ -265,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--niceness", type=int, default=0, help="lower the prefetch thread's priority (default 0)")
     args = parser.parse_args(argv)
     args.steps = args.steps or (5 if args.quick else 9)
-    if args.child:
-        child(args)
-        return 0
-    size = "small" if args.quick else "large"
-    ticks0 = c.cpu_ticks()
+    return args
+
+
+def measure(args: argparse.Namespace, size: str) -> dict[str, Any]:
+    """Seal the stores, measure each variant's peak RSS alone and their steps interleaved."""
     with tempfile.TemporaryDirectory(prefix="fedshard-bench-llm-stream-") as tmp:
         root = Path(tmp)
         key_file = root / "kek.txt"
@@ -282,10 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         fetch_ns = fetch_cost(root / "int8", key_file, size)
     for v in VARIANTS:
         runs[v]["peak_rss"] = rss[v]
+    return {"runs": runs, "seal_s": seal_s, "others": others, "fetch_ns": fetch_ns}
+
+
+def _rows(runs: dict[str, Any], figs: dict[str, Figures]) -> list[list[str]]:
     resident = runs["resident"]
-    figs = {v: derive(resident, runs[v]) for v in ("int8", "fp8")}
     fp32 = resident["base_bytes"]
-    headers = ["variant", "step (median, min–max)", "× resident", "peak RSS", "base memory", "of fp32 base"]
     rows = [
         [
             "fp32 base resident",
@@ -308,6 +310,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * f.fraction:.1f} %",
             ]
         )
+    return rows
+
+
+def step_floor(runs: dict[str, Any], fetch_ns: float) -> tuple[float, float]:
+    """Core-seconds of fetching per int8 step, and the step ratio they allow at best on 2 cores."""
+    per_step = runs["int8"]["fetched_bytes"] / 4 * fetch_ns / 1e9
+    return per_step, 1 + per_step / (2 * statistics.median(runs["resident"]["step_s"]))
+
+
+def _notes(args: argparse.Namespace, size: str, m: dict[str, Any], ticks0: Any) -> list[str]:
+    runs, seal_s, fetch_ns, others = m["runs"], m["seal_s"], m["fetch_ns"], m["others"]
+    resident = runs["resident"]
+    fp32 = resident["base_bytes"]
     notes = [
         f"- model: `SIZES[{size!r}]`, {fp32 / 1e6:.1f} MB fp32 base ({fp32 // 4 / 1e6:.1f} M values), "
         f"{resident['trainable']:,} trainable LoRA values; batch {BATCH} × 32 tokens; lookahead {args.lookahead}; "
@@ -327,14 +342,12 @@ def main(argv: list[str] | None = None) -> int:
             f"most {r['spare_bytes'] / 1e6:.0f} MB of spare buffers for reuse); {r['resident_bytes'] / 1e3:.0f} kB "
             "stays resident (biases, LayerNorms)"
         )
-    per_step = runs["int8"]["fetched_bytes"] / 4 * fetch_ns / 1e9
-    ref_step = statistics.median(resident["step_s"])
-    floor = 1 + per_step / (2 * ref_step)
+    per_step, floor = step_floor(runs, fetch_ns)
     notes.append(
         f"- fetching alone (one thread, int8): {fetch_ns:.2f} ns per value (read, decrypt, dequantise, BLAKE3 check, "
         f"assemble), i.e. {per_step:.3f} core-seconds per step; with the 2 torch threads using both cores for "
-        f"{ref_step:.3f} s, the step cannot be shorter than {floor:.2f}× the resident one on 2 cores even with "
-        "perfect overlap (if the torch threads kept both cores busy)"
+        f"{statistics.median(resident['step_s']):.3f} s, the step cannot be shorter than {floor:.2f}× the resident "
+        "one on 2 cores even with perfect overlap (if the torch threads kept both cores busy)"
     )
     notes.append(f"- other processes used {others:.2f} of the 2 cores on average while the steps were timed")
     if others > 0.2:
@@ -343,11 +356,16 @@ def main(argv: list[str] | None = None) -> int:
             "which inflates every step and pulls the ratios towards 1; these step ratios are not a quiet machine's"
         )
     notes.append(f"- {c.steal_note(ticks0)}")
+    return notes
+
+
+def _interpretation(runs: dict[str, Any], figs: dict[str, Figures], fetch_ns: float) -> str:
+    per_step, floor = step_floor(runs, fetch_ns)
     missed = [v for v in ("int8", "fp8") if figs[v].ratio > STEP_GOAL]
     where = ""
     if missed:
         r = runs[missed[0]]
-        excess = statistics.median(r["step_s"]) - ref_step
+        excess = statistics.median(r["step_s"]) - statistics.median(runs["resident"]["step_s"])
         where = (
             f" The step goal is missed ({', '.join(missed)}). Where the time goes ({missed[0]}): the step is "
             f"{excess:.3f} s longer than the resident one; the training thread waits for weights only "
@@ -357,35 +375,51 @@ def main(argv: list[str] | None = None) -> int:
             "the remainder is the cost of sharing the cores (the torch threads' synchronisation when one is "
             "preempted)."
         )
-    interpretation = (
+    return (
         f"Streaming the base from the sealed int8 store costs {figs['int8'].ratio:.2f}× the resident step "
         f"(goal ≤ {STEP_GOAL}) and holds {100 * figs['int8'].fraction:.1f} % of the fp32 base in memory "
         f"(goal ≤ {100 * MEMORY_GOAL:.0f} %); fp8: {figs['fp8'].ratio:.2f}×, {100 * figs['fp8'].fraction:.1f} %."
         + where
     )
-    headline = {
+
+
+def _headline(runs: dict[str, Any], figs: dict[str, Figures], fetch_ns: float) -> dict[str, Any]:
+    return {
         "streamed_step_ratio": round(figs["int8"].ratio, 4),
         "base_memory_fraction": round(figs["int8"].fraction, 4),
         "fp8_step_ratio": round(figs["fp8"].ratio, 4),
         "fp8_base_memory_fraction": round(figs["fp8"].fraction, 4),
-        "resident_step_s": round(statistics.median(resident["step_s"]), 4),
+        "resident_step_s": round(statistics.median(runs["resident"]["step_s"]), 4),
         "int8_step_s": round(figs["int8"].step_s, 4),
         "fp8_step_s": round(figs["fp8"].step_s, 4),
-        "base_fp32_bytes": fp32,
+        "base_fp32_bytes": runs["resident"]["base_bytes"],
         "fetch_ns_per_value": round(fetch_ns, 3),
-        "step_ratio_floor_2_cores": round(floor, 4),
+        "step_ratio_floor_2_cores": round(step_floor(runs, fetch_ns)[1], 4),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then publish (see the module docstring)."""
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return 0
+    size = "small" if args.quick else "large"
+    ticks0 = c.cpu_ticks()
+    m = measure(args, size)
+    runs = m["runs"]
+    figs = {v: derive(runs["resident"], runs[v]) for v in ("int8", "fp8")}
     c.publish(
         args,
         SECTION,
         "Training through a frozen base streamed from the sealed cold store",
         f"{args.steps} timed steps per variant after {args.warmup} warm-up; medians (min–max)",
         None,
-        notes=notes,
-        headers=headers,
-        rows=rows,
-        interpretation=interpretation,
-        headline=headline,
+        notes=_notes(args, size, m, ticks0),
+        headers=["variant", "step (median, min–max)", "× resident", "peak RSS", "base memory", "of fp32 base"],
+        rows=_rows(runs, figs),
+        interpretation=_interpretation(runs, figs, m["fetch_ns"]),
+        headline=_headline(runs, figs, m["fetch_ns"]),
         console_title="streamed base",
     )
     return 0

@@ -211,6 +211,19 @@ def _site_overhead_shown(h: dict[str, Any], section: str) -> None:
     assert cells[4] == "1 / 0" and cells[5].startswith(f"{h['peak_extra_over_model']:.2f}×")
 
 
+def _llm_stream(h: dict[str, Any]) -> None:
+    # --quick: the small model, whose base (11.6 MB) is dwarfed by torch's own memory: the
+    # fractions are noise there; the streamed steps do more work than the resident one
+    assert 1 < h["streamed_step_ratio"] < 20 and 1 < h["fp8_step_ratio"] < 20
+    assert h["base_fp32_bytes"] > 1e6 and h["fetch_ns_per_value"] > 0
+    assert h["step_ratio_floor_2_cores"] > 1 and h["base_memory_fraction"] > 0
+
+
+def _llm_stream_shown(h: dict[str, Any], section: str) -> None:
+    int8 = _cells(_row(section, "streamed from sealed int8 |"))
+    assert int8[2] == f"{h['streamed_step_ratio']:.2f}" and int8[5] == f"{100 * h['base_memory_fraction']:.1f} %"
+
+
 def _large_round(h: dict[str, Any]) -> None:
     # --quick: the 2.7 M-parameter transformer (10.6 MB) in plaintext; CKKS bytes of its plan
     assert 5 < h["model_mb"] < 20
@@ -338,6 +351,22 @@ EXPECT: dict[str, Expect] = {
         },
         _site_overhead,
         _site_overhead_shown,
+    ),
+    "llm_stream": Expect(
+        {
+            "streamed_step_ratio",
+            "base_memory_fraction",
+            "fp8_step_ratio",
+            "fp8_base_memory_fraction",
+            "resident_step_s",
+            "int8_step_s",
+            "fp8_step_s",
+            "base_fp32_bytes",
+            "fetch_ns_per_value",
+            "step_ratio_floor_2_cores",
+        },
+        _llm_stream,
+        _llm_stream_shown,
     ),
     "large_round": Expect(
         {
