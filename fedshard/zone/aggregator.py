@@ -461,8 +461,9 @@ class ZoneAggregator:
 
         With residency on, ``jurisdiction`` (the requesting site's, from its
         certificate or the config) must be one the policy lets receive every shard of
-        it. The latest round is served from memory; older ones (and any after a
-        restart) are read from the store and checked against their Merkle root.
+        it. The latest round is served from memory until the next round opens; the
+        others (and any after a restart) are read from the store and checked against
+        their Merkle root.
 
         Raises
         ------
