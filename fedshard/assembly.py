@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from fedshard.crypto.tls import TlsFiles
     from fedshard.privacy.ledger import LedgerKey
     from fedshard.routing import FederationRouting
+    from fedshard.site.base import SealedBase
     from fedshard.site.ledger_anchor import AnchorStore
 
 __all__ = [
@@ -304,7 +305,20 @@ def _site(
         signing_key=signing_key,
         he=he,
         store=store,
+        base=_sealed_base(config, state_dir, store),
     )
+
+
+def _sealed_base(config: FederationConfig, state_dir: Path, store: ModelStore) -> SealedBase | None:
+    """Where the site seals and streams its frozen base (``store.base``), or None to keep it resident."""
+    if config.store.base == "resident":
+        return None
+    from fedshard.site.base import BASE_DIR, SealedBase
+    from fedshard.site.model_store import SealedModelStore
+
+    if not isinstance(store, SealedModelStore):  # the config refuses store.base without store.encrypt
+        raise ConfigError(f"store.base: {config.store.base} needs the sealed model store (store.encrypt: true)")
+    return SealedBase(state_dir / BASE_DIR, store.kek, config.store.base, config.sharding.tile, config.store.lookahead)
 
 
 def _route_source(

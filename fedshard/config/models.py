@@ -226,6 +226,22 @@ class StoreConfig(_Model):
 
     encrypt: bool = Field(True, description="AES-256-GCM per shard under the site's key-encryption key")
     lookahead: int = Field(2, ge=0, le=64, description="layers the loader decrypts ahead of the one in use")
+    base: Literal["resident", "int8", "fp8", "int4"] = Field(
+        "resident",
+        description=(
+            "the model's frozen base (e.g. under LoRA adapters): 'resident' keeps it in memory as the task builds "
+            "it; a cold format seals it in the site's store (<state_dir>/base) and streams its Linear and "
+            "Embedding weights, dequantised a few layers ahead, through every forward and backward"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _base_needs_sealing(self) -> StoreConfig:
+        if self.base != "resident" and not self.encrypt:
+            raise ValueError(
+                f"store.base: {self.base} keeps the base in the sealed store, which needs store.encrypt: true"
+            )
+        return self
 
 
 class SiteConfig(_Model):

@@ -28,6 +28,8 @@ from fedshard.task import frozen_state, trained_state
 if TYPE_CHECKING:
     import torch
 
+    from fedshard.site.base import SealedBase
+
 __all__ = ["HeldModel", "ShardViews"]
 
 _SIMPLE = (bool, int, float, str, type(None))
@@ -86,11 +88,18 @@ class HeldModel:
         Builds the federation's initial model (same values at every site).
     tile:
         The federation's shard tile.
+    base:
+        Where the model's frozen base is sealed and streamed from (``store.base``); None:
+        the base stays in the module as built.
     """
 
-    def __init__(self, build: Callable[[], torch.nn.Module], tile: tuple[int, int]) -> None:
+    def __init__(
+        self, build: Callable[[], torch.nn.Module], tile: tuple[int, int], base: SealedBase | None = None
+    ) -> None:
         self._build = build
         self._tile = tile
+        self._base = base
+        self._frozen_digests: dict[str, str] = {}
         self._module: torch.nn.Module | None = None
         self._plan: ShardPlan | None = None
         self._pristine: _Pristine | None = None
@@ -131,8 +140,11 @@ class HeldModel:
             if not tensor.is_contiguous():  # shards are written into the tensors' memory
                 tensor.data = tensor.data.contiguous()
         plan = ShardPlan.from_state_dict(trained_state(module), self._tile)
-        self._module, self._plan = module, plan
         self._frozen = frozenset(frozen_state(module))
+        self._frozen_digests = _digests(module, self._frozen)
+        if self._base is not None and self._frozen:
+            self._base.attach(module, self._frozen_digests)  # the base's fp32 weights leave the module
+        self._module, self._plan = module, plan
         self._pristine = _snapshot(module, plan, self._frozen)
 
     def tensors(self) -> dict[str, np.ndarray]:
@@ -157,10 +169,8 @@ class HeldModel:
     def frozen_digests(self) -> dict[str, str]:
         """``"frozen:<name>"`` → BLAKE3 digest of each frozen parameter (a base the federation
         does not train; see :func:`~fedshard.task.frozen_state`): what the genesis version binds."""
-        from fedshard.integrity import shard_digest
-
-        state = self.module().state_dict()
-        return {f"frozen:{name}": shard_digest(state[name].numpy()) for name in sorted(self._frozen)}
+        self.module()
+        return dict(self._frozen_digests)
 
     def shards(self) -> ShardViews:
         """Every shard as a writable view of the module's memory."""
@@ -209,6 +219,20 @@ class HeldModel:
         """Forget the module (a task left it in a state :meth:`tidy` cannot undo); the next use builds it."""
         self._module, self._plan, self._pristine = None, None, None
         self.initial = False
+        if self._base is not None:
+            self._base.close()
+
+    def close(self) -> None:
+        """Release what the module holds outside memory (the streamed base's store and thread)."""
+        if self._base is not None:
+            self._base.close()
+
+
+def _digests(module: torch.nn.Module, frozen: frozenset[str]) -> dict[str, str]:
+    from fedshard.integrity import shard_digest
+
+    state = module.state_dict()
+    return {f"frozen:{name}": shard_digest(state[name].numpy()) for name in sorted(frozen)}
 
 
 def _snapshot(module: torch.nn.Module, plan: ShardPlan, frozen: frozenset[str]) -> _Pristine:

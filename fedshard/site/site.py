@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     from fedshard.crypto.he import HeCodec
     from fedshard.sharding import ShardPlan
+    from fedshard.site.base import SealedBase
 
 __all__ = ["Site"]
 
@@ -110,6 +111,9 @@ class Site:
     store:
         Where the model lives between messages (default: a plaintext snapshot in
         ``state_dir``; deployments and the demo use the encrypted store).
+    base:
+        Where the model's frozen base is sealed and streamed from (``store.base``);
+        None: it stays in memory as the task builds it.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class Site:
         signing_key: Ed25519PrivateKey | None = None,
         he: Callable[[], HeCodec] | None = None,
         store: ModelStore | None = None,
+        base: SealedBase | None = None,
     ) -> None:
         self.site_id = site_id
         self.jurisdiction = jurisdiction
@@ -138,7 +143,7 @@ class Site:
         self._connect = connect
         self.privacy = privacy or SitePrivacy(site_id, Path(state_dir))
         self.dp_layers = LayerPolicy(dp_layers)
-        self.model = HeldModel(lambda: build_initial_model(task, seed, self.dp_layers), tile)
+        self.model = HeldModel(lambda: build_initial_model(task, seed, self.dp_layers), tile, base)
         self._data: TaskData | None = None
         self._route_source = routing
         self._routing: SiteRouting | None = None
