@@ -9,8 +9,8 @@ adapters, on a batch of 8 × 32 tokens, torch on 2 threads. Three variants:
 * **resident**: the fp32 base in the module (the reference);
 * **int8**, **fp8**: the module built on the ``meta`` device, the base attached from a
   sealed store written cold in that format (``fedshard.store.streamed``): every
-  ``Linear`` and ``Embedding`` weight is fetched (read, AES-GCM decrypt, dequantise,
-  BLAKE3 check) in forward and again in backward, ``lookahead`` weights ahead in a
+  ``Linear`` and ``Embedding`` weight is fetched (read, AES-GCM decrypt, dequantise; the
+  BLAKE3 check on a shard's first read only) in forward and again in backward, ``lookahead`` weights ahead in a
   background thread; biases and LayerNorms stay resident.
 
 Step time: one process builds the three variants and runs their steps interleaved
@@ -344,8 +344,9 @@ def _notes(args: argparse.Namespace, size: str, m: dict[str, Any], ticks0: Any) 
         )
     per_step, floor = step_floor(runs, fetch_ns)
     notes.append(
-        f"- fetching alone (one thread, int8): {fetch_ns:.2f} ns per value (read, decrypt, dequantise, BLAKE3 check, "
-        f"assemble), i.e. {per_step:.3f} core-seconds per step; with the 2 torch threads using both cores for "
+        f"- fetching alone (one thread, int8): {fetch_ns:.2f} ns per value (read, decrypt, dequantise, assemble; "
+        f"the BLAKE3 check is paid on a shard's first read only), i.e. {per_step:.3f} core-seconds per step; "
+        "with the 2 torch threads using both cores for "
         f"{statistics.median(resident['step_s']):.3f} s, the step cannot be shorter than {floor:.2f}× the resident "
         "one on 2 cores even with perfect overlap (if the torch threads kept both cores busy)"
     )
@@ -370,8 +371,8 @@ def _interpretation(runs: dict[str, Any], figs: dict[str, Figures], fetch_ns: fl
             f" The step goal is missed ({', '.join(missed)}). Where the time goes ({missed[0]}): the step is "
             f"{excess:.3f} s longer than the resident one; the training thread waits for weights only "
             f"{r['wait_s']:.3f} s of it (prefetch keeps up), the rest is the fetch thread taking CPU from the 2 torch "
-            f"threads on 2 cores: {per_step:.3f} core-s of fetching per step (every weight read, decrypted, "
-            f"dequantised and verified twice, forward and backward), a floor of {floor:.2f}× with perfect overlap; "
+            f"threads on 2 cores: {per_step:.3f} core-s of fetching per step (every weight read, decrypted "
+            f"and dequantised twice, forward and backward), a floor of {floor:.2f}× with perfect overlap; "
             "the remainder is the cost of sharing the cores (the torch threads' synchronisation when one is "
             "preempted)."
         )

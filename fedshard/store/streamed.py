@@ -16,7 +16,8 @@ Two halves:
   of the previous pass, at most ``lookahead + 1`` weights resident) and drops it after
   use. ``StreamedLinear`` runs through an autograd function that saves no weight: its
   backward takes the weight again and returns the gradient for the input only (a frozen
-  weight gets none). Every fetch is a store read: decrypt, dequantise, verify, so a
+  weight gets none). Every fetch is a store read: decrypt (the AES-GCM tag authenticates
+  the blob), dequantise, and on a shard's first read the BLAKE3 digest check, so a
   tampered blob raises :class:`~fedshard.errors.ShardIntegrityError` in the forward or
   backward that needs it.
 
@@ -414,7 +415,7 @@ class StreamedBase:
         full = self._buffers.array(spec.shape)
         view = full.reshape(spec.view2d)
         for shard in ShardPlan([spec], self.plan.tile).shards:
-            view[shard.rows, shard.cols] = self.store.get(shard.shard_id, touch=False)
+            view[shard.rows, shard.cols] = self.store.reread(shard.shard_id)
         return full
 
     def _replace(self, module: nn.Module, slot: _Slot, name: str) -> None:

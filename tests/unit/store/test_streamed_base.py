@@ -266,3 +266,18 @@ def test_the_prefetch_thread_can_yield_to_the_compute_threads() -> None:
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert seen[0] == mine  # recorded in the caller's thread
     assert min(mine + 5, 19) in seen[2:]  # fetched ahead in the lowered thread
+
+
+def test_reread_checks_a_shard_s_digest_on_its_first_read_only(tmp_path: Path) -> None:
+    store = SealedShardStore.create(tmp_path / "s", Kek.generate())
+    for sid in ("a", "b"):
+        store.put(sid, np.arange(6, dtype=np.float32))
+        # a catalog digest that does not match the values (as if the values had changed)
+        store._cat.entries[sid] = store._cat.entries[sid]._replace(digest="0" * 64)
+    with pytest.raises(ShardIntegrityError, match="digest"):
+        store.reread("a")  # a first read checks it
+
+    store._digested.add(("b", store.stat("b").version))  # as if a first read had checked it
+    assert np.array_equal(store.reread("b"), np.arange(6))  # later ones: the GCM tag alone
+    with pytest.raises(ShardIntegrityError, match="digest"):
+        store.get("b")  # a plain read checks it every time
