@@ -224,6 +224,27 @@ def _llm_stream_shown(h: dict[str, Any], section: str) -> None:
     assert int8[2] == f"{h['streamed_step_ratio']:.2f}" and int8[5] == f"{100 * h['base_memory_fraction']:.1f} %"
 
 
+def _llm_finetune(h: dict[str, Any]) -> None:
+    # --quick: the tiny model, one seed (SE 0), one round, DP at ε = 8 only; the small base for the system figures
+    assert h["size"] == "tiny" and h["seeds"] == [0] and h["test_predictions"] >= 2000
+    fed, central, dp8 = h["federated_accuracy"][0], h["central_accuracy"][0], h["dp_eps8_accuracy"][0]
+    assert 0.4 < fed <= 1 and 0.4 < central <= 1 and 0.4 < dp8 <= 1
+    assert h["fed_vs_central_pp"] == pytest.approx(100 * (fed - central), abs=1e-3) and h["fed_vs_central_se_pp"] == 0
+    assert h["dp_eps8_vs_central_pp"] == pytest.approx(100 * (dp8 - central), abs=1e-3)
+    assert h["dp_eps3_vs_central_pp"] is None and h["dp_eps3_accuracy"] == []
+    assert h["base_bytes_released"] == 0  # the sites release their adapters only
+    assert 0 < h["adapter_bytes_per_site_round"] < h["share_adapter_bytes_per_site_round"]
+    assert 0 < h["fedshard_share"] < 1 and h["streamed_step_ratio"] > 0 and h["base_memory_fraction"] > 0
+
+
+def _llm_finetune_shown(h: dict[str, Any], section: str) -> None:
+    gap = _cells(_row(section, "federated − central accuracy"))
+    assert gap[1] == f"{h['fed_vs_central_pp']:+.2f} ± {h['fed_vs_central_se_pp']:.2f} pp"
+    assert _cells(_row(section, "DP ε=8"))[1] == f"{h['dp_eps8_vs_central_pp']:+.2f} ± 0.00 pp"
+    assert _cells(_row(section, "fedshard's share"))[1] == f"{100 * h['fedshard_share']:.1f} %"
+    assert _cells(_row(section, "base bytes released"))[1] == "0 B"
+
+
 def _large_round(h: dict[str, Any]) -> None:
     # --quick: the 2.7 M-parameter transformer (10.6 MB) in plaintext; CKKS bytes of its plan
     assert 5 < h["model_mb"] < 20
@@ -367,6 +388,31 @@ EXPECT: dict[str, Expect] = {
         },
         _llm_stream,
         _llm_stream_shown,
+    ),
+    "llm_finetune": Expect(
+        {
+            "fed_vs_central_pp",
+            "fed_vs_central_se_pp",
+            "test_predictions",
+            "base_memory_fraction",
+            "streamed_step_ratio",
+            "fedshard_share",
+            "base_bytes_released",
+            "dp_eps8_vs_central_pp",
+            "dp_eps8_vs_central_se_pp",
+            "dp_eps3_vs_central_pp",
+            "dp_eps3_vs_central_se_pp",
+            "seeds",
+            "federated_accuracy",
+            "central_accuracy",
+            "dp_eps8_accuracy",
+            "dp_eps3_accuracy",
+            "size",
+            "adapter_bytes_per_site_round",
+            "share_adapter_bytes_per_site_round",
+        },
+        _llm_finetune,
+        _llm_finetune_shown,
     ),
     "large_round": Expect(
         {
