@@ -356,7 +356,7 @@ def _notes(args: argparse.Namespace, size: str, m: dict[str, Any], ticks0: Any) 
             "- **the machine was not quiet**: torch's 2 threads on 2 shared cores stall whenever one is preempted, "
             "which inflates every step and pulls the ratios towards 1; these step ratios are not a quiet machine's"
         )
-    notes.append(f"- {c.steal_note(ticks0)}")
+    notes.append(c.steal_note(ticks0))
     return notes
 
 
