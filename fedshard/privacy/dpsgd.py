@@ -62,9 +62,16 @@ def check_model(model: torch.nn.Module) -> None:
 
 def fix_model(model: torch.nn.Module) -> torch.nn.Module:
     """Replace layers DP-SGD cannot train with compatible ones (Opacus's validator:
-    BatchNorm becomes GroupNorm), then check the result."""
+    BatchNorm becomes GroupNorm), then check the result.
+
+    A model with nothing to replace is returned as it is: Opacus's ``fix`` clones the
+    whole model through a pickle round trip first, which doubles its memory (a frozen
+    base included) and fails on classes pickle cannot name (one defined in a function).
+    """
     from opacus.validators import ModuleValidator
 
+    if ModuleValidator.is_valid(model):
+        return model
     fixed: torch.nn.Module = ModuleValidator.fix(model)
     check_model(fixed)
     return fixed

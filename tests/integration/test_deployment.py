@@ -6,13 +6,8 @@ mid-run leaves the others going and rejoins when restarted."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,34 +18,10 @@ import yaml
 from fedshard.config import load_federation
 from fedshard.deploy.keys import generate_supernode_key, provision
 from fedshard.deploy.loopback import free_ports, write_loopback_layout
-from fedshard.deploy.processes import descendants
+from tests.deploy_helpers import events, fedshard, kill_tree, start, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS="200")
-    return env
-
-
-def _fedshard(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FEDSHARD, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [*FEDSHARD, *args], cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def _kill_tree(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 def write_layout(root: Path, *, rounds: int, tls: bool = True) -> dict[str, Path]:
@@ -70,36 +41,18 @@ def layout(tmp_path: Path) -> Iterator[dict[str, Path]]:
     yield paths
 
 
-def _events(root: Path) -> list[dict[str, Any]]:
-    runs = sorted((root / "runs" / "aggregator").glob("run-*/events.jsonl"))
-    if not runs:
-        return []
-    return [json.loads(line) for line in runs[-1].read_text().splitlines() if line.strip()]
-
-
-def _wait(predicate: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if procs[0].poll() is not None:
-            break
-        time.sleep(1.0)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     tmp_path: Path, layout: dict[str, Path]
 ) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    aggregator = _start(["aggregator", "up", "--config", str(layout["aggregator"])], tmp_path, logs / "agg.log")
+    aggregator = start(["aggregator", "up", "--config", str(layout["aggregator"])], tmp_path, logs / "agg.log")
     procs = [aggregator]
     sites: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for site in SITES:
-            sites[site] = _start(["site", "up", "--config", str(layout[site])], tmp_path, logs / f"{site}.log")
+            sites[site] = start(["site", "up", "--config", str(layout[site])], tmp_path, logs / f"{site}.log")
         procs += list(sites.values())
 
         # An impostor: a valid site config and certificate, but a SuperNode key nobody registered.
@@ -117,18 +70,18 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         rogue_cfg["site"]["state_dir"] = str(tmp_path / "rogue-state")
         rogue_file = layout["mayo-rochester"].with_name("rogue.yaml")  # beside the others: same relative paths
         rogue_file.write_text(yaml.safe_dump(rogue_cfg))
-        _wait(lambda: len(_events(tmp_path)) >= 1, 300, "the run to start", procs)
-        refused = _fedshard("site", "up", "--config", str(rogue_file), "--retry-s", "0", cwd=tmp_path)
+        wait_for(lambda: len(events(tmp_path)) >= 1, 300, "the run to start", procs)
+        refused = fedshard("site", "up", "--config", str(rogue_file), "--retry-s", "0", cwd=tmp_path)
         assert refused.returncode == 2
         assert "could not join" in refused.stderr and "registered" in refused.stderr
 
         # Crash one site once round 1 is in; restart it once round 2 has gone on without it. (Restarted
         # sooner, it may reconnect before the SuperLink gives up on it, and answer round 2 after all.)
-        _wait(lambda: any(e["event"] == "round" for e in _events(tmp_path)), 400, "round 1", procs)
-        _kill_tree(sites["sgh-singapore"])
+        wait_for(lambda: any(e["event"] == "round" for e in events(tmp_path)), 400, "round 1", procs)
+        kill_tree(sites["sgh-singapore"])
         sites["sgh-singapore"].wait(10)
-        _wait(lambda: any(e.get("round") == 2 for e in _events(tmp_path)), 400, "round 2", procs)
-        sites["sgh-singapore"] = _start(
+        wait_for(lambda: any(e.get("round") == 2 for e in events(tmp_path)), 400, "round 2", procs)
+        sites["sgh-singapore"] = start(
             ["site", "up", "--config", str(layout["sgh-singapore"])], tmp_path, logs / "sgh-singapore.log"
         )
         procs.append(sites["sgh-singapore"])
@@ -137,14 +90,7 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         out = (logs / "agg.log").read_text()
         assert aggregator.returncode == 0, out[-3000:]
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                _kill_tree(proc)
+        stop(procs)
 
     run_dir = next((tmp_path / "runs" / "aggregator").glob("run-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -168,7 +114,7 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     site_summary = {s["id"]: s for s in summary["sites"]}["sgh-singapore"]
     assert site_summary["rounds_participated"] == len(ledger_rounds)
     # the status command reads the same state once
-    status = _fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
+    status = fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
     assert status.returncode == 0 and "finished" in status.stdout and "round 4/4" in status.stdout
 
 
@@ -196,24 +142,22 @@ def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) 
         }
         assert (agg / "supernodes" / f"{site}.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
     before = {p: p.read_bytes() for p in report.files}
-    proc = _fedshard(
-        "keys", "init", "--config", str(paths["aggregator"]), "--out", str(tmp_path / "keys"), cwd=tmp_path
-    )
+    proc = fedshard("keys", "init", "--config", str(paths["aggregator"]), "--out", str(tmp_path / "keys"), cwd=tmp_path)
     assert proc.returncode == 2 and "already exists: pass --force" in proc.stderr
     assert all(p.read_bytes() == data for p, data in before.items())
 
 
 def test_unsafe_deployments_are_refused_with_one_line(tmp_path: Path) -> None:
     paths = write_layout(tmp_path, rounds=1, tls=False)
-    proc = _fedshard("aggregator", "up", "--config", str(paths["aggregator"]), cwd=tmp_path)
+    proc = fedshard("aggregator", "up", "--config", str(paths["aggregator"]), cwd=tmp_path)
     assert proc.returncode == 2 and "pass --insecure" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    proc = _fedshard("site", "up", "--config", str(paths["mayo-rochester"]), cwd=tmp_path)
+    proc = fedshard("site", "up", "--config", str(paths["mayo-rochester"]), cwd=tmp_path)
     assert proc.returncode == 2 and "pass --insecure" in proc.stderr
 
     tls = write_layout(tmp_path / "tls", rounds=1)
     provision(load_federation(tls["aggregator"]), tmp_path / "tls" / "keys")
     leaked = tmp_path / "tls" / "keys" / "aggregator" / "he" / "secret.ctx"
     leaked.write_bytes((tmp_path / "tls" / "keys" / "sites" / "ap-hp-paris" / "he" / "secret.ctx").read_bytes())
-    proc = _fedshard("aggregator", "up", "--config", str(tls["aggregator"]), cwd=tmp_path)
+    proc = fedshard("aggregator", "up", "--config", str(tls["aggregator"]), cwd=tmp_path)
     assert proc.returncode == 2 and "must not hold the CKKS secret context" in proc.stderr
     assert not (tmp_path / "tls" / "runs").exists()  # refused before anything started or was written

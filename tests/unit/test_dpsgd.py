@@ -71,6 +71,16 @@ def test_batchnorm_is_refused_or_fixed() -> None:
     check_model(fixed)
 
 
+def test_a_model_with_nothing_to_fix_is_returned_as_it_is() -> None:
+    class Local(nn.Module):  # defined in a function: pickle cannot name it (Opacus's fix pickles a clone)
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 1)
+
+    model = Local()
+    assert fix_model(model) is model
+
+
 def test_make_private_twice_in_a_round_is_refused() -> None:
     privacy = RecordPrivacy(planned_record_event(40, 8, 1, 1.0), 1.0)
     _train(privacy, epochs=1)
