@@ -20,8 +20,12 @@ shuffling follow it):
   by each site to spend it (``noise_multiplier`` empty), clipping ``--dp-clip``, the same
   training settings. Its central reference is the same seed's non-private central run
   (the DP runs do not train their own: ``centralized_baseline`` is skipped there).
-  ``fix_incompatible_layers`` is off: the model has no layer DP-SGD cannot train, and
-  Opacus's fixer cannot copy the task's model (see the notes).
+* **regional**: the demo's residency as it is: 3 EU sites, whose ``personal`` adapters
+  are averaged into an EU regional model, and 3 US sites, averaged into a global one.
+  The federated and DP runs put all six sites in the EU, so one model averages every
+  site's adapters: the federated LoRA that the goal compares with the central one. The
+  regional runs show what splitting the federation by residency costs on top (each
+  model learns from half of the data).
 
 Gaps are federated − central per seed, in percentage points: mean ± standard error
 (stdev of the paired differences / √seeds; 0 for one seed). Goal: fed_vs_central_pp ≥
@@ -117,12 +121,17 @@ def demo_data() -> dict[str, Any]:
     return load_federation(DEMO).model_dump(mode="json")
 
 
-def accuracy_config(args: argparse.Namespace, seed: int, epsilon: float | None) -> Any:
+def accuracy_config(args: argparse.Namespace, seed: int, epsilon: float | None, *, pooled: bool = True) -> Any:
     """The demo federation at ``args``' size and training settings, ``seed``, the base sealed int8;
-    record-level DP at ``epsilon`` per site when given."""
+    record-level DP at ``epsilon`` per site when given. ``pooled``: every site in the EU, so
+    the adapters of all six are averaged into one model (else the demo's 3 EU + 3 US sites:
+    an EU regional model and a global one)."""
     from fedshard.config import FederationConfig
 
     data = demo_data()
+    if pooled:
+        for site in data["sites"]:
+            site["jurisdiction"] = "EU"
     data["federation"].update(seed=seed, rounds=args.rounds, round_timeout_s=3600.0)
     data["task"]["options"].update(size=args.size, cache_dir=str(args.cache_dir))
     if args.private_examples is not None:
@@ -135,7 +144,6 @@ def accuracy_config(args: argparse.Namespace, seed: int, epsilon: float | None) 
                 "enabled": True,
                 "noise_multiplier": None,
                 "max_grad_norm": args.dp_clip,
-                "fix_incompatible_layers": False,
             },
             "budget": {"epsilon": epsilon, "delta": DELTA},
         }
@@ -304,17 +312,16 @@ def simulate_run(kind: str, seed: int, config: Any, central: bool = True) -> Run
 
 
 def accuracy_runs(args: argparse.Namespace) -> list[Run]:
-    """Per seed: the non-private federation (with its central baseline), then the DP federations."""
+    """Per seed: the non-private federation (with its central baseline), the DP federations, then
+    the demo's regional federation (unless ``--no-regional``)."""
     runs = []
     t0 = time.perf_counter()
+    kinds: list[tuple[str, float | None, bool]] = [("federated", None, True)]
+    kinds += [(f"dp_eps{eps:g}", eps, True) for eps in args.epsilons]
+    kinds += [] if args.no_regional else [("regional", None, False)]
     for seed in args.seed_values:
-        for eps in (None, *args.epsilons):
-            run = simulate_run(
-                "federated" if eps is None else f"dp_eps{eps:g}",
-                seed,
-                accuracy_config(args, seed, eps),
-                central=eps is None,
-            )
+        for kind, eps, pooled in kinds:
+            run = simulate_run(kind, seed, accuracy_config(args, seed, eps, pooled=pooled), central=kind == "federated")
             runs.append(run)
             s = run.summary
             extra = f"  central {s['centralized_accuracy']:.4f}" if eps is None else ""
@@ -412,6 +419,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="batch size (default 64, the demo's)")
     parser.add_argument("--dp-clip", type=float, default=1.0, help="DP-SGD clipping bound (default 1.0)")
     parser.add_argument("--no-dp", action="store_true", help="skip the DP runs")
+    parser.add_argument(
+        "--no-regional", action="store_true", help="skip the runs with the demo's EU/US regional adapters"
+    )
     parser.add_argument("--cache-dir", type=Path, default=c.REPO / "runs" / "llm-base", help="pretrained bases")
     parser.add_argument("--share-rounds", type=int, default=1, help="rounds of the fedshard_share run (default 1)")
     parser.add_argument("--share-examples", type=int, default=256, help="its private examples (default 256)")
@@ -426,6 +436,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.private_examples is None:
         args.private_examples = 2000 if args.quick else 8000
     args.epsilons = () if args.no_dp else ((EPSILONS[0],) if args.quick else EPSILONS)
+    args.no_regional = args.no_regional or args.quick
     args.share_size = "small" if args.quick else "large"
     return args
 
@@ -454,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     fed, fed_m, fed_se = gaps(runs, "federated", central)
     assert fed_m is not None and fed_se is not None
     dp = {eps: gaps(runs, f"dp_eps{eps:g}", central) for eps in EPSILONS}
+    regional = gaps(runs, "regional", central)
     n_test = test_predictions(accuracy_config(args, 0, None))
     all_runs = [*runs, shared]
     released = sum(r.extra_bytes for r in all_runs)
@@ -471,8 +483,11 @@ def main(argv: list[str] | None = None) -> int:
             for eps, (_, m, se) in dp.items()
             for what, v in (("pp", m), ("se_pp", se))
         },
+        "regional_vs_central_pp": None if regional[1] is None else round(regional[1], 4),
+        "regional_vs_central_se_pp": None if regional[2] is None else round(regional[2], 4),
         "seeds": args.seed_values,
         "federated_accuracy": fed,
+        "regional_accuracy": regional[0],
         "central_accuracy": [central[s] for s in args.seed_values],
         **{f"dp_eps{eps:g}_accuracy": accs for eps, (accs, _, _) in dp.items()},
         "size": args.size,
@@ -494,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             [f"DP ε={eps:g} federated − non-private central", pp(m, se), "(reported)", "–"]
             for eps, (_, m, se) in dp.items()
         ],
+        ["regional adapters (3 EU + 3 US sites) − central", pp(regional[1], regional[2]), "(reported)", "–"],
         ["test predictions per model", f"{n_test:,}", f"≥ {TEST_GOAL:,}", met(n_test >= TEST_GOAL)],
         [
             f"base memory while training, int8 ({stream_size})",
@@ -520,10 +536,12 @@ def main(argv: list[str] | None = None) -> int:
             met(released == 0),
         ],
     ]
-    notes = _notes(args, runs, central, dp, shared, share, stream, stream_size, (accuracy_s, share_s, stream_s))
+    notes = _notes(
+        args, runs, central, dp, regional, shared, share, stream, stream_size, (accuracy_s, share_s, stream_s)
+    )
     notes.append(c.steal_note(ticks0))
     dp_runs = (", DP ε = " + " and ".join(f"{e:g}" for e in args.epsilons)) if args.epsilons else ""
-    interpretation = _interpretation(args, fed_m, fed_se, dp, share, stream, released, adapters, shared)
+    interpretation = _interpretation(args, fed_m, fed_se, dp, regional, share, stream, released, adapters, shared)
     c.publish(
         args,
         SECTION,
@@ -546,6 +564,7 @@ def _notes(
     runs: list[Run],
     central: dict[int, float],
     dp: dict[float, tuple[list[float], float | None, float | None]],
+    regional: tuple[list[float], float | None, float | None],
     shared: Run,
     share: Share,
     stream: dict[str, Any],
@@ -554,7 +573,8 @@ def _notes(
 ) -> list[str]:
     accuracy_s, share_s, stream_s = seconds
     notes = [
-        f"- accuracy runs: `configs/demo-llm.yaml` (6 sites, 2 zones, FFA-LoRA r=8, Dirichlet(1.0) label skew) at "
+        f"- accuracy runs: `configs/demo-llm.yaml` (6 sites, 2 zones, FFA-LoRA r=8, Dirichlet(1.0) label skew) with "
+        "every site in the EU, so all six sites' adapters are averaged into one model, at "
         f"size `{args.size}`, {args.rounds} round(s) × {args.local_epochs} local epoch(s), batch {args.batch}, Adam lr "
         f"{args.lr:g}, {args.private_examples:,} private examples, `store.base: int8`; central: the same LoRA on the "
         f"pooled private data, {args.rounds * args.local_epochs} epoch(s), fp32 base; DP: record-level DP-SGD, δ = "
@@ -565,6 +585,7 @@ def _notes(
         fed = next(r for r in runs if r.kind == "federated" and r.seed == seed)
         parts = [f"federated {fed.accuracy:.4f}", f"central {central[seed]:.4f}"]
         parts += [f"DP ε={eps:g} {accs[i]:.4f}" for eps, (accs, _, _) in dp.items() if accs]
+        parts += [f"regional {regional[0][i]:.4f}"] if regional[0] else []
         secs = [f"{r.kind} {r.seconds:.0f} s" for r in runs if r.seed == seed]
         notes.append(f"  - seed {seed}: {', '.join(parts)} ({', '.join(secs)})")
     for r in runs:
@@ -589,9 +610,9 @@ def _notes(
         f"resident {stream['resident_step_s']:.3f} s; fp8 {stream['fp8_step_ratio']:.2f}×, "
         f"{100 * stream['fp8_base_memory_fraction']:.1f} % of fp32; floor of the step ratio on 2 cores "
         f"{stream['step_ratio_floor_2_cores']:.2f}",
-        "- DP runs: `privacy.record_level.fix_incompatible_layers: false`; with the default (true) Opacus's "
-        "`ModuleValidator.fix` copies the model with `torch.save`, which cannot pickle the task's locally defined "
-        "`SequenceClassifier`, so the site fails to build its model",
+        "- regional: the demo's residency as it is (3 EU + 3 US sites): EU sites' adapters are averaged into an EU "
+        "regional model, the US sites' into a global one, each from half the data; every site is scored with its "
+        "own model on its test slice (non-private; the same seed's central run)",
         f"- wall time: accuracy runs {accuracy_s:.0f} s, share run {share_s:.0f} s, llm_stream {stream_s:.0f} s",
     ]
     return notes
@@ -602,6 +623,7 @@ def _interpretation(
     fed_m: float,
     fed_se: float,
     dp: dict[float, tuple[list[float], float | None, float | None]],
+    regional: tuple[list[float], float | None, float | None],
     share: Share,
     stream: dict[str, Any],
     released: int,
@@ -609,6 +631,8 @@ def _interpretation(
     shared: Run,
 ) -> str:
     dp_text = "; ".join(f"with DP at ε = {eps:g}: {pp(m, se)}" for eps, (_, m, se) in dp.items() if m is not None)
+    if regional[1] is not None:
+        dp_text += f"; with the demo's EU-regional and global adapters: {pp(regional[1], regional[2])}"
     return (
         f"Federated LoRA over the sealed int8 base is {pp(fed_m, fed_se)} from the same LoRA trained centrally on "
         f"the pooled data (size `{args.size}`, {args.seeds} seed(s); goal ≥ −{GAP_GOAL_PP} pp)"

@@ -232,6 +232,7 @@ def _llm_finetune(h: dict[str, Any]) -> None:
     assert h["fed_vs_central_pp"] == pytest.approx(100 * (fed - central), abs=1e-3) and h["fed_vs_central_se_pp"] == 0
     assert h["dp_eps8_vs_central_pp"] == pytest.approx(100 * (dp8 - central), abs=1e-3)
     assert h["dp_eps3_vs_central_pp"] is None and h["dp_eps3_accuracy"] == []
+    assert h["regional_vs_central_pp"] is None and h["regional_accuracy"] == []  # --quick: no regional runs
     assert h["base_bytes_released"] == 0  # the sites release their adapters only
     assert 0 < h["adapter_bytes_per_site_round"] < h["share_adapter_bytes_per_site_round"]
     assert 0 < h["fedshard_share"] < 1 and h["streamed_step_ratio"] > 0 and h["base_memory_fraction"] > 0
