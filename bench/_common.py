@@ -18,6 +18,7 @@ Run as ``python bench/_common.py serve --staging-bytes N`` it is the zone server
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -85,6 +86,7 @@ __all__ = [
     "rotated",
     "round_spec",
     "section_header",
+    "status_bytes",
     "steal_note",
     "synthetic_update",
     "timed",
@@ -140,6 +142,20 @@ def rotated(items: Sequence[Any], rep: int) -> list[Any]:
 
 
 # machine ----------------------------------------------------------------------------------
+def status_bytes(field: str, pid: int | str = "self") -> int:
+    """A size field of ``/proc/PID/status`` in bytes (``VmHWM``: the process's peak RSS; 0 if unavailable).
+
+    Prefer ``VmHWM`` to ``getrusage``'s ``ru_maxrss`` for a child process: Linux carries a
+    parent's peak RSS into a child it forks and execs, so a small child of a large parent
+    reports the parent's peak there.
+    """
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
 def minor_faults(pid: int | None = None) -> int:
     """Minor page faults of process ``pid`` (this process by default) so far, from /proc (0 if unavailable)."""
     try:

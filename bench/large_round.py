@@ -231,13 +231,6 @@ class Phases:
         return out
 
 
-def _status_bytes(field: str, pid: int | str = "self") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) << 10
-    return 0
-
-
 def _reset_peak() -> None:
     # VmHWM back to the current RSS; where that is refused the peak is the process's so far (an upper bound)
     with contextlib.suppress(OSError):
@@ -276,7 +269,7 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
 
     torch.zeros(1).add_(1)  # and its allocator warmed up
     # before any message: Python, torch, gRPC and fedshard imported, the site assembled, no model yet
-    print(json.dumps({"ready": site_id, "missing": phases.missing, "rss": _status_bytes("VmRSS")}), flush=True)
+    print(json.dumps({"ready": site_id, "missing": phases.missing, "rss": c.status_bytes("VmRSS")}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         kind = MessageKind(request["kind"])
@@ -291,7 +284,7 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
             "reply": encode(reply).decode(),
             "seconds": seconds,
             "phases": phases.take(),
-            "peak_rss": _status_bytes("VmHWM"),
+            "peak_rss": c.status_bytes("VmHWM"),
             "fetched_bytes": fetched[0],
         }
         print(json.dumps(out), flush=True)
@@ -421,7 +414,7 @@ class ZoneProcess:
         self.endpoint = f"127.0.0.1:{started['port']}"
         self.missing: list[str] = started["missing"]
         self.staging_bytes = int(started["staging_bytes"])
-        self.base_rss = _status_bytes("VmRSS", self.proc.pid)
+        self.base_rss = c.status_bytes("VmRSS", self.proc.pid)
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -439,7 +432,7 @@ class ZoneProcess:
 
     def peak_rss(self) -> int:
         """Its peak RSS so far (bytes)."""
-        return _status_bytes("VmHWM", self.proc.pid)
+        return c.status_bytes("VmHWM", self.proc.pid)
 
     def close(self) -> None:
         """Close its stdin; wait for it."""

@@ -324,7 +324,7 @@ def accuracy_runs(args: argparse.Namespace) -> list[Run]:
             run = simulate_run(kind, seed, accuracy_config(args, seed, eps, pooled=pooled), central=kind == "federated")
             runs.append(run)
             s = run.summary
-            extra = f"  central {s['centralized_accuracy']:.4f}" if eps is None else ""
+            extra = f"  central {s['centralized_accuracy']:.4f}" if kind == "federated" else ""
             if eps is not None:
                 extra = f"  ε spent ≤ {max(site['epsilon_spent'] for site in s['sites']):.2f}"
             print(

@@ -158,7 +158,7 @@ def child(args: argparse.Namespace) -> None:
     for t in trainers:
         if t.base is not None:
             t.base.close()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = c.status_bytes("VmHWM")  # not ru_maxrss: that holds the parent's peak when the parent is larger
     print(json.dumps({"peak_rss": peak, "variants": out}))
 
 
