@@ -17,14 +17,9 @@ from fedshard.config import FederationConfig
 from fedshard.routing import explain_routes, model_classes
 from fedshard.simulate.run import simulate
 from fedshard.task import build_initial_model, frozen_state, load_task, trained_state
+from tests.llm_helpers import SITES, llm_config
 
 pytestmark = pytest.mark.slow
-
-SITES = [
-    {"id": "charite-berlin", "jurisdiction": "EU"},
-    {"id": "ap-hp-paris", "jurisdiction": "EU"},
-    {"id": "mayo-rochester", "jurisdiction": "US"},
-]
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +28,7 @@ def base_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(cache: Path, **task: Any) -> FederationConfig:
-    return FederationConfig.model_validate(
-        {
-            "federation": {"name": "llm", "seed": 7, "rounds": 2, "min_sites": 3},
-            "task": {
-                "target": "clients.tasks.llm:task",
-                "options": {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, **task},
-            },
-            "training": {"local_epochs": 1, "batch_size": 64, "learning_rate": 0.003},
-            "sharding": {"tile": [64, 64]},
-            "zones": [
-                {"name": "eu-central", "region": "EU", "endpoint": "127.0.0.1:0"},
-                {"name": "us-east", "region": "US", "endpoint": "127.0.0.1:0"},
-            ],
-            "reducing_zone": "eu-central",
-            "sites": SITES,
-        }
-    )
+    return llm_config(cache, task)
 
 
 def test_only_adapters_are_federated_and_they_are_personal(base_cache: Path) -> None:

@@ -18,16 +18,11 @@ from fedshard.config.privacy import LayerPolicy
 from fedshard.routing import model_classes
 from fedshard.simulate.run import simulate
 from fedshard.store import LocalShardStore
-from fedshard.task import Partition, build_initial_model, load_task, trained_state
+from fedshard.task import Partition, build_initial_model, load_task
+from tests.llm_helpers import SITES, adapter_bytes, llm_config
 
 pytestmark = pytest.mark.slow
 
-SITES = [
-    {"id": "charite-berlin", "jurisdiction": "EU"},
-    {"id": "ap-hp-paris", "jurisdiction": "EU"},
-    {"id": "mayo-rochester", "jurisdiction": "US"},
-]
-TASK = "clients.tasks.llm:task"
 PRIVATE_EXAMPLES = 8000  # a third of the private split: the same test, a third of the training
 # Mild label skew: with the task's default (0.5) the sites' adapters pull apart and the federated model ends below
 # the pretrained base even without DP, which would leave "DP kept the model useful" untestable.
@@ -40,35 +35,8 @@ def base_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(cache: Path, **sections: Any) -> FederationConfig:
-    options = {
-        "size": "tiny",
-        "cache_dir": str(cache),
-        "pretrain_epochs": 1,
-        "private_examples": PRIVATE_EXAMPLES,
-        "dirichlet_alpha": DIRICHLET_ALPHA,
-    }
-    return FederationConfig.model_validate(
-        {
-            "federation": {"name": "llm", "seed": 7, "rounds": 2, "min_sites": 3},
-            "task": {"target": TASK, "options": options},
-            "training": {"local_epochs": 1, "batch_size": 64, "learning_rate": 0.003},
-            "sharding": {"tile": [64, 64]},
-            "store": {"base": "int8"},
-            "zones": [
-                {"name": "eu-central", "region": "EU", "endpoint": "127.0.0.1:0"},
-                {"name": "us-east", "region": "US", "endpoint": "127.0.0.1:0"},
-            ],
-            "reducing_zone": "eu-central",
-            "sites": SITES,
-            **sections,
-        }
-    )
-
-
-def _adapter_bytes(config: FederationConfig) -> int:
-    task = load_task(config.task.target, dict(config.task.options))
-    model = build_initial_model(task, config.federation.seed, config.privacy.layer_policy)
-    return sum(t.numel() * t.element_size() for t in trained_state(model).values())
+    options = {"private_examples": PRIVATE_EXAMPLES, "dirichlet_alpha": DIRICHLET_ALPHA}
+    return llm_config(cache, options, store={"base": "int8"}, **sections)
 
 
 def _base_metrics(config: FederationConfig) -> tuple[float, float]:
@@ -95,14 +63,14 @@ def test_dp_sgd_trains_the_adapters_through_the_streamed_base_within_every_budge
     assert config.privacy.layer_policy is LayerPolicy.FIX  # nothing to replace: built as the task builds it
     plan, _ = model_classes(config)
     assert plan.tensors and all("lora_B" in t.name for t in plan.tensors)
-    adapter_bytes = _adapter_bytes(config)
+    released = adapter_bytes(config)
 
     summary = simulate(config, tmp_path)
 
     assert summary["rounds"] == 2 and not summary["stopped_reason"], summary["stopped_reason"]
     for entry in summary["history"]:
         assert len(entry["sites"]) == 3 and not entry["refused"], entry["refused"]
-        assert entry["bytes_up"] == len(SITES) * adapter_bytes  # the streamed base released nothing
+        assert entry["bytes_up"] == len(SITES) * released  # the streamed base released nothing
     for site in summary["sites"]:
         # σ calibrated so the two planned rounds spend the budget: spent, but never more
         assert site["rounds_participated"] == 2
@@ -144,11 +112,11 @@ def test_encrypted_adapters_reach_the_plaintext_accuracy(base_cache: Path, tmp_p
         assert summary["rounds"] == 2 and not summary["stopped_reason"], summary["stopped_reason"]
         assert all(len(h["sites"]) == 3 and not h["refused"] for h in summary["history"])
     assert len(_sealed_bases(tmp_path / "he")) == len(SITES)
-    adapter_bytes = _adapter_bytes(encrypted_config)
-    assert all(h["bytes_up"] == len(SITES) * adapter_bytes for h in plain["history"])
+    released = adapter_bytes(encrypted_config)
+    assert all(h["bytes_up"] == len(SITES) * released for h in plain["history"])
     # ciphertexts, not floats, went to the zones (about 5x the adapters' plaintext bytes), and the zones
     # stored and served ciphertexts: every shard of both groups' aggregates (all adapters are personal)
-    assert all(h["bytes_up"] > 2 * len(SITES) * adapter_bytes for h in encrypted["history"])
+    assert all(h["bytes_up"] > 2 * len(SITES) * released for h in encrypted["history"])
     for run, encrypting in ((tmp_path / "he", True), (tmp_path / "plain", False)):
         eu = LocalShardStore(run / "zones" / "eu-central")
         for group in ("regional-EU", "global"):
