@@ -495,47 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "share_adapter_bytes_per_site_round": shared.adapter_bytes,
     }
 
-    def met(ok: bool) -> str:
-        return "yes" if ok else "**no**"
-
-    rows = [
-        [
-            f"federated − central accuracy ({args.size}, {args.seeds} seed{'s' * (args.seeds > 1)})",
-            pp(fed_m, fed_se),
-            f"≥ −{GAP_GOAL_PP} pp",
-            met(fed_m >= -GAP_GOAL_PP),
-        ],
-        *[
-            [f"DP ε={eps:g} federated − non-private central", pp(m, se), "(reported)", "–"]
-            for eps, (_, m, se) in dp.items()
-        ],
-        ["regional adapters (3 EU + 3 US sites) − central", pp(regional[1], regional[2]), "(reported)", "–"],
-        ["test predictions per model", f"{n_test:,}", f"≥ {TEST_GOAL:,}", met(n_test >= TEST_GOAL)],
-        [
-            f"base memory while training, int8 ({stream_size})",
-            f"{100 * stream['base_memory_fraction']:.1f} % of fp32",
-            "≤ 30 %",
-            met(stream["base_memory_fraction"] <= llm_stream.MEMORY_GOAL),
-        ],
-        [
-            f"streamed int8 step / resident fp32 step ({stream_size})",
-            f"{stream['streamed_step_ratio']:.2f}×",
-            f"≤ {llm_stream.STEP_GOAL}×",
-            met(stream["streamed_step_ratio"] <= llm_stream.STEP_GOAL),
-        ],
-        [
-            f"fedshard's share of a round ({args.share_size})",
-            f"{100 * share.share:.1f} %",
-            f"≤ {100 * SHARE_GOAL:.0f} %",
-            met(share.share <= SHARE_GOAL),
-        ],
-        [
-            "base bytes released (every round of every run)",
-            f"{released:,} B",
-            "0",
-            met(released == 0),
-        ],
-    ]
+    rows = _goal_rows(args, (fed_m, fed_se), dp, regional, n_test, (stream, stream_size), share, released)
     notes = _notes(
         args, runs, central, dp, regional, shared, share, stream, stream_size, (accuracy_s, share_s, stream_s)
     )
@@ -557,6 +517,64 @@ def main(argv: list[str] | None = None) -> int:
         console_title="LoRA fine-tuning",
     )
     return 0
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _goal_rows(
+    args: argparse.Namespace,
+    gap: tuple[float, float],
+    dp: dict[float, tuple[list[float], float | None, float | None]],
+    regional: tuple[list[float], float | None, float | None],
+    n_test: int,
+    streamed: tuple[dict[str, Any], str],
+    share: Share,
+    released: int,
+) -> list[list[str]]:
+    """The report's table: each goal, what was measured, the target, whether it is met."""
+    fed_m, fed_se = gap
+    stream, stream_size = streamed
+    rows = [
+        [
+            f"federated − central accuracy ({args.size}, {args.seeds} seed{'s' * (args.seeds > 1)})",
+            pp(fed_m, fed_se),
+            f"≥ −{GAP_GOAL_PP} pp",
+            _met(fed_m >= -GAP_GOAL_PP),
+        ],
+        *[
+            [f"DP ε={eps:g} federated − non-private central", pp(m, se), "(reported)", "–"]
+            for eps, (_, m, se) in dp.items()
+        ],
+        ["regional adapters (3 EU + 3 US sites) − central", pp(regional[1], regional[2]), "(reported)", "–"],
+        ["test predictions per model", f"{n_test:,}", f"≥ {TEST_GOAL:,}", _met(n_test >= TEST_GOAL)],
+        [
+            f"base memory while training, int8 ({stream_size})",
+            f"{100 * stream['base_memory_fraction']:.1f} % of fp32",
+            "≤ 30 %",
+            _met(stream["base_memory_fraction"] <= llm_stream.MEMORY_GOAL),
+        ],
+        [
+            f"streamed int8 step / resident fp32 step ({stream_size})",
+            f"{stream['streamed_step_ratio']:.2f}×",
+            f"≤ {llm_stream.STEP_GOAL}×",
+            _met(stream["streamed_step_ratio"] <= llm_stream.STEP_GOAL),
+        ],
+        [
+            f"fedshard's share of a round ({args.share_size})",
+            f"{100 * share.share:.1f} %",
+            f"≤ {100 * SHARE_GOAL:.0f} %",
+            _met(share.share <= SHARE_GOAL),
+        ],
+        [
+            "base bytes released (every round of every run)",
+            f"{released:,} B",
+            "0",
+            _met(released == 0),
+        ],
+    ]
+    return rows
 
 
 def _notes(

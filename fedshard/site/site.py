@@ -112,8 +112,7 @@ class Site:
         Where the model lives between messages (default: a plaintext snapshot in
         ``state_dir``; deployments and the demo use the encrypted store).
     base:
-        Where the model's frozen base is sealed and streamed from (``store.base``);
-        None: it stays in memory as the task builds it.
+        Where the frozen base is sealed and streamed from (``store.base``); None: resident.
     """
 
     def __init__(
