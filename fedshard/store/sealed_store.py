@@ -227,7 +227,8 @@ class SealedShardStore:
         Every check of :meth:`get` runs on every read but one: the values' BLAKE3 digest
         is checked on this store object's first read of the shard's current version only.
         The AES-GCM tag authenticates the same sealed plaintext each time, so a digest
-        that matched once matches again; skipping it saves 40 % of an int8 read. The read
+        that matched once matches again; skipping it cut an int8 read from 1.79 to 1.49 ns per
+        value here (``bench/llm_stream.py``). The read
         is not recorded as an access.
         """
         entry = self._entry(shard_id)
