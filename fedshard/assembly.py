@@ -316,8 +316,7 @@ def _sealed_base(config: FederationConfig, state_dir: Path, store: ModelStore) -
     from fedshard.site.base import BASE_DIR, SealedBase
     from fedshard.site.model_store import SealedModelStore
 
-    if not isinstance(store, SealedModelStore):  # the config refuses store.base without store.encrypt
-        raise ConfigError(f"store.base: {config.store.base} needs the sealed model store (store.encrypt: true)")
+    assert isinstance(store, SealedModelStore)  # StoreConfig refuses store.base without store.encrypt
     return SealedBase(state_dir / BASE_DIR, store.kek, config.store.base, config.sharding.tile, config.store.lookahead)
 
 

@@ -109,8 +109,7 @@ class Site:
         site does the same, so they share the model), ``"check"`` refuses them, ``"keep"``
         (DP off) leaves the model as the task builds it.
     store:
-        Where the model lives between messages (default: a plaintext snapshot in
-        ``state_dir``; deployments and the demo use the encrypted store).
+        Where the model lives between messages (default: a plaintext snapshot in ``state_dir``).
     base:
         Where the frozen base is sealed and streamed from (``store.base``); None: resident.
     """
