@@ -1,0 +1,169 @@
+"""Fail fast: an engine or a process fedshard depends on that cannot start or dies ends the
+command with one line naming it, instead of a wait to ``round_timeout_s`` and tracebacks.
+
+Real processes throughout: ``fedshard simulate --engine flower`` against a Ray cluster
+address nothing listens at, and a local Ray that cannot start; ``fedshard aggregator up
+--insecure`` whose zone and SuperLink are SIGKILLed while it waits for its sites (no round
+has to run), with a ``fedshard site up`` connected to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedshard.config import load_federation
+from fedshard.deploy.keys import provision
+from fedshard.deploy.loopback import free_ports, write_loopback_layout
+from fedshard.deploy.status import HostState, read_state
+from fedshard.errors import ConfigError, DeployError, RoundError
+from fedshard.simulate.ray_runtime import check_ray_address, init_args
+from tests.deploy_helpers import FEDSHARD, env, start, stop, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+def _simulate(tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``fedshard simulate --engine flower`` on the demo; the issue's bound (60 s) is the timeout."""
+    cmd = [*FEDSHARD, "simulate", "--config", str(DEMO), "--engine", "flower", "--out", str(tmp_path / "run")]
+    return subprocess.run(
+        cmd, cwd=ROOT, env={**env(), **extra_env}, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+# --- Ray -------------------------------------------------------------------------------------
+
+
+def test_a_ray_cluster_nobody_answers_at_is_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    proc = _simulate(tmp_path, RAY_ADDRESS=f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stderr
+    assert _lines(proc.stderr) == [
+        f"error: could not reach the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS): Connection refused; "
+        "start it with `ray start --head` or unset RAY_ADDRESS"
+    ]
+    assert not (tmp_path / "run").exists()  # refused before the run folder, its zones or sites
+
+
+def test_a_local_ray_that_cannot_start_is_retried_once_then_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")  # Ray cannot make its session folder below a file: every start fails
+    proc = _simulate(tmp_path, RAY_TMPDIR=str(blocker / "tmp"), RAY_ADDRESS="")
+    assert proc.returncode == 2, proc.stderr
+    lines = _lines(proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 2, lines
+    assert "Ray did not start" in lines[0] and "retrying once with a 10 s wait" in lines[0]
+    assert lines[1].startswith("error: Ray did not start here, twice (")
+    assert f"check free memory and {blocker / 'tmp' / 'ray'}, or run with --engine inprocess" in lines[1]
+
+
+def test_ray_addresses_are_checked_and_a_cluster_is_never_sized_by_us() -> None:
+    assert init_args(None)["num_cpus"] >= 1 and init_args(None)["num_gpus"] == 0
+    connect = init_args("10.0.0.5:6379")
+    assert connect["address"] == "10.0.0.5:6379" and "num_cpus" not in connect and "num_gpus" not in connect
+    with pytest.raises(ConfigError, match="RAY_ADDRESS='nonsense' is not HOST:PORT"):
+        check_ray_address("nonsense")
+    (port,) = free_ports(1)
+    with pytest.raises(RoundError, match=f"could not reach the Ray cluster at ray://127.0.0.1:{port}"):
+        check_ray_address(f"ray://127.0.0.1:{port}")
+    check_ray_address("auto")  # Ray finds its cluster itself
+
+
+# --- aggregator up / site up -----------------------------------------------------------------
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> dict[str, Path]:
+    """The example deployment on free loopback ports, without TLS; the sites wait for ever."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["deployment"].update(wait_s=600)
+
+    paths = write_loopback_layout(ROOT / "configs", tmp_path, edit=edit, tls=False)
+    provision(load_federation(paths["aggregator"]), tmp_path / "keys")
+    return paths
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_zone_that_dies_is_restarted_once_then_the_aggregator_and_its_sites_stop_in_one_line(
+    tmp_path: Path, deployment: dict[str, Path]
+) -> None:
+    state_dir = tmp_path / "runs" / "aggregator"
+    agg_log, site_log = tmp_path / "agg.log", tmp_path / "site.log"
+    aggregator = start(["aggregator", "up", "--insecure", "--config", str(deployment["aggregator"])], tmp_path, agg_log)
+    procs = [aggregator]
+    try:
+        site = start(
+            ["site", "up", "--insecure", "--retry-s", "15", "--config", str(deployment["charite-berlin"])],
+            tmp_path,
+            site_log,
+        )
+        procs.append(site)
+        wait_for(lambda: len(_state(state_dir).online) == 1, 120, "the site to connect", procs)
+
+        zone = _state(state_dir).zones["eu-central"]  # started before the sites could connect
+        _kill(zone["pid"])
+        wait_for(lambda: _state(state_dir).zones["eu-central"]["pid"] != zone["pid"], 60, "a restart", procs)
+        assert aggregator.poll() is None and "restarting it (once per run)" in agg_log.read_text()
+
+        _kill(_state(state_dir).zones["eu-central"]["pid"])  # dies again: the command stops
+        aggregator.wait(60)
+        site.wait(60)
+    finally:
+        stop(procs)
+    errors = [ln for ln in _lines(agg_log.read_text()) if ln.startswith("error:")]
+    assert aggregator.returncode == 2 and len(errors) == 1, agg_log.read_text()[-3000:]
+    assert errors[0].startswith("error: zone eu-central exited again after 1 restart(s) (killed by signal 9)")
+    assert "Traceback" not in agg_log.read_text()
+    # the aggregator's exit took its SuperLink with it: the site gave up within its --retry-s
+    site_errors = [ln for ln in _lines(site_log.read_text()) if ln.startswith("error:")]
+    assert site.returncode == 2 and len(site_errors) == 1, site_log.read_text()[-3000:]
+    assert "SuperNode of charite-berlin" in site_errors[0] and "Traceback" not in site_log.read_text()
+
+
+@pytest.mark.slow
+def test_a_superlink_that_dies_stops_the_aggregator_in_one_line(tmp_path: Path, deployment: dict[str, Path]) -> None:
+    state_dir = tmp_path / "runs" / "aggregator"
+    agg_log = tmp_path / "agg.log"
+    aggregator = start(["aggregator", "up", "--insecure", "--config", str(deployment["aggregator"])], tmp_path, agg_log)
+    try:
+        wait_for(lambda: _phase(state_dir) == "waiting for sites", 120, "the aggregator to start", [aggregator])
+        _kill(_state(state_dir).superlink_pid or 0)
+        killed = time.monotonic()
+        aggregator.wait(60)
+        took = time.monotonic() - killed
+    finally:
+        stop([aggregator])
+    errors = [ln for ln in _lines(agg_log.read_text()) if ln.startswith("error:")]
+    assert aggregator.returncode == 2 and len(errors) == 1, agg_log.read_text()[-3000:]
+    assert errors[0].startswith("error: SuperLink exited (killed by signal 9): ") and "superlink.log" in errors[0]
+    assert "Traceback" not in agg_log.read_text()
+    print(f"aggregator exited {took:.1f}s after its SuperLink was killed")
+
+
+def _state(state_dir: Path) -> HostState:
+    """The aggregator's status.json (an empty state before it wrote one)."""
+    try:
+        return read_state(state_dir)
+    except DeployError:
+        return HostState()
+
+
+def _phase(state_dir: Path) -> str:
+    return _state(state_dir).phase
