@@ -163,6 +163,11 @@ def site_up(
         # registered yet (the aggregator registers keys as it starts): retry until retry_s.
         if time.monotonic() - started > 60 and not gave_up:
             deadline = time.monotonic() + retry_s
+        if time.monotonic() >= deadline and gave_up:
+            raise DeployError(
+                f"the SuperNode of {site.id} lost its SuperLink {superlink} (or never reached it): {reason}. "
+                "Is the aggregator up? (--retry-s sets how long a site keeps trying)"
+            )
         if time.monotonic() >= deadline:
             raise DeployError(
                 f"the SuperNode of {site.id} could not join {superlink} (code {child.popen.returncode}): {reason}. "
