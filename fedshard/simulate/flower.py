@@ -14,7 +14,7 @@ from fedshard.coordinator.events import EventKind, EventLog, replay, round_from_
 from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.errors import RoundError
 from fedshard.protocol.messages import SiteInfo
-from fedshard.simulate.ray_runtime import start_ray
+from fedshard.simulate.ray_runtime import init_args, ray_address, start_ray
 from fedshard.transports.flower.grid import ENGINE_STOPPED
 
 __all__ = ["run_flower_simulation"]
@@ -22,8 +22,9 @@ __all__ = ["run_flower_simulation"]
 log = logging.getLogger(__name__)
 
 _ATTEMPTS = 2
-"""Runs of the engine when one stops before any site answered (Ray sometimes fails to
-start on a loaded machine); a run that got its sites is never repeated."""
+"""Runs of the engine when one stops before any site answered (Ray's actors sometimes fail
+on a loaded machine; a Ray that does not start at all is retried by
+:func:`~fedshard.simulate.ray_runtime.start_ray`); a run that got its sites is never repeated."""
 
 _ENGINE_STOP_WAIT_S = 30.0
 """How long the ServerApp may take to notice a stopped engine and end its run."""
@@ -34,7 +35,6 @@ def _run_engine(settings: dict[str, str], sites: int, events: EventLog, offset: 
     returns once the engine and the ServerApp have stopped."""
     from flwr.simulation import run_simulation
 
-    from fedshard.simulate.ray_runtime import init_args, ray_address
     from fedshard.transports.flower.client_app import create_client_app
     from fedshard.transports.flower.server_app import create_server_app
 
@@ -47,7 +47,7 @@ def _run_engine(settings: dict[str, str], sites: int, events: EventLog, offset: 
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                 # site errors come back as error replies; actors' own chatter stays in Ray's logs
-                # (Flower uses the runtime started above; these apply if it ever starts its own)
+                # (Flower uses the runtime start_ray() began; these apply only if it starts its own)
                 "init_args": init_args(ray_address()),
             },
         )

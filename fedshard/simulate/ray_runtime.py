@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +92,12 @@ def init_args(address: str | None) -> dict[str, Any]:
     return args
 
 
+def _runtime_env() -> dict[str, Any]:
+    """Ray's workers import the task as this process does (Flower passes the same when it starts Ray)."""
+    path = os.pathsep.join(p for p in (*sys.path, os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": {"PYTHONPATH": path}}
+
+
 @contextlib.contextmanager
 def _gcs_wait(seconds: float | None) -> Iterator[None]:
     """Within the block, Ray waits at most ``seconds`` for its GCS server to write its port
@@ -139,7 +146,7 @@ def start_ray(address: str | None = None) -> None:
     check_ray_address(address)
     if address is not None:
         try:
-            ray.init(**init_args(address))
+            ray.init(**init_args(address), runtime_env=_runtime_env())
         except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError, ...
             _shutdown(ray)
             raise _unreachable(address, _one_line(exc)) from None
@@ -147,7 +154,7 @@ def start_ray(address: str | None = None) -> None:
     for attempt, wait in enumerate((None, RETRY_WAIT_S), start=1):
         try:
             with _gcs_wait(wait):
-                ray.init(**init_args(None))
+                ray.init(**init_args(None), runtime_env=_runtime_env())
             return
         except Exception as exc:
             _shutdown(ray)

@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from fedshard.config import load_federation
+from fedshard.config import FederationConfig, load_federation
 from fedshard.deploy.aggregator import AggregatorHost
 from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import free_ports, write_loopback_layout
 from fedshard.deploy.status import HostState, read_state
-from fedshard.errors import ConfigError, DeployError, RoundError
+from fedshard.errors import ConfigError, DeployError, RoundError, ZoneError
 from fedshard.simulate.ray_runtime import check_ray_address, init_args
+from fedshard.simulate.run import simulate
 from tests.deploy_helpers import FEDSHARD, env, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +80,51 @@ def test_ray_addresses_are_checked_and_a_cluster_is_never_sized_by_us() -> None:
     with pytest.raises(RoundError, match=f"could not reach the Ray cluster at ray://127.0.0.1:{port}"):
         check_ray_address(f"ray://127.0.0.1:{port}")
     check_ray_address("auto")  # Ray finds its cluster itself
+
+
+# --- simulate's in-process zones ---------------------------------------------------------------
+
+
+def test_a_zone_server_that_stops_mid_run_ends_the_simulation_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``simulate`` serves its zones in this process; one that stops after round 1 ends the run
+    at once with a one-line :class:`ZoneError` (round_timeout_s is 600 s: no wait for it)."""
+    import fedshard.zone.rpc.service as service
+
+    servers: list[Any] = []
+    real_serve = service.serve
+
+    def serve(*args: Any, **kwargs: Any) -> Any:  # the real server, kept at hand to stop it
+        server, port = real_serve(*args, **kwargs)
+        servers.append(server)
+        return server, port
+
+    monkeypatch.setattr(service, "serve", serve)
+    config = FederationConfig.model_validate(
+        {
+            "federation": {"name": "toy", "seed": 3, "rounds": 3, "min_sites": 2, "round_timeout_s": 600},
+            "task": {"target": "tests.toy_task:task", "options": {"examples": 40}},
+            "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.05},
+            "sharding": {"tile": [4, 4]},
+            "zones": [{"name": "z1", "region": "EU"}],
+            "sites": [{"id": f"s{i}", "jurisdiction": "EU"} for i in range(3)],
+        }
+    )
+    rounds: list[int] = []
+
+    class StopZoneAfterRoundOne:
+        def on_start(self, *args: Any) -> None:
+            pass
+
+        def on_round(self, result: Any) -> None:
+            rounds.append(result.round)
+            servers[0].stop(0)
+
+    with pytest.raises(ZoneError) as caught:
+        simulate(config, tmp_path / "run", observer=StopZoneAfterRoundOne())
+    assert rounds == [1]
+    assert "unreachable" in str(caught.value) and "\n" not in str(caught.value)
 
 
 # --- aggregator up / site up -----------------------------------------------------------------
