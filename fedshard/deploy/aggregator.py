@@ -6,6 +6,11 @@ SuperNode authentication), registers the sites' SuperNode keys, waits until
 Coordinator) and follows the run until it ends or is interrupted; then stops its
 children and writes ``summary.json`` in the run's folder.
 
+While it waits and runs it supervises its children every second or two: a zone that dies
+is restarted once per run (same port, arguments and store folder; a warning is logged);
+the SuperLink dying, or a zone dying again, ends the command with one line naming the
+process, how it ended and the last lines of its log.
+
 State on this host (``deployment.state_dir``)::
 
     status.json              what `aggregator status` prints
@@ -44,6 +49,9 @@ _FINISHED = ("finished:completed", "finished:failed", "finished:stopped")
 _ZONE_RESTARTS = 1
 """Times a zone that dies is restarted per run (same port and arguments, same store folder)
 before the command fails: one crash is survived, a zone that keeps dying is reported."""
+_REMEMBER_S = 10.0
+"""How often supervision notes the processes each child started: a child that dies (SIGKILL)
+leaves its own children behind, and :meth:`Child.stop` can only stop those it knows."""
 
 
 def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> AggregatorDeployment:
@@ -141,6 +149,7 @@ class AggregatorHost:
         self._config_path = self.run_dir / "federation.yaml"
         self._started = time.perf_counter()  # reset when the run is submitted: summary.json's elapsed_s
         self._zone_endpoints: dict[str, str] = {}  # child name -> endpoint, for restarts
+        self._remembered = 0.0  # when the children's process trees were last noted
 
     # lifecycle -------------------------------------------------------------------------------
     def up(self) -> dict[str, Any]:
@@ -253,13 +262,18 @@ class AggregatorHost:
     def _check_children(self) -> None:
         """Fail fast on a child that is gone (one line: which, its exit status, its log's last
         lines); a zone is first restarted, :data:`_ZONE_RESTARTS` time(s) per run."""
+        remember = time.monotonic() - self._remembered > _REMEMBER_S
         for child in self.children:
             if child.alive():
+                if remember:  # what it started (Flower detaches the ServerApp), to stop it should it die
+                    child.remember_tree()
                 continue
             if child.name in self._zone_endpoints and child.restarts < _ZONE_RESTARTS:
                 self._restart_zone(child)
                 continue
             raise DeployError(child.exit_reason())
+        if remember:
+            self._remembered = time.monotonic()
 
     def _restart_zone(self, child: Child) -> None:
         """Start a zone that died again: same port, same arguments, same store folder (what it

@@ -39,7 +39,7 @@ class Child:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     restarts: int = 0
-    _tree: set[int] = field(default_factory=set)
+    _tree: dict[int, str] = field(default_factory=dict)  # pid -> its start time (pids are reused)
     _cursor: int = 0  # where :meth:`new_lines` reads on
 
     def __post_init__(self) -> None:
@@ -101,7 +101,7 @@ class Child:
             out.write(f"--- fedshard: restarting {self.name} ({self.exit_status()}) ---\n".encode())
         self.popen = spawn(self.name, self.cmd, self.log, self.env, self.cwd).popen
         self.restarts += 1
-        self._tree = set()
+        self._tree = {}
         self._cursor = _size(self.log)
 
     def exit_status(self) -> str:
@@ -113,7 +113,12 @@ class Child:
 
     def remember_tree(self) -> None:
         """Note the processes it started so far (Flower detaches some into their own sessions)."""
-        self._tree |= set(descendants(self.pid))
+        for pid in descendants(self.pid):
+            started = _start_time(pid)
+            if started is not None:
+                self._tree[pid] = started
+        # forget those that are gone, lest their pid be given to an unrelated process
+        self._tree = {pid: t for pid, t in self._tree.items() if _start_time(pid) == t}
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM it, wait up to ``timeout``, then SIGKILL it and anything it started."""
@@ -127,9 +132,20 @@ class Child:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGKILL)
                 self.popen.wait(timeout=timeout)
-        for pid in self._tree:
+        for pid, started in self._tree.items():
+            if _start_time(pid) != started:
+                continue  # gone, and its pid maybe someone else's now
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]
 
 
 def _size(path: Path) -> int:
