@@ -38,6 +38,12 @@ used by the first start, is 30 s): a machine that could not start Ray once is to
 _PROBE_S = 3.0
 """Connect timeout of the reachability check of a cluster address."""
 
+_CONNECT_ENV = {"RAY_py_gcs_connect_timeout_s": "15", "RAY_NUM_REDIS_GET_RETRIES": "1"}
+"""Ray, connecting to a cluster, tries 20 times for 35 s each (over ten minutes) before it
+says that what answers at the address is not Ray; one try of 20 s (5 s to connect, 15 s for
+the cluster's id) says so within the minute the command has. Ray reads these when it is imported: they are set (unless the user set them) only
+when a cluster address is given and Ray is not imported yet."""
+
 
 def ray_address() -> str | None:
     """The cluster address in ``RAY_ADDRESS``; None when unset, empty or ``local`` (start one here)."""
@@ -85,8 +91,8 @@ def check_ray_address(address: str | None = None) -> None:
 def init_args(address: str | None) -> dict[str, Any]:
     """``ray.init`` arguments: a runtime started here gets this machine's CPUs; a cluster sizes itself."""
     args: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if address is None:
-        args.update(num_cpus=os.cpu_count() or 1, num_gpus=0)
+    if address is None:  # "local": a runtime of our own, even if a cluster runs on this machine
+        args.update(address="local", num_cpus=os.cpu_count() or 1, num_gpus=0)
     else:
         args["address"] = address
     return args
@@ -138,9 +144,12 @@ def start_ray(address: str | None = None) -> None:
     RoundError
         One line: Ray could not be reached or started, and what to try.
     """
+    address = ray_address() if address is None else address
+    if address is not None and "ray" not in sys.modules:
+        for name, value in _CONNECT_ENV.items():
+            os.environ.setdefault(name, value)
     import ray
 
-    address = ray_address() if address is None else address
     if ray.is_initialized():
         return
     check_ray_address(address)

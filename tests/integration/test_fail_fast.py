@@ -72,7 +72,8 @@ def test_a_local_ray_that_cannot_start_is_retried_once_then_one_line(tmp_path: P
 
 
 def test_ray_addresses_are_checked_and_a_cluster_is_never_sized_by_us() -> None:
-    assert init_args(None)["num_cpus"] >= 1 and init_args(None)["num_gpus"] == 0
+    local = init_args(None)  # a runtime of our own, even beside a running cluster
+    assert local["address"] == "local" and local["num_cpus"] >= 1 and local["num_gpus"] == 0
     connect = init_args("10.0.0.5:6379")
     assert connect["address"] == "10.0.0.5:6379" and "num_cpus" not in connect and "num_gpus" not in connect
     with pytest.raises(ConfigError, match="RAY_ADDRESS='nonsense' is not HOST:PORT"):
