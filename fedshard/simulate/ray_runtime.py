@@ -41,8 +41,9 @@ _PROBE_S = 3.0
 _CONNECT_ENV = {"RAY_py_gcs_connect_timeout_s": "15", "RAY_NUM_REDIS_GET_RETRIES": "1"}
 """Ray, connecting to a cluster, tries 20 times for 35 s each (over ten minutes) before it
 says that what answers at the address is not Ray; one try of 20 s (5 s to connect, 15 s for
-the cluster's id) says so within the minute the command has. Ray reads these when it is imported: they are set (unless the user set them) only
-when a cluster address is given and Ray is not imported yet."""
+the cluster's id) says so within the minute the command has. Ray reads these when it is
+imported: they are set (unless the user set them) only when a cluster address is given and
+Ray is not imported yet."""
 
 
 def ray_address() -> str | None:
