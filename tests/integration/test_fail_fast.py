@@ -2,9 +2,11 @@
 command with one line naming it, instead of a wait to ``round_timeout_s`` and tracebacks.
 
 Real processes throughout: ``fedshard simulate --engine flower`` against a Ray cluster
-address nothing listens at, and a local Ray that cannot start; ``fedshard aggregator up
---insecure`` whose zone and SuperLink are SIGKILLed while it waits for its sites (no round
-has to run), with a ``fedshard site up`` connected to it.
+address nothing listens at, and a local Ray that cannot start; an in-process simulation
+whose zone server stops after round 1; ``fedshard aggregator up --insecure`` whose zone and
+SuperLink are SIGKILLed while it waits for its sites (no round has to run), with a
+``fedshard site up`` connected to it; the aggregator's supervision of real ``zone up``
+processes, one of which dies twice.
 """
 
 from __future__ import annotations
