@@ -60,6 +60,7 @@ def test_a_ray_cluster_nobody_answers_at_is_one_line_and_nothing_is_written(tmp_
     assert not (tmp_path / "run").exists()  # refused before the run folder, its zones or sites
 
 
+@pytest.mark.slow
 def test_a_local_ray_that_cannot_start_is_retried_once_then_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")  # Ray cannot make its session folder below a file: every start fails
@@ -89,6 +90,7 @@ def test_ray_addresses_are_checked_and_a_cluster_is_never_sized_by_us() -> None:
 # --- simulate's in-process zones ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_zone_server_that_stops_mid_run_ends_the_simulation_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
