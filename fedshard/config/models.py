@@ -306,6 +306,13 @@ class FederationConfig(_Model):
                     f"residency rule prefers zone {rule.preferred_zone!r}, which is not one of the zones "
                     f"({', '.join(names)})"
                 )
+        undefined = self.residency.undefined_classes()
+        if undefined:
+            where, name = undefined[0]
+            raise ValueError(
+                f"{where}: no shard can have class {name!r} (built in: public, restricted, personal; a class of "
+                "your own needs a residency.classes entry that assigns it); check the spelling"
+            )
         if self.federation.min_sites > len(self.sites):
             raise ValueError(
                 f"federation.min_sites is {self.federation.min_sites} but only {len(self.sites)} sites are listed"
