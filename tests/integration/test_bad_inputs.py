@@ -720,3 +720,21 @@ def test_the_catalogue_covers_every_command_group() -> None:
     assert len(CASES) >= 30
     assert len({c.id for c in CASES}) == len(CASES)
     assert listed and listed <= {c.group for c in CASES}, listed - {c.group for c in CASES}
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["plain-socket", "server-socket"])
+def test_a_zone_server_never_shares_a_port_it_cannot_bind_alone(reuse: bool) -> None:
+    """Behind `zone up`'s check: a port taken between the check and the bind (or by a
+    server that sets SO_REUSEPORT, as gRPC does by default) is a ZoneError, not a shared port."""
+    from fedshard.errors import ZoneError
+    from fedshard.zone.aggregator import ZoneAggregator
+    from fedshard.zone.rpc.service import serve
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        if reuse:
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ZoneError, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve(ZoneAggregator("eu-1", "EU"), f"127.0.0.1:{port}", max_workers=2)
