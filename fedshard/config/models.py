@@ -208,6 +208,8 @@ class ZoneConfig(_Model):
     def _host_port(cls, v: str) -> str:
         if not re.match(r"^[\w.\-\[\]:]+:\d{1,5}$", v):
             raise ValueError(f"endpoint must be host:port, got {v!r}")
+        if int(v.rsplit(":", 1)[1]) > 65535:
+            raise ValueError(f"endpoint {v!r}: a port is at most 65535 (0: any free port)")
         return v
 
 

@@ -588,6 +588,12 @@ CASES = [
     ),
     case("zone-no-tls", ZONE, "--cert, --key and --ca", files({"fed.yaml": federation()})),
     case(
+        "zone-port-out-of-range",
+        f"{ZONE} --insecure",
+        "a port is at most 65535",
+        files({"fed.yaml": federation(zones=[{"name": "eu-central", "region": "EU", "endpoint": "127.0.0.1:99999"}])}),
+    ),
+    case(
         "zone-foreign-address",
         f"{ZONE} --insecure",
         "cannot listen on 192.0.2.1:9201",
