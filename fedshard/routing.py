@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fedshard.config import FederationConfig
-from fedshard.errors import ConfigError
+from fedshard.errors import ConfigError, ResidencyViolationError
 from fedshard.residency import (
     Classification,
     Policy,
@@ -92,13 +92,13 @@ def model_classes(config: FederationConfig) -> tuple[ShardPlan, dict[str, Classi
     Builds the model (inside a forked RNG: torch's global generator is left as it was)
     the first time; the model itself is not kept.
     """
-    import torch
-
     key = classification_key(config)
     with _CLASSIFIED_LOCK:
         known = _CLASSIFIED.get(key)
         if known is None:
-            task = load_task(config.task.target, dict(config.task.options))
+            task = load_task(config.task.target, dict(config.task.options))  # a bad target fails before torch loads
+            import torch
+
             with torch.random.fork_rng(devices=[]):
                 model = build_initial_model(task, config.federation.seed, config.privacy.layer_policy)
             plan = ShardPlan.from_state_dict(trained_state(model), config.sharding.tile)
@@ -149,10 +149,15 @@ class FederationRouting:
         except KeyError:
             names = ", ".join(s.id for s in self.config.sites)
             raise ConfigError(f"no site {site_id!r} in the federation (sites: {names})") from None
-        decisions = [
-            self.router.route(sid, c, site.jurisdiction, shard_protection(self.config, site_id, c.shard_class))
-            for sid, c in self.classes.items()
-        ]
+        try:
+            decisions = [
+                self.router.route(sid, c, site.jurisdiction, shard_protection(self.config, site_id, c.shard_class))
+                for sid, c in self.classes.items()
+            ]
+        except ResidencyViolationError as exc:
+            raise ResidencyViolationError(
+                f"site {site_id} ({site.jurisdiction}): {exc}; add a zone in an allowed region, or change the rule"
+            ) from None
         for d in decisions:
             protection = shard_protection(self.config, site_id, d.shard_class)
             decision = self.router.policy.decide(d.shard_class, site.jurisdiction, protection)

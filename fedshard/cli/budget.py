@@ -89,7 +89,11 @@ def _latest_run(name: str) -> Path:
     runs = sorted((p for p in Path("runs").glob("*/summary.json")), key=lambda p: p.stat().st_mtime, reverse=True)
     for summary in runs:
         config = summary.parent / "federation.yaml"
-        if config.exists() and (yaml.safe_load(config.read_text()) or {}).get("federation", {}).get("name") == name:
+        try:
+            ran = yaml.safe_load(config.read_text()) if config.exists() else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # not a run of this federation as far as anyone can tell; another may be
+        if isinstance(ran, dict) and isinstance(ran.get("federation"), dict) and ran["federation"].get("name") == name:
             return summary.parent
     raise FedshardError(f"no run of federation {name!r} under runs/; pass --run DIR (the folder holding summary.json)")
 
@@ -103,12 +107,27 @@ def reported_summary(config: Path, run: Path | None) -> list[dict[str, Any]]:
     path = run_dir / "summary.json"
     if not path.exists():
         raise FedshardError(f"{run_dir} holds no summary.json; is it a run folder?")
-    sites: list[dict[str, Any]] = json.loads(path.read_text())["sites"]
+    sites = _summary_sites(path)
     if not any("epsilon_budget" in s for s in sites):
         raise ConfigError(f"{config}: the run in {run_dir} had no differential privacy on, so no budget to show")
     for s in sites:
         if "epsilon_budget" in s:
             s["epsilon_remaining"] = max(s["epsilon_budget"] - s["epsilon_spent"], 0.0)
+    return sites
+
+
+def _summary_sites(path: Path) -> list[dict[str, Any]]:
+    """The ``sites`` of a run's ``summary.json``; a file that is not one is a one-line error."""
+    try:
+        sites = json.loads(path.read_text())["sites"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{path} is not a run summary fedshard can read ({exc}); pass --run DIR of another run"
+        ) from None
+    if not isinstance(sites, list) or not all(isinstance(s, dict) and {"id", "jurisdiction"} <= set(s) for s in sites):
+        raise ConfigError(
+            f"{path}: `sites` is not a list of sites (id, jurisdiction, ...); pass --run DIR of another run"
+        )
     return sites
 
 

@@ -23,9 +23,10 @@ from fedshard.cli.deploy import aggregator_app, keys_init, site_app
 from fedshard.cli.route import route_app
 from fedshard.cli.security import audit_app, keys_app, pki_app
 from fedshard.cli.store import keys_rotate, store_app, verify_store
-from fedshard.errors import FedshardError
+from fedshard.errors import ConfigError, DeployError, FedshardError
 
 if TYPE_CHECKING:
+    from fedshard.config import FederationConfig
     from fedshard.crypto.tls import TlsFiles
 
 __all__ = ["app", "main"]
@@ -88,6 +89,7 @@ def simulate(
         f"[bold]fedshard[/] federation [cyan]{cfg.federation.name}[/]: {len(cfg.sites)} sites, "
         f"{len(cfg.zones)} zone(s), {cfg.federation.rounds} rounds, engine {chosen.value}"
     )
+    _preflight(cfg, out_dir)
     with RoundProgress(console) as progress:
         summary = run(cfg, out_dir, chosen, progress)
     if summary["rounds"]:
@@ -97,6 +99,25 @@ def simulate(
     console.print(f"summary: {out_dir / 'summary.json'}")
     if summary["stopped_reason"]:
         raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")
+
+
+def _preflight(cfg: FederationConfig, out: Path) -> None:
+    """What ``simulate`` refuses before it writes anything: a run folder it cannot create, a
+    task that does not load, a site whose shards no zone may hold, CKKS contexts in
+    ``he.keys`` that do not load."""
+    from fedshard.routing import FederationRouting
+
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out}: {existing} is a file, not a folder; choose another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: cannot create it, {existing} is not writable; choose another --out")
+    if cfg.residency.encrypting and cfg.he.keys is not None:
+        from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, load_context
+
+        load_context(cfg.he.keys / PUBLIC_CONTEXT_FILE, secret=False)
+        load_context(cfg.he.keys / SECRET_CONTEXT_FILE, secret=True)
+    FederationRouting(cfg).check()
 
 
 @zone_app.command("up")
@@ -137,6 +158,7 @@ def zone_up(
     if store is not None:
         zc = zc.model_copy(update={"store": store})
     tls = _tls_files(cert, key, ca, insecure)
+    _check_can_listen(zc.name, zc.endpoint, config)  # before the zone's store and audit log are touched
     if cfg.residency.encrypting:  # a zone gets the public CKKS context only, never the secret one
         from fedshard.assembly import he_keys
         from fedshard.deploy.aggregator import check_public_context
@@ -176,7 +198,49 @@ def _tls_files(cert: Path | None, key: Path | None, ca: Path | None, insecure: b
             "the zone needs --cert, --key and --ca for mutual TLS (see `fedshard pki`), "
             "or --insecure for plain text on a loopback/test network"
         )
-    return TlsFiles(cert, key, ca)
+    files = TlsFiles(cert, key, ca)
+    files.read()  # a missing or unreadable file is refused before anything is written
+    return files
+
+
+def _check_can_listen(zone: str, endpoint: str, config: Path) -> None:
+    """Refuse, before the zone starts, an endpoint it cannot listen on: a port another process
+    (another zone, an earlier ``zone up``) holds, a host that is not this machine's."""
+    import errno
+    import socket
+
+    host, port = endpoint.rsplit(":", 1)
+    if int(port) == 0:
+        return
+    fix = f"change the endpoint of zone {zone} in {config}"
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"zone {zone}: cannot listen on {endpoint}: unknown host ({exc}); {fix}") from None
+    failures: list[OSError] = []
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # SO_REUSEADDR, as gRPC binds: connections of an earlier run in TIME_WAIT do not count
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                failures.append(exc)
+    if any(exc.errno == errno.EADDRINUSE for exc in failures):
+        raise DeployError(
+            f"zone {zone}: cannot listen on {endpoint}: port {port} is in use (is this zone, or another server, "
+            f"already running?); stop it, or {fix}"
+        )
+    if failures and len(failures) == len(addresses):
+        reason = failures[0].strerror or str(failures[0])
+        raise ConfigError(f"zone {zone}: cannot listen on {endpoint}: {reason}; {fix}")
+
+
+def _error_line(message: str) -> None:
+    """Print ``error: message`` on stderr as one line (never wrapped; brackets in it are text, not markup)."""
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:
@@ -194,9 +258,9 @@ def main() -> None:
         sys.path.insert(0, cwd)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH", "")) if p)
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="fedshard")
     except FedshardError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _error_line(str(exc))
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         err_console.print("interrupted")
@@ -204,6 +268,11 @@ def main() -> None:
     except Exception as exc:  # click's usage errors and other CLI exceptions
         import click
 
+        if isinstance(exc, click.exceptions.UsageError) and not isinstance(exc, click.exceptions.NoArgsIsHelpError):
+            # one line, as for every other bad input: what is wrong, and where the options are listed
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            _error_line(f"{exc.format_message()}{where}")
+            raise SystemExit(2) from None
         if isinstance(exc, click.exceptions.ClickException):
             exc.show()
             raise SystemExit(exc.exit_code) from None

@@ -22,6 +22,8 @@ _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d{1,5}$")
 def _host_port(v: str) -> str:
     if not _HOST_PORT.match(v):
         raise ValueError(f"must be host:port, got {v!r}")
+    if not 0 < int(v.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(f"{v!r}: the port must be between 1 and 65535")
     return v
 
 

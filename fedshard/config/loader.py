@@ -19,8 +19,11 @@ M = TypeVar("M", bound=BaseModel)
 
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"]
+    if not loc and first["type"] == "value_error":  # a model-wide check: its message names the keys itself
+        return msg.removeprefix("Value error, ") + _more(error)
+    loc = loc or "(top level)"
     if first["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; see configs/demo.yaml for the accepted keys)"
     elif first["type"] == "missing":
@@ -29,8 +32,12 @@ def _describe(error: ValidationError) -> str:
         value = first.get("input")
         if value is not None and not isinstance(value, dict | list):
             msg = f"{msg} (got {value!r})"
+    return f"{loc}: {msg}" + _more(error)
+
+
+def _more(error: ValidationError) -> str:
     more = len(error.errors()) - 1
-    return f"{loc}: {msg}" + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+    return f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
 
 
 def parse_model(model: type[M], data: object, source: str) -> M:

@@ -208,6 +208,8 @@ class ZoneConfig(_Model):
     def _host_port(cls, v: str) -> str:
         if not re.match(r"^[\w.\-\[\]:]+:\d{1,5}$", v):
             raise ValueError(f"endpoint must be host:port, got {v!r}")
+        if int(v.rsplit(":", 1)[1]) > 65535:
+            raise ValueError(f"endpoint {v!r}: a port is at most 65535 (0: any free port)")
         return v
 
 
@@ -306,6 +308,13 @@ class FederationConfig(_Model):
                     f"residency rule prefers zone {rule.preferred_zone!r}, which is not one of the zones "
                     f"({', '.join(names)})"
                 )
+        undefined = self.residency.undefined_classes()
+        if undefined:
+            where, name = undefined[0]
+            raise ValueError(
+                f"{where}: no shard can have class {name!r} (built in: public, restricted, personal; a class of "
+                "your own needs a residency.classes entry that assigns it); check the spelling"
+            )
         if self.federation.min_sites > len(self.sites):
             raise ValueError(
                 f"federation.min_sites is {self.federation.min_sites} but only {len(self.sites)} sites are listed"

@@ -235,6 +235,22 @@ class ResidencyConfig(_Model):
         """True if shards of ``shard_class`` leave sites CKKS-encrypted."""
         return self.encrypt == "all" or (isinstance(self.encrypt, list) and shard_class in self.encrypt)
 
+    def undefined_classes(self) -> list[tuple[str, str]]:
+        """``(where, class)`` for each class ``rules`` or ``encrypt`` name that no shard can be
+        given: neither built in (:class:`ShardClass`) nor assigned by a ``classes`` entry.
+
+        Such a name is a typo: a rule that names it never matches (its shards fall through to
+        a later, perhaps laxer, rule), and ``encrypt`` would encrypt nothing of it.
+        """
+        known = {c.value for c in ShardClass} | {rule.shard_class for rule in self.classes}
+        named: list[tuple[str, str]] = []
+        for i, rule in enumerate(self.rules):
+            names = [] if rule.shard_class == ANY else rule.shard_class
+            named += [(f"residency.rules.{i}.class", n) for n in ([names] if isinstance(names, str) else names)]
+        if isinstance(self.encrypt, list):
+            named += [("residency.encrypt", n) for n in self.encrypt]
+        return [(where, name) for where, name in named if name not in known]
+
     @field_validator("rules")
     @classmethod
     def _reachable(cls, rules: list[PolicyRule]) -> list[PolicyRule]:

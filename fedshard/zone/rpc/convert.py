@@ -48,9 +48,10 @@ def receive_limit(header_bytes: int) -> int:
 
 
 def server_options(header_bytes: int) -> list[tuple[str, int]]:
-    """A zone server's options: it receives no message over :func:`receive_limit`, and
-    opens each stream's window to :data:`STREAM_WINDOW`."""
+    """A zone server's options: it receives no message over :func:`receive_limit`, opens
+    each stream's window to :data:`STREAM_WINDOW`, and owns its port alone."""
     return [
+        ("grpc.so_reuseport", 0),  # gRPC's default would let a second zone share the port of a running one
         ("grpc.max_send_message_length", _MAX_SEND),
         ("grpc.max_receive_message_length", receive_limit(header_bytes)),
         ("grpc.http2.lookahead_bytes", STREAM_WINDOW),

@@ -291,7 +291,10 @@ def serve(
     ca_pem = tls.read()[2] if tls is not None else None
     service = ZoneService(zone, ca_pem=ca_pem, members=members, limits=limits)
     pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-    port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
+    except RuntimeError:  # recent grpcio raises where older releases returned 0
+        port = 0
     if port == 0:
         raise ZoneError(f"zone {zone.name}: cannot listen on {address} (port in use?)")
     server.start()
