@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -285,11 +286,16 @@ class SitePrivacy:
         steps = one.steps * plan.record.planned_rounds
         key = f"{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
         path = self.state_dir / _CALIBRATION_FILE
-        cache: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+        try:
+            cache: dict[str, float] = json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or torn by a crash mid-write before writes were atomic
+            cache = {}
         if key not in cache:
             cache[key] = calibrate_noise(budget.epsilon, budget.delta, one.sample_rate, steps, plan.accountant)
-            path.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        return cache[key]
+            tmp = path.with_name(f".{path.name}.new")
+            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            os.replace(tmp, path)  # a site killed here keeps the old cache or the new one, never half of one
+        return float(cache[key])
 
     @staticmethod
     def report(

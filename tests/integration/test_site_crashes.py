@@ -37,6 +37,7 @@ from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.protocol.messages import (
     LedgerHeadReport,
     MessageKind,
+    PrivacyStatus,
     QueryRequest,
     SiteInfo,
     TrainInstruction,
@@ -74,10 +75,7 @@ def test_a_site_killed_at_any_point_keeps_its_budget_and_store_and_rejoins(tmp_p
     t0 = time.monotonic()
     with (
         Forker(config, stderr=tmp_path / "forker.log") as forker,
-        zones_up(config, tmp_path / "zones") as (
-            zones,
-            endpoints,
-        ),
+        zones_up(config, tmp_path / "zones") as (zones, endpoints),
     ):
         result, gateway = base_run(config, tmp_path / "base", endpoints)
         assert [r.sites for r in result.rounds] == [("s0", VICTIM)], result.stopped_reason
@@ -139,6 +137,8 @@ def test_a_site_killed_at_any_point_keeps_its_budget_and_store_and_rejoins(tmp_p
         forker.run(crashes)
         unkilled = [(j.id, j.status, j.error[-300:]) for j in crashes if j.status != "killed"]
         assert not unkilled, unkilled
+        for job in crashes:  # as the kill left it: the model it had or the next, whole; the budget kept
+            _check_killed(job.state_root, budget, published)
 
         # A fresh process for each: the same round again (train) or the query again ...
         again = [Job(j.id + "-again", j.state_root, j.kind, j.message) for j in crashes]
@@ -160,11 +160,22 @@ def test_a_site_killed_at_any_point_keeps_its_budget_and_store_and_rejoins(tmp_p
             nexts.append(train_job(retry.id.removesuffix("-again") + "-next", retry.state_root, head=head))
         forker.run(nexts)
         _assert_answers(nexts)
+        last = {j.state_root: j for j in [*again, *nexts]}
+
+        # A site whose kill cost it a round has spent its budget after the next: it refuses more.
+        spent = [j for j in last.values() if isinstance(j.reply, TrainReport) and j.reply.privacy is not None]
+        exhausted = [j for j in spent if j.reply.privacy.status is PrivacyStatus.EXHAUSTED]
+        assert exhausted and all(not j.reply.privacy.can_afford_next for j in exhausted)
+        refused = train_job("exhausted", exhausted[0].state_root)
+        forker.run([refused])
+        _assert_answers([refused])
+        assert isinstance(refused.reply, TrainReport) and not refused.reply.ok
+        assert "over the budget" in refused.reply.reason, refused.reply.reason
         t_crashes = time.monotonic() - t0 - t_setup
 
     counts = counted_pushes(tmp_path / "zones" / "eu-central")
     assert max(counts.values()) == 1, "a zone counted two pushes of one site in one round"
-    last = {j.state_root: j for j in [*again, *nexts]}
+    assert not counts.get((VICTIM, refused.message.round))  # type: ignore[attr-defined]
     for root, job in last.items():
         reply = job.reply
         assert isinstance(reply, TrainReport) and reply.ok, (job.id, reply)
@@ -172,7 +183,6 @@ def test_a_site_killed_at_any_point_keeps_its_budget_and_store_and_rejoins(tmp_p
         assert counts.get((VICTIM, job.message.round)) == 1  # type: ignore[attr-defined]
         pushed = {r for r in used[root] if counts.get((VICTIM, r))}
         _check_site(root, budget, event, delta, pushed, result.version)
-    assert result.version in published
     where = {
         **phases(read_points(tmp_path / "clean-query.points")),
         **phases(read_points(tmp_path / "clean-train.points")),
@@ -206,6 +216,22 @@ def _assert_answers(jobs: list[Job]) -> None:
     for job in jobs:
         reason = getattr(job.reply, "reason", "")
         assert "\n" not in reason, (job.id, reason)
+
+
+def _check_killed(root: Path, budget: float, published: set[str]) -> None:
+    """What a kill leaves: a store that verifies and holds a published version (or, killed
+    before its first model commit, none), a ledger within its budget."""
+    key_file = root.parent / "store-keys" / f"{VICTIM}.kek"
+    if not (root / VICTIM / "shards" / "catalog").exists():
+        return  # killed before the store's first commit: nothing stored yet
+    kek = site_kek(key_file, create=False)
+    with SealedShardStore.open(root / VICTIM / "shards", kek) as store:
+        report = check_store(store)
+    assert report.ok, (root, report.problems)
+    assert report.model_version is None or report.model_version in published, root
+    if (root / VICTIM / LEDGER_FILE).exists():
+        with PrivacyLedger(root / VICTIM / LEDGER_FILE, None, key=ledger_key(kek)) as ledger:
+            assert ledger.spent(Guarantee.RECORD) <= min(budget, ledger.budget.epsilon), root
 
 
 def _check_site(
