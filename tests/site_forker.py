@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -107,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=2)
     workers = max(1, parser.parse_args().workers)
+    gc.freeze()  # the children's collector leaves the parent's objects (and their pages) alone
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -118,6 +120,7 @@ def main() -> None:
             for name in doc.get("import", ()):
                 with contextlib.suppress(Exception):
                     importlib.import_module(name)
+            gc.freeze()
             print(json.dumps({"done": True}), flush=True)
             continue
         running: dict[int, tuple[str, float]] = {}
