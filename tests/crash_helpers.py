@@ -39,7 +39,21 @@ from fedshard.protocol.rounds import RoundSpec
 from fedshard.transports.inprocess import InProcessSiteGateway
 from fedshard.zone.aggregator import ZoneAggregator
 
-__all__ = ["VICTIM", "Forker", "Job", "crash_config", "snapshot_site", "zones_up"]
+__all__ = [
+    "VICTIM",
+    "Forker",
+    "Job",
+    "base_run",
+    "counted_pushes",
+    "crash_config",
+    "open_round",
+    "phases",
+    "pick_points",
+    "read_points",
+    "scenario_instruction",
+    "snapshot_site",
+    "zones_up",
+]
 
 VICTIM = "s1"
 _REPLIES: dict[MessageKind, type[BaseModel]] = {
@@ -167,8 +181,13 @@ class Forker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         env.pop("FEDSHARD_FAULTS", None)
         env.pop("FEDSHARD_FAULTS_LOG", None)
-        err = open(self.stderr, "w") if self.stderr is not None else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
+        with contextlib.ExitStack() as files:
+            err = files.enter_context(open(self.stderr, "w")) if self.stderr is not None else subprocess.DEVNULL
+            self._proc = self._start(env, err)
+        return self  # it imports while the test sets the federation up
+
+    def _start(self, env: dict[str, str], err: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
             [sys.executable, "-m", "tests.site_forker", "--workers", str(self.workers)],
             cwd=REPO,
             env=env,
@@ -177,7 +196,6 @@ class Forker:
             stderr=err,
             text=True,
         )
-        return self  # it imports while the test sets the federation up
 
     def _send(self, doc: Any) -> Iterator[dict[str, Any]]:
         """Send one line to the forker; its answers up to ``{"done": true}``."""
