@@ -29,9 +29,7 @@ def test_parse_reads_point_occurrence_and_action() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "bad", ["site.push", "site.push:explode", ":kill", "x@0:kill", "x@a:kill", "x:pause", "x:kill=3"]
-)
+@pytest.mark.parametrize("bad", ["site.push", "site.push:explode", ":kill", "x@0:kill", "x@a:kill", "x:pause", "x:kill=3"])
 def test_a_malformed_entry_is_one_config_error(bad: str) -> None:
     with pytest.raises(ConfigError, match=r"FEDSHARD_FAULTS: bad entry") as info:
         faults.parse(bad)
