@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.aggregation import ServerOptimizer
 from fedshard.errors import IntegrityError, RoundError
 from fedshard.integrity import ciphertext_digest, merkle_root, next_version, shard_digest
@@ -202,7 +203,9 @@ def apply_rounds(
     """
     done = 0
     for applied in pending:
+        faults.point("site.apply.fetch")
         fetched = fetch(applied)
+        faults.point("site.apply.fetched")
         for shard_id in fetched.shard_ids():
             plan.shard(shard_id)  # refuses shards outside the plan
         root = merkle_root(fetched.digests())
@@ -212,11 +215,13 @@ def apply_rounds(
                 f"site's shards, the coordinator announced {applied.merkle_root[:12]}…"
             )
         means = decrypt(fetched)
+        faults.point("site.apply.decrypted")
         optimizer.apply(shards, {k: v for k, v in means.items() if k not in skip}, state.optimizer)
         state.rule = optimizer.describe()
         state.version = next_version(state.version, applied.merkle_root)
         state.applied_round = applied.round
         done += 1
+        faults.point("site.apply.applied")
     return done
 
 

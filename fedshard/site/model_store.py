@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.errors import StoreError
 from fedshard.site.model import ShardViews
 from fedshard.store import LocalShardStore
@@ -175,11 +176,18 @@ class SealedModelStore:
         self.lookahead = lookahead
 
     def exists(self) -> bool:
-        """Whether the store holds a saved model."""
+        """Whether the store holds a saved model.
+
+        A store whose catalog records no model (a site killed while it saved its first
+        one, between creating the store and committing the model) holds none: the site
+        saves its genesis model into it again.
+        """
         from fedshard.store.catalog import CATALOG
         from fedshard.store.location import backend_for
 
-        return backend_for(self.root).read(CATALOG) is not None
+        if backend_for(self.root).read(CATALOG) is None:
+            return False
+        return bool(self.meta())
 
     def meta(self) -> dict[str, Any]:
         """The model's metadata (the store's catalog is authenticated; no shard is read)."""
@@ -195,11 +203,13 @@ class SealedModelStore:
         from fedshard.store.model_io import read_into
         from fedshard.store.sealed_store import SealedShardStore
 
+        faults.point("site.load.begin")
         with SealedShardStore.open(self.root, self.kek) as store:
             meta = dict(store.get_meta(_META) or {})
             _check_plan(meta, plan, self.root)
             read_into(store, plan, tensors, lookahead=self.lookahead)
             extras = store.get_many([sid for sid in store.list() if sid not in plan])
+        faults.point("site.load.end")
         return meta, extras
 
     def save(
@@ -218,6 +228,7 @@ class SealedModelStore:
         from fedshard.store.model_io import record_model
         from fedshard.store.sealed_store import SealedShardStore
 
+        faults.point("site.save.begin")
         with SealedShardStore.open(self.root, self.kek, create=True) as store, store.batch():
             store.put_many(shards)
             store.put_many(extras)
@@ -226,6 +237,7 @@ class SealedModelStore:
                     store.delete(sid)
             store.set_meta(_META, dict(meta))
             record_model(store, plan, str(meta["version"]))
+        faults.point("site.save.end")
 
     def load(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Metadata and every array, shards by id (for tools and tests)."""

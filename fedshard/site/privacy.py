@@ -17,30 +17,50 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedshard import faults
 from fedshard.config import BudgetConfig
 from fedshard.errors import ConfigError, StoreError
 from fedshard.privacy.accountant import AccountantKind, calibrate_noise
-from fedshard.privacy.dpsgd import planned_record_event
+from fedshard.privacy.dpsgd import RecordPrivacy, planned_record_event
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, LedgerHead, PrivacyLedger
 from fedshard.privacy.ledger.chain import LedgerKey
 from fedshard.privacy.ledger.legacy import read_format1
 from fedshard.privacy.ledger.spend import Snapshot
 from fedshard.privacy.update_dp import update_event
-from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
+from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus, UpdatePlan
 from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
 
 if TYPE_CHECKING:
     from fedshard.crypto.at_rest import Kek
 
-__all__ = ["LEDGER_FILE", "SitePrivacy", "ledger_key"]
+__all__ = ["LEDGER_FILE", "RoundDP", "SitePrivacy", "ledger_key"]
 
 LEDGER_FILE = "ledger.sqlite"
 _CALIBRATION_FILE = "privacy-calibration.json"
+
+
+@dataclass(frozen=True)
+class RoundDP:
+    """The DP mechanisms of one round: DP-SGD inside training, noise on the update."""
+
+    record: RecordPrivacy | None
+    update: UpdatePlan | None
+
+    @classmethod
+    def of(cls, plan: PrivacyPlan, events: Sequence[DPEvent]) -> RoundDP:
+        """What ``plan`` asks for; DP-SGD accounts the record-level event of ``events`` (the reserved ones)."""
+        record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
+        if record is None or plan.record is None:
+            return cls(None, plan.update)
+        return cls(RecordPrivacy(record, plan.record.max_grad_norm), plan.update)
 
 
 class SitePrivacy:
@@ -187,6 +207,7 @@ class SitePrivacy:
         if self.anchor is None:
             return
         anchor = anchor_of(head, snapshot, self._accountant)
+        faults.point("site.ledger.anchor")
         self.anchor.write(anchor)
         self._last_anchor = anchor
 
@@ -265,11 +286,16 @@ class SitePrivacy:
         steps = one.steps * plan.record.planned_rounds
         key = f"{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
         path = self.state_dir / _CALIBRATION_FILE
-        cache: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+        try:
+            cache: dict[str, float] = json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or torn by a crash mid-write before writes were atomic
+            cache = {}
         if key not in cache:
             cache[key] = calibrate_noise(budget.epsilon, budget.delta, one.sample_rate, steps, plan.accountant)
-            path.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        return cache[key]
+            tmp = path.with_name(f".{path.name}.new")
+            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            os.replace(tmp, path)  # a site killed here keeps the old cache or the new one, never half of one
+        return float(cache[key])
 
     @staticmethod
     def report(

@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.errors import FedshardError, PushRejectedError, RoundError
 from fedshard.integrity import build_manifest
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import TrainInstruction, UpdatePlan, ZonePush
 from fedshard.protocol.rounds import ShardPayload
+from fedshard.site.points import pointed
 from fedshard.site.routes import SiteRouting
 
 if TYPE_CHECKING:
@@ -186,15 +188,17 @@ def _push_zone(
     )
     if signing_key is not None:
         manifest = manifest.signed(signing_key)
+    faults.point("site.push.manifest")
     client = connect(zone, message.zones[zone])
     try:
-        receipt = client.push(manifest, message.token, part)
+        receipt = client.push(manifest, message.token, pointed("site.push.shard", part))
     except PushRejectedError as exc:  # the zone's own line names the zone, the site and the round
         raise RoundError(str(exc), code=exc.code) from None
     except FedshardError as exc:
         raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
     finally:
         client.close()
+    faults.point("site.push.done")
     return ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
 
 

@@ -18,17 +18,15 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from fedshard import faults
 from fedshard.config import LayerPolicy
 from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError, StoreError
 from fedshard.integrity import genesis_version
-from fedshard.privacy.dpsgd import RecordPrivacy
-from fedshard.privacy.events import Guarantee
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import (
     AppliedRound,
@@ -42,14 +40,13 @@ from fedshard.protocol.messages import (
     SiteInfo,
     TrainInstruction,
     TrainReport,
-    UpdatePlan,
 )
 from fedshard.protocol.rounds import DEFAULT_GROUP
 from fedshard.residency import RouteDecision
 from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_aggregate, fetch_view, optimizer_for
 from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
-from fedshard.site.privacy import SitePrivacy
+from fedshard.site.privacy import RoundDP, SitePrivacy
 from fedshard.site.release import encrypt_shards, he_packs, noised, push_update, update_over
 from fedshard.site.routes import RouteSource, SiteRouting
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
@@ -65,14 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["Site"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _RoundDP:
-    """The DP mechanisms of one round: DP-SGD inside training, noise on the update."""
-
-    record: RecordPrivacy | None
-    update: UpdatePlan | None
 
 
 class Site:
@@ -351,38 +340,37 @@ class Site:
                 return self._train_and_push(message, state, routing, None)
             except RoundError as exc:
                 return refuse(exc)
+        faults.point("site.ledger.open")
         try:  # checks the ledger against its anchor and the head the coordinator last saw
             ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train, message.ledger_head)
         except StoreError as exc:
             return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
         with ledger:
             events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
+            faults.point("site.ledger.reserve")
             try:
                 reservation = ledger.reserve(message.round, events)  # durable and anchored, or raises
-            except BudgetExhaustedError as exc:
-                return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.EXHAUSTED, note=note))
+            except PrivacyError as exc:  # over budget, or reserved by an earlier attempt (released at most once)
+                status = PrivacyStatus.EXHAUSTED if isinstance(exc, BudgetExhaustedError) else PrivacyStatus.REFUSED
+                return refuse(exc, self.privacy.report(ledger, events, status=status, note=note))
             except StoreError as exc:
                 return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
-            record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
-            dp = _RoundDP(
-                RecordPrivacy(record, message.privacy.record.max_grad_norm)
-                if record is not None and message.privacy.record is not None
-                else None,
-                message.privacy.update,
-            )
+            faults.point("site.ledger.reserved")
             try:
-                report = self._train_and_push(message, state, routing, dp)
+                report = self._train_and_push(message, state, routing, RoundDP.of(message.privacy, events))
             except (PrivacyError, RoundError) as exc:
                 return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
+            faults.point("site.ledger.commit")
             try:
                 ledger.commit(reservation)
             except StoreError as exc:  # released and counted; the reservation stays spent
                 log.warning("site %s: round %d: %s", self.site_id, message.round, exc)
                 return report.model_copy(update={"privacy": self.privacy.refusal_report(message.privacy, str(exc))})
+            faults.point("site.ledger.committed")
             return report.model_copy(update={"privacy": self.privacy.report(ledger, events, note=note)})
 
     def _train_and_push(
-        self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: _RoundDP | None
+        self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None
     ) -> TrainReport:
         """Train locally, apply update-level DP, push the shards; the report has no privacy part yet.
 
@@ -393,6 +381,7 @@ class Site:
         record = dp.record if dp is not None else None
         settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed, record)
         base = model.split()  # the one copy of the model a message makes: the update is computed over it
+        faults.point("site.train.begin")
         try:
             metrics = self.task.train(model.module(), self.data, settings)
             update = update_over(base, model.shards())
@@ -400,6 +389,7 @@ class Site:
             model.tidy()
         if record is not None:
             record.verify()
+            faults.point("site.train.dp")
         update = noised(update, dp.update if dp is not None else None)
         # The coordinator fixed the weight (zones refuse any other); ciphertext carries it over the scale.
         he_weight = message.weight / (message.weight_scale or message.weight)
@@ -412,6 +402,7 @@ class Site:
             he_packs(routing, {sid: values.size for sid, values in update.items()}),
         )
         del base, update  # the values of the encrypted shards go now
+        faults.point("site.train.sealed")
         pushes = push_update(
             payload,
             routing,

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from fedshard import faults
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import StoreError, StoreKeyError
 from fedshard.store.backend import Backend, DeferredWrites, DefersSync
@@ -91,6 +92,7 @@ class Committer:
         Outside a batch the blob is written (durably) at once.
         """
         self._fresh.append(name)
+        faults.point("store.write.blob")
         if not self._depth or self._defers is None:
             self.backend.write(name, data)
             return
@@ -143,13 +145,16 @@ class Committer:
         """Make the batch's blobs durable, write the next generation's key table, then its catalog
         (the commit); then drop the garbage."""
         if self._pending is not None:
+            faults.point("store.commit.sync")
             self._pending.sync()  # every blob on disk before anything names it
         cat = self.catalog
         cat.generation += 1
         table = keys_name(cat.generation)
         try:
             catalog, keys = cat.seal(self.kek)
+            faults.point("store.commit.keys")
             self.backend.write(table, keys)
+            faults.point("store.commit.catalog")
             self.backend.write(CATALOG, catalog)  # the commit
         except BaseException:
             if self._landed():
@@ -163,6 +168,7 @@ class Committer:
                 with suppress(OSError):
                     self.backend.delete(table)
                 raise
+        faults.point("store.commit.garbage")
         self._garbage.append(keys_name(cat.generation - 1))
         for name in self._garbage:
             with suppress(OSError):

@@ -22,6 +22,7 @@ import re
 from contextlib import suppress
 from pathlib import Path
 
+from fedshard import faults
 from fedshard._fs import fsync_dir, fsync_file, syncfs, syncfs_supported
 from fedshard.errors import StoreError
 from fedshard.store.backend import TMP_PREFIX, ObjectStat
@@ -125,12 +126,14 @@ class LocalDirBackend:
                     os.fsync(fd)
             finally:
                 os.close(fd)
+            faults.point("store.file.written")
             parent = os.path.dirname(path)
             try:
                 os.replace(tmp, path)
             except FileNotFoundError:  # the folder is new (or was removed): make it, then rename
                 changed += _make_dirs(parent)
                 os.replace(tmp, path)
+            faults.point("store.file.renamed")
             return [*changed, parent]
         except OSError as exc:
             if tmp:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.crypto.at_rest import Kek, check_key_location
 from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError
 from fedshard.integrity.digest import shard_digest
@@ -216,6 +217,7 @@ class SealedShardStore:
             values do not match the catalog's digest. Other shards are unaffected.
         """
         entry = self._entry(shard_id)
+        faults.point("store.read.shard")
         values = read_shard(self.backend, self.store_id, shard_id, entry, self._cat.keys[shard_id])
         if touch:
             self._access.touch(shard_id)
