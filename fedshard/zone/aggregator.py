@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.config import AggregationConfig
 from fedshard.errors import (
     FedshardError,
@@ -66,8 +67,9 @@ from fedshard.sharding import ShardPlan
 from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
 from fedshard.zone.frames import shard_chunks
+from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.publish import Publications, build_aggregate, missing_noise_shares
+from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares
 from fedshard.zone.push import (
     ByteBudget,
     PushSession,
@@ -76,8 +78,9 @@ from fedshard.zone.push import (
     check_packs,
     check_round_weights,
 )
+from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.staging import StagingPool
-from fedshard.zone.state import OpenRound, ZoneStats
+from fedshard.zone.state import OpenRound, ZoneStats, manifest_digest
 
 if TYPE_CHECKING:
     from fedshard.protocol.channels import ZoneClient
@@ -95,7 +98,9 @@ class ZoneAggregator:
     region:
         Region the zone is in, e.g. ``"EU"``.
     store_dir:
-        Where published aggregates are kept; in memory only when None.
+        Where published aggregates and round records are kept; in memory only when None.
+        A zone started on the store of one that stopped comes back with what it had
+        published, and refuses the rounds that were open (see :mod:`fedshard.zone.recovery`).
     staging_bytes:
         Budget for pushes being received and not yet committed.
     residency:
@@ -143,10 +148,26 @@ class ZoneAggregator:
         self._budget = ByteBudget(staging_bytes)
         self._staging = StagingPool(staging_bytes)
         self.stats = ZoneStats()
+        self._journal = RoundJournal(Path(store_dir) / JOURNAL_DIR) if store_dir is not None else None
+        self.recovery = Recovery()
+        """What the zone found in its store when it started (rounds lost, files discarded)."""
+        if store_dir is not None and self._journal is not None:
+            self.recovery = recover_rounds(name, store_dir, self._journal, AggregateStore(store_dir))
+            self._closed |= self.recovery.closed
+            self._published.restore(self.recovery.summaries)
+            if self.recovery.notes:
+                self._record("recovered", lost_rounds=sorted(self.recovery.lost), notes=self.recovery.notes)
+
+    def _lost(self, round: int) -> str:
+        return (
+            f"round {round} was lost: zone {self.name} stopped while it was open (its sums were in memory); "
+            "the coordinator must abort it"
+        )
 
     def _record(self, decision: str, **fields: Any) -> None:
         if self.audit is not None:
             self.audit.append(decision, zone=self.name, region=self.region, **fields)
+            faults.point("zone.audit.appended")
 
     # round lifecycle --------------------------------------------------------------------
     def open_round(self, spec: RoundSpec, *, by: str = "-") -> None:
@@ -163,8 +184,10 @@ class ZoneAggregator:
                     )
             check_round_weights(spec, self.bounds.max_site_weight, zone=self.name)
             with self._lock:
-                if spec.round in self._rounds or spec.round in self._closed:
+                if spec.round in self._rounds or spec.round in self._closed or spec.round in self.recovery.lost:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
+                if self._journal is not None:  # on disk before anything is accepted: a restart knows it was open
+                    self._journal.write(spec.round, RoundState.OPEN)
                 self._rounds[spec.round] = OpenRound(spec, plan)
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
@@ -192,6 +215,8 @@ class ZoneAggregator:
                 if state is None:
                     closed = manifest.round in self._closed
                     reason = "round is closed" if closed else "round is not open at this zone"
+                    if manifest.round in self.recovery.lost:
+                        reason = self._lost(manifest.round)
                     raise PushRejectedError(reason, RefusalCode.ROUND)
                 check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
                 if self.residency is not None:
@@ -199,13 +224,17 @@ class ZoneAggregator:
                     groups = self.residency.check_manifest(manifest)
                 packs = check_packs(state, manifest, groups)
             except PushRejectedError as exc:
-                raise self.refused_push(manifest, exc.code, str(exc)) from None
+                error = self.refused_push(manifest, exc.code, str(exc))
+                if exc.code is RefusalCode.DUPLICATE and state is not None:
+                    error.held = state.held(manifest)  # a retry of a push that landed, or still arriving
+                raise error from None
             state.pushing.add(manifest.site_id)
+            state.manifests[manifest.site_id] = manifest_digest(manifest)
         need = manifest.total_bytes
         if not self._budget.acquire(need, timeout):
-            with self._lock:
-                state.pushing.discard(manifest.site_id)
+            self.end_push(state, manifest.site_id, 0, counted=False)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+        faults.point("zone.push.header")
         return PushSession(self, state, manifest, need, groups, packs, self._staging)
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
@@ -246,6 +275,7 @@ class ZoneAggregator:
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
             self.stats.count_push(manifest, origin)
         self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
+        faults.point("zone.push.commit")  # counted; the site has not heard so yet
         return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
 
     def end_push(
@@ -256,6 +286,7 @@ class ZoneAggregator:
         if not counted:
             with self._lock:
                 state.pushing.discard(site_id)
+                state.manifests.pop(site_id, None)
         if budget_bytes:
             self._budget.release(budget_bytes, freed=freed)
 
@@ -323,6 +354,7 @@ class ZoneAggregator:
                     acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
             state.forwarded_from.add(partial.zone)
             self.stats.partials_received += len(partial.entries)
+        faults.point("zone.forward.received")
         self._record(
             Decision.ACCEPTED,
             call=Call.FORWARD,
@@ -358,6 +390,7 @@ class ZoneAggregator:
         partial = send_partial_sums(state, self.name, self._connect, forward_to)
         if partial is None or forward_to is None:
             return
+        faults.point("zone.forward.sent")
         nbytes = sum(e.nbytes for e in partial.entries)
         self.stats.forwarded_shards += len(partial.entries)
         self.stats.forwarded_bytes += nbytes
@@ -400,12 +433,15 @@ class ZoneAggregator:
                 RefusalCode.INVALID,
             )
         with self._lock:
+            if round in self.recovery.lost:
+                raise ZoneError(f"zone {self.name}: {self._lost(round)}", RefusalCode.ROUND)
             state = self._rounds.pop(round, None)
             if state is None:
                 if round in self._closed:
                     return self._published.summaries(round)
                 raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
             self._closed.add(round)
+        faults.point("zone.close.start")
         if not reducer:
             try:
                 self._forward(state, forward_to)
@@ -422,6 +458,7 @@ class ZoneAggregator:
             self._check_noise_shares(state, group)
             aggregate, contributors = build_aggregate(self.name, state, group)
             self._published.publish(aggregate, contributors)
+            faults.point("zone.publish.written")
             summary = aggregate.summary
             self._record(
                 Decision.PUBLISHED,
@@ -432,6 +469,9 @@ class ZoneAggregator:
                 merkle_root=summary.merkle_root,
             )
             summaries.append(summary)
+        if self._journal is not None:  # every aggregate stored: only now is the round published
+            self._published.sync()
+            self._journal.write(round, RoundState.PUBLISHED, tuple(s.group for s in summaries))
         return summaries
 
     def _check_noise_shares(self, state: OpenRound, group: str) -> None:
@@ -451,6 +491,8 @@ class ZoneAggregator:
         """Discard ``round`` without publishing anything."""
         with self._lock:
             state = self._rounds.pop(round, None)
+            if state is not None and self._journal is not None:
+                self._journal.write(round, RoundState.ABORTED)
         self._record(Call.ABORT, by=by, round=round, was_open=state is not None)
 
     # serving aggregates (kept by fedshard.zone.publish) ---------------------------------------
