@@ -91,7 +91,7 @@ class Retry:
             except ZoneUnavailableError as exc:
                 pause = self.wait(n)
                 resume = clock() + pause
-                if resume >= deadline or resume - start > self.patience:
+                if resume >= deadline or resume - start >= self.patience:
                     if n == 1:
                         raise
                     raise ZoneUnavailableError(f"{exc.reason} (gave up after {n} attempts)", exc.code) from None

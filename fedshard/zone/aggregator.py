@@ -224,9 +224,11 @@ class ZoneAggregator:
                     groups = self.residency.check_manifest(manifest)
                 packs = check_packs(state, manifest, groups)
             except PushRejectedError as exc:
-                error = self.refused_push(manifest, exc.code, str(exc))
-                if exc.code is RefusalCode.DUPLICATE and state is not None:
-                    error.held = state.held(manifest)  # a retry of a push that landed, or still arriving
+                # a retry of a push that landed, or that is still arriving: say so (to that site only)
+                held = state.held(manifest) if exc.code is RefusalCode.DUPLICATE and state is not None else None
+                reason = f"{exc} (this very manifest: {held})" if held is not None else str(exc)
+                error = self.refused_push(manifest, exc.code, reason)
+                error.held = held
                 raise error from None
             state.pushing.add(manifest.site_id)
             state.manifests[manifest.site_id] = manifest_digest(manifest)

@@ -6,9 +6,12 @@
   That record was never acknowledged, so it is cut off the log and kept beside it as
   ``audit.jsonl.torn`` (:func:`repair_audit_tail`); the lines before it are then
   verified as ever, and a log broken anywhere else is still refused.
-* its **published aggregates**, each checked against its Merkle root; one that fails
-  (or a leftover temporary file of a write that never finished) is moved to
-  ``discarded/`` in the store, never served, and the others are kept as they are.
+* its **published aggregates**, each read back and checked against its Merkle root. One
+  that does not read back (half written: a write cut short, or a damaged disk) is moved
+  to ``discarded/`` in the store and never served; a leftover temporary file of a write
+  that never finished is removed; one that reads back but fails its root was altered
+  after the zone wrote it and stays where it is, as evidence, refused to whoever fetches
+  it (code ``corrupt``). The others are kept as they are.
 * its **round records** (:mod:`fedshard.zone.journal`): a round still ``open`` was lost
   with the sums held in memory. It is recorded ``lost``, the zone refuses pushes,
   forwards and its close with code ``round`` (the coordinator then aborts it), and any
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from fedshard.errors import FedshardError
+from fedshard.errors import IntegrityError, StoreError
 from fedshard.protocol.rounds import AggregateSummary
 from fedshard.zone.journal import RoundJournal, RoundState
 from fedshard.zone.publish import AggregateStore
@@ -130,9 +133,12 @@ def recover_rounds(zone: str, store_dir: str | Path, journal: RoundJournal, stor
         for group in record.groups:
             try:
                 loaded = store.load(zone, rnd, group)
-            except FedshardError as exc:
+            except IntegrityError as exc:  # whole, but not what the zone wrote: evidence, refused when fetched
+                found.notes.append(f"{exc}; kept as it is (evidence), refused to whoever fetches it")
+                continue
+            except StoreError as exc:  # does not even read back: a write cut short (or a damaged disk)
                 path = root / f"{store.key(rnd, group)}.npz"
-                found.notes.append(_discard(zone, root, path, f"it does not verify ({exc})"))
+                found.notes.append(_discard(zone, root, path, f"it does not read back ({exc})"))
                 continue
             if loaded is None:
                 found.notes.append(f"zone {zone}: aggregate {group} of round {rnd} is missing from {root}")

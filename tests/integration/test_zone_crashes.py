@@ -18,6 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,7 +50,7 @@ def _free_port() -> int:
 
 def _write_config(tmp: Path, port: int) -> Path:
     data = {
-        "federation": {"name": "crash", "seed": 3, "rounds": 2, "min_sites": 2, "round_timeout_s": 60},
+        "federation": {"name": "crash", "seed": 3, "rounds": 2, "min_sites": 2, "round_timeout_s": 90},
         "task": {"target": "tests.toy_task:task", "options": {"examples": 40}},
         "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.05},
         "sharding": {"tile": [4, 4]},
@@ -109,20 +110,30 @@ class ZoneProcess:
             self.proc.kill()
 
 
+Federation = tuple[Path, FederationConfig, str]
+"""The config file, the config, the zone's endpoint."""
+
+
 @pytest.fixture
-def federation(tmp_path: Path) -> Iterator[tuple[Path, FederationConfig, str]]:
+def federation(tmp_path: Path) -> Iterator[Federation]:
     port = _free_port()
     path = _write_config(tmp_path, port)
     yield path, load_federation(path), f"127.0.0.1:{port}"
 
 
-def _coordinator(config: FederationConfig, endpoint: str, tmp: Path, timeout: float = 30.0) -> Coordinator:
+def _coordinator(config: FederationConfig, endpoint: str, tmp: Path, timeout: float = 30.0) -> tuple[Coordinator, str]:
+    """The coordinator, having discovered the sites (one at a time: building their models
+    seeds torch globally; it then sends them messages at once, so that their pushes
+    overlap), and the genesis version."""
+
     def connect(name: str, at: str) -> ZoneClient:
         return GrpcZoneClient(at, timeout=timeout)
 
     sites = {s: make_site(config, s, tmp / "sites", connect=connect) for s in SITES}
-    gateway = InProcessSiteGateway(sites)  # one at a time: building models seeds torch globally
-    return Coordinator(config, gateway, {"z1": GrpcZoneClient(endpoint, timeout=30)}, {"z1": endpoint})
+    coordinator = Coordinator(config, InProcessSiteGateway(sites), {"z1": GrpcZoneClient(endpoint)}, {"z1": endpoint})
+    genesis = coordinator.discover().version
+    coordinator.sites = InProcessSiteGateway(sites, max_workers=len(SITES))
+    return coordinator, genesis
 
 
 def _ledger(tmp: Path, site: str) -> PrivacyLedger:
@@ -130,13 +141,13 @@ def _ledger(tmp: Path, site: str) -> PrivacyLedger:
     return PrivacyLedger(tmp / "sites" / site / LEDGER_FILE, None, key=key)
 
 
-def _audit(tmp: Path) -> list[dict]:
+def _audit(tmp: Path) -> list[dict[str, Any]]:
     path = tmp / "zone" / "audit.jsonl"
     assert verify_audit_log(path, allow_adopted=True).ok
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _counted_once(records: list[dict]) -> Counter[tuple[str, int]]:
+def _counted_once(records: list[dict[str, Any]]) -> Counter[tuple[str, int]]:
     accepted = Counter(
         (r["site"], r["round"]) for r in records if r["decision"] == "accepted" and r.get("call") == "push"
     )
@@ -162,17 +173,16 @@ def _check_ledgers(tmp: Path, landed: set[str]) -> set[str]:
 
 @pytest.mark.parametrize(("point", "answered"), [("zone.push.frame@3:kill", 0), ("zone.push.commit@2:kill", 1)])
 def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
-    federation, tmp_path: Path, point: str, answered: int
+    federation: Federation, tmp_path: Path, point: str, answered: int
 ) -> None:
     path, config, endpoint = federation
     zone = ZoneProcess(path, endpoint, point, tmp_path)
     try:
-        coordinator = _coordinator(config, endpoint, tmp_path)
-        result = coordinator.discover()
+        coordinator, genesis = _coordinator(config, endpoint, tmp_path)
         with pytest.raises(RoundError, match="round 1"):
-            coordinator.run_round(1, result.version)
+            coordinator.run_round(1, genesis)
         assert zone.restarted.wait(timeout=120)
-        second = coordinator.run_round(2, result.version)
+        second = coordinator.run_round(2, genesis)
     finally:
         zone.stop()
     assert second.sites == SITES
@@ -185,21 +195,21 @@ def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
     stored = sorted(p.name for p in (tmp_path / "zone").glob("aggregate-*.npz"))
     assert stored and all(name.startswith("aggregate-000002-") for name in stored)
     # a site commits round 1 only if the zone answered its push before dying (it counted,
-    # then lost, that push); the others' reservations stay spent, uncommitted
+    # then lost, that push: at most the one answered before the kill at the second
+    # commit); the others' reservations stay spent, uncommitted
     landed = {s for s, r in counted if r == 1}
-    assert len(_check_ledgers(tmp_path, landed)) == answered
+    assert len(_check_ledgers(tmp_path, landed)) <= answered
 
 
-def test_zone_killed_while_publishing_discards_the_partial_round(federation, tmp_path: Path) -> None:
+def test_zone_killed_while_publishing_discards_the_partial_round(federation: Federation, tmp_path: Path) -> None:
     path, config, endpoint = federation
     zone = ZoneProcess(path, endpoint, "zone.publish.written@1:kill", tmp_path)
     try:
-        coordinator = _coordinator(config, endpoint, tmp_path)
-        result = coordinator.discover()
+        coordinator, genesis = _coordinator(config, endpoint, tmp_path)
         with pytest.raises(RoundError, match="could not close"):
-            coordinator.run_round(1, result.version)
+            coordinator.run_round(1, genesis)
         assert zone.restarted.wait(timeout=120)
-        second = coordinator.run_round(2, result.version)
+        second = coordinator.run_round(2, genesis)
     finally:
         zone.stop()
     assert second.sites == SITES
@@ -215,16 +225,17 @@ def test_zone_killed_while_publishing_discards_the_partial_round(federation, tmp
     assert _check_ledgers(tmp_path, set(SITES)) == set(SITES)
 
 
-def test_a_push_retried_after_its_answer_was_lost_counts_once(federation, tmp_path: Path) -> None:
-    """The zone pauses after counting s-push 1 and 2; their sites give up waiting (2 s) and push
-    again: the zone refuses the retries as duplicates of the counted manifest (or of one still
-    arriving), and the sites take that as success."""
+def test_a_push_retried_after_its_answer_was_lost_counts_once(federation: Federation, tmp_path: Path) -> None:
+    """The zone pauses after counting the first push, and on receiving the second push's
+    manifest; their sites give up waiting (2 s) and push again. The zone refuses the first
+    retry as a duplicate of the counted manifest (the site takes that as success) and the
+    second as one of a manifest still arriving (the site waits, then pushes it afresh once
+    the broken stream is gone)."""
     path, config, endpoint = federation
     zone = ZoneProcess(path, endpoint, "zone.push.commit@1:pause=4,zone.push.header@2:pause=4", tmp_path)
     try:
-        coordinator = _coordinator(config, endpoint, tmp_path, timeout=2.0)
-        result = coordinator.discover()
-        first = coordinator.run_round(1, result.version)
+        coordinator, genesis = _coordinator(config, endpoint, tmp_path, timeout=2.0)
+        first = coordinator.run_round(1, genesis)
         second = coordinator.run_round(2, first.version)
     finally:
         zone.stop()
@@ -233,5 +244,8 @@ def test_a_push_retried_after_its_answer_was_lost_counts_once(federation, tmp_pa
     records = _audit(tmp_path)
     assert set(_counted_once(records)) == {(s, r) for s in SITES for r in (1, 2)}
     duplicates = [r for r in records if r["decision"] == "refused" and r.get("code") == "duplicate"]
-    assert duplicates and all(r["round"] == 1 for r in duplicates)
+    assert all(r["round"] == 1 for r in duplicates)
+    # one retry found its manifest counted, one found it still arriving (then pushed it afresh)
+    reasons = " ".join(r["reason"] for r in duplicates)
+    assert "(this very manifest: counted)" in reasons and "(this very manifest: pending)" in reasons
     assert _check_ledgers(tmp_path, set(SITES)) == set(SITES)
