@@ -188,6 +188,7 @@ def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
     assert second.sites == SITES
     # the restarted zone said, in one line, that round 1 was lost, and refused it
     assert "round 1 was open when the zone stopped" in zone.log(2)
+    assert "rounds lost (refused, to be aborted): 1" in zone.log(2) and "Traceback" not in zone.log(2)
     records = _audit(tmp_path)
     counted = _counted_once(records)
     assert {s for s, r in counted if r == 2} == set(SITES)
