@@ -65,7 +65,7 @@ from fedshard.protocol.rounds import (
 from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
 from fedshard.zone.calls import Call
-from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
+from fedshard.zone.forward import ForwardSession
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.policy import ZonePolicy
@@ -79,6 +79,7 @@ from fedshard.zone.push import (
     check_round_weights,
 )
 from fedshard.zone.recovery import Recovery, recover_rounds
+from fedshard.zone.reduce import Reduction
 from fedshard.zone.staging import StagingPool
 from fedshard.zone.state import OpenRound, ZoneStats, manifest_digest
 
@@ -148,6 +149,19 @@ class ZoneAggregator:
         self._budget = ByteBudget(staging_bytes)
         self._staging = StagingPool(staging_bytes)
         self.stats = ZoneStats()
+        self._reduction = Reduction(
+            name,
+            self._rounds,
+            self._lock,
+            self._budget,
+            self._staging,
+            self.stats,
+            self._record,
+            residency=residency,
+            he_context=he_context,
+            bounds=self.bounds,
+            connect=connect,
+        )
         self._journal = RoundJournal(Path(store_dir) / JOURNAL_DIR) if store_dir is not None else None
         self.recovery = Recovery()
         """What the zone found in its store when it started (rounds lost, files discarded)."""
@@ -304,7 +318,7 @@ class ZoneAggregator:
                     session.take(chunk)
             return session.commit()
 
-    # hierarchical reduction (see fedshard.zone.forward) ---------------------------------------
+    # hierarchical reduction (see fedshard.zone.reduce) ----------------------------------------
     def begin_forward(
         self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
     ) -> ForwardSession:
@@ -312,68 +326,7 @@ class ZoneAggregator:
 
         ``certified`` is the sending zone's name from its mTLS certificate.
         """
-        with self._lock:
-            state = self._rounds.get(partial.round)
-            try:
-                if certified is not None and certified != partial.zone:
-                    raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
-                if state is None:
-                    raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
-                check_partial(state, partial, residency=self.residency, he_context=self.he_context)
-            except PushRejectedError as exc:
-                raise self.refused_partial(partial, exc.code, str(exc)) from None
-            state.forwarding.add(partial.zone)
-        need = sum(e.nbytes for e in partial.entries)
-        if not self._budget.acquire(need, timeout):
-            self.end_forward(state, partial.zone, 0)
-            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        return ForwardSession(self, state, partial, need, self._staging)
-
-    def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
-        """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
-        self.stats.refuse(reason)
-        fields = {"source_zone": partial.zone, "round": partial.round, "code": code, "reason": reason}
-        self._record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
-        return PushRejectedError(
-            f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
-        )
-
-    def fold_partial(
-        self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
-    ) -> int:
-        """Fold a complete, valid forward into the round (called by its :class:`ForwardSession`)."""
-        with self._lock:
-            if self._rounds.get(partial.round) is not state:
-                raise self.refused_partial(partial, RefusalCode.ROUND, "the round closed during the forward")
-            for entry in partial.entries:
-                sid = entry.shard_id
-                if entry.encrypted:
-                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.he_context).add(
-                        sid, ciphertexts[sid]
-                    )
-                else:
-                    acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
-                    acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
-            state.forwarded_from.add(partial.zone)
-            self.stats.partials_received += len(partial.entries)
-        faults.point("zone.forward.received")
-        self._record(
-            Decision.ACCEPTED,
-            call=Call.FORWARD,
-            source_zone=partial.zone,
-            round=partial.round,
-            partial_shards=len(partial.entries),
-            contributors=sorted({c for e in partial.entries for c in e.contributors}),
-        )
-        return len(partial.entries)
-
-    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int, *, freed: int | None = None) -> None:
-        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its
-        staging bytes (``freed`` of them freed, the others kept in the staging pool)."""
-        with self._lock:
-            state.forwarding.discard(zone)
-        if budget_bytes:
-            self._budget.release(budget_bytes, freed=freed)
+        return self._reduction.begin(partial, timeout, certified=certified)
 
     def receive_partial(
         self, partial: PartialSum, sums: Mapping[str, ShardPayload], *, certified: str | None = None
@@ -381,30 +334,7 @@ class ZoneAggregator:
         """Fold another zone's partial sums of ``global`` shards into this round at once
         (in-process use; the gRPC service streams instead). Returns the number of shards
         folded in; raises :class:`PushRejectedError` and folds nothing if any is refused."""
-        encrypted = {e.shard_id for e in partial.entries if e.encrypted}
-        with self.begin_forward(partial, certified=certified) as session:
-            for shard_id, values in sums.items():
-                for chunk in shard_chunks(shard_id, values, encrypted=shard_id in encrypted):
-                    session.take(chunk)
-            return session.commit()
-
-    def _forward(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
-        partial = send_partial_sums(state, self.name, self._connect, forward_to)
-        if partial is None or forward_to is None:
-            return
-        faults.point("zone.forward.sent")
-        nbytes = sum(e.nbytes for e in partial.entries)
-        self.stats.forwarded_shards += len(partial.entries)
-        self.stats.forwarded_bytes += nbytes
-        who = sorted({c for e in partial.entries for c in e.contributors})
-        self._record(
-            Decision.FORWARDED,
-            round=partial.round,
-            to_zone=forward_to[0],
-            shards=len(partial.entries),
-            bytes=nbytes,
-            contributors=who,
-        )
+        return self._reduction.receive(partial, sums, certified=certified)
 
     def close_round(
         self, round: int, forward_to: tuple[str, str] | None = None, *, by: str = "-"
@@ -446,7 +376,7 @@ class ZoneAggregator:
         faults.point("zone.close.start")
         if not reducer:
             try:
-                self._forward(state, forward_to)
+                self._reduction.send(state, forward_to)
             except FedshardError:
                 with self._lock:  # the round is not lost: closing it again retries the forward
                     self._closed.discard(round)
