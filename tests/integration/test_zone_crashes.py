@@ -74,6 +74,7 @@ class ZoneProcess:
         self.starts = 0
         self.proc = self._start(faults)
         self.restarted = threading.Event()
+        self.failure: BaseException | None = None
         self._stop = False
         self._watch = threading.Thread(target=self._restart_when_dead, daemon=True)
         self._watch.start()
@@ -94,9 +95,20 @@ class ZoneProcess:
         code = self.proc.wait()
         if self._stop:
             return
-        assert code == -9, f"the zone exited with {code}, not killed at its fault point"
-        self.proc = self._start("")
-        self.restarted.set()
+        try:
+            if code != -9:
+                raise AssertionError(f"the zone exited with {code}, not killed at its fault point")
+            self.proc = self._start("")
+        except BaseException as exc:
+            self.failure = exc
+        finally:
+            self.restarted.set()
+
+    def wait_restarted(self) -> None:
+        """Wait until the zone was killed and is serving again (raises what went wrong)."""
+        assert self.restarted.wait(timeout=180), "the zone was not killed at its fault point"
+        if self.failure is not None:
+            raise self.failure
 
     def log(self, n: int) -> str:
         return (self.log_dir / f"zone-{n}.log").read_text()
@@ -181,7 +193,7 @@ def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
         coordinator, genesis = _coordinator(config, endpoint, tmp_path)
         with pytest.raises(RoundError, match="round 1"):
             coordinator.run_round(1, genesis)
-        assert zone.restarted.wait(timeout=120)
+        zone.wait_restarted()
         second = coordinator.run_round(2, genesis)
     finally:
         zone.stop()
@@ -209,7 +221,7 @@ def test_zone_killed_while_publishing_discards_the_partial_round(federation: Fed
         coordinator, genesis = _coordinator(config, endpoint, tmp_path)
         with pytest.raises(RoundError, match="could not close"):
             coordinator.run_round(1, genesis)
-        assert zone.restarted.wait(timeout=120)
+        zone.wait_restarted()
         second = coordinator.run_round(2, genesis)
     finally:
         zone.stop()
