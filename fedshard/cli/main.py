@@ -161,6 +161,7 @@ def zone_up(
             f"[yellow]zone {zc.name} restarted on its store: {len(found.summaries)} published aggregate(s) "
             f"verified, rounds lost (refused, to be aborted): {lost}[/]",
             highlight=False,
+            soft_wrap=True,
         )
     console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
     sys.stdout.flush()
