@@ -192,3 +192,58 @@ def test_what_the_zone_holds_travels_over_grpc() -> None:
         server.stop(grace=None).wait(timeout=10)
     assert again.value.code is RefusalCode.DUPLICATE and again.value.held is HeldPush.COUNTED
     assert other.value.code is RefusalCode.DUPLICATE and other.value.held is None
+
+
+def test_a_reducing_zone_that_restarts_has_lost_the_forwarded_sums_and_refuses_the_round(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from fedshard.integrity import build_manifest
+    from tests.unit.test_zone_forward import PLAN as FPLAN
+    from tests.unit.test_zone_forward import SITES as FSITES
+    from tests.zone_helpers import FORWARD_WEIGHTS, random_update, reducing_policy
+
+    spec = RoundSpec(1, TOKEN, FPLAN.to_json(), BASE, FSITES, weights=FORWARD_WEIGHTS)
+    policy = reducing_policy(FPLAN, FSITES)
+    reducer = {"eu-1": ZoneAggregator("eu-1", "EU", store_dir=tmp_path, residency=policy)}
+
+    class Link:  # us-1's client of whichever eu-1 process is running
+        def forward(self, partial: object, values: object) -> int:
+            return reducer["eu-1"].receive_partial(partial, values, certified="us-1")  # type: ignore[arg-type]
+
+        def close(self) -> None:
+            pass
+
+    us = ZoneAggregator(
+        "us-1",
+        "US",
+        residency=replace(policy, zone="us-1", region="US"),
+        connect=lambda n, e: Link(),  # type: ignore[arg-type,return-value]
+    )
+    for zone in (reducer["eu-1"], us):
+        zone.open_round(spec)
+    update = random_update(3, FPLAN)
+    manifest = build_manifest(
+        site_id="site-a",
+        round=1,
+        plan_digest=FPLAN.digest,
+        base_version=BASE,
+        zone="us-1",
+        weight=4.0,
+        shards=update,
+        classes=dict.fromkeys(update, "public"),
+        policy_digest=policy.policy.digest,
+    )
+    us.push(manifest, TOKEN, update)
+    us.close_round(1, forward_to=("eu-1", "live"))  # forwarded (zone.forward.sent / .received) ...
+    reducer["eu-1"] = ZoneAggregator("eu-1", "EU", store_dir=tmp_path, residency=policy)  # ... then eu-1 killed
+    with pytest.raises(ZoneError, match="round 1 was lost") as info:
+        reducer["eu-1"].close_round(1)
+    assert info.value.code is RefusalCode.ROUND  # the coordinator aborts the round: nothing published
+
+    us.open_round(replace(spec, round=2))  # a forward that reaches the restarted zone is refused too
+    reducer["eu-1"].open_round(replace(spec, round=2))
+    reducer["eu-1"] = ZoneAggregator("eu-1", "EU", store_dir=tmp_path, residency=policy)
+    us.push(replace(manifest, round=2), TOKEN, update)
+    with pytest.raises(PushRejectedError, match="round 2 is not open") as forward:
+        us.close_round(2, forward_to=("eu-1", "live"))
+    assert forward.value.code is RefusalCode.ROUND
