@@ -198,7 +198,13 @@ class ZoneAggregator:
                     )
             check_round_weights(spec, self.bounds.max_site_weight, zone=self.name)
             with self._lock:
-                if spec.round in self._rounds or spec.round in self._closed or spec.round in self.recovery.lost:
+                if spec.round in self._closed:
+                    raise ZoneError(
+                        f"zone {self.name}: round {spec.round} was already published here (its store keeps it); "
+                        "resume the federation after its last round, or give the zone a fresh store",
+                        RefusalCode.LIFECYCLE,
+                    )
+                if spec.round in self._rounds or spec.round in self.recovery.lost:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
                 if self._journal is not None:  # on disk before anything is accepted: a restart knows it was open
                     self._journal.write(spec.round, RoundState.OPEN)
@@ -423,9 +429,11 @@ class ZoneAggregator:
         """Discard ``round`` without publishing anything."""
         with self._lock:
             state = self._rounds.pop(round, None)
-            if state is not None and self._journal is not None:
-                self._journal.write(round, RoundState.ABORTED)
-        self._record(Call.ABORT, by=by, round=round, was_open=state is not None)
+            lost = round in self.recovery.lost
+            if (state is not None or lost) and self._journal is not None:
+                self._journal.write(round, RoundState.ABORTED)  # a lost round aborted may open again, afresh
+            self.recovery.lost.discard(round)
+        self._record(Call.ABORT, by=by, round=round, was_open=state is not None, was_lost=lost)
 
     # serving aggregates (kept by fedshard.zone.publish) ---------------------------------------
     def fetch(

@@ -50,7 +50,7 @@ class Recovery:
     lost: set[int] = field(default_factory=set)
     """Rounds that were open when the zone stopped: lost, refused with code ``round``."""
     closed: set[int] = field(default_factory=set)
-    """Rounds published or aborted before: never opened again."""
+    """Rounds published before: never opened again (closing one again answers its summaries)."""
     summaries: list[AggregateSummary] = field(default_factory=list)
     """The published aggregates that verify."""
     notes: list[str] = field(default_factory=list)
@@ -128,6 +128,8 @@ def recover_rounds(zone: str, store_dir: str | Path, journal: RoundJournal, stor
             found.lost.add(rnd)
             for path in sorted(root.glob(f"aggregate-{rnd:06d}-*.npz")):
                 found.notes.append(_discard(zone, root, path, f"an aggregate of round {rnd}, which never finished"))
+            continue
+        if record.state is RoundState.ABORTED:  # nothing kept; the coordinator may open it again
             continue
         found.closed.add(rnd)
         for group in record.groups:

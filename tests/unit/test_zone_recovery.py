@@ -53,11 +53,17 @@ def test_a_round_open_when_the_zone_stopped_is_lost_and_refused_with_code_round(
     assert push.value.code is close.value.code is RefusalCode.ROUND
     with pytest.raises(ZoneError, match="already opened"):
         _open(zone, 1)
-    zone.abort_round(1)  # what the coordinator does next; the round stays lost
-    assert ZoneAggregator(ZONE, "EU", store_dir=tmp_path).recovery.lost == {1}
+    assert ZoneAggregator(ZONE, "EU", store_dir=tmp_path).recovery.lost == {1}  # until aborted
+    zone.abort_round(1)  # what the coordinator does next
+    assert ZoneAggregator(ZONE, "EU", store_dir=tmp_path).recovery.lost == set()
     _open(zone, 2)  # the next round runs
     _pushed(zone, 2)
     assert zone.close_round(2)[0].sites == ("site-a",)
+    with pytest.raises(ZoneError, match="round 2 was already published here"):
+        _open(zone, 2)
+    _open(zone, 1)  # an aborted round may be opened again, afresh (a coordinator resuming it)
+    with pytest.raises(PushRejectedError, match="round token"):
+        zone.push(manifest_for("site-b", update), "the token of the lost round", update)
 
 
 def test_published_rounds_survive_and_closing_one_again_answers_its_summaries(tmp_path: Path) -> None:
