@@ -402,6 +402,7 @@ def make_zone(
     the audit log's head.
     """
     from fedshard.residency.audit import AuditLog, HeadSigner
+    from fedshard.zone.recovery import repair_audit_tail
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
     he_context = None
@@ -413,6 +414,7 @@ def make_zone(
     if store is not None:
         Path(store).mkdir(parents=True, exist_ok=True)
         signer = HeadSigner.from_files(tls.key, tls.cert) if tls is not None else None  # unsigned when insecure
+        repair_audit_tail(Path(store) / AUDIT_FILE)  # an append a crash cut short; logged, kept aside
         audit = AuditLog(Path(store) / AUDIT_FILE, signer=signer)
     return ZoneAggregator(
         zone.name,

@@ -11,6 +11,7 @@ builtin exception that matches it, so callers can catch either::
     │   └── FrameError                       a chunk stream breaks what its header declared
     ├── ZoneError(RuntimeError)              a zone refused or failed a request
     │   ├── PushRejectedError                a pushed update was refused (nothing counted)
+    │   ├── ZoneUnavailableError(ConnectionError)  no answer: the zone is down or the call broke off (retry)
     │   └── AggregateNotFoundError(LookupError)  no published aggregate for that round
     ├── RoundError(RuntimeError)             a round cannot proceed (too few sites, timeouts)
     ├── PrivacyError(RuntimeError)           differential privacy cannot be applied as configured
@@ -39,6 +40,7 @@ __all__ = [
     "DeployError",
     "FedshardError",
     "FrameError",
+    "HeldPush",
     "IntegrityError",
     "PkiError",
     "PrivacyError",
@@ -53,6 +55,7 @@ __all__ = [
     "StoreKeyError",
     "TaskError",
     "ZoneError",
+    "ZoneUnavailableError",
 ]
 
 
@@ -232,13 +235,30 @@ class ZoneError(FedshardError, RuntimeError):
         self.reason = reason
 
 
+class HeldPush(StrEnum):
+    """What a zone holds of the very manifest (same digest) it refused as a duplicate."""
+
+    COUNTED = "counted"
+    """Counted: an earlier attempt of this push landed (a retry may treat it as success)."""
+    PENDING = "pending"
+    """Still arriving or being folded on an earlier stream (ask again later)."""
+
+
 class PushRejectedError(ZoneError):
     """A zone refused a pushed update (or forwarded partial sums); nothing of it was counted.
 
     ``code`` says why: :attr:`RefusalCode.DIGEST`, :attr:`RefusalCode.SHAPE`, … .
+    With code :attr:`RefusalCode.DUPLICATE`, ``held`` says what the zone holds of the
+    same manifest (None: another manifest of the site, or nothing the zone could match).
     """
 
     default_code = RefusalCode.REJECTED
+    held: HeldPush | None = None
+
+
+class ZoneUnavailableError(ZoneError, ConnectionError):
+    """No answer from a zone: it is down, restarting or unreachable, or the call broke off
+    or ran out of time before the zone replied. Not a refusal: retrying may succeed."""
 
 
 class AggregateNotFoundError(ZoneError, LookupError):

@@ -143,6 +143,8 @@ def zone_up(
     The zone enforces the federation's residency policy on every shard it receives,
     forwards partial sums of global shards to the reducing zone, and records every
     decision in ``audit.jsonl`` in its store (check it with ``fedshard audit verify``).
+    Started again on the store of a zone that was stopped or killed, it comes back with
+    the aggregates it had published (each checked) and refuses the rounds that were open.
     """
     from fedshard.assembly import load_site_keys, make_zone, streaming_parties
     from fedshard.config import load_federation
@@ -174,6 +176,15 @@ def zone_up(
         from fedshard.crypto.tls import INSECURE_WARNING
 
         err_console.print(f"[yellow]{INSECURE_WARNING}[/]", highlight=False)
+    found = aggregator.recovery
+    if found.notes:  # each finding was logged in one line; this says what the zone came back with
+        lost = ", ".join(map(str, sorted(found.lost))) or "none"
+        err_console.print(
+            f"[yellow]zone {zc.name} restarted on its store: {len(found.summaries)} published aggregate(s) "
+            f"verified, rounds lost (refused, to be aborted): {lost}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
     sys.stdout.flush()
     stop = threading.Event()

@@ -357,6 +357,7 @@ class Coordinator:
             weight_scale=weight_scale,
             ledger_head=self._ledger_heads.get(site_id),
             weight=weight,
+            deadline_s=min(self._timeout, 86400.0),
         )
 
     def _keep_ledger_heads(self, reports: dict[str, PrivacyReport]) -> None:

@@ -6,10 +6,12 @@ same way: ``encode(msg)`` → JSON bytes, ``decode(Model, data)``.
 
 from __future__ import annotations
 
+import math
+import time
 from enum import StrEnum
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr
 
 from fedshard.aggregation import ServerOptimizerKind
 from fedshard.errors import RefusalCode
@@ -228,6 +230,15 @@ class TrainInstruction(_Msg):
     weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest fixed weight)
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)  # the site's weight, fixed by the coordinator (RoundSpec)
     ledger_head: LedgerHeadReport | None = None  # the site's ledger head as it last reported it
+    # Coordinator to site: seconds it waits for the reply (its round_timeout_s; 0: not said).
+    # Bounds how long the site retries zones that do not answer; at most a day.
+    deadline_s: float = Field(0.0, ge=0, le=86400, allow_inf_nan=False)
+    _received: float = PrivateAttr(default_factory=time.monotonic)
+
+    def deadline(self) -> float:
+        """When the reply is due, as a :func:`time.monotonic` time: ``deadline_s`` after this
+        message was received (decoded), less a tenth for the reply to travel; ``inf`` if not said."""
+        return self._received + 0.9 * self.deadline_s if self.deadline_s else math.inf
 
 
 class ZonePush(_Msg):

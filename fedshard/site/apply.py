@@ -10,6 +10,7 @@ rounds a site missed, its store is written once, after the last (the caller save
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,8 @@ from fedshard.errors import IntegrityError, RoundError
 from fedshard.integrity import ciphertext_digest, merkle_root, next_version, shard_digest
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import AppliedRound, ApplyRule
-from fedshard.protocol.rounds import AggregateKey
+from fedshard.protocol.rounds import Aggregate, AggregateKey
+from fedshard.site.retry import FETCH_RETRY
 
 if TYPE_CHECKING:
     from fedshard.crypto.he import HeCodec, Pack
@@ -114,8 +116,10 @@ def fetch_view(
     view: Mapping[AggregateKey, list[str]],
     zones: Mapping[str, str],
     connect: ZoneConnector,
+    deadline: float = math.inf,
 ) -> RoundShards:
-    """Download the round's aggregates this site applies: its shards from each."""
+    """Download the round's aggregates this site applies: its shards from each (a zone that
+    does not answer is asked again until ``deadline``, a :func:`time.monotonic` time)."""
     out = RoundShards()
     for published in applied.aggregates:
         wanted = view.get(published.key)
@@ -124,11 +128,16 @@ def fetch_view(
         endpoint = zones.get(published.zone)
         if endpoint is None:
             raise RoundError(f"site {site_id}: no endpoint for zone {published.zone!r} of round {applied.round}")
-        client = connect(published.zone, endpoint)
-        try:
-            aggregate = client.fetch(applied.round, published.group, site_id)
-        finally:
-            client.close()
+
+        def attempt(n: int, zone: str = published.zone, group: str = published.group, at: str = endpoint) -> Aggregate:
+            client = connect(zone, at)  # a fresh channel per attempt: no stale reconnect backoff
+            try:
+                return client.fetch(applied.round, group, site_id)
+            finally:
+                client.close()
+
+        what = f"site {site_id}: fetch of aggregate {published.group} of round {applied.round}"
+        aggregate = FETCH_RETRY.call(attempt, deadline=deadline, what=what)
         if aggregate.summary.merkle_root != published.merkle_root:
             raise IntegrityError(
                 f"site {site_id}: aggregate {published.group} of round {applied.round} from zone "

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedshard import faults
-from fedshard.errors import FedshardError, PushRejectedError, RoundError
+from fedshard.errors import FedshardError, HeldPush, PushRejectedError, RoundError, ZoneUnavailableError
 from fedshard.integrity import build_manifest
 from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import TrainInstruction, UpdatePlan, ZonePush
-from fedshard.protocol.rounds import ShardPayload
+from fedshard.protocol.rounds import PushReceipt, ShardPayload
 from fedshard.site.points import pointed
+from fedshard.site.retry import DEFAULT_RETRY, held_push
 from fedshard.site.routes import SiteRouting
 
 if TYPE_CHECKING:
@@ -189,15 +190,29 @@ def _push_zone(
     if signing_key is not None:
         manifest = manifest.signed(signing_key)
     faults.point("site.push.manifest")
-    client = connect(zone, message.zones[zone])
+
+    def attempt(n: int) -> PushReceipt:
+        client = connect(zone, message.zones[zone])  # a fresh channel per attempt: no stale reconnect backoff
+        try:
+            return client.push(manifest, message.token, pointed("site.push.shard", part))
+        except PushRejectedError as exc:
+            held = held_push(exc, n)
+            if held is HeldPush.COUNTED:  # an earlier attempt landed: this very manifest is counted
+                return PushReceipt(zone, manifest.round, site_id, len(manifest.shards), manifest.total_bytes)
+            if held is HeldPush.PENDING:
+                raise ZoneUnavailableError(f"zone {zone} is still receiving an earlier attempt") from None
+            raise
+        finally:
+            client.close()
+
     try:
-        receipt = client.push(manifest, message.token, pointed("site.push.shard", part))
+        receipt = DEFAULT_RETRY.call(
+            attempt, deadline=message.deadline(), what=f"site {site_id}: push to zone {zone}, round {message.round}"
+        )
     except PushRejectedError as exc:  # the zone's own line names the zone, the site and the round
         raise RoundError(str(exc), code=exc.code) from None
     except FedshardError as exc:
         raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
-    finally:
-        client.close()
     faults.point("site.push.done")
     return ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.config import AggregationConfig
 from fedshard.errors import (
     FedshardError,
@@ -64,10 +65,11 @@ from fedshard.protocol.rounds import (
 from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
 from fedshard.zone.calls import Call
-from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
+from fedshard.zone.forward import ForwardSession
 from fedshard.zone.frames import shard_chunks
+from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.publish import Publications, build_aggregate, missing_noise_shares
+from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares
 from fedshard.zone.push import (
     ByteBudget,
     PushSession,
@@ -76,8 +78,10 @@ from fedshard.zone.push import (
     check_packs,
     check_round_weights,
 )
+from fedshard.zone.recovery import Recovery, recover_rounds
+from fedshard.zone.reduce import Reduction
 from fedshard.zone.staging import StagingPool
-from fedshard.zone.state import OpenRound, ZoneStats
+from fedshard.zone.state import OpenRound, ZoneStats, manifest_digest
 
 if TYPE_CHECKING:
     from fedshard.protocol.channels import ZoneClient
@@ -95,7 +99,9 @@ class ZoneAggregator:
     region:
         Region the zone is in, e.g. ``"EU"``.
     store_dir:
-        Where published aggregates are kept; in memory only when None.
+        Where published aggregates and round records are kept; in memory only when None.
+        A zone started on the store of one that stopped comes back with what it had
+        published, and refuses the rounds that were open (see :mod:`fedshard.zone.recovery`).
     staging_bytes:
         Budget for pushes being received and not yet committed.
     residency:
@@ -143,10 +149,39 @@ class ZoneAggregator:
         self._budget = ByteBudget(staging_bytes)
         self._staging = StagingPool(staging_bytes)
         self.stats = ZoneStats()
+        self._reduction = Reduction(
+            name,
+            self._rounds,
+            self._lock,
+            self._budget,
+            self._staging,
+            self.stats,
+            self._record,
+            residency=residency,
+            he_context=he_context,
+            bounds=self.bounds,
+            connect=connect,
+        )
+        self._journal = RoundJournal(Path(store_dir) / JOURNAL_DIR) if store_dir is not None else None
+        self.recovery = Recovery()
+        """What the zone found in its store when it started (rounds lost, files discarded)."""
+        if store_dir is not None and self._journal is not None:
+            self.recovery = recover_rounds(name, store_dir, self._journal, AggregateStore(store_dir))
+            self._closed |= self.recovery.closed
+            self._published.restore(self.recovery.summaries)
+            if self.recovery.notes:
+                self._record("recovered", lost_rounds=sorted(self.recovery.lost), notes=self.recovery.notes)
+
+    def _lost(self, round: int) -> str:
+        return (
+            f"round {round} was lost: zone {self.name} stopped while it was open (its sums were in memory); "
+            "the coordinator must abort it"
+        )
 
     def _record(self, decision: str, **fields: Any) -> None:
         if self.audit is not None:
             self.audit.append(decision, zone=self.name, region=self.region, **fields)
+            faults.point("zone.audit.appended")
 
     # round lifecycle --------------------------------------------------------------------
     def open_round(self, spec: RoundSpec, *, by: str = "-") -> None:
@@ -163,8 +198,16 @@ class ZoneAggregator:
                     )
             check_round_weights(spec, self.bounds.max_site_weight, zone=self.name)
             with self._lock:
-                if spec.round in self._rounds or spec.round in self._closed:
+                if spec.round in self._closed:
+                    raise ZoneError(
+                        f"zone {self.name}: round {spec.round} was already published here (its store keeps it); "
+                        "resume the federation after its last round, or give the zone a fresh store",
+                        RefusalCode.LIFECYCLE,
+                    )
+                if spec.round in self._rounds or spec.round in self.recovery.lost:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
+                if self._journal is not None:  # on disk before anything is accepted: a restart knows it was open
+                    self._journal.write(spec.round, RoundState.OPEN)
                 self._rounds[spec.round] = OpenRound(spec, plan)
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
@@ -192,6 +235,8 @@ class ZoneAggregator:
                 if state is None:
                     closed = manifest.round in self._closed
                     reason = "round is closed" if closed else "round is not open at this zone"
+                    if manifest.round in self.recovery.lost:
+                        reason = self._lost(manifest.round)
                     raise PushRejectedError(reason, RefusalCode.ROUND)
                 check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
                 if self.residency is not None:
@@ -199,13 +244,19 @@ class ZoneAggregator:
                     groups = self.residency.check_manifest(manifest)
                 packs = check_packs(state, manifest, groups)
             except PushRejectedError as exc:
-                raise self.refused_push(manifest, exc.code, str(exc)) from None
+                # a retry of a push that landed, or that is still arriving: say so (to that site only)
+                held = state.held(manifest) if exc.code is RefusalCode.DUPLICATE and state is not None else None
+                reason = f"{exc} (this very manifest: {held})" if held is not None else str(exc)
+                error = self.refused_push(manifest, exc.code, reason)
+                error.held = held
+                raise error from None
             state.pushing.add(manifest.site_id)
+            state.manifests[manifest.site_id] = manifest_digest(manifest)
         need = manifest.total_bytes
         if not self._budget.acquire(need, timeout):
-            with self._lock:
-                state.pushing.discard(manifest.site_id)
+            self.end_push(state, manifest.site_id, 0, counted=False)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+        faults.point("zone.push.header")
         return PushSession(self, state, manifest, need, groups, packs, self._staging)
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
@@ -246,6 +297,7 @@ class ZoneAggregator:
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
             self.stats.count_push(manifest, origin)
         self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
+        faults.point("zone.push.commit")  # counted; the site has not heard so yet
         return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
 
     def end_push(
@@ -256,6 +308,7 @@ class ZoneAggregator:
         if not counted:
             with self._lock:
                 state.pushing.discard(site_id)
+                state.manifests.pop(site_id, None)
         if budget_bytes:
             self._budget.release(budget_bytes, freed=freed)
 
@@ -271,7 +324,7 @@ class ZoneAggregator:
                     session.take(chunk)
             return session.commit()
 
-    # hierarchical reduction (see fedshard.zone.forward) ---------------------------------------
+    # hierarchical reduction (see fedshard.zone.reduce) ----------------------------------------
     def begin_forward(
         self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
     ) -> ForwardSession:
@@ -279,67 +332,7 @@ class ZoneAggregator:
 
         ``certified`` is the sending zone's name from its mTLS certificate.
         """
-        with self._lock:
-            state = self._rounds.get(partial.round)
-            try:
-                if certified is not None and certified != partial.zone:
-                    raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
-                if state is None:
-                    raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
-                check_partial(state, partial, residency=self.residency, he_context=self.he_context)
-            except PushRejectedError as exc:
-                raise self.refused_partial(partial, exc.code, str(exc)) from None
-            state.forwarding.add(partial.zone)
-        need = sum(e.nbytes for e in partial.entries)
-        if not self._budget.acquire(need, timeout):
-            self.end_forward(state, partial.zone, 0)
-            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        return ForwardSession(self, state, partial, need, self._staging)
-
-    def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
-        """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
-        self.stats.refuse(reason)
-        fields = {"source_zone": partial.zone, "round": partial.round, "code": code, "reason": reason}
-        self._record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
-        return PushRejectedError(
-            f"zone {self.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
-        )
-
-    def fold_partial(
-        self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
-    ) -> int:
-        """Fold a complete, valid forward into the round (called by its :class:`ForwardSession`)."""
-        with self._lock:
-            if self._rounds.get(partial.round) is not state:
-                raise self.refused_partial(partial, RefusalCode.ROUND, "the round closed during the forward")
-            for entry in partial.entries:
-                sid = entry.shard_id
-                if entry.encrypted:
-                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.he_context).add(
-                        sid, ciphertexts[sid]
-                    )
-                else:
-                    acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
-                    acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
-            state.forwarded_from.add(partial.zone)
-            self.stats.partials_received += len(partial.entries)
-        self._record(
-            Decision.ACCEPTED,
-            call=Call.FORWARD,
-            source_zone=partial.zone,
-            round=partial.round,
-            partial_shards=len(partial.entries),
-            contributors=sorted({c for e in partial.entries for c in e.contributors}),
-        )
-        return len(partial.entries)
-
-    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int, *, freed: int | None = None) -> None:
-        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its
-        staging bytes (``freed`` of them freed, the others kept in the staging pool)."""
-        with self._lock:
-            state.forwarding.discard(zone)
-        if budget_bytes:
-            self._budget.release(budget_bytes, freed=freed)
+        return self._reduction.begin(partial, timeout, certified=certified)
 
     def receive_partial(
         self, partial: PartialSum, sums: Mapping[str, ShardPayload], *, certified: str | None = None
@@ -347,29 +340,7 @@ class ZoneAggregator:
         """Fold another zone's partial sums of ``global`` shards into this round at once
         (in-process use; the gRPC service streams instead). Returns the number of shards
         folded in; raises :class:`PushRejectedError` and folds nothing if any is refused."""
-        encrypted = {e.shard_id for e in partial.entries if e.encrypted}
-        with self.begin_forward(partial, certified=certified) as session:
-            for shard_id, values in sums.items():
-                for chunk in shard_chunks(shard_id, values, encrypted=shard_id in encrypted):
-                    session.take(chunk)
-            return session.commit()
-
-    def _forward(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
-        partial = send_partial_sums(state, self.name, self._connect, forward_to)
-        if partial is None or forward_to is None:
-            return
-        nbytes = sum(e.nbytes for e in partial.entries)
-        self.stats.forwarded_shards += len(partial.entries)
-        self.stats.forwarded_bytes += nbytes
-        who = sorted({c for e in partial.entries for c in e.contributors})
-        self._record(
-            Decision.FORWARDED,
-            round=partial.round,
-            to_zone=forward_to[0],
-            shards=len(partial.entries),
-            bytes=nbytes,
-            contributors=who,
-        )
+        return self._reduction.receive(partial, sums, certified=certified)
 
     def close_round(
         self, round: int, forward_to: tuple[str, str] | None = None, *, by: str = "-"
@@ -400,15 +371,18 @@ class ZoneAggregator:
                 RefusalCode.INVALID,
             )
         with self._lock:
+            if round in self.recovery.lost:
+                raise ZoneError(f"zone {self.name}: {self._lost(round)}", RefusalCode.ROUND)
             state = self._rounds.pop(round, None)
             if state is None:
                 if round in self._closed:
                     return self._published.summaries(round)
                 raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
             self._closed.add(round)
+        faults.point("zone.close.start")
         if not reducer:
             try:
-                self._forward(state, forward_to)
+                self._reduction.send(state, forward_to)
             except FedshardError:
                 with self._lock:  # the round is not lost: closing it again retries the forward
                     self._closed.discard(round)
@@ -422,6 +396,7 @@ class ZoneAggregator:
             self._check_noise_shares(state, group)
             aggregate, contributors = build_aggregate(self.name, state, group)
             self._published.publish(aggregate, contributors)
+            faults.point("zone.publish.written")
             summary = aggregate.summary
             self._record(
                 Decision.PUBLISHED,
@@ -432,6 +407,9 @@ class ZoneAggregator:
                 merkle_root=summary.merkle_root,
             )
             summaries.append(summary)
+        if self._journal is not None:  # every aggregate stored: only now is the round published
+            self._published.sync()
+            self._journal.write(round, RoundState.PUBLISHED, tuple(s.group for s in summaries))
         return summaries
 
     def _check_noise_shares(self, state: OpenRound, group: str) -> None:
@@ -451,7 +429,11 @@ class ZoneAggregator:
         """Discard ``round`` without publishing anything."""
         with self._lock:
             state = self._rounds.pop(round, None)
-        self._record(Call.ABORT, by=by, round=round, was_open=state is not None)
+            lost = round in self.recovery.lost
+            if (state is not None or lost) and self._journal is not None:
+                self._journal.write(round, RoundState.ABORTED)  # a lost round aborted may open again, afresh
+            self.recovery.lost.discard(round)
+        self._record(Call.ABORT, by=by, round=round, was_open=state is not None, was_lost=lost)
 
     # serving aggregates (kept by fedshard.zone.publish) ---------------------------------------
     def fetch(

@@ -24,6 +24,7 @@ aggregate never changes meaning.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -130,6 +131,16 @@ class AggregateStore:
         }
         self._store.save(self.key(summary.round, summary.group), arrays, meta)
 
+    def sync(self) -> None:
+        """fsync the folder, so that the aggregates renamed into it survive a power cut."""
+        root = self._store.root
+        if os.name == "posix" and root.is_dir():
+            fd = os.open(root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
     def load(self, zone: str, round: int, group: str) -> tuple[Aggregate, Contributors] | None:
         """The stored aggregate ``group`` of ``round`` (None if there is none), checked against its root.
 
@@ -198,6 +209,18 @@ class Publications:
                 self._latest, self._latest_round = {}, summary.round
             self._latest[summary.group] = (aggregate, contributors)
             self._summaries[(summary.round, summary.group)] = summary
+
+    def restore(self, summaries: list[AggregateSummary]) -> None:
+        """Know the summaries of aggregates stored before a restart (checked by
+        :func:`~fedshard.zone.recovery.recover_rounds`), so that closing their round again
+        answers with them."""
+        with self._lock:
+            self._summaries.update({(s.round, s.group): s for s in summaries})
+
+    def sync(self) -> None:
+        """Make the names of the stored aggregates durable (fsync the store's folder)."""
+        if self._store is not None:
+            self._store.sync()
 
     def spill(self) -> None:
         """Stop holding the latest aggregates in memory when they are stored: a new round's

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from fedshard import faults
 from fedshard.aggregation import extremes, norm_scale, squared_norm, within
 from fedshard.config import BoundRule
 from fedshard.crypto.he import Pack, load_ciphertexts, pack_layout
@@ -353,6 +354,7 @@ class PushSession:
             raise self.refuse(exc.code, exc.reason) from None
         if done is not None:
             self._check(*done)
+        faults.point("zone.push.frame")
 
     def _check(self, shard_id: str, values: ShardPayload) -> None:
         if isinstance(values, bytes):  # the manifest lists it encrypted (the assembler checked)

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto.he import EncryptedSum
+from fedshard.errors import HeldPush
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, RoundSpec
 from fedshard.sharding import ShardPlan
 
-__all__ = ["OpenRound", "ZoneStats"]
+__all__ = ["OpenRound", "ZoneStats", "manifest_digest"]
+
+
+def manifest_digest(manifest: Manifest) -> str:
+    """SHA-256 of a manifest's canonical bytes (its signature included): the same push, retried."""
+    return hashlib.sha256(manifest.to_bytes()).hexdigest()
 
 
 @dataclass
@@ -30,6 +37,15 @@ class OpenRound:
     forwarding: set[str] = field(default_factory=set)  # zones whose partial sums are arriving
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
     packs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # encrypted shard -> its pack's members
+    manifests: dict[str, str] = field(default_factory=dict)  # site pushing or counted -> its manifest's digest
+
+    def held(self, manifest: Manifest) -> HeldPush | None:
+        """What this round holds of ``manifest`` itself (same digest), refused as a duplicate."""
+        if self.manifests.get(manifest.site_id) != manifest_digest(manifest):
+            return None
+        if manifest.site_id in self.counted:
+            return HeldPush.COUNTED
+        return HeldPush.PENDING if manifest.site_id in self.pushing else None
 
     @property
     def unit_weight(self) -> float:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -95,11 +96,16 @@ class GrpcZoneClient:
             raise self._error(exc) from None
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Block until the zone's channel is connected."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise ZoneError(f"zone at {self.endpoint} did not come up within {timeout:.0f}s") from None
+        """Block until the zone's channel is connected (a zone still starting, or restarting, is waited for)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            # A channel whose connection failed goes idle until asked again: ask every second.
+            try:
+                grpc.channel_ready_future(self._channel).result(timeout=min(1.0, max(deadline - time.monotonic(), 0)))
+                return
+            except grpc.FutureTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise ZoneError(f"zone at {self.endpoint} did not come up within {timeout:.0f}s") from None
 
     def open_round(self, spec: RoundSpec) -> None:
         """Ask the zone to accept pushes for ``spec.round``."""

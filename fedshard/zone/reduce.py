@@ -1,0 +1,179 @@
+"""Hierarchical reduction at one zone: receiving other zones' partial sums (at the reducing
+zone) as transactions, and sending this zone's own at round close.
+
+:class:`Reduction` is the :class:`~fedshard.zone.forward.ForwardTarget` of the zone's
+forward sessions (checks and frames: :mod:`fedshard.zone.forward`). It shares the zone's
+open rounds and their lock, its staging budget and pool, its counters and its audit log
+with the :class:`~fedshard.zone.aggregator.ZoneAggregator` that made it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedshard import faults
+from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
+from fedshard.protocol.rounds import GLOBAL_GROUP, PartialSum, ShardPayload
+from fedshard.residency.audit import Decision
+from fedshard.zone.calls import Call
+from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
+from fedshard.zone.frames import shard_chunks
+from fedshard.zone.push import ByteBudget
+from fedshard.zone.staging import StagingPool
+from fedshard.zone.state import OpenRound, ZoneStats
+
+if TYPE_CHECKING:
+    from fedshard.config import AggregationConfig
+    from fedshard.protocol.channels import ZoneConnector
+    from fedshard.zone.policy import ZonePolicy
+
+__all__ = ["Reduction"]
+
+
+class Reduction:
+    """One zone's side of hierarchical reduction (see the module docstring).
+
+    Parameters
+    ----------
+    zone:
+        The zone's name.
+    rounds, lock:
+        The zone's open rounds, and the lock that guards them and their sums.
+    budget, staging:
+        The zone's staging budget and buffer pool (shared with its pushes).
+    stats:
+        The zone's counters.
+    record:
+        Appends a decision to the zone's audit log (``record(decision, **fields)``).
+    residency, he_context, bounds, connect:
+        As the zone's (:class:`~fedshard.zone.aggregator.ZoneAggregator`).
+    """
+
+    def __init__(
+        self,
+        zone: str,
+        rounds: dict[int, OpenRound],
+        lock: threading.Lock,
+        budget: ByteBudget,
+        staging: StagingPool,
+        stats: ZoneStats,
+        record: Callable[..., None],
+        *,
+        residency: ZonePolicy | None,
+        he_context: Any,
+        bounds: AggregationConfig,
+        connect: ZoneConnector | None,
+    ) -> None:
+        self.zone = zone
+        self._rounds, self._lock = rounds, lock
+        self._budget, self._staging = budget, staging
+        self._stats, self._record = stats, record
+        self._residency = residency
+        self.he_context = he_context
+        self.bounds = bounds
+        self._connect = connect
+
+    def begin(
+        self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
+    ) -> ForwardSession:
+        """Check another zone's partial-sum header and start receiving its sums.
+
+        ``certified`` is the sending zone's name from its mTLS certificate.
+        """
+        with self._lock:
+            state = self._rounds.get(partial.round)
+            try:
+                if certified is not None and certified != partial.zone:
+                    raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
+                if state is None:
+                    raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
+                check_partial(state, partial, residency=self._residency, he_context=self.he_context)
+            except PushRejectedError as exc:
+                raise self.refused_partial(partial, exc.code, str(exc)) from None
+            state.forwarding.add(partial.zone)
+        need = sum(e.nbytes for e in partial.entries)
+        if not self._budget.acquire(need, timeout):
+            self.end_forward(state, partial.zone, 0)
+            raise ZoneError(f"zone {self.zone}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+        return ForwardSession(self, state, partial, need, self._staging)
+
+    def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
+        """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
+        self._stats.refuse(reason)
+        fields = {"source_zone": partial.zone, "round": partial.round, "code": code, "reason": reason}
+        self._record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
+        return PushRejectedError(
+            f"zone {self.zone} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
+        )
+
+    def fold_partial(
+        self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
+    ) -> int:
+        """Fold a complete, valid forward into the round (called by its :class:`ForwardSession`)."""
+        with self._lock:
+            if self._rounds.get(partial.round) is not state:
+                raise self.refused_partial(partial, RefusalCode.ROUND, "the round closed during the forward")
+            for entry in partial.entries:
+                sid = entry.shard_id
+                if entry.encrypted:
+                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.he_context).add(
+                        sid, ciphertexts[sid]
+                    )
+                else:
+                    acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
+                    acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
+            state.forwarded_from.add(partial.zone)
+            self._stats.partials_received += len(partial.entries)
+        faults.point("zone.forward.received")
+        self._record(
+            Decision.ACCEPTED,
+            call=Call.FORWARD,
+            source_zone=partial.zone,
+            round=partial.round,
+            partial_shards=len(partial.entries),
+            contributors=sorted({c for e in partial.entries for c in e.contributors}),
+        )
+        return len(partial.entries)
+
+    def end_forward(self, state: OpenRound, zone: str, budget_bytes: int, *, freed: int | None = None) -> None:
+        """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its
+        staging bytes (``freed`` of them freed, the others kept in the staging pool)."""
+        with self._lock:
+            state.forwarding.discard(zone)
+        if budget_bytes:
+            self._budget.release(budget_bytes, freed=freed)
+
+    def receive(self, partial: PartialSum, sums: Mapping[str, ShardPayload], *, certified: str | None = None) -> int:
+        """Fold another zone's partial sums of ``global`` shards into this round at once
+        (in-process use; the gRPC service streams instead). Returns the number of shards
+        folded in; raises :class:`PushRejectedError` and folds nothing if any is refused."""
+        encrypted = {e.shard_id for e in partial.entries if e.encrypted}
+        with self.begin(partial, certified=certified) as session:
+            for shard_id, values in sums.items():
+                for chunk in shard_chunks(shard_id, values, encrypted=shard_id in encrypted):
+                    session.take(chunk)
+            return session.commit()
+
+    def send(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
+        """Forward ``state``'s partial sums of ``global`` shards to ``forward_to``, the
+        reducing zone's ``(name, endpoint)`` (nothing to send: nothing done); counted and audited."""
+        partial = send_partial_sums(state, self.zone, self._connect, forward_to)
+        if partial is None or forward_to is None:
+            return
+        faults.point("zone.forward.sent")
+        nbytes = sum(e.nbytes for e in partial.entries)
+        self._stats.forwarded_shards += len(partial.entries)
+        self._stats.forwarded_bytes += nbytes
+        who = sorted({c for e in partial.entries for c in e.contributors})
+        self._record(
+            Decision.FORWARDED,
+            round=partial.round,
+            to_zone=forward_to[0],
+            shards=len(partial.entries),
+            bytes=nbytes,
+            contributors=who,
+        )
