@@ -62,6 +62,7 @@ class RunResult:
     rounds: list[RoundResult] = field(default_factory=list)
     stopped_reason: str = ""
     groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
+    aborted: list[dict[str, Any]] = field(default_factory=list)  # rounds a zone's failure aborted: round, reason
 
     @property
     def privacy(self) -> dict[str, dict[str, Any]]:
