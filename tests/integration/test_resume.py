@@ -24,12 +24,17 @@ from fedshard.assembly import make_site
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.recovery import recover
+from fedshard.deploy.keys import provision
+from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.errors import RoundError
+from fedshard.integrity import next_version
 from fedshard.routing import FederationRouting
 from fedshard.transports.inprocess import InProcessSiteGateway
+from tests.deploy_helpers import events, kill_tree, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
+SITES = ["charite-berlin", "mayo-rochester"]
 
 
 def _fedshard(*args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
@@ -71,34 +76,45 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_simulate_killed_mid_round_resumes_to_the_uninterrupted_chain(federation: Path, tmp_path: Path) -> None:
-    plain = _fedshard("simulate", "--config", str(federation), "--out", str(tmp_path / "plain"))
+@pytest.fixture(scope="module")
+def uninterrupted(federation: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, str, dict[str, str]]]:
+    """The version chain of the federation run without interruption: (round, version, group versions)."""
+    run = tmp_path_factory.mktemp("plain") / "run"
+    plain = _fedshard("simulate", "--config", str(federation), "--out", str(run))
     assert plain.returncode == 0, plain.stderr
-    expected = _chain(tmp_path / "plain")
-    assert len(expected) == 3 and len({v for _, v, _ in expected}) == 3
-    assert len(expected[0][2]) == 2, "the federation should have two residency groups"
+    chain = _chain(run)
+    assert len(chain) == 3 and len({v for _, v, _ in chain}) == 3
+    assert len(chain[0][2]) == 2, "the federation should have two residency groups"
+    return chain
 
-    # Killed after round 2 closed at the zones, before the sites applied it; then while round 2 was open.
-    for point, logged in (("coordinator.round.closed@2:kill", "closed"), ("coordinator.round.opened@2:kill", "round")):
-        run = tmp_path / point.split("@")[0]
-        killed = _fedshard("simulate", "--config", str(federation), "--out", str(run), faults=point)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        assert _events(run)[-1]["event"] == logged and not (run / "summary.json").exists()
-        # a fresh run in that folder is refused, in one line, pointing at --resume
-        again = _fedshard("simulate", "--config", str(federation), "--out", str(run))
-        assert again.returncode == 2 and again.stderr.count("error:") == 1 and "--resume" in again.stderr
 
-        resumed = _fedshard("simulate", "--resume", str(run))
-        assert resumed.returncode == 0, resumed.stderr
-        assert _chain(run) == expected, point
-        starts = [e for e in _events(run) if e["event"] == "start"]
-        assert [s["resumed"] for s in starts] == [0, 2 if logged == "closed" else 1]
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["rounds"] == 3 and not summary["stopped_reason"] and not summary["aborted_rounds"]
-        # every site's store holds the model the summary says it should
-        held = _site_versions(run)
-        assert held == {s["id"]: (3, s["model_version"]) for s in summary["sites"]}
+def _resume_and_check(run: Path, expected: list[tuple[int, str, dict[str, str]]], resumed_after: int) -> None:
+    """Resume the run in ``run``; it ends with ``expected``, every site holding the last version."""
+    resumed = _fedshard("simulate", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _chain(run) == expected
+    starts = [e for e in _events(run) if e["event"] == "start"]
+    assert [s["resumed"] for s in starts] == [0, resumed_after]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rounds"] == 3 and not summary["stopped_reason"] and not summary["aborted_rounds"]
+    assert _site_versions(run) == {s["id"]: (3, s["model_version"]) for s in summary["sites"]}
+
+
+@pytest.mark.slow
+def test_simulate_killed_after_a_round_closed_resumes_to_the_uninterrupted_chain(
+    federation: Path, uninterrupted: list[tuple[int, str, dict[str, str]]], tmp_path: Path
+) -> None:
+    # Killed after round 2 closed at the zones (logged), before any site applied it.
+    run = tmp_path / "run"
+    killed = _fedshard(
+        "simulate", "--config", str(federation), "--out", str(run), faults="coordinator.round.closed@2:kill"
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert _events(run)[-1]["event"] == "closed" and not (run / "summary.json").exists()
+    # a fresh run in that folder is refused, in one line, pointing at --resume
+    again = _fedshard("simulate", "--config", str(federation), "--out", str(run))
+    assert again.returncode == 2 and again.stderr.count("error:") == 1 and "--resume" in again.stderr
+    _resume_and_check(run, uninterrupted, resumed_after=2)  # the sites apply round 2, then round 3 runs
 
 
 def _site_versions(run: Path) -> dict[str, tuple[int, str]]:
@@ -119,12 +135,16 @@ def _endpoints(config: FederationConfig) -> dict[str, str]:
     return {z.name: "127.0.0.1:1" for z in config.zones}
 
 
-def test_a_fresh_run_on_sites_ahead_of_genesis_is_refused_in_one_line(federation: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_simulate_killed_in_an_open_round_is_refused_fresh_and_redoes_the_round_on_resume(
+    federation: Path, uninterrupted: list[tuple[int, str, dict[str, str]]], tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     killed = _fedshard(
         "simulate", "--config", str(federation), "--out", str(run), faults="coordinator.round.opened@2:kill"
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert _events(run)[-1]["event"] == "round"
     config = load_federation(run / "federation.yaml")
     routing = FederationRouting(config)
     sites = {s.id: make_site(config, s.id, run / "sites", routing) for s in config.sites}
@@ -135,11 +155,69 @@ def test_a_fresh_run_on_sites_ahead_of_genesis_is_refused_in_one_line(federation
         line = str(refused.value)
         assert "\n" not in line and "later model than this run's genesis" in line
         assert all(f"{s} holds round 1" in line for s in sites) and "aggregator up --resume" in line
-        # resuming it is accepted: every site stands where the log says
-        resumed = Coordinator(config, gateway, {}, _endpoints(config), recovery=recover(run / "events.jsonl"))
-        infos = resumed.discover().sites
-        assert {i.applied_round for i in infos} == {1}
     finally:
         gateway.close()
+    _resume_and_check(run, uninterrupted, resumed_after=1)  # round 2, open when it died, is run again
     bad = _fedshard("simulate", "--resume", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "no run to resume" in bad.stderr
+
+
+@pytest.mark.slow
+def test_deployment_whose_aggregator_host_died_finishes_under_resume(tmp_path: Path) -> None:
+    def edit(data: dict[str, Any]) -> None:
+        data["federation"].update(rounds=2, min_sites=2, round_timeout_s=90)
+        data.pop("privacy", None)
+        data.pop("residency", None)
+        data["sites"] = [s for s in data["sites"] if s["id"] in SITES]
+        data["zones"] = [z for z in data["zones"] if z["name"] in ("eu-central", "us-east")]
+        data["deployment"].update(wait_s=240)
+
+    layout = write_loopback_layout(ROOT / "configs", tmp_path, edit=edit, tls=False)
+    provision(load_federation(layout["aggregator"]), tmp_path / "keys")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    up = ["aggregator", "up", "--insecure", "--config", str(layout["aggregator"])]
+    # The coordinator stalls once round 1 is logged; then the whole aggregator host dies (SIGKILL,
+    # SuperLink, ServerApp and zones with it).
+    aggregator = _start(up, tmp_path, logs / "agg.log", faults="coordinator.round.done@1:pause=600")
+    sites = [
+        _start(["site", "up", "--insecure", "--config", str(layout[s])], tmp_path, logs / f"{s}.log") for s in SITES
+    ]
+    procs = [aggregator, *sites]
+    try:
+        wait_for(lambda: any(e["event"] == "round" for e in events(tmp_path)), 400, "round 1", procs)
+        kill_tree(aggregator)
+        aggregator.wait(10)
+        before = [e for e in events(tmp_path) if e["event"] == "round"]
+        assert [e["round"] for e in before] == [1]
+
+        resumed = _start([*up, "--resume"], tmp_path, logs / "agg-resumed.log")
+        procs.append(resumed)
+        resumed.wait(600)
+        out = (logs / "agg-resumed.log").read_text()
+        assert resumed.returncode == 0, out[-3000:]
+    finally:
+        stop(procs)
+    (run_dir,) = (tmp_path / "runs" / "aggregator").glob("run-*")  # resumed in the same folder
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 2 and not summary["stopped_reason"], summary["stopped_reason"]
+    first, second = summary["history"]
+    assert first["group_versions"] == before[0]["versions"]  # round 1 as logged before the crash
+    for group, version in second["group_versions"].items():  # round 2 extends it
+        assert version == next_version(first["group_versions"][group], second["group_roots"][group])
+    group_of = {site: group for group, members in summary["residency_groups"].items() for site in members}
+    assert {s["id"]: s["model_version"] for s in summary["sites"]} == {
+        site: second["group_versions"][group_of[site]] for site in SITES
+    }
+
+
+def _start(args: list[str], cwd: Path, log: Path, faults: str = "") -> subprocess.Popen[bytes]:
+    """``fedshard ARGS`` in its own session (as :func:`tests.deploy_helpers.start`), with ``faults``."""
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS="200")
+    env.pop("FEDSHARD_FAULTS", None)
+    if faults:
+        env["FEDSHARD_FAULTS"] = faults
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*FEDSHARD, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
