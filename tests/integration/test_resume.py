@@ -1,4 +1,4 @@
-"""Resuming a federation after its coordinator died (issue 16).
+"""Resuming a federation after its coordinator died, and going on after a zone failed a round (issue 16).
 
 Real processes: ``fedshard simulate`` SIGKILLed at named points of a round, then
 ``fedshard simulate --resume``, ends with the model-version chain of an uninterrupted
@@ -20,15 +20,22 @@ from typing import Any
 import pytest
 import yaml
 
-from fedshard.assembly import make_site
+from fedshard.assembly import SIGNING_KEY_FILE, grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig, load_federation
-from fedshard.coordinator.coordinator import Coordinator
+from fedshard.coordinator.coordinator import MAX_ABORTED_IN_A_ROW, Coordinator
+from fedshard.coordinator.events import EventLog, replay
 from fedshard.coordinator.recovery import recover
+from fedshard.coordinator.results import RoundResult
+from fedshard.crypto.signing import generate_signing_key
 from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.errors import RoundError
 from fedshard.integrity import next_version
+from fedshard.protocol.channels import ZoneClient
+from fedshard.protocol.messages import QueryRequest, SiteInfo
+from fedshard.protocol.rounds import RoundSpec
 from fedshard.routing import FederationRouting
+from fedshard.simulate.run import with_rounds
 from fedshard.transports.inprocess import InProcessSiteGateway
 from tests.deploy_helpers import events, kill_tree, stop, wait_for
 
@@ -221,3 +228,51 @@ def _start(args: list[str], cwd: Path, log: Path, faults: str = "") -> subproces
         return subprocess.Popen(
             [*FEDSHARD, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+class _StaleOpener:
+    """Once round ``after`` finishes, opens ``rounds`` at one zone first, as a stale coordinator
+    would: the zone then refuses the coordinator's own opening of them (a real refusal, over gRPC)."""
+
+    def __init__(self, zone: ZoneClient, plan_json: str, after: dict[int, list[int]]) -> None:
+        self.zone, self.plan_json, self.after = zone, plan_json, after
+
+    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
+        """Nothing to do at the start."""
+
+    def on_round(self, result: RoundResult) -> None:
+        """Open the rounds planned after this one at the zone."""
+        for rnd in self.after.get(result.round, []):
+            self.zone.open_round(RoundSpec(rnd, "stale", self.plan_json, result.version, ("eu-a",)))
+
+
+def test_rounds_a_zone_fails_are_aborted_logged_and_the_federation_goes_on(federation: Path, tmp_path: Path) -> None:
+    config = with_rounds(load_federation(federation), 6)
+    keys = {}
+    for s in config.sites:
+        (tmp_path / "sites" / s.id).mkdir(parents=True)
+        keys[s.id] = generate_signing_key(tmp_path / "sites" / s.id / SIGNING_KEY_FILE)
+    routing = FederationRouting(config)
+    sites = {s.id: make_site(config, s.id, tmp_path / "sites", routing) for s in config.sites}
+    gateway = InProcessSiteGateway(sites)
+    journal = EventLog(tmp_path / "events.jsonl")
+    with running_zones(config, tmp_path / "zones", keys) as endpoints:
+        zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
+        plan_json = sites["eu-a"].query(QueryRequest()).plan_json
+        # round 2 fails at us-1, round 3 runs; then rounds 4, 5 and 6 fail one after the other
+        stale = _StaleOpener(grpc_connector("us-1", endpoints["us-1"]), plan_json, {1: [2], 3: [4, 5, 6]})
+        try:
+            result = Coordinator(config, gateway, zones, endpoints, stale, journal=journal).run()
+        finally:
+            gateway.close()
+            for zone in [*zones.values(), stale.zone]:
+                zone.close()
+    assert [r.round for r in result.rounds] == [1, 3]
+    assert [a["round"] for a in result.aborted] == [2, 4, 5, 6]
+    assert all("zone us-1 could not open the round" in str(a["reason"]) for a in result.aborted)
+    assert result.stopped_reason.startswith(f"{MAX_ABORTED_IN_A_ROW} rounds in a row were aborted")
+    assert "\n" not in result.stopped_reason and "round 6: zone us-1" in result.stopped_reason
+    # round 3 went on from round 1's model: the chain skips the aborted round
+    assert result.rounds[1].versions != result.rounds[0].versions
+    replayed = replay(journal.path)  # the log shows it all (summary.json's aborted_rounds)
+    assert [a["round"] for a in replayed.aborted] == [2, 4, 5, 6] and [r.round for r in replayed.rounds] == [1, 3]
