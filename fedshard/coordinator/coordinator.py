@@ -25,32 +25,27 @@ import secrets
 from collections.abc import Mapping
 
 from fedshard import faults
-from fedshard.aggregation import ServerOptimizerKind
 from fedshard.config import FederationConfig
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
+from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, refusal_line
 from fedshard.errors import FedshardError, RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
-from fedshard.privacy.accountant import AccountantKind
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
-    ApplyRule,
     EvaluateInstruction,
     EvaluateReport,
     LedgerHeadReport,
     MessageKind,
-    PrivacyPlan,
     PrivacyReport,
     PublishedAggregate,
     QueryRequest,
-    RecordPlan,
     SiteFailure,
     SiteInfo,
     TrainInstruction,
     TrainReport,
-    UpdatePlan,
 )
 from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
@@ -109,14 +104,7 @@ class Coordinator:
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
         self._ledger_heads: dict[str, LedgerHeadReport] = {}  # site id -> last ledger head it reported
-        rule = config.training.server_optimizer
-        self._apply_rule = ApplyRule(
-            kind=ServerOptimizerKind(rule.kind),
-            learning_rate=rule.learning_rate,
-            beta1=rule.beta1,
-            beta2=rule.beta2,
-            tau=rule.tau,
-        )
+        self._apply_rule = apply_rule(config)
         self._plan_json = ""
 
     @property
@@ -127,7 +115,7 @@ class Coordinator:
     def discover(self) -> RunResult:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
         nodes = self.sites.nodes()
-        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites}
+        plans = {s.id: privacy_plan(self.config, s.id) for s in self.config.sites}
         query = QueryRequest(
             privacy={site: plan for site, plan in plans.items() if plan is not None}, zones=self.endpoints
         )
@@ -229,6 +217,14 @@ class Coordinator:
                 except RoundError as exc:
                     result.stopped_reason = str(exc)
                     return result
+            in_flight = recovery.in_flight
+            if in_flight is not None and self.config.privacy.enabled:
+                reason = (
+                    f"round {in_flight}: the coordinator stopped while it was open; sites may have charged it to "
+                    "their privacy ledgers, so it is not run again"
+                )
+                self._aborted(result, in_flight, reason)
+                first = in_flight + 1
             log.info("resuming after round %d: rounds %d to %d", recovery.last_round, first, total)
         in_a_row = 0
         for rnd in range(first, total + 1):
@@ -237,10 +233,7 @@ class Coordinator:
                 in_a_row = 0
             except RoundAbortedError as exc:
                 in_a_row += 1
-                log.warning("round %d aborted: %s", rnd, exc)
-                result.aborted.append({"round": rnd, "reason": str(exc)})
-                if self.journal is not None:
-                    self.journal.on_aborted(rnd, str(exc))
+                self._aborted(result, rnd, str(exc))
                 if in_a_row >= MAX_ABORTED_IN_A_ROW:
                     result.stopped_reason = f"{in_a_row} rounds in a row were aborted; the last: {exc}"
                     return result
@@ -249,6 +242,12 @@ class Coordinator:
                 result.stopped_reason = str(exc)
                 return result
         return result
+
+    def _aborted(self, result: RunResult, rnd: int, reason: str) -> None:
+        log.warning("round %d aborted: %s", rnd, reason)
+        result.aborted.append({"round": rnd, "reason": reason})
+        if self.journal is not None:
+            self.journal.on_aborted(rnd, reason)
 
     def _finished(self, result: RunResult, round_result: RoundResult, *, log_it: bool = True) -> None:
         """Add a finished round to ``result``; log it and show it (recovered rounds: show only)."""
@@ -259,37 +258,6 @@ class Coordinator:
             faults.point("coordinator.round.done")
         if self.observer is not None:
             self.observer.on_round(round_result)
-
-    def _privacy_plan(self, site_id: str) -> PrivacyPlan | None:
-        """The privacy the aggregator asks of a site (None when DP is off)."""
-        p = self.config.privacy
-        if not p.enabled:
-            return None
-        budget = self.config.budget_of(site_id)
-        assert budget is not None  # validated: a budget exists whenever DP is on
-        t = self.config.training
-        record = p.record_level
-        return PrivacyPlan(
-            accountant=AccountantKind(record.accountant),
-            epsilon=budget.epsilon,
-            delta=budget.delta,
-            batch_size=t.batch_size,
-            epochs=t.local_epochs,
-            record=RecordPlan(
-                noise_multiplier=record.noise_multiplier,
-                max_grad_norm=record.max_grad_norm,
-                planned_rounds=math.ceil(self.config.federation.rounds * self.config.federation.sample_fraction),
-            )
-            if record.enabled
-            else None,
-            update=UpdatePlan(
-                clip_norm=p.update_level.clip_norm,
-                noise_multiplier=p.update_level.noise_multiplier,
-                noise_share=p.update_level.noise_share,
-            )
-            if p.update_level.enabled
-            else None,
-        )
 
     def _select(self, rnd: int) -> list[str]:
         """Sample the round's sites among those that can still afford a round."""
@@ -391,6 +359,8 @@ class Coordinator:
             except FedshardError as exc:
                 self._abort(rnd, list(self.zones))  # also a zone that opened it before failing to answer
                 raise RoundAbortedError(f"round {rnd}: zone {name} could not open the round: {exc}", name) from None
+        if self.journal is not None:  # before any site reserves budget for it
+            self.journal.on_opened(rnd)
         faults.point("coordinator.round.opened")
 
     def _train(
@@ -433,7 +403,7 @@ class Coordinator:
             batch_size=t.batch_size,
             learning_rate=t.learning_rate,
             seed=derive_seed(self.config.federation.seed, rnd, site_id),
-            privacy=self._privacy_plan(site_id),
+            privacy=privacy_plan(self.config, site_id),
             apply=self._apply_rule,
             weight_scale=weight_scale,
             ledger_head=self._ledger_heads.get(site_id),

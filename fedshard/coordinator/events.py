@@ -30,6 +30,8 @@ class EventKind(StrEnum):
     START = "start"
     """The federation assembled: its sites, rounds and genesis version; ``resumed`` is the
     last round recovered from the log when the run resumes an earlier one (0: a fresh run)."""
+    OPENED = "opened"
+    """A round opened at every zone (``round``), before any site was told to train in it."""
     CLOSED = "closed"
     """A round closed at every zone: its RoundResult before evaluation (accuracy and loss NaN),
     written before any site applies it."""
@@ -65,6 +67,10 @@ class EventLog:
                 "resumed": resumed,
             }
         )
+
+    def on_opened(self, rnd: int) -> None:
+        """Record a round opened at every zone, before any site trains (or reserves budget) for it."""
+        self._write({"event": EventKind.OPENED, "round": rnd})
 
     def on_closed(self, result: RoundResult) -> None:
         """Record a round closed at every zone, before any site applies it."""

@@ -11,7 +11,10 @@ applied, and a resumed coordinator rebuilds from it:
 * the results of the finished rounds (for the summary);
 * a round that closed but was not evaluated (finish it: the sites apply it);
 * the next round to run. A round that was open when the coordinator died, and never
-  closed, is run again under its number: nothing of it was applied anywhere.
+  closed, is run again under its number (nothing of it was applied anywhere), except
+  with differential privacy on: sites may have charged it to their ledgers, where a
+  round is charged once, so the coordinator logs it as aborted and goes on with the
+  next number.
 
 What the sites report at discovery is then checked against the chain
 (:func:`check_standing`): a site must hold the group's model of the round it last
@@ -51,7 +54,7 @@ class Recovery:
     closed: list[RoundResult] = field(default_factory=list)
     finished: dict[int, RoundResult] = field(default_factory=dict)
     aborted: list[dict[str, object]] = field(default_factory=list)
-    last_started: int = 0  # the highest round number the log mentions
+    opened: set[int] = field(default_factory=set)
 
     @property
     def last_round(self) -> int:
@@ -63,6 +66,13 @@ class Recovery:
         """The first round the resumed run opens: after the last one closed or aborted."""
         aborted = [int(str(a["round"])) for a in self.aborted]
         return max([self.last_round, *aborted]) + 1
+
+    @property
+    def in_flight(self) -> int | None:
+        """The round open at the zones when the coordinator died (neither closed nor aborted), if any."""
+        done = {r.round for r in self.closed} | {int(str(a["round"])) for a in self.aborted}
+        left = [r for r in self.opened if r not in done and r > self.last_round]
+        return max(left) if left else None
 
     @property
     def unfinished(self) -> RoundResult | None:
@@ -131,8 +141,9 @@ def recover(path: str | Path) -> Recovery:
         if recovery is None or kind == EventKind.STOP:
             continue
         rnd = int(event.get("round", 0))
-        recovery.last_started = max(recovery.last_started, rnd)
-        if kind == EventKind.CLOSED:
+        if kind == EventKind.OPENED:
+            recovery.opened.add(rnd)
+        elif kind == EventKind.CLOSED:
             result = round_from_event(event)
             if any("merkle_root" not in a for a in result.aggregates):
                 raise RoundError(f"{path}: round {rnd} was logged without its aggregates' roots; it cannot be resumed")
