@@ -29,8 +29,8 @@ from fedshard.config import FederationConfig
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
 from fedshard.coordinator.plans import apply_rule, privacy_plan
-from fedshard.coordinator.recovery import Recovery, check_standing, evaluated
-from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, refusal_line
+from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
+from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
 from fedshard.errors import FedshardError, RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
 from fedshard.protocol.channels import SiteGateway, ZoneClient
@@ -219,11 +219,7 @@ class Coordinator:
                     return result
             in_flight = recovery.in_flight
             if in_flight is not None and self.config.privacy.enabled:
-                reason = (
-                    f"round {in_flight}: the coordinator stopped while it was open; sites may have charged it to "
-                    "their privacy ledgers, so it is not run again"
-                )
-                self._aborted(result, in_flight, reason)
+                self._aborted(result, in_flight, in_flight_reason(in_flight))
                 first = in_flight + 1
             log.info("resuming after round %d: rounds %d to %d", recovery.last_round, first, total)
         in_a_row = 0
@@ -325,16 +321,7 @@ class Coordinator:
             privacy={site: report.model_dump(mode="json") for site, report in sorted(self._privacy.items())},
             versions=group_versions,
             roots=roots,
-            aggregates=[
-                {
-                    "zone": s.zone,
-                    "group": s.group,
-                    "merkle_root": s.merkle_root,
-                    "shards": len(s.shards),
-                    "sites": list(s.sites),
-                }
-                for s in published.values()
-            ],
+            aggregates=aggregate_entries(published.values()),
         )
         if self.journal is not None:  # logged before any site learns of the round: resumable
             self.journal.on_closed(closed)

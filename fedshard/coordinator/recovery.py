@@ -157,6 +157,14 @@ def recover(path: str | Path) -> Recovery:
     return recovery
 
 
+def in_flight_reason(rnd: int) -> str:
+    """Why round ``rnd``, open when the coordinator died, is not run again (DP on)."""
+    return (
+        f"round {rnd}: the coordinator stopped while it was open; sites may have charged it to their "
+        "privacy ledgers, where a round is charged once, so it is not run again"
+    )
+
+
 def evaluated(result: RoundResult, accuracy: float, loss: float) -> RoundResult:
     """``result`` (logged at close) with the sites' evaluation."""
     return replace(result, accuracy=accuracy, loss=loss)
