@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 MAX_ABORTED_IN_A_ROW = 3
 """Rounds aborted one after the other (a zone failed each) before the federation stops."""
 
+_ZONE_FAILED = {RefusalCode.ROUND, RefusalCode.FAILED}
+"""Refusal codes that say a zone failed a site's push (it no longer had the round open, or
+could not be reached): a round too few sites pushed to for these is aborted, not the federation."""
+
 
 class Coordinator:
     """Runs a federation's rounds.
@@ -293,7 +297,7 @@ class Coordinator:
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
                 f"(federation.min_sites is {min_sites}). {details}"
             )
-            if RefusalCode.ROUND in codes.values():  # a zone no longer had the round open: it lost it
+            if _ZONE_FAILED & set(codes.values()):  # a zone lost the round, or failed the pushes
                 raise RoundAbortedError(message)
             raise RoundError(message)
         published = self._close(rnd)

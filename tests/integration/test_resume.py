@@ -14,13 +14,16 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
+from pydantic import BaseModel
 
-from fedshard.assembly import SIGNING_KEY_FILE, grpc_connector, make_site, running_zones
+from fedshard.assembly import SIGNING_KEY_FILE, grpc_connector, make_site, make_zone, running_zones, streaming_parties
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import MAX_ABORTED_IN_A_ROW, Coordinator
 from fedshard.coordinator.events import EventLog, replay
@@ -32,11 +35,12 @@ from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.errors import RoundError
 from fedshard.integrity import next_version
 from fedshard.protocol.channels import ZoneClient
-from fedshard.protocol.messages import QueryRequest, SiteInfo
+from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.routing import FederationRouting
 from fedshard.simulate.run import with_rounds
 from fedshard.transports.inprocess import InProcessSiteGateway
+from fedshard.zone.rpc.service import serve
 from tests.deploy_helpers import events, kill_tree, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,3 +280,58 @@ def test_rounds_a_zone_fails_are_aborted_logged_and_the_federation_goes_on(feder
     assert result.rounds[1].versions != result.rounds[0].versions
     replayed = replay(journal.path)  # the log shows it all (summary.json's aborted_rounds)
     assert [a["round"] for a in replayed.aborted] == [2, 4, 5, 6] and [r.round for r in replayed.rounds] == [1, 3]
+
+
+class _ZoneDiesBeforeTraining:
+    """The in-process gateway, except that zone us-1's server stops just before round 2's train
+    messages go out: the zone dies with the round open, and the US site's push cannot land."""
+
+    def __init__(self, inner: InProcessSiteGateway, server: grpc.Server) -> None:
+        self.inner, self.server = inner, server
+
+    def nodes(self) -> list[str]:
+        """The in-process sites."""
+        return self.inner.nodes()
+
+    def send(
+        self, kind: MessageKind, messages: Mapping[str, BaseModel], timeout: float
+    ) -> dict[str, BaseModel | SiteFailure]:
+        """Send as the in-process gateway does, stopping the zone first at round 2's train."""
+        if kind is MessageKind.TRAIN and any(getattr(m, "round", 0) == 2 for m in messages.values()):
+            self.server.stop(grace=None).wait()
+        return self.inner.send(kind, messages, timeout)
+
+
+def test_a_zone_dead_during_pushes_aborts_the_round_not_the_federation(federation: Path, tmp_path: Path) -> None:
+    data = load_federation(federation).model_dump(mode="json")
+    data["federation"].update(rounds=4, min_sites=3)  # the US site's push is needed
+    config = FederationConfig.model_validate(data)
+    keys = {}
+    for s in config.sites:
+        (tmp_path / "sites" / s.id).mkdir(parents=True)
+        keys[s.id] = generate_signing_key(tmp_path / "sites" / s.id / SIGNING_KEY_FILE)
+    routing = FederationRouting(config)
+    servers, endpoints = {}, {}
+    for zc in config.zones:
+        zone = make_zone(zc, tmp_path / "zones", routing=routing, site_keys=keys)
+        servers[zc.name], port = serve(zone, "127.0.0.1:0", parties=streaming_parties(config))
+        endpoints[zc.name] = f"127.0.0.1:{port}"
+    sites = {s.id: make_site(config, s.id, tmp_path / "sites", routing) for s in config.sites}
+    inner = InProcessSiteGateway(sites)
+    zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
+    try:
+        gateway = _ZoneDiesBeforeTraining(inner, servers["us-1"])
+        result = Coordinator(config, gateway, zones, endpoints).run()
+    finally:
+        inner.close()
+        for client in zones.values():
+            client.close()
+        for server in servers.values():
+            server.stop(grace=None).wait()
+    assert [r.round for r in result.rounds] == [1]
+    # round 2: the US site could not push (the zone is gone); rounds 3 and 4: the zone cannot open them
+    assert [a["round"] for a in result.aborted] == [2, 3, 4]
+    assert "only 2 of 3 sites pushed an update" in str(result.aborted[0]["reason"])
+    assert "us-a: failed:" in str(result.aborted[0]["reason"]) and "unreachable" in str(result.aborted[0]["reason"])
+    assert "zone us-1 could not open the round" in str(result.aborted[1]["reason"])
+    assert result.stopped_reason.startswith("3 rounds in a row were aborted")
