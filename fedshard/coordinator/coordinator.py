@@ -39,6 +39,7 @@ from fedshard.protocol.messages import (
     EvaluateReport,
     LedgerHeadReport,
     MessageKind,
+    PrivacyPlan,
     PrivacyReport,
     PublishedAggregate,
     QueryRequest,
@@ -119,7 +120,7 @@ class Coordinator:
     def discover(self) -> RunResult:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
         nodes = self.sites.nodes()
-        plans = {s.id: privacy_plan(self.config, s.id) for s in self.config.sites}
+        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites}
         query = QueryRequest(
             privacy={site: plan for site, plan in plans.items() if plan is not None}, zones=self.endpoints
         )
@@ -259,6 +260,9 @@ class Coordinator:
         if self.observer is not None:
             self.observer.on_round(round_result)
 
+    def _privacy_plan(self, site_id: str) -> PrivacyPlan | None:
+        return privacy_plan(self.config, site_id)  # (tests build a site's instruction with it)
+
     def _select(self, rnd: int) -> list[str]:
         """Sample the round's sites among those that can still afford a round."""
         fed = self.config.federation
@@ -394,7 +398,7 @@ class Coordinator:
             batch_size=t.batch_size,
             learning_rate=t.learning_rate,
             seed=derive_seed(self.config.federation.seed, rnd, site_id),
-            privacy=privacy_plan(self.config, site_id),
+            privacy=self._privacy_plan(site_id),
             apply=self._apply_rule,
             weight_scale=weight_scale,
             ledger_head=self._ledger_heads.get(site_id),
