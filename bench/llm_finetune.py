@@ -13,8 +13,9 @@ shuffling follow it):
   sites' test slices partition it, and the coordinator weighs their accuracies by
   examples);
 * **central**: the summary's ``centralized_accuracy``: the same LoRA on the pooled
-  private data, ``rounds × local_epochs`` epochs, the same seed and training settings,
-  the fp32 base resident (``fedshard.simulate.baseline``);
+  private data, ``rounds × local_epochs`` epochs, the same seed and training settings
+  but its own learning rate (``--central-lr``), the fp32 base resident
+  (``fedshard.simulate.baseline``);
 * **DP ε=8**, **DP ε=3**: the federated run with record-level DP-SGD (Opacus on the
   adapters) at every site, budget ε per site over the whole run, δ = 1e-5, σ calibrated
   by each site to spend it (``noise_multiplier`` empty), clipping ``--dp-clip``, the same
@@ -64,7 +65,10 @@ System figures, for the 118 M base (``SIZES["large"]``; ``--quick``: ``small``):
   adapter bytes per site per round are shown for each size.
 
     nice -n 19 .venv/bin/python bench/llm_finetune.py [--quick] [--json] [--seeds N] [--rounds R]
-        [--local-epochs E] [--private-examples N] [--lr LR] [--batch B] [--size S] [--no-dp] [--output FILE]
+        [--local-epochs E] [--private-examples N] [--lr LR] [--central-lr LR] [--batch B] [--size S] [--no-dp]
+        [--output FILE]
+
+The learning rates are chosen on validation data by ``bench/llm_lr_sweep.py`` (its picks are the defaults).
 
 Full mode (5 seeds × federated + central + DP ε=8 + DP ε=3 at ``small``, 3 rounds, 8,000 private
 examples; the 118 M share run; llm_stream's full run): about 35 minutes on a quiet 2-core machine (a
@@ -321,7 +325,11 @@ def accuracy_runs(args: argparse.Namespace) -> list[Run]:
     kinds += [] if args.no_regional else [("regional", None, False)]
     for seed in args.seed_values:
         for kind, eps, pooled in kinds:
-            run = simulate_run(kind, seed, accuracy_config(args, seed, eps, pooled=pooled), central=kind == "federated")
+            config = accuracy_config(args, seed, eps, pooled=pooled)
+            own_central = kind == "federated" and args.central_lr == args.lr
+            run = simulate_run(kind, seed, config, central=own_central)
+            if kind == "federated" and not own_central:
+                run.summary["centralized_accuracy"] = central_accuracy(config, args.central_lr)
             runs.append(run)
             s = run.summary
             extra = f"  central {s['centralized_accuracy']:.4f}" if kind == "federated" else ""
@@ -333,6 +341,16 @@ def accuracy_runs(args: argparse.Namespace) -> list[Run]:
                 flush=True,
             )
     return runs
+
+
+def central_accuracy(config: Any, learning_rate: float) -> float:
+    """The central LoRA of ``config`` (``simulate``'s baseline) trained at ``learning_rate`` instead."""
+    from fedshard.simulate.baseline import centralized_baseline
+
+    training = config.training.model_copy(update={"learning_rate": learning_rate})
+    metrics = centralized_baseline(config.model_copy(update={"training": training}))
+    assert metrics.accuracy is not None
+    return float(metrics.accuracy)
 
 
 @dataclass(frozen=True)
@@ -416,6 +434,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--private-examples", type=int, default=None, help="private pool (default 8000, the demo's; --quick 2000)"
     )
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3, the demo's)")
+    parser.add_argument(
+        "--central-lr", type=float, default=None, help="the central LoRA's Adam learning rate (default: --lr)"
+    )
     parser.add_argument("--batch", type=int, default=64, help="batch size (default 64, the demo's)")
     parser.add_argument("--dp-clip", type=float, default=1.0, help="DP-SGD clipping bound (default 1.0)")
     parser.add_argument("--no-dp", action="store_true", help="skip the DP runs")
@@ -429,6 +450,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--share-test-fraction", type=float, default=0.01, help="its test set, of the corpus (default 0.01)"
     )
     args = parser.parse_args(argv)
+    args.central_lr = args.lr if args.central_lr is None else args.central_lr
     args.seeds = args.seeds or (1 if args.quick else 5)
     args.seed_values = list(range(args.seeds))
     args.size = args.size or ("tiny" if args.quick else "small")
@@ -595,8 +617,8 @@ def _notes(
         "every site in the EU, so all six sites' adapters are averaged into one model, at "
         f"size `{args.size}`, {args.rounds} round(s) × {args.local_epochs} local epoch(s), batch {args.batch}, Adam lr "
         f"{args.lr:g}, {args.private_examples:,} private examples, `store.base: int8`; central: the same LoRA on the "
-        f"pooled private data, {args.rounds * args.local_epochs} epoch(s), fp32 base; DP: record-level DP-SGD, δ = "
-        f"{DELTA:g}, σ calibrated per site, clip {args.dp_clip:g}",
+        f"pooled private data, {args.rounds * args.local_epochs} epoch(s), Adam lr {args.central_lr:g}, fp32 base; "
+        f"DP: record-level DP-SGD, δ = {DELTA:g}, σ calibrated per site, clip {args.dp_clip:g}",
         "- per seed (accuracy on the whole test set):",
     ]
     for i, seed in enumerate(args.seed_values):

@@ -41,7 +41,7 @@ LOG_ENV = "FEDSHARD_FAULTS_LOG"
 _ACTIONS = ("kill", "exit", "raise", "pause")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(RuntimeError):  # noqa: N818 (a fault, not an error of fedshard's)
     """Raised at a point whose action is ``raise`` (never by fedshard's own logic)."""
 
 
@@ -130,4 +130,3 @@ def _act(fault: Fault) -> None:
         raise InjectedFault(f"fault injected at {fault.point} (occurrence {fault.nth})")
     else:
         time.sleep(fault.seconds)
-

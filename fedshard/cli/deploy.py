@@ -159,19 +159,30 @@ def site_up(
     sys.stdout.flush()
     deadline = time.monotonic() + retry_s
     while True:
-        child = spawn(f"SuperNode {site.id}", launch.command, launch.log, launch.env)
-        started = time.monotonic()
+        # the SuperNode itself retries a lost SuperLink for ever unless told when to give up
+        wait = f"{max(1.0, deadline - time.monotonic()):.0f}"
+        child = spawn(f"SuperNode {site.id}", [*launch.command, "--max-wait-time", wait], launch.log, launch.env)
+        started, gave_up = time.monotonic(), False
         while child.alive() and not stopping.is_set():
             stopping.wait(0.5)
+            if _GAVE_UP in child.new_lines():  # its SuperLink is gone; it may hang on exit (Flower 1.42)
+                gave_up = True
+                child.stop(timeout=5.0)
         if stopping.is_set():
             child.stop()
             console.print(f"site {site.id} stopped; its shards and ledger are in {site.state_dir}", highlight=False)
             return
-        reason = _reason(child.tail(12))
+        gave_up = gave_up or _GAVE_UP in child.new_lines()
+        reason = f"no answer from the SuperLink for {wait}s" if gave_up else _reason(child.tail(12))
         # A SuperNode that ran a while lost its SuperLink; one that never connected may not be
         # registered yet (the aggregator registers keys as it starts): retry until retry_s.
-        if time.monotonic() - started > 60:
+        if time.monotonic() - started > 60 and not gave_up:
             deadline = time.monotonic() + retry_s
+        if time.monotonic() >= deadline and gave_up:
+            raise DeployError(
+                f"the SuperNode of {site.id} lost its SuperLink {superlink} (or never reached it): {reason}. "
+                "Is the aggregator up? (--retry-s sets how long a site keeps trying)"
+            )
         if time.monotonic() >= deadline:
             raise DeployError(
                 f"the SuperNode of {site.id} could not join {superlink} (code {child.popen.returncode}): {reason}. "
@@ -180,6 +191,10 @@ def site_up(
         err_console.print(f"[yellow]SuperNode exited ({reason}); retrying in 5s[/]", highlight=False)
         if stopping.wait(5.0):
             return
+
+
+_GAVE_UP = "Giving up reconnection"
+"""What a SuperNode logs when its ``--max-wait-time`` ran out (its SuperLink is gone)."""
 
 
 def _reason(log_tail: str) -> str:

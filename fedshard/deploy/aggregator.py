@@ -6,6 +6,11 @@ SuperNode authentication), registers the sites' SuperNode keys, waits until
 Coordinator) and follows the run until it ends or is interrupted; then stops its
 children and writes ``summary.json`` in the run's folder.
 
+While it waits and runs it supervises its children every second or two: a zone that dies
+is restarted once per run (same port, arguments and store folder; a warning is logged);
+the SuperLink dying, or a zone dying again, ends the command with one line naming the
+process, how it ended and the last lines of its log.
+
 State on this host (``deployment.state_dir``)::
 
     status.json              what `aggregator status` prints
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +58,15 @@ __all__ = [
 LATEST_RUN = Path("latest")
 """``AggregatorHost(resume=LATEST_RUN)``: resume the newest run folder under ``deployment.state_dir``."""
 
+log = logging.getLogger(__name__)
+
 _FINISHED = ("finished:completed", "finished:failed", "finished:stopped")
+_ZONE_RESTARTS = 1
+"""Times a zone that dies is restarted per run (same port and arguments, same store folder)
+before the command fails: one crash is survived, a zone that keeps dying is reported."""
+_REMEMBER_S = 10.0
+"""How often supervision notes the processes each child started: a child that dies (SIGKILL)
+leaves its own children behind, and :meth:`Child.stop` can only stop those it knows."""
 
 
 def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> AggregatorDeployment:
@@ -180,6 +194,8 @@ class AggregatorHost:
         self.env = flower_env(self.state_dir / "flwr")
         self._config_path = self.run_dir / "federation.yaml"
         self._started = time.perf_counter()  # reset when the run is submitted: summary.json's elapsed_s
+        self._zone_endpoints: dict[str, str] = {}  # child name -> endpoint, for restarts
+        self._remembered = 0.0  # when the children's process trees were last noted
 
     # lifecycle -------------------------------------------------------------------------------
     def up(self) -> dict[str, Any]:
@@ -258,6 +274,7 @@ class AggregatorHost:
                 cmd += ["--insecure"]
             child = spawn(f"zone {zone.name}", cmd, self.state_dir / "logs" / f"zone-{zone.name}.log", self.env)
             self.children.append(child)
+            self._zone_endpoints[child.name] = zone.endpoint
             self.state.zones[zone.name] = {"endpoint": zone.endpoint, "pid": child.pid, "log": str(child.log)}
         for zone, child in zip(hosted, self.children, strict=True):
             host, port = zone.endpoint.rsplit(":", 1)
@@ -289,11 +306,42 @@ class AggregatorHost:
         self._update(nodes=nodes)
 
     def _check_children(self) -> None:
+        """Fail fast on a child that is gone (one line: which, its exit status, its log's last
+        lines); a zone is first restarted, :data:`_ZONE_RESTARTS` time(s) per run."""
+        remember = time.monotonic() - self._remembered > _REMEMBER_S
         for child in self.children:
-            if not child.alive():
-                raise DeployError(
-                    f"{child.name} exited (code {child.popen.returncode}): {child.tail()} (log: {child.log})"
-                )
+            if child.alive():
+                if remember:  # what it started (Flower detaches the ServerApp), to stop it should it die
+                    child.remember_tree()
+                continue
+            if child.name in self._zone_endpoints and child.restarts < _ZONE_RESTARTS:
+                self._restart_zone(child)
+                continue
+            raise DeployError(child.exit_reason())
+        if remember:
+            self._remembered = time.monotonic()
+
+    def _restart_zone(self, child: Child) -> None:
+        """Start a zone that died again: same port, same arguments, same store folder (what it
+        recovers from there is the zone's own business); waits until it listens."""
+        warning = f"{child.exit_reason()}; restarting it (once per run)"
+        log.warning("%s", warning)
+        child.restart()
+        host, port = self._zone_endpoints[child.name].rsplit(":", 1)
+        wait_for_port(child, host, int(port), timeout=60)
+        zone = child.name.removeprefix("zone ")
+        if zone in self.state.zones:
+            self.state.zones[zone]["pid"] = child.pid
+        self._update(message=f"[yellow]{warning}[/]")
+
+    def _poll(self, call: Callable[[], Any]) -> Any:
+        """``call`` (a ``flwr`` query of the SuperLink); when it fails because a child died,
+        the error names the child rather than the query."""
+        try:
+            return call()
+        except DeployError:
+            self._check_children()
+            raise
 
     def poll_nodes(self) -> int:
         """Refresh which SuperNodes are online; how many are."""
@@ -308,7 +356,7 @@ class AggregatorHost:
         deadline = time.monotonic() + self.dep.wait_s
         while not self.stop_requested.is_set():
             self._check_children()
-            if self.poll_nodes() >= need:
+            if self._poll(self.poll_nodes) >= need:
                 self._update(message="")
                 return True
             if time.monotonic() > deadline:
@@ -350,8 +398,8 @@ class AggregatorHost:
                 return "finished"
             if time.monotonic() - last_check > 5.0:
                 last_check = time.monotonic()
-                self.poll_nodes()
-                status = self.flwr.run_status(self.state.run_id)
+                self._poll(self.poll_nodes)
+                status = self._poll(lambda: self.flwr.run_status(str(self.state.run_id)))
                 if status in _FINISHED:
                     time.sleep(0.5)  # the stop event may land just after Flower's status
                     if any(e["event"] == EventKind.STOP for e in events.read(offset)[0]):

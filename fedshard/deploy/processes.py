@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,15 +19,31 @@ from fedshard.errors import DeployError
 
 __all__ = ["Child", "descendants", "spawn", "wait_for_port"]
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TAIL_BYTES = 16384
+"""How much of the end of a log :meth:`Child.tail` reads (a long run's log may be large)."""
+
 
 @dataclass
 class Child:
-    """A started process, its log file and the processes it started."""
+    """A started process, its log file and the processes it started.
+
+    ``cmd``, ``env`` and ``cwd`` are how it was started (:meth:`restart` starts it again
+    the same way); ``restarts`` counts those restarts.
+    """
 
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
-    _tree: set[int] = field(default_factory=set)
+    cmd: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    restarts: int = 0
+    _tree: dict[int, str] = field(default_factory=dict)  # pid -> its start time (pids are reused)
+    _cursor: int = 0  # where :meth:`new_lines` reads on
+
+    def __post_init__(self) -> None:
+        self._cursor = _size(self.log)
 
     @property
     def pid(self) -> int:
@@ -38,17 +55,70 @@ class Child:
         return self.popen.poll() is None
 
     def tail(self, lines: int = 3) -> str:
-        """The last lines of its log, on one line (for error messages)."""
+        """The last lines of its log, on one line (for error messages; reads only the log's end)."""
         try:
-            text = self.log.read_text(errors="replace")
+            with self.log.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
+        text = _ANSI.sub("", text)  # Flower colours its log levels
         kept = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
         return " | ".join(kept)
 
+    def new_lines(self) -> str:
+        """Whole lines this process added to its log since it started or the last call."""
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self._cursor)
+                chunk = f.read()
+        except OSError:
+            return ""
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._cursor += len(complete)
+        return _ANSI.sub("", complete.decode(errors="replace"))
+
+    def exit_reason(self) -> str:
+        """Why it is gone, on one line: its exit code and the last lines of its log."""
+        again = f" again after {self.restarts} restart(s)" if self.restarts else ""
+        tail = self.tail() or "its log is empty"
+        return f"{self.name} exited{again} ({self.exit_status()}): {tail} (log: {self.log})"
+
+    def restart(self) -> None:
+        """Start it again with the same command, environment and folder (its log continues).
+
+        Raises
+        ------
+        DeployError
+            It still runs, or it cannot be started.
+        """
+        if self.alive():
+            raise DeployError(f"{self.name} is still running (pid {self.pid}); stop it before restarting it")
+        if not self.cmd:
+            raise DeployError(f"{self.name} cannot be restarted: how it was started is not known")
+        self.stop()  # anything it left behind (Flower detaches some processes)
+        with self.log.open("ab") as out:
+            out.write(f"--- fedshard: restarting {self.name} ({self.exit_status()}) ---\n".encode())
+        self.popen = spawn(self.name, self.cmd, self.log, self.env, self.cwd).popen
+        self.restarts += 1
+        self._tree = {}
+        self._cursor = _size(self.log)
+
+    def exit_status(self) -> str:
+        """Its exit status in words (``code 1``, ``killed by signal 9``; ``running``)."""
+        code = self.popen.returncode
+        if code is None:
+            return "running"
+        return f"killed by signal {-code}" if code < 0 else f"code {code}"
+
     def remember_tree(self) -> None:
         """Note the processes it started so far (Flower detaches some into their own sessions)."""
-        self._tree |= set(descendants(self.pid))
+        for pid in descendants(self.pid):
+            started = _start_time(pid)
+            if started is not None:
+                self._tree[pid] = started
+        # forget those that are gone, lest their pid be given to an unrelated process
+        self._tree = {pid: t for pid, t in self._tree.items() if _start_time(pid) == t}
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM it, wait up to ``timeout``, then SIGKILL it and anything it started."""
@@ -62,9 +132,27 @@ class Child:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGKILL)
                 self.popen.wait(timeout=timeout)
-        for pid in self._tree:
+        for pid, started in self._tree.items():
+            if _start_time(pid) != started:
+                continue  # gone, and its pid maybe someone else's now
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def spawn(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, str], cwd: Path | None = None) -> Child:
@@ -83,7 +171,7 @@ def spawn(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, str], cwd:
             )
         except OSError as exc:
             raise DeployError(f"cannot start {name} ({cmd[0]}): {exc.strerror or exc}") from None
-    return Child(name, popen, log)
+    return Child(name, popen, log, tuple(cmd), dict(env), cwd)
 
 
 def wait_for_port(child: Child, host: str, port: int, timeout: float) -> None:
@@ -92,7 +180,7 @@ def wait_for_port(child: Child, host: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not child.alive():
-            raise DeployError(f"{child.name} exited (code {child.popen.returncode}): {child.tail()} (log: {child.log})")
+            raise DeployError(child.exit_reason())
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
             return
         time.sleep(0.2)

@@ -14,6 +14,7 @@ from fedshard.coordinator.events import EventKind, EventLog, replay, round_from_
 from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.errors import RoundError
 from fedshard.protocol.messages import SiteInfo
+from fedshard.simulate.ray_runtime import init_args, ray_address, start_ray
 from fedshard.transports.flower.grid import ENGINE_STOPPED
 
 __all__ = ["run_flower_simulation"]
@@ -21,8 +22,9 @@ __all__ = ["run_flower_simulation"]
 log = logging.getLogger(__name__)
 
 _ATTEMPTS = 2
-"""Runs of the engine when one stops before any site answered (Ray sometimes fails to
-start on a loaded machine); a run that got its sites is never repeated."""
+"""Runs of the engine when one stops before any site answered (Ray's actors sometimes fail
+on a loaded machine; a Ray that does not start at all is retried by
+:func:`~fedshard.simulate.ray_runtime.start_ray`); a run that got its sites is never repeated."""
 
 _ENGINE_STOP_WAIT_S = 30.0
 """How long the ServerApp may take to notice a stopped engine and end its run."""
@@ -36,7 +38,7 @@ def _run_engine(settings: dict[str, str], sites: int, events: EventLog, offset: 
     from fedshard.transports.flower.client_app import create_client_app
     from fedshard.transports.flower.server_app import create_server_app
 
-    engine_stopped, cpus = threading.Event(), os.cpu_count() or 1
+    engine_stopped = threading.Event()
     try:
         run_simulation(
             server_app=create_server_app(settings, engine_stopped=engine_stopped),
@@ -45,7 +47,8 @@ def _run_engine(settings: dict[str, str], sites: int, events: EventLog, offset: 
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                 # site errors come back as error replies; actors' own chatter stays in Ray's logs
-                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False, "log_to_driver": False},
+                # (Flower uses the runtime start_ray() began; these apply only if it starts its own)
+                "init_args": init_args(ray_address()),
             },
         )
     finally:
@@ -132,6 +135,9 @@ def run_flower_simulation(
     try:
         for attempt in range(1, _ATTEMPTS + 1):
             offset = events.path.stat().st_size if events.path.exists() else 0
+            # Ray is reached or started before the ServerApp exists (Flower then uses it): a
+            # Ray that cannot run ends the command in one line, with no ServerApp left waiting.
+            start_ray()
             try:
                 _run_engine(settings, len(config.sites), events, offset)
             except Exception as exc:

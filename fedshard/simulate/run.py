@@ -94,6 +94,10 @@ def simulate(
             f"with `fedshard simulate --resume {out}`; nothing was changed"
         )
     check_privacy(config)
+    if engine is Engine.FLOWER:  # a Ray cluster named but not there: say so before writing anything
+        from fedshard.simulate.ray_runtime import check_ray_address
+
+        check_ray_address()
     out.mkdir(parents=True, exist_ok=True)
     if config.residency.encrypting and config.he.keys is None:
         from fedshard.crypto.he import he_init

@@ -246,6 +246,20 @@ def _llm_finetune_shown(h: dict[str, Any], section: str) -> None:
     assert _cells(_row(section, "base bytes released"))[1] == "0 B"
 
 
+def _llm_lr_sweep(h: dict[str, Any]) -> None:
+    # --quick: the tiny model, one seed, learning rates 1e-3 and 3e-3, 2,000 validation examples
+    assert set(h["validation"]) == {"0.001", "0.003"} and h["validation_examples"] == 2000
+    for method in ("fed", "central"):
+        picked = h["validation"][f"{h[f'{method}_lr']:g}"][method]
+        assert picked == h[f"{method}_validation_accuracy"] == max(v[method] for v in h["validation"].values())
+        assert 0.4 < picked <= 1
+
+
+def _llm_lr_sweep_shown(h: dict[str, Any], section: str) -> None:
+    row = _cells(_row(section, f"{h['fed_lr']:g}"))
+    assert "(fed pick)" in row[0] and row[1] == f"{100 * h['fed_validation_accuracy']:.2f} ± 0.00 %"
+
+
 def _large_round(h: dict[str, Any]) -> None:
     # --quick: the 2.7 M-parameter transformer (10.6 MB) in plaintext; CKKS bytes of its plan
     assert 5 < h["model_mb"] < 20
@@ -417,6 +431,18 @@ EXPECT: dict[str, Expect] = {
         },
         _llm_finetune,
         _llm_finetune_shown,
+    ),
+    "llm_lr_sweep": Expect(
+        {
+            "fed_lr",
+            "central_lr",
+            "fed_validation_accuracy",
+            "central_validation_accuracy",
+            "validation_examples",
+            "validation",
+        },
+        _llm_lr_sweep,
+        _llm_lr_sweep_shown,
     ),
     "large_round": Expect(
         {
