@@ -14,6 +14,7 @@ builtin exception that matches it, so callers can catch either::
     │   ├── ZoneUnavailableError(ConnectionError)  no answer: the zone is down or the call broke off (retry)
     │   └── AggregateNotFoundError(LookupError)  no published aggregate for that round
     ├── RoundError(RuntimeError)             a round cannot proceed (too few sites, timeouts)
+    │   └── RoundAbortedError                a zone failed or aborted the round; the next one may run
     ├── PrivacyError(RuntimeError)           differential privacy cannot be applied as configured
     │   └── BudgetExhaustedError(PermissionError)  the round would overrun the site's (ε, δ) budget
     ├── ResidencyViolationError(PermissionError)  a shard may not go to, or be held in, the zone asked
@@ -47,6 +48,7 @@ __all__ = [
     "PushRejectedError",
     "RefusalCode",
     "ResidencyViolationError",
+    "RoundAbortedError",
     "RoundError",
     "ShardError",
     "ShardIntegrityError",
@@ -269,6 +271,27 @@ class AggregateNotFoundError(ZoneError, LookupError):
 
 class RoundError(FedshardError, RuntimeError):
     """A round cannot proceed (too few sites answered, version disagreement, ...)."""
+
+
+class RoundAbortedError(RoundError):
+    """A zone failed or aborted the round (crashed, lost its state, refused to close it).
+
+    The round is lost, not the federation: the coordinator aborts it at every zone, logs
+    it, and runs the next round (up to a small limit of consecutive aborted rounds).
+    Nothing of the lost round is applied at any site; ledgers count what they reserved.
+
+    Parameters
+    ----------
+    reason:
+        One line naming the round, the zone and what went wrong.
+    zone:
+        The zone whose failure aborted the round, where known.
+    """
+
+    def __init__(self, reason: str, zone: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.zone = zone
 
 
 class PrivacyError(FedshardError, RuntimeError):

@@ -64,18 +64,33 @@ def _on_signals(handler: object) -> None:
 
 
 @aggregator_app.command("up")
-def aggregator_up(config: ConfigOpt, insecure: Insecure = False) -> None:
+def aggregator_up(
+    config: ConfigOpt,
+    insecure: Insecure = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Carry on the newest run (or RUN_DIR) from its last completed round; sites keep their models",
+        ),
+    ] = False,
+    run_dir: Annotated[
+        Path | None, typer.Argument(help="With --resume: the run folder to resume (default: the newest)")
+    ] = None,
+) -> None:
     """Start the SuperLink and this host's zones, wait for the sites, run the federation.
 
     Ctrl-C (or SIGTERM) stops the run and every process this command started.
     """
     from fedshard.cli.progress import zones_table
     from fedshard.config import load_federation
-    from fedshard.deploy.aggregator import AggregatorHost
+    from fedshard.deploy.aggregator import LATEST_RUN, AggregatorHost
     from fedshard.deploy.status import render_status
 
+    if run_dir is not None and not resume:
+        raise FedshardError(f"{run_dir}: a run folder is given with --resume only (`--resume {run_dir}`)")
     cfg = load_federation(config)
-    host = AggregatorHost(cfg, insecure=insecure)
+    host = AggregatorHost(cfg, insecure=insecure, resume=(run_dir or LATEST_RUN) if resume else None)
     if insecure:
         err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
     _on_signals(host.request_stop)
@@ -89,7 +104,7 @@ def aggregator_up(config: ConfigOpt, insecure: Insecure = False) -> None:
         console.print(zones_table(summary))
         console.print(f"final accuracy {summary['final_accuracy']:.4f}, model version {summary['model_version']}")
     console.print(f"run folder: {host.run_dir}", highlight=False)
-    if summary:
+    if (host.run_dir / "summary.json").exists():
         console.print(f"summary:    {host.run_dir / 'summary.json'}", highlight=False)
     if host.state.phase == "stopped":
         console.print("stopped before the run finished; sites keep their state and rejoin the next run")

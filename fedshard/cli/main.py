@@ -68,30 +68,42 @@ def _fresh_run_dir() -> Path:
 
 @app.command()
 def simulate(
-    config: Annotated[Path, typer.Option("--config", "-c", help="Federation YAML, e.g. configs/demo.yaml")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Federation YAML, e.g. configs/demo.yaml")
+    ] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Override federation.rounds")] = None,
     engine: Annotated[str, typer.Option("--engine", help="inprocess or flower")] = "inprocess",
     out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a fresh folder under runs/)")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Carry on the run in this folder from its last completed round (inprocess)"),
+    ] = None,
 ) -> None:
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
     from fedshard.cli.progress import RoundProgress, results_table, zones_table
     from fedshard.config import load_federation
-    from fedshard.simulate.run import Engine, with_rounds
+    from fedshard.simulate.run import Engine, resumable_config, with_rounds
     from fedshard.simulate.run import simulate as run
 
     try:
         chosen = Engine(engine)
     except ValueError:
         raise FedshardError(f"--engine must be 'inprocess' or 'flower', got {engine!r}") from None
-    cfg = with_rounds(load_federation(config), rounds)
-    out_dir = out or _fresh_run_dir()
+    if resume is not None:
+        if config is not None or out is not None:
+            raise FedshardError("--resume RUN_DIR runs with the config in RUN_DIR; drop --config and --out")
+        cfg, out_dir = with_rounds(resumable_config(resume), rounds), resume
+    elif config is None:
+        raise FedshardError("give --config FILE for a new run, or --resume RUN_DIR to carry on an earlier one")
+    else:
+        cfg, out_dir = with_rounds(load_federation(config), rounds), out or _fresh_run_dir()
     console.print(
         f"[bold]fedshard[/] federation [cyan]{cfg.federation.name}[/]: {len(cfg.sites)} sites, "
         f"{len(cfg.zones)} zone(s), {cfg.federation.rounds} rounds, engine {chosen.value}"
     )
     _preflight(cfg, out_dir)
     with RoundProgress(console) as progress:
-        summary = run(cfg, out_dir, chosen, progress)
+        summary = run(cfg, out_dir, chosen, progress, resume=resume is not None)
     if summary["rounds"]:
         console.print(zones_table(summary))
         console.print(results_table(summary))

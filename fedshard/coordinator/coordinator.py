@@ -10,6 +10,10 @@ straight to zones.
 Sites whose shards end up in the same aggregates form a **residency group**, each
 with its own model-version chain (:mod:`fedshard.coordinator.groups`); a message
 carries only the rounds its site has not applied, never the whole history.
+
+A round a zone fails (it cannot open or close it, or lost it) is aborted at every zone
+and logged, and the next round runs, up to :data:`MAX_ABORTED_IN_A_ROW` in a row. A
+coordinator that died resumes from its run's event log (:mod:`fedshard.coordinator.recovery`).
 """
 
 from __future__ import annotations
@@ -20,16 +24,17 @@ import random
 import secrets
 from collections.abc import Mapping
 
-from fedshard.aggregation import ServerOptimizerKind
+from fedshard import faults
 from fedshard.config import FederationConfig
+from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
-from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, refusal_line
-from fedshard.errors import FedshardError, RoundError
+from fedshard.coordinator.plans import apply_rule, privacy_plan
+from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
+from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
+from fedshard.errors import FedshardError, RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
-from fedshard.privacy.accountant import AccountantKind
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
-    ApplyRule,
     EvaluateInstruction,
     EvaluateReport,
     LedgerHeadReport,
@@ -38,19 +43,24 @@ from fedshard.protocol.messages import (
     PrivacyReport,
     PublishedAggregate,
     QueryRequest,
-    RecordPlan,
     SiteFailure,
     SiteInfo,
     TrainInstruction,
     TrainReport,
-    UpdatePlan,
 )
 from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
 
-__all__ = ["Coordinator"]
+__all__ = ["MAX_ABORTED_IN_A_ROW", "Coordinator"]
 
 log = logging.getLogger(__name__)
+
+MAX_ABORTED_IN_A_ROW = 3
+"""Rounds aborted one after the other (a zone failed each) before the federation stops."""
+
+_ZONE_FAILED = {RefusalCode.ROUND, RefusalCode.FAILED}
+"""Refusal codes that say a zone failed a site's push (it no longer had the round open, or
+could not be reached): a round too few sites pushed to for these is aborted, not the federation."""
 
 
 class Coordinator:
@@ -68,6 +78,12 @@ class Coordinator:
         Zone endpoints by zone name, as sites should reach them.
     observer:
         Optional progress observer.
+    journal:
+        The run's event log: rounds are logged there as they close (before any site
+        applies them) and finish, which is what a resumed coordinator recovers from.
+    recovery:
+        The run to resume (:func:`~fedshard.coordinator.recovery.recover`); None: a fresh
+        run, refused if the sites hold a later model than genesis.
     """
 
     def __init__(
@@ -77,26 +93,23 @@ class Coordinator:
         zones: Mapping[str, ZoneClient],
         endpoints: Mapping[str, str],
         observer: RoundObserver | None = None,
+        *,
+        journal: EventLog | None = None,
+        recovery: Recovery | None = None,
     ) -> None:
         self.config = config
         self.sites = sites
         self.zones = dict(zones)
         self.endpoints = dict(endpoints)
         self.observer = observer
-        self._rng = random.Random(config.federation.seed)
+        self.journal = journal
+        self.recovery = recovery
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
         self._ledger_heads: dict[str, LedgerHeadReport] = {}  # site id -> last ledger head it reported
-        rule = config.training.server_optimizer
-        self._apply_rule = ApplyRule(
-            kind=ServerOptimizerKind(rule.kind),
-            learning_rate=rule.learning_rate,
-            beta1=rule.beta1,
-            beta2=rule.beta2,
-            tau=rule.tau,
-        )
+        self._apply_rule = apply_rule(config)
         self._plan_json = ""
 
     @property
@@ -146,6 +159,7 @@ class Coordinator:
             raise RoundError("the sites' shard plan does not match its digest")
         self._plan_json = plan_json
         self._form_groups(genesis)
+        self._recover_groups(genesis)
         return RunResult(
             sites=sorted(infos.values(), key=lambda s: s.site_id),
             genesis_version=genesis,
@@ -166,6 +180,17 @@ class Coordinator:
                 "; ".join(f"{n}: {', '.join(g.sites)}" for n, g in sorted(self._groups.items())),
             )
 
+    def _recover_groups(self, genesis: str) -> None:
+        """Check the sites' models against the run (fresh: genesis; resumed: the logged chain)
+        and, when resuming, give every group its chain up to the last closed round."""
+        recovery = self.recovery
+        check_standing(list(self._nodes.values()), self._group_of, genesis, recovery)
+        if recovery is None:
+            return
+        for name, group in self._groups.items():
+            group.rounds = recovery.chain(name)
+            group.version = recovery.versions(name)[recovery.last_round]
+
     def _group(self, node: str) -> Group:
         return self._groups[self._group_of[self._nodes[node].site_id]]
 
@@ -177,51 +202,66 @@ class Coordinator:
         federation: the result then holds the rounds completed and ``stopped_reason``.
         """
         result = self.discover()
+        total, recovery = self.config.federation.rounds, self.recovery
+        if self.journal is not None:
+            self.journal.on_start(
+                result.sites, total, result.genesis_version, resumed=recovery.last_round if recovery else 0
+            )
         if self.observer is not None:
-            self.observer.on_start(result.sites, self.config.federation.rounds, result.genesis_version)
-        for rnd in range(1, self.config.federation.rounds + 1):
+            self.observer.on_start(result.sites, total, result.genesis_version)
+        first = 1
+        if recovery is not None:
+            first = recovery.next_round
+            result.aborted = list(recovery.aborted)
+            for done in recovery.results():
+                self._finished(result, done, log_it=False)
+            pending = recovery.unfinished
+            if pending is not None:  # closed, not evaluated: the sites apply it now
+                try:
+                    self._finished(result, evaluated(pending, *self._evaluate(pending.round)))
+                except RoundError as exc:
+                    result.stopped_reason = str(exc)
+                    return result
+            in_flight = recovery.in_flight
+            if in_flight is not None and self.config.privacy.enabled:
+                self._aborted(result, in_flight, in_flight_reason(in_flight))
+                first = in_flight + 1
+            log.info("resuming after round %d: rounds %d to %d", recovery.last_round, first, total)
+        in_a_row = 0
+        for rnd in range(first, total + 1):
             try:
-                round_result = self.run_round(rnd, result.version)
+                self._finished(result, self.run_round(rnd, result.version))
+                in_a_row = 0
+            except RoundAbortedError as exc:
+                in_a_row += 1
+                self._aborted(result, rnd, str(exc))
+                if in_a_row >= MAX_ABORTED_IN_A_ROW:
+                    result.stopped_reason = f"{in_a_row} rounds in a row were aborted; the last: {exc}"
+                    return result
             except RoundError as exc:
                 log.info("federation stopped: %s", exc)
                 result.stopped_reason = str(exc)
                 return result
-            result.version = round_result.version
-            result.rounds.append(round_result)
-            if self.observer is not None:
-                self.observer.on_round(round_result)
         return result
 
+    def _aborted(self, result: RunResult, rnd: int, reason: str) -> None:
+        log.warning("round %d aborted: %s", rnd, reason)
+        result.aborted.append({"round": rnd, "reason": reason})
+        if self.journal is not None:
+            self.journal.on_aborted(rnd, reason)
+
+    def _finished(self, result: RunResult, round_result: RoundResult, *, log_it: bool = True) -> None:
+        """Add a finished round to ``result``; log it and show it (recovered rounds: show only)."""
+        result.version = round_result.version
+        result.rounds.append(round_result)
+        if log_it and self.journal is not None:
+            self.journal.on_round(round_result)
+            faults.point("coordinator.round.done")
+        if self.observer is not None:
+            self.observer.on_round(round_result)
+
     def _privacy_plan(self, site_id: str) -> PrivacyPlan | None:
-        """The privacy the aggregator asks of a site (None when DP is off)."""
-        p = self.config.privacy
-        if not p.enabled:
-            return None
-        budget = self.config.budget_of(site_id)
-        assert budget is not None  # validated: a budget exists whenever DP is on
-        t = self.config.training
-        record = p.record_level
-        return PrivacyPlan(
-            accountant=AccountantKind(record.accountant),
-            epsilon=budget.epsilon,
-            delta=budget.delta,
-            batch_size=t.batch_size,
-            epochs=t.local_epochs,
-            record=RecordPlan(
-                noise_multiplier=record.noise_multiplier,
-                max_grad_norm=record.max_grad_norm,
-                planned_rounds=math.ceil(self.config.federation.rounds * self.config.federation.sample_fraction),
-            )
-            if record.enabled
-            else None,
-            update=UpdatePlan(
-                clip_norm=p.update_level.clip_norm,
-                noise_multiplier=p.update_level.noise_multiplier,
-                noise_share=p.update_level.noise_share,
-            )
-            if p.update_level.enabled
-            else None,
-        )
+        return privacy_plan(self.config, site_id)  # (tests build a site's instruction with it)
 
     def _select(self, rnd: int) -> list[str]:
         """Sample the round's sites among those that can still afford a round."""
@@ -236,7 +276,9 @@ class Coordinator:
                 f"federation.min_sites is {fed.min_sites}{why}"
             )
         k = max(fed.min_sites, math.ceil(fed.sample_fraction * len(eligible)))
-        return sorted(self._rng.sample(eligible, min(k, len(eligible))))
+        # One generator per round: a resumed run selects as the uninterrupted one would have.
+        rng = random.Random(derive_seed(fed.seed, rnd, "selection"))
+        return sorted(rng.sample(eligible, min(k, len(eligible))))
 
     def _can_afford(self, site_id: str) -> bool:
         report = self._privacy.get(site_id)
@@ -255,10 +297,13 @@ class Coordinator:
         if len(reports) < min_sites:
             self._abort(rnd, list(self.zones))
             details = "; ".join(f"{s}: {refusal_line(r, codes.get(s))}" for s, r in sorted(reasons.items()))
-            raise RoundError(
+            message = (
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
                 f"(federation.min_sites is {min_sites}). {details}"
             )
+            if _ZONE_FAILED & set(codes.values()):  # a zone lost the round, or failed the pushes
+                raise RoundAbortedError(message)
+            raise RoundError(message)
         published = self._close(rnd)
         counted = {s for summary in published.values() for s in summary.sites}
         if not counted:
@@ -267,11 +312,10 @@ class Coordinator:
             PublishedAggregate(zone=s.zone, group=s.group, merkle_root=s.merkle_root) for s in published.values()
         ]
         roots = {name: group.extend(rnd, published, announced) for name, group in sorted(self._groups.items())}
-        accuracy, loss = self._evaluate(rnd)
         ok = [r for r in reports if r.site_id in counted]
         weight = sum(r.num_examples for r in ok) or 1
         group_versions = {name: g.version for name, g in sorted(self._groups.items())}
-        return RoundResult(
+        closed = RoundResult(
             round=rnd,
             version=combine_versions(group_versions),
             merkle_root=merkle_root({str(key): s.merkle_root for key, s in published.items()}),
@@ -279,17 +323,18 @@ class Coordinator:
             refused=reasons,
             refusal_codes=codes,
             train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
-            accuracy=accuracy,
-            loss=loss,
+            accuracy=float("nan"),
+            loss=float("nan"),
             bytes_up=sum(r.bytes_up for r in ok),
             privacy={site: report.model_dump(mode="json") for site, report in sorted(self._privacy.items())},
             versions=group_versions,
             roots=roots,
-            aggregates=[
-                {"zone": s.zone, "group": s.group, "shards": len(s.shards), "sites": list(s.sites)}
-                for s in published.values()
-            ],
+            aggregates=aggregate_entries(published.values()),
         )
+        if self.journal is not None:  # logged before any site learns of the round: resumable
+            self.journal.on_closed(closed)
+        faults.point("coordinator.round.closed")
+        return evaluated(closed, *self._evaluate(rnd))
 
     def _weights(self) -> dict[str, float]:
         """Node → the aggregation weight the coordinator fixes for its site: the examples it
@@ -303,14 +348,15 @@ class Coordinator:
         versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
         fixed = tuple(sorted((self._nodes[n].site_id, weights[n]) for n in selected))
         spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())), fixed)
-        opened = []
-        try:
-            for name, zone in self.zones.items():
+        for name, zone in self.zones.items():
+            try:
                 zone.open_round(spec)
-                opened.append(name)
-        except FedshardError:
-            self._abort(rnd, opened)
-            raise
+            except FedshardError as exc:
+                self._abort(rnd, list(self.zones))  # also a zone that opened it before failing to answer
+                raise RoundAbortedError(f"round {rnd}: zone {name} could not open the round: {exc}", name) from None
+        if self.journal is not None:  # before any site reserves budget for it
+            self.journal.on_opened(rnd)
+        faults.point("coordinator.round.opened")
 
     def _train(
         self, rnd: int, token: str, selected: list[str], weights: Mapping[str, float]
@@ -385,7 +431,7 @@ class Coordinator:
                 summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
             except FedshardError as exc:
                 self._abort(rnd, list(self.zones))
-                raise RoundError(f"round {rnd}: zone {name} could not close the round: {exc}") from None
+                raise RoundAbortedError(f"round {rnd}: zone {name} could not close the round: {exc}", name) from None
             published.update({s.key: s for s in summaries})
         return published
 

@@ -1,5 +1,11 @@
 """Run events as JSON lines: how a coordinator running elsewhere (a Flower ServerApp)
-reports progress to whoever displays it, and the run's permanent record."""
+reports progress to whoever displays it, and the run's permanent record.
+
+The log is also what a resumed coordinator recovers its version chains from
+(:mod:`fedshard.coordinator.recovery`): a round's ``closed`` event is written, and
+flushed, before any site is told of the round's aggregates, so every round a site can
+have applied is in the log. Lines are only appended; an event never changes meaning.
+"""
 
 from __future__ import annotations
 
@@ -15,16 +21,24 @@ from fedshard.coordinator.results import RoundResult, RunResult
 from fedshard.errors import RefusalCode, RoundError
 from fedshard.protocol.messages import SiteInfo
 
-__all__ = ["EventKind", "EventLog", "replay", "round_from_event"]
+__all__ = ["EventKind", "EventLog", "replay", "round_from_event", "stop_reason"]
 
 
 class EventKind(StrEnum):
     """What a line of the event log records (its ``event`` field)."""
 
     START = "start"
-    """The federation assembled: its sites, rounds and genesis version."""
+    """The federation assembled: its sites, rounds and genesis version; ``resumed`` is the
+    last round recovered from the log when the run resumes an earlier one (0: a fresh run)."""
+    OPENED = "opened"
+    """A round opened at every zone (``round``), before any site was told to train in it."""
+    CLOSED = "closed"
+    """A round closed at every zone: its RoundResult before evaluation (accuracy and loss NaN),
+    written before any site applies it."""
     ROUND = "round"
     """A round finished: the fields of its :class:`~fedshard.coordinator.results.RoundResult`."""
+    ABORTED = "aborted"
+    """A round was aborted at every zone (a zone failed it); ``round`` and ``reason``."""
     STOP = "stop"
     """The run ended: ``reason`` is empty when it completed."""
 
@@ -42,20 +56,33 @@ class EventLog:
             fh.write(json.dumps(event, sort_keys=True) + "\n")
             fh.flush()
 
-    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
-        """Record the assembled federation."""
+    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str, *, resumed: int = 0) -> None:
+        """Record the assembled federation (``resumed``: the last round recovered, when resuming)."""
         self._write(
             {
                 "event": EventKind.START,
                 "rounds": rounds,
                 "genesis_version": genesis_version,
                 "sites": [s.model_dump(mode="json") for s in sites],
+                "resumed": resumed,
             }
         )
+
+    def on_opened(self, rnd: int) -> None:
+        """Record a round opened at every zone, before any site trains (or reserves budget) for it."""
+        self._write({"event": EventKind.OPENED, "round": rnd})
+
+    def on_closed(self, result: RoundResult) -> None:
+        """Record a round closed at every zone, before any site applies it."""
+        self._write({"event": EventKind.CLOSED, **asdict(result)})
 
     def on_round(self, result: RoundResult) -> None:
         """Record one finished round."""
         self._write({"event": EventKind.ROUND, **asdict(result)})
+
+    def on_aborted(self, rnd: int, reason: str) -> None:
+        """Record a round aborted at every zone."""
+        self._write({"event": EventKind.ABORTED, "round": rnd, "reason": reason})
 
     def on_stop(self, reason: str) -> None:
         """Record the end of the run (empty reason: completed)."""
@@ -74,26 +101,38 @@ class EventLog:
 
 
 def replay(path: str | Path) -> RunResult:
-    """Rebuild the result of the run recorded in ``path`` (its last start onwards)."""
+    """Rebuild the result of the run recorded in ``path``: its last fresh start onwards,
+    through every resumption of it."""
     events, _ = EventLog(path).read()
-    starts = [i for i, e in enumerate(events) if e["event"] == EventKind.START]
-    if not starts:
-        raise RoundError(f"{path}: the run never assembled its sites (no start event)")
-    start = events[starts[-1]]
-    sites = [SiteInfo(**s) for s in start["sites"]]
-    result = RunResult(
-        sites=sites,
-        genesis_version=start["genesis_version"],
-        version=start["genesis_version"],
-        groups={name: [m.site_id for m in members] for name, members in sorted(residency_groups(sites).items())},
-    )
-    for event in events[starts[-1] + 1 :]:
-        if event["event"] == EventKind.ROUND:
+    result: RunResult | None = None
+    for event in events:
+        if event["event"] == EventKind.START:
+            sites = [SiteInfo(**s) for s in event["sites"]]
+            groups = {name: [m.site_id for m in members] for name, members in sorted(residency_groups(sites).items())}
+            if result is None or not event.get("resumed"):
+                result = RunResult(sites, event["genesis_version"], event["genesis_version"], groups=groups)
+            else:  # a resumption: the rounds so far stand
+                result.sites, result.groups, result.stopped_reason = sites, groups, ""
+        elif result is None:
+            continue
+        elif event["event"] == EventKind.ROUND:
             result.rounds.append(round_from_event(event))
             result.version = result.rounds[-1].version
+        elif event["event"] == EventKind.ABORTED:
+            result.aborted.append({"round": event["round"], "reason": event["reason"]})
         elif event["event"] == EventKind.STOP:
             result.stopped_reason = event["reason"]
+    if result is None:
+        raise RoundError(f"{path}: the run never assembled its sites (no start event)")
     return result
+
+
+def stop_reason(path: str | Path) -> str | None:
+    """The reason of the last stop event in ``path`` (None: no stop event), for a run that
+    stopped before it assembled its sites (e.g. refused sites ahead of its genesis)."""
+    events, _ = EventLog(path).read()
+    stops = [e for e in events if e["event"] == EventKind.STOP]
+    return str(stops[-1]["reason"]) if stops else None
 
 
 def round_from_event(event: dict[str, Any]) -> RoundResult:

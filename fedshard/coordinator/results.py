@@ -7,13 +7,30 @@ They are what the event log records (:mod:`fedshard.coordinator.events`) and wha
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedshard.errors import RefusalCode
 from fedshard.protocol.messages import SiteInfo
+from fedshard.protocol.rounds import AggregateSummary
 
-__all__ = ["RoundObserver", "RoundResult", "RunResult", "refusal_line"]
+__all__ = ["RoundObserver", "RoundResult", "RunResult", "aggregate_entries", "refusal_line"]
+
+
+def aggregate_entries(published: Iterable[AggregateSummary]) -> list[dict[str, Any]]:
+    """What each zone published in a round, as :attr:`RoundResult.aggregates` records it: zone,
+    group, Merkle root (what a resumed coordinator announces to sites that are behind), counts."""
+    return [
+        {
+            "zone": s.zone,
+            "group": s.group,
+            "merkle_root": s.merkle_root,
+            "shards": len(s.shards),
+            "sites": list(s.sites),
+        }
+        for s in published
+    ]
 
 
 def refusal_line(reason: str, code: RefusalCode | None) -> str:
@@ -44,7 +61,7 @@ class RoundResult:
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # site id -> PrivacyReport fields
     versions: dict[str, str] = field(default_factory=dict)  # residency group -> its model version
     roots: dict[str, str] = field(default_factory=dict)  # residency group -> root of what it applied
-    aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published
+    aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published (aggregate_entries)
     refusal_codes: dict[str, RefusalCode] = field(default_factory=dict)  # site id -> code of its refusal
 
     def refusal(self, site_id: str) -> str:
@@ -62,6 +79,7 @@ class RunResult:
     rounds: list[RoundResult] = field(default_factory=list)
     stopped_reason: str = ""
     groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
+    aborted: list[dict[str, Any]] = field(default_factory=list)  # rounds a zone's failure aborted: round, reason
 
     @property
     def privacy(self) -> dict[str, dict[str, Any]]:

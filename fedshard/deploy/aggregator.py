@@ -18,6 +18,11 @@ State on this host (``deployment.state_dir``)::
     app/                     the app bundle submitted to the SuperLink
     logs/                    superlink.log, zone-<name>.log
     run-<time>/              federation.yaml (as run), events.jsonl, summary.json, zones/<name>/ (aggregates, audit log)
+
+``aggregator up --resume`` runs again in a run's folder (the newest, or the one named):
+its zones come back on their stores (they serve the aggregates of earlier rounds to
+sites that are behind) and the coordinator recovers its version chains from the
+folder's ``events.jsonl`` (:mod:`fedshard.coordinator.recovery`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,17 @@ from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.status import HostState, write_state
 from fedshard.errors import ConfigError, DeployError, FedshardError
 
-__all__ = ["AggregatorHost", "check_aggregator_config", "check_public_context", "he_folder"]
+__all__ = [
+    "LATEST_RUN",
+    "AggregatorHost",
+    "check_aggregator_config",
+    "check_public_context",
+    "he_folder",
+    "run_to_resume",
+]
+
+LATEST_RUN = Path("latest")
+"""``AggregatorHost(resume=LATEST_RUN)``: resume the newest run folder under ``deployment.state_dir``."""
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +111,31 @@ def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> Aggr
     return dep
 
 
+def run_to_resume(state_dir: Path, resume: Path) -> Path:
+    """The run folder to resume: ``resume`` itself, or the newest ``run-*`` under ``state_dir``
+    that logged events (``resume`` is :data:`LATEST_RUN`).
+
+    Raises
+    ------
+    ConfigError
+        No such run folder, or it holds no ``events.jsonl`` (nothing to resume).
+    """
+    if resume == LATEST_RUN:
+        from fedshard.coordinator.events import EventKind, EventLog
+
+        logs = sorted(state_dir.glob("run-*/events.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for log in logs:  # the newest that assembled its sites (not one refused at the start)
+            if any(e["event"] == EventKind.START for e in EventLog(log).read()[0]):
+                return log.parent.resolve()
+        raise ConfigError(
+            f"no run to resume under {state_dir} (no run-*/events.jsonl of a run that started); "
+            "start one with `fedshard aggregator up`"
+        )
+    if not (resume / "events.jsonl").is_file():
+        raise ConfigError(f"{resume} holds no run to resume (no events.jsonl); give a run folder of {state_dir}")
+    return resume.resolve()
+
+
 def he_folder(config: FederationConfig, keys: AggregatorKeys) -> Path:
     """Where the zones' public CKKS context is: ``he.keys`` when set, else the aggregator's keys."""
     return config.he.keys if config.he.keys is not None else keys.he
@@ -126,6 +166,8 @@ class AggregatorHost:
         Run without TLS and SuperNode authentication.
     on_change:
         Called with the :class:`HostState` whenever it changes (the live display).
+    resume:
+        A run folder to resume (:data:`LATEST_RUN`: the newest); None: a fresh run.
     """
 
     config: FederationConfig
@@ -135,14 +177,18 @@ class AggregatorHost:
     stop_requested: threading.Event = field(default_factory=threading.Event)
     state: HostState = field(default_factory=HostState)
     children: list[Child] = field(default_factory=list)
+    resume: Path | None = None
 
     def __post_init__(self) -> None:
         self.dep = check_aggregator_config(self.config, insecure=self.insecure)
         self.tls = self.dep.tls and not self.insecure
         self.keys = KeysLayout(self.dep.keys).aggregator
         self.state_dir = self.dep.state_dir
-        self.run_dir = self.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
-        while self.run_dir.exists():  # two starts within a second
+        if self.resume is not None:
+            self.run_dir = run_to_resume(self.state_dir, self.resume)
+        else:
+            self.run_dir = self.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
+        while self.resume is None and self.run_dir.exists():  # two starts within a second
             self.run_dir = self.run_dir.with_name(self.run_dir.name + "+")
         self.flwr = FlowerCli(self.state_dir / "flwr")
         self.env = flower_env(self.state_dir / "flwr")
@@ -172,7 +218,7 @@ class AggregatorHost:
         """Start the zones and the SuperLink, register the sites, wait for ``min_sites`` of them;
         False when asked to stop meanwhile. Call :meth:`stop_children` in any case."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.run_dir.mkdir()
+        self.run_dir.mkdir(exist_ok=self.resume is not None)
         self._update(superlink=self.dep.superlink, run_dir=str(self.run_dir))
         self._write_config()
         self._start_zones()
@@ -331,6 +377,7 @@ class AggregatorHost:
             "zones": json.dumps({z.name: z.endpoint for z in self.config.zones}),
             "events": str(self.run_dir / "events.jsonl"),
             "zone-tls": json.dumps({k: str(getattr(tls, k)) for k in ("cert", "key", "ca")}) if self.tls else "",
+            "resume": "1" if self.resume is not None else "",
         }
         run_id = self.flwr.submit(app, write_run_config(self.run_dir / "run-config.toml", settings))
         self._update(phase="running", run_id=run_id)
@@ -372,13 +419,14 @@ class AggregatorHost:
         summary: dict[str, Any] = {}
         events = self.run_dir / "events.jsonl"
         if events.exists():
-            from fedshard.coordinator.events import replay
+            from fedshard.coordinator.events import replay, stop_reason
             from fedshard.simulate.run import build_summary
 
             try:
                 result = replay(events)
-            except FedshardError:  # the run never assembled its sites: nothing to summarise
+            except FedshardError:  # the run never assembled its sites: nothing to summarise but why
                 result = None
+                summary = {"rounds": 0, "stopped_reason": stop_reason(events) or ""}
             if result is not None:
                 summary = build_summary(
                     self.config, result, "deployment", self._zone_details(), None, time.perf_counter() - self._started

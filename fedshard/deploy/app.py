@@ -39,7 +39,7 @@ clientapp = "clients.client_app:app"
 {config}
 """
 
-RUN_CONFIG_KEYS = ("config", "zones", "events", "zone-tls", "state-root")
+RUN_CONFIG_KEYS = ("config", "zones", "events", "zone-tls", "state-root", "resume")
 """Settings the ServerApp and ClientApp read (see server/server_app.py, clients/client_app.py)."""
 
 

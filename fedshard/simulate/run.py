@@ -3,6 +3,11 @@
 Zones are real gRPC servers on loopback in both engines. With ``inprocess`` the
 sites are objects in this process; with ``flower`` they are ClientApps on Flower's
 simulation engine (Ray) and the coordinator is the ServerApp.
+
+Everything a run keeps is under its folder (the config as run, the event log, the
+sites' stores and ledgers, the zones' published aggregates), so an in-process run
+whose process died resumes from it (``resume=True``): the coordinator recovers its
+version chains from the event log and the sites carry on from their stores.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from fedshard.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, m
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
+from fedshard.coordinator.recovery import Recovery, recover
 from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.errors import ConfigError
 from fedshard.protocol.messages import SiteInfo
 from fedshard.simulate.baseline import centralized_baseline
 from fedshard.transports.inprocess import InProcessSiteGateway
 
-__all__ = ["Engine", "build_summary", "simulate", "with_rounds"]
+__all__ = ["Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
 
 
 class Engine(StrEnum):
@@ -44,17 +50,23 @@ def with_rounds(config: FederationConfig, rounds: int | None) -> FederationConfi
     return FederationConfig.model_validate(data)
 
 
-class _Fanout:
-    def __init__(self, *observers: RoundObserver | None) -> None:
-        self._observers = [o for o in observers if o is not None]
+def resumable_config(out: str | Path) -> FederationConfig:
+    """The config a run in folder ``out`` ran with (its ``federation.yaml``), to resume it.
 
-    def on_start(self, sites: Any, rounds: int, genesis_version: str) -> None:
-        for o in self._observers:
-            o.on_start(sites, rounds, genesis_version)
+    Raises
+    ------
+    ConfigError
+        ``out`` holds no run (no ``federation.yaml`` or no ``events.jsonl``).
+    """
+    from fedshard.config import load_federation
 
-    def on_round(self, result: Any) -> None:
-        for o in self._observers:
-            o.on_round(result)
+    out = Path(out)
+    if not (out / "federation.yaml").is_file() or not (out / "events.jsonl").is_file():
+        raise ConfigError(
+            f"{out} holds no run to resume (no federation.yaml or events.jsonl); give the folder of an earlier "
+            "`fedshard simulate` run"
+        )
+    return load_federation(out / "federation.yaml")
 
 
 def simulate(
@@ -62,12 +74,24 @@ def simulate(
     out: str | Path,
     engine: Engine = Engine.INPROCESS,
     observer: RoundObserver | None = None,
+    *,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run ``config`` on one machine, write ``out/summary.json``, return the summary."""
+    """Run ``config`` on one machine, write ``out/summary.json``, return the summary.
+
+    ``resume``: carry on the run in ``out`` from its last completed round (in-process
+    engine only; ``config`` is the one it ran with, :func:`resumable_config`).
+    """
     out = Path(out)
-    if (out / "events.jsonl").exists() or (out / "sites").exists():
+    recovery: Recovery | None = None
+    if resume:
+        if engine is not Engine.INPROCESS:
+            raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
+        recovery = recover(out / "events.jsonl")  # refuses a log it cannot resume, nothing changed
+    elif (out / "events.jsonl").exists() or (out / "sites").exists():
         raise ConfigError(
-            f"{out} already holds a run (its sites' shards and ledgers); choose another --out, nothing was changed"
+            f"{out} already holds a run (its sites' shards and ledgers); choose another --out, or resume it "
+            f"with `fedshard simulate --resume {out}`; nothing was changed"
         )
     check_privacy(config)
     if engine is Engine.FLOWER:  # a Ray cluster named but not there: say so before writing anything
@@ -81,13 +105,14 @@ def simulate(
         he_init(out / "keys")  # the run's own CKKS contexts: secret for the sites, public for the zones
         config = config.model_copy(update={"he": config.he.model_copy(update={"keys": (out / "keys").resolve()})})
     config_path = out / "federation.yaml"
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    if recovery is None:
+        config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     events = EventLog(out / "events.jsonl")
     started = time.perf_counter()
-    site_keys = _signing_keys(config, out / "sites")
+    site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
     with running_zones(config, out / "zones", site_keys) as endpoints:
         if engine is Engine.INPROCESS:
-            result = _run_inprocess(config, out, endpoints, _Fanout(events, observer))
+            result = _run_inprocess(config, out, endpoints, observer, events, recovery)
             events.on_stop(result.stopped_reason)
         else:
             from fedshard.simulate.flower import run_flower_simulation
@@ -101,15 +126,19 @@ def simulate(
     return summary
 
 
-def _signing_keys(config: FederationConfig, sites_root: Path) -> dict[str, bytes]:
-    """A manifest-signing key in every site's folder; the public keys, for the zones."""
-    from fedshard.crypto.signing import generate_signing_key
+def _signing_keys(config: FederationConfig, sites_root: Path, *, reuse: bool = False) -> dict[str, bytes]:
+    """A manifest-signing key in every site's folder (``reuse``: the one there, if any); the
+    public keys, for the zones."""
+    from fedshard.crypto.signing import generate_signing_key, load_signing_key, public_key_bytes
 
     keys = {}
     for s in config.sites:
         folder = sites_root / s.id
         folder.mkdir(parents=True, exist_ok=True)
-        keys[s.id] = generate_signing_key(folder / SIGNING_KEY_FILE)
+        if reuse and (folder / SIGNING_KEY_FILE).exists():
+            keys[s.id] = public_key_bytes(load_signing_key(folder / SIGNING_KEY_FILE))
+        else:
+            keys[s.id] = generate_signing_key(folder / SIGNING_KEY_FILE)
     return keys
 
 
@@ -125,7 +154,12 @@ def _zone_details(endpoints: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _run_inprocess(
-    config: FederationConfig, out: Path, endpoints: dict[str, str], observer: RoundObserver
+    config: FederationConfig,
+    out: Path,
+    endpoints: dict[str, str],
+    observer: RoundObserver | None,
+    events: EventLog,
+    recovery: Recovery | None,
 ) -> RunResult:
     from fedshard.routing import FederationRouting
 
@@ -134,7 +168,7 @@ def _run_inprocess(
     gateway = InProcessSiteGateway(sites)
     zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
     try:
-        return Coordinator(config, gateway, zones, endpoints, observer).run()
+        return Coordinator(config, gateway, zones, endpoints, observer, journal=events, recovery=recovery).run()
     finally:
         gateway.close()
         for z in zones.values():
@@ -212,5 +246,6 @@ def build_summary(
         "sites": [_site_summary(s, result.privacy.get(s.site_id), versions[s.site_id]) for s in result.sites],
         "residency_groups": result.groups,
         "zones": zones,
+        "aborted_rounds": result.aborted,
         "stopped_reason": result.stopped_reason,
     }

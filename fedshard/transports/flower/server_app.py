@@ -8,6 +8,7 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
 ``events``      path of the JSON-lines event log (default: ``events.jsonl``)
 ``zone-tls``    JSON ``{"cert", "key", "ca"}``: the certificate the coordinator shows zones
                 (mutual TLS; empty: plain text)
+``resume``      non-empty: resume the run recorded in ``events`` from its last completed round
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def create_server_app(
         from fedshard.config import load_federation
         from fedshard.coordinator.coordinator import Coordinator
         from fedshard.coordinator.events import EventLog
+        from fedshard.coordinator.recovery import recover
         from fedshard.crypto.tls import TlsFiles
         from fedshard.transports.flower.grid import FlowerSiteGateway
 
@@ -56,7 +58,9 @@ def create_server_app(
         connect = tls_connector(tls)
         zones = {name: connect(name, ep) for name, ep in endpoints.items()}
         try:
-            result = Coordinator(config, gateway, zones, endpoints, events).run()
+            recovery = recover(events.path) if settings.get("resume") else None
+            coordinator = Coordinator(config, gateway, zones, endpoints, journal=events, recovery=recovery)
+            result = coordinator.run()
             events.on_stop(result.stopped_reason)
         except Exception as exc:
             events.on_stop(str(exc))
