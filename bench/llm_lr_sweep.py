@@ -18,10 +18,11 @@ federation's arithmetic, which with FFA-LoRA is exact, and nothing else):
 * **central**: the same LoRA on the pooled training examples, ``rounds × local_epochs``
   epochs, one Adam;
 
-and scores both on the validation split. Each method's learning rate is the one with the
-best mean validation accuracy; ``bench/llm_finetune.py --lr F --central-lr C`` then
-measures the gap on the test set. Defaults: ``configs/demo-llm.yaml``'s task (``small``,
-FFA r=8, 6 sites, Dirichlet(1.0), 8,000 private examples), batch 64, 3 rounds × 1 epoch.
+and scores both on the validation split (and on the test set: shown, never used to
+pick). Each method's learning rate is the one with the best mean validation accuracy;
+``bench/llm_finetune.py --lr F --central-lr C`` then measures the gap on the test set.
+Defaults: ``configs/demo-llm.yaml``'s task (``small``, FFA r=8, 6 sites, Dirichlet(1.0),
+8,000 private examples), batch 64, 3 rounds × 1 epoch.
 
     nice -n 19 .venv/bin/python bench/llm_lr_sweep.py [--quick] [--json] [--seeds N] [--lrs 1e-3,2e-3,...]
 
@@ -30,13 +31,16 @@ Full mode (3 seeds × 4 learning rates × 2 methods at ``small``): about 25 minu
 
 ``--json`` prints one JSON object last: ``fed_lr``, ``central_lr``,
 ``fed_validation_accuracy``, ``central_validation_accuracy`` (at the chosen rates),
-``validation_examples``, and per rate ``validation`` (``{lr: {fed, central}}``, means).
+``validation_examples``, ``test_gap_pp`` and ``test_gap_se_pp`` (federated at its pick − central
+at its pick on the test set, paired by seed: shown, never used to pick), and per rate
+``validation`` (``{lr: {fed, central}}``, means).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,8 +74,10 @@ def split(task: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     return private.take(np.arange(args.private_examples)), private.take(np.arange(args.private_examples, end))
 
 
-def federated(task: Any, base: Any, train: Any, val: Any, seed: int, lr: float, args: argparse.Namespace) -> float:
-    """Validation accuracy of FFA-LoRA averaged over ``args.sites`` sites for ``args.rounds`` rounds."""
+def federated(
+    task: Any, base: Any, train: Any, scored: tuple[Any, Any], seed: int, lr: float, args: argparse.Namespace
+) -> tuple[float, float]:
+    """(validation, test) accuracy of FFA-LoRA averaged over ``args.sites`` sites for ``args.rounds`` rounds."""
     import torch
 
     from clients.tasks.llm.data import dirichlet_partition
@@ -96,11 +102,13 @@ def federated(task: Any, base: Any, train: Any, val: Any, seed: int, lr: float, 
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(state[n])
-    return evaluate_examples(model, val)[1]
+    return evaluate_examples(model, scored[0])[1], evaluate_examples(model, scored[1])[1]
 
 
-def central(task: Any, base: Any, train: Any, val: Any, seed: int, lr: float, args: argparse.Namespace) -> float:
-    """Validation accuracy of the same LoRA trained on the pooled training examples."""
+def central(
+    task: Any, base: Any, train: Any, scored: tuple[Any, Any], seed: int, lr: float, args: argparse.Namespace
+) -> tuple[float, float]:
+    """(validation, test) accuracy of the same LoRA trained on the pooled training examples."""
     import torch
 
     from clients.tasks.llm.model import add_lora, evaluate_examples, fit
@@ -108,7 +116,7 @@ def central(task: Any, base: Any, train: Any, val: Any, seed: int, lr: float, ar
     torch.manual_seed(seed)
     model = add_lora(copy.deepcopy(base), task.rank, task.lora_alpha, task.scheme)
     fit(model, train, args.rounds * args.local_epochs, args.batch, lr, seed)
-    return evaluate_examples(model, val)[1]
+    return evaluate_examples(model, scored[0])[1], evaluate_examples(model, scored[1])[1]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -153,13 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     base = task.base()
     train, val = split(task, args)
     acc: dict[tuple[str, float], list[float]] = {}
+    test: dict[tuple[str, float], list[float]] = {}
     t0 = time.perf_counter()
     for lr in args.lr_values:
         for seed in range(args.seeds):
             for name, method in (("fed", federated), ("central", central)):
-                value = method(task, base, train, val, seed, lr, args)
+                value, scored = method(task, base, train, (val, task.splits().test), seed, lr, args)
                 acc.setdefault((name, lr), []).append(value)
-                print(f"[{time.perf_counter() - t0:6.0f}s] lr {lr:g} seed {seed} {name:<7} validation {value:.4f}")
+                test.setdefault((name, lr), []).append(scored)
+                print(
+                    f"[{time.perf_counter() - t0:6.0f}s] lr {lr:g} seed {seed} {name:<7} validation {value:.4f}"
+                    f"  test {scored:.4f}",
+                    flush=True,
+                )
     means = {key: mean_se(values) for key, values in acc.items()}
     best = {name: max(args.lr_values, key=lambda lr: means[(name, lr)][0]) for name in ("fed", "central")}
     rows = [
@@ -167,16 +181,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{lr:g}" + "".join(f" ({n} pick)" for n in ("fed", "central") if best[n] == lr),
             *(f"{100 * means[(n, lr)][0]:.2f} ± {100 * means[(n, lr)][1]:.2f} %" for n in ("fed", "central")),
             f"{100 * (means[('fed', lr)][0] - means[('central', lr)][0]):+.2f} pp",
+            " / ".join(f"{100 * statistics.fmean(test[(n, lr)]):.2f} %" for n in ("fed", "central")),
         ]
         for lr in args.lr_values
     ]
     gap = 100 * (means[("fed", best["fed"])][0] - means[("central", best["central"])][0])
+    test_gap = mean_se(
+        [100 * (f - c) for f, c in zip(test[("fed", best["fed"])], test[("central", best["central"])], strict=True)]
+    )
     headline = {
         "fed_lr": best["fed"],
         "central_lr": best["central"],
         "fed_validation_accuracy": round(means[("fed", best["fed"])][0], 4),
         "central_validation_accuracy": round(means[("central", best["central"])][0], 4),
         "validation_examples": len(val),
+        "test_gap_pp": round(test_gap[0], 4),
+        "test_gap_se_pp": round(test_gap[1], 4),
         "validation": {
             f"{lr:g}": {n: round(means[(n, lr)][0], 4) for n in ("fed", "central")} for lr in args.lr_values
         },
@@ -191,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     interpretation = (
         f"On validation data the federation does best at lr {best['fed']:g} and the central LoRA at "
-        f"{best['central']:g}; at those rates the federation is {gap:+.2f} pp from the central model on validation. "
-        "`bench/llm_finetune.py` measures the test-set gap with these rates."
+        f"{best['central']:g}; at those rates the federation is {gap:+.2f} pp from the central model on validation, "
+        f"and {test_gap[0]:+.2f} ± {test_gap[1]:.2f} pp on the test set ({len(task.splits().test):,} predictions; "
+        "this plain-torch replica of the federation, which `bench/llm_finetune.py` measures in the product with "
+        "these rates)."
     )
     c.publish(
         args,
@@ -201,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.seeds} seed(s) × {len(args.lr_values)} learning rates × (federated, central)",
         None,
         notes=notes,
-        headers=["Adam lr", "federated (validation)", "central (validation)", "fed − central"],
+        headers=["Adam lr", "federated (validation)", "central (validation)", "fed − central", "test: fed / central"],
         rows=rows,
         interpretation=interpretation,
         headline=headline,

@@ -223,6 +223,8 @@ class Coordinator:
                     result.stopped_reason = str(exc)
                     return result
             in_flight = recovery.in_flight
+            if in_flight is not None:  # the zones hold it open (or lost, after a restart): discard it there first
+                self._abort(in_flight, list(self.zones))
             if in_flight is not None and self.config.privacy.enabled:
                 self._aborted(result, in_flight, in_flight_reason(in_flight))
                 first = in_flight + 1

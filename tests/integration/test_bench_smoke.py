@@ -253,6 +253,7 @@ def _llm_lr_sweep(h: dict[str, Any]) -> None:
         picked = h["validation"][f"{h[f'{method}_lr']:g}"][method]
         assert picked == h[f"{method}_validation_accuracy"] == max(v[method] for v in h["validation"].values())
         assert 0.4 < picked <= 1
+    assert abs(h["test_gap_pp"]) < 20 and h["test_gap_se_pp"] == 0  # one seed
 
 
 def _llm_lr_sweep_shown(h: dict[str, Any], section: str) -> None:
@@ -439,6 +440,8 @@ EXPECT: dict[str, Expect] = {
             "fed_validation_accuracy",
             "central_validation_accuracy",
             "validation_examples",
+            "test_gap_pp",
+            "test_gap_se_pp",
             "validation",
         },
         _llm_lr_sweep,
