@@ -26,7 +26,7 @@ Defaults: ``configs/demo-llm.yaml``'s task (``small``, FFA r=8, 6 sites, Dirichl
 
     nice -n 19 .venv/bin/python bench/llm_lr_sweep.py [--quick] [--json] [--seeds N] [--lrs 1e-3,2e-3,...]
 
-Full mode (3 seeds × 4 learning rates × 2 methods at ``small``): about 25 minutes on a quiet
+Full mode (3 seeds × 5 learning rates × 2 methods at ``small``): about 25 minutes on a quiet
 2-core machine. ``--quick``: the tiny model, one seed, two rates, one round, 2,000 examples.
 
 ``--json`` prints one JSON object last: ``fed_lr``, ``central_lr``,
@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3; --quick 1)")
-    parser.add_argument("--lrs", default=None, help="Adam learning rates (default 1e-3,2e-3,3e-3,5e-3)")
+    parser.add_argument("--lrs", default=None, help="Adam learning rates (default 1e-3,2e-3,3e-3,5e-3,1e-2)")
     parser.add_argument("--size", default=None, help="model size (default: the demo's; --quick tiny)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; --quick 1)")
     parser.add_argument("--local-epochs", type=int, default=1)
@@ -137,7 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     demo = demo_options()
     args.seeds = args.seeds or (1 if args.quick else 3)
-    args.lr_values = [float(x) for x in (args.lrs or ("1e-3,3e-3" if args.quick else "1e-3,2e-3,3e-3,5e-3")).split(",")]
+    lrs = args.lrs or ("1e-3,3e-3" if args.quick else "1e-3,2e-3,3e-3,5e-3,1e-2")
+    args.lr_values = [float(x) for x in lrs.split(",")]
     args.size = args.size or ("tiny" if args.quick else demo["size"])
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.alpha = args.alpha if args.alpha is not None else float(demo["dirichlet_alpha"])
