@@ -77,31 +77,13 @@ def split(task: Any, args: argparse.Namespace) -> tuple[Any, Any]:
 def federated(
     task: Any, base: Any, train: Any, scored: tuple[Any, Any], seed: int, lr: float, args: argparse.Namespace
 ) -> tuple[float, float]:
-    """(validation, test) accuracy of FFA-LoRA averaged over ``args.sites`` sites for ``args.rounds`` rounds."""
-    import torch
+    """(validation, test) accuracy of FFA-LoRA averaged over ``args.sites`` sites for ``args.rounds`` rounds
+    (``bench/lora_schemes.py``'s federation)."""
+    from lora_schemes import averaged_model
 
-    from clients.tasks.llm.data import dirichlet_partition
-    from clients.tasks.llm.model import add_lora, evaluate_examples, fit
+    from clients.tasks.llm.model import evaluate_examples
 
-    torch.manual_seed(seed)
-    model = add_lora(copy.deepcopy(base), task.rank, task.lora_alpha, task.scheme)
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    parts = dirichlet_partition(train.labels, args.sites, args.alpha, seed)
-    sizes = [len(p) for p in parts]
-    state = {n: p.detach().clone() for n, p in params.items()}
-    for rnd in range(args.rounds):
-        total = {n: torch.zeros_like(t) for n, t in state.items()}
-        for site, index in enumerate(parts):
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(state[n])
-            fit(model, train.take(index), args.local_epochs, args.batch, lr, seed * 1000 + rnd * 10 + site)
-            for n, p in params.items():
-                total[n] += p.detach() * sizes[site]
-        state = {n: t / sum(sizes) for n, t in total.items()}
-    with torch.no_grad():
-        for n, p in params.items():
-            p.copy_(state[n])
+    model = averaged_model(task, base, task.scheme, train, seed, lr, args)
     return evaluate_examples(model, scored[0])[1], evaluate_examples(model, scored[1])[1]
 
 

@@ -51,13 +51,16 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def federated(task: LlmTask, base: torch.nn.Module, scheme: AdapterScheme, seed: int, args: Any) -> float:
-    """Test accuracy of ``args.rounds`` rounds of FedAvg of the adapters of ``scheme``."""
-    splits = task.splits()
+def averaged_model(
+    task: LlmTask, base: torch.nn.Module, scheme: AdapterScheme, train: Any, seed: int, lr: float, args: Any
+) -> torch.nn.Module:
+    """``args.rounds`` rounds of FedAvg of the adapters of ``scheme`` over ``args.sites`` label-skewed
+    Dirichlet(``args.alpha``) parts of ``train``: every site starts each round from the average and
+    trains ``args.local_epochs`` with a fresh Adam at ``lr``; the average is weighted by examples."""
     torch.manual_seed(seed)
     model = add_lora(copy.deepcopy(base), task.rank, task.lora_alpha, scheme)
     params = trainable(model)
-    parts = dirichlet_partition(splits.private.labels, args.sites, args.alpha, seed)
+    parts = dirichlet_partition(train.labels, args.sites, args.alpha, seed)
     sizes = [len(p) for p in parts]
     state = {n: p.detach().clone() for n, p in params.items()}
     for rnd in range(args.rounds):
@@ -66,16 +69,20 @@ def federated(task: LlmTask, base: torch.nn.Module, scheme: AdapterScheme, seed:
             with torch.no_grad():
                 for n, p in params.items():
                     p.copy_(state[n])
-            fit(
-                model, splits.private.take(index), args.local_epochs, args.batch, args.lr, seed * 1000 + rnd * 10 + site
-            )
+            fit(model, train.take(index), args.local_epochs, args.batch, lr, seed * 1000 + rnd * 10 + site)
             for n, p in params.items():
                 total[n] += p.detach() * sizes[site]
         state = {n: t / sum(sizes) for n, t in total.items()}
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(state[n])
-    return evaluate_examples(model, splits.test)[1]
+    return model
+
+
+def federated(task: LlmTask, base: torch.nn.Module, scheme: AdapterScheme, seed: int, args: Any) -> float:
+    """Test accuracy of ``args.rounds`` rounds of FedAvg of the adapters of ``scheme``."""
+    splits = task.splits()
+    return evaluate_examples(averaged_model(task, base, scheme, splits.private, seed, args.lr, args), splits.test)[1]
 
 
 def central(task: LlmTask, base: torch.nn.Module, seed: int, args: Any) -> float:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from fedshard._fs import fsync_dir
 from fedshard.errors import StoreError
 
 __all__ = ["JOURNAL_DIR", "JOURNAL_FORMAT", "RoundJournal", "RoundRecord", "RoundState"]
@@ -97,9 +98,9 @@ class RoundJournal:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             if fresh:
-                _fsync_dir(self.root.parent)
+                fsync_dir(self.root.parent)
         except OSError as exc:
             raise StoreError(f"cannot record round {round} in {self.root}: {exc.strerror or exc}") from None
 
@@ -133,13 +134,3 @@ def _parse(path: Path) -> RoundRecord | None:
         return RoundRecord(int(body["round"]), RoundState(body["state"]), tuple(str(g) for g in body["groups"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
