@@ -131,20 +131,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Sweep, pick, publish (see the module docstring)."""
-    import torch
+Scores = dict[tuple[str, float], list[float]]
 
-    from clients.tasks.llm import LlmTask
 
-    args = parse_args(argv)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    demo = demo_options()
-    task = LlmTask(size=args.size, rank=demo["rank"], scheme=demo["scheme"], cache_dir=str(args.cache_dir))
-    base = task.base()
-    train, val = split(task, args)
-    acc: dict[tuple[str, float], list[float]] = {}
-    test: dict[tuple[str, float], list[float]] = {}
+def sweep(task: Any, base: Any, train: Any, val: Any, args: argparse.Namespace) -> tuple[Scores, Scores]:
+    """Validation and test accuracies by (method, learning rate), one per seed."""
+    acc: Scores = {}
+    test: Scores = {}
     t0 = time.perf_counter()
     for lr in args.lr_values:
         for seed in range(args.seeds):
@@ -157,6 +150,23 @@ def main(argv: list[str] | None = None) -> int:
                     f"  test {scored:.4f}",
                     flush=True,
                 )
+    return acc, test
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sweep, pick, publish (see the module docstring)."""
+    import torch
+
+    from clients.tasks.llm import LlmTask
+
+    args = parse_args(argv)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    demo = demo_options()
+    task = LlmTask(size=args.size, rank=demo["rank"], scheme=demo["scheme"], cache_dir=str(args.cache_dir))
+    base = task.base()
+    train, val = split(task, args)
+    t0 = time.perf_counter()
+    acc, test = sweep(task, base, train, val, args)
     means = {key: mean_se(values) for key, values in acc.items()}
     best = {name: max(args.lr_values, key=lambda lr: means[(name, lr)][0]) for name in ("fed", "central")}
     rows = [
