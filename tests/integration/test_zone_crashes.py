@@ -26,6 +26,7 @@ import yaml
 from fedshard.assembly import STORE_KEYS_DIR, make_site
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import Coordinator
+from fedshard.coordinator.results import RoundResult
 from fedshard.errors import RoundError
 from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.protocol.channels import ZoneClient
@@ -183,20 +184,29 @@ def _check_ledgers(tmp: Path, landed: set[str]) -> set[str]:
     return committed
 
 
-@pytest.mark.parametrize(("point", "answered"), [("zone.push.frame@3:kill", 0), ("zone.push.commit@2:kill", 1)])
-def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
-    federation: Federation, tmp_path: Path, point: str, answered: int
-) -> None:
+def _killed_in_round_1_then_round_2(
+    federation: Federation, tmp_path: Path, point: str, refusal: str
+) -> tuple[ZoneProcess, RoundResult]:
+    """Round 1 with the zone process killed at ``point`` (the round fails with ``refusal``), the
+    zone restarted on its folder, then round 2: the zone process and round 2's result."""
     path, config, endpoint = federation
     zone = ZoneProcess(path, endpoint, point, tmp_path)
     try:
         coordinator, genesis = _coordinator(config, endpoint, tmp_path)
-        with pytest.raises(RoundError, match="round 1"):
+        with pytest.raises(RoundError, match=refusal):
             coordinator.run_round(1, genesis)
         zone.wait_restarted()
         second = coordinator.run_round(2, genesis)
     finally:
         zone.stop()
+    return zone, second
+
+
+@pytest.mark.parametrize(("point", "answered"), [("zone.push.frame@3:kill", 0), ("zone.push.commit@2:kill", 1)])
+def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
+    federation: Federation, tmp_path: Path, point: str, answered: int
+) -> None:
+    zone, second = _killed_in_round_1_then_round_2(federation, tmp_path, point, "round 1")
     assert second.sites == SITES
     # the restarted zone said, in one line, that round 1 was lost, and refused it
     assert "round 1 was open when the zone stopped" in zone.log(2)
@@ -215,16 +225,9 @@ def test_zone_killed_during_pushes_comes_back_and_the_round_is_aborted(
 
 
 def test_zone_killed_while_publishing_discards_the_partial_round(federation: Federation, tmp_path: Path) -> None:
-    path, config, endpoint = federation
-    zone = ZoneProcess(path, endpoint, "zone.publish.written@1:kill", tmp_path)
-    try:
-        coordinator, genesis = _coordinator(config, endpoint, tmp_path)
-        with pytest.raises(RoundError, match="could not close"):
-            coordinator.run_round(1, genesis)
-        zone.wait_restarted()
-        second = coordinator.run_round(2, genesis)
-    finally:
-        zone.stop()
+    zone, second = _killed_in_round_1_then_round_2(
+        federation, tmp_path, "zone.publish.written@1:kill", "could not close"
+    )
     assert second.sites == SITES
     # the one aggregate of round 1 written before the kill was moved aside, never served
     zone_dir = tmp_path / "zone"
