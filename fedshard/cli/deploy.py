@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from fedshard.errors import DeployError, FedshardError
+from fedshard.errors import ConfigError, DeployError, FedshardError
 
 __all__ = ["aggregator_app", "keys_init", "site_app"]
 
@@ -135,17 +135,31 @@ def site_up(
     retry_s: Annotated[
         float, typer.Option("--retry-s", help="Keep retrying this long while the SuperLink refuses or is down")
     ] = 300.0,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor",
+            help="warm: fork each message from a process that imported torch and fedshard once; "
+            "flower: Flower's stock executor (default: deployment.executor, warm)",
+        ),
+    ] = None,
 ) -> None:
     """Start this site's SuperNode; it takes part in every round until interrupted.
 
     The site's data, shards, privacy ledger and secret keys stay in its own folders.
     """
-    from fedshard.deploy.processes import spawn
     from fedshard.deploy.site import plan_site
 
-    launch = plan_site(config, insecure=insecure)
+    if executor not in (None, "warm", "flower"):
+        raise ConfigError(f"--executor {executor}: choose warm or flower")
+    launch = plan_site(config, insecure=insecure, executor=executor)  # type: ignore[arg-type]
     if insecure:
         err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
+    if launch.fallback:
+        err_console.print(
+            f"[yellow]warning: Flower's stock executor (a fresh process per message): {launch.fallback}[/]",
+            highlight=False,
+        )
     site = launch.config.site
     assert launch.config.deployment is not None
     superlink = launch.config.deployment.superlink
@@ -153,7 +167,7 @@ def site_up(
     _on_signals(stopping.set)
     console.print(
         f"site [cyan]{site.id}[/] ({site.jurisdiction}) → SuperLink {superlink}; "
-        f"state {site.state_dir}; log {launch.log}",
+        f"state {site.state_dir}; {launch.executor} executor; log {launch.log}",
         highlight=False,
     )
     sys.stdout.flush()
@@ -161,19 +175,19 @@ def site_up(
     while True:
         # the SuperNode itself retries a lost SuperLink for ever unless told when to give up
         wait = f"{max(1.0, deadline - time.monotonic()):.0f}"
-        child = spawn(f"SuperNode {site.id}", [*launch.command, "--max-wait-time", wait], launch.log, launch.env)
+        node = launch.start(float(wait))
         started, gave_up = time.monotonic(), False
-        while child.alive() and not stopping.is_set():
+        while node.alive() and not stopping.is_set():
             stopping.wait(0.5)
-            if _GAVE_UP in child.new_lines():  # its SuperLink is gone; it may hang on exit (Flower 1.42)
+            if _GAVE_UP in node.supernode.new_lines():  # its SuperLink is gone; it may hang on exit (Flower 1.42)
                 gave_up = True
-                child.stop(timeout=5.0)
+        child = node.failed()  # before stopping the other
+        node.stop(timeout=5.0 if gave_up else 10.0)
         if stopping.is_set():
-            child.stop()
             console.print(f"site {site.id} stopped; its shards and ledger are in {site.state_dir}", highlight=False)
             return
-        gave_up = gave_up or _GAVE_UP in child.new_lines()
-        reason = f"no answer from the SuperLink for {wait}s" if gave_up else _reason(child.tail(12))
+        gave_up = gave_up or _GAVE_UP in node.supernode.new_lines()
+        reason = f"no answer from the SuperLink for {wait}s" if gave_up else f"{child.name}: {_reason(child.tail(12))}"
         # A SuperNode that ran a while lost its SuperLink; one that never connected may not be
         # registered yet (the aggregator registers keys as it starts): retry until retry_s.
         if time.monotonic() - started > 60 and not gave_up:
@@ -188,7 +202,7 @@ def site_up(
                 f"the SuperNode of {site.id} could not join {superlink} (code {child.popen.returncode}): {reason}. "
                 "Is the aggregator up, and was this site's key registered (fedshard keys init; aggregator up)?"
             )
-        err_console.print(f"[yellow]SuperNode exited ({reason}); retrying in 5s[/]", highlight=False)
+        err_console.print(f"[yellow]{child.name} exited ({reason}); retrying in 5s[/]", highlight=False)
         if stopping.wait(5.0):
             return
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -71,6 +71,14 @@ class SiteDeployment(_Model):
     superlink: str = Field(description="host:port of the aggregator's SuperLink")
     port: int = Field(9094, ge=1, le=65535, description="the SuperNode's local ClientApp port; distinct per host")
     tls: bool = Field(True, description="TLS and SuperNode authentication; false needs `--insecure`")
+    executor: Literal["warm", "flower"] = Field(
+        "warm",
+        description="how each message runs: `warm` forks it from a process that imported torch and fedshard once "
+        "(fedshard.deploy.warm_executor); `flower` is Flower's stock executor (a fresh process per message)",
+    )
+    poll_s: float = Field(
+        0.2, ge=0.02, le=3.0, description="with `warm`: how often an idle SuperNode asks for a message (Flower: 3 s)"
+    )
 
     @field_validator("superlink")
     @classmethod

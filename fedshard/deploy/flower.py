@@ -35,6 +35,10 @@ CONNECTION = "fedshard"
 """Name of the SuperLink connection fedshard writes into ``$FLWR_HOME/config.toml``."""
 
 
+SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+"""How often Flower's SuperExec asks for a task to launch (a supported setting; 0.01–60 s)."""
+
+
 def console_script(name: str) -> str:
     """A console script installed beside the running Python (the virtualenv's ``bin``)."""
     candidate = Path(sys.executable).parent / name
@@ -42,12 +46,14 @@ def console_script(name: str) -> str:
 
 
 def flower_env(flwr_home: Path | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for Flower processes: offline (no telemetry, no update check), our
+    """Environment for Flower processes: offline (no telemetry, no update check), the SuperExec
+    polling every 0.1 s (unless set), our
     virtualenv's ``bin`` first on ``PATH`` (the SuperLink starts ``flower-superexec``
     from there), and ``FLWR_HOME`` when given."""
     env = dict(os.environ if base is None else base)
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    env.setdefault(SUPEREXEC_POLL, "0.1")  # Flower's default, 1 s, delays every run's start by up to 1 s
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)

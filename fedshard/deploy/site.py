@@ -5,33 +5,126 @@ The SuperNode gets the site's node config (``site-config``, ``site-id``,
 authentication key; its ClientApp reads everything else (federation config, state
 folder, keys) from the site's config file, on the site's host. Flower's own state
 (installed app bundles) goes to ``<state_dir>/flwr``; the log to ``<state_dir>/supernode.log``.
+
+With ``deployment.executor: warm`` (the default) the SuperNode runs in Flower's
+``--isolation process`` mode with its waits shortened (:mod:`fedshard.deploy.supernode`),
+beside fedshard's warm executor (:mod:`fedshard.deploy.warm_executor`), which forks each
+message's ClientApp process from one that imported torch and fedshard once; the two
+share a SuperExec auth secret written for this start alone. When the installed Flower's
+internals are not the ones these rely on (:mod:`fedshard.deploy.flower_internals`), or
+with ``executor: flower``, it is Flower's stock SuperNode.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from fedshard.config import SiteLocalConfig, load_deployed_site
 from fedshard.config.layout import SiteBundle
 from fedshard.deploy.flower import flower_env, supernode_command
+from fedshard.deploy.processes import Child, spawn
 from fedshard.errors import ConfigError
 
-__all__ = ["SiteLaunch", "plan_site"]
+__all__ = ["SiteLaunch", "SiteNode", "plan_site"]
+
+Executor = Literal["warm", "flower"]
 
 
 @dataclass(frozen=True)
 class SiteLaunch:
-    """How to start one site's SuperNode."""
+    """How to start one site's SuperNode (and, when warm, its executor).
+
+    ``command`` is the stock ``flower-supernode`` command line; ``executor`` the one that
+    runs (``warm`` or ``flower``) and ``fallback`` why it is not the configured one (None
+    when it is).
+    """
 
     config: SiteLocalConfig
     command: list[str]
     env: dict[str, str]
     log: Path
+    executor: Executor = "flower"
+    fallback: str | None = None
+
+    @property
+    def secret(self) -> Path:
+        """The SuperExec auth secret the warm SuperNode and its executor share (rewritten at each start)."""
+        return self.config.site.state_dir / "flwr" / "superexec.secret"
+
+    def start(self, max_wait_s: float) -> SiteNode:
+        """Start the SuperNode (giving up on a silent SuperLink after ``max_wait_s``) and its executor."""
+        name = f"SuperNode {self.config.site.id}"
+        flower_args = [*self.command[1:], "--max-wait-time", f"{max_wait_s:.0f}"]
+        if self.executor == "flower":
+            return SiteNode(spawn(name, [self.command[0], *flower_args], self.log, self.env), None)
+        dep = self.config.deployment
+        assert dep is not None
+        _write_secret(self.secret)
+        warm = [*flower_args, "--isolation", "process", "--superexec-auth-secret-file", str(self.secret)]
+        shim = [sys.executable, "-m", "fedshard.deploy.supernode", "--poll-s", f"{dep.poll_s:g}", "--", *warm]
+        supernode = spawn(name, shim, self.log, self.env)
+        executor = spawn(
+            f"warm executor {self.config.site.id}",
+            [
+                sys.executable,
+                "-m",
+                "fedshard.deploy.warm_executor",
+                "--runtime-api-address",
+                f"127.0.0.1:{dep.port}",
+                "--superexec-auth-secret-file",
+                str(self.secret),
+                "--parent-pid",
+                str(supernode.pid),
+            ],
+            self.log,
+            self.env,
+        )
+        return SiteNode(supernode, executor)
 
 
-def plan_site(site_config: Path, *, insecure: bool = False) -> SiteLaunch:
-    """Check the site's config and keys and build its SuperNode command (one-line errors)."""
+@dataclass
+class SiteNode:
+    """A running SuperNode and its warm executor (None with Flower's stock executor)."""
+
+    supernode: Child
+    executor: Child | None
+
+    def alive(self) -> bool:
+        """Whether both still run (a SuperNode without its executor cannot answer a message)."""
+        return self.supernode.alive() and (self.executor is None or self.executor.alive())
+
+    def failed(self) -> Child:
+        """The one that is gone: the executor when it exited under a running SuperNode, else the SuperNode."""
+        if self.executor is not None and not self.executor.alive() and self.supernode.alive():
+            return self.executor
+        return self.supernode
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the executor (and its children), then the SuperNode."""
+        if self.executor is not None:
+            self.executor.stop(timeout)
+        self.supernode.stop(timeout)
+
+
+def _write_secret(path: Path) -> None:
+    """32 random bytes at ``path``, readable by this user alone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+
+
+def plan_site(site_config: Path, *, insecure: bool = False, executor: Executor | None = None) -> SiteLaunch:
+    """Check the site's config and keys and build its SuperNode command (one-line errors).
+
+    ``executor`` overrides ``deployment.executor``; a warm executor whose Flower internals
+    are not there falls back to Flower's (``SiteLaunch.fallback`` says why).
+    """
     local, config, _ = load_deployed_site(site_config)
     dep = local.deployment
     assert dep is not None  # load_deployed_site checked it
@@ -68,4 +161,11 @@ def plan_site(site_config: Path, *, insecure: bool = False) -> SiteLaunch:
         root_certificates=bundle.tls.ca if tls else None,
         auth_key=bundle.supernode_key if tls else None,
     )
-    return SiteLaunch(local, command, flower_env(state_dir / "flwr"), state_dir / "supernode.log")
+    chosen: Executor = executor or dep.executor
+    fallback = None
+    if chosen == "warm":
+        from fedshard.deploy.flower_internals import problem
+
+        fallback = problem()
+        chosen = "flower" if fallback else "warm"
+    return SiteLaunch(local, command, flower_env(state_dir / "flwr"), state_dir / "supernode.log", chosen, fallback)

@@ -2,7 +2,8 @@
 processes on loopback (Flower SuperLink + SuperNodes with TLS and SuperNode
 authentication, three zones with mutual TLS), record-level DP, encrypted personal
 shards, residency routing; a site that is not registered is refused; a site killed
-mid-run leaves the others going and rejoins when restarted."""
+mid-run leaves the others going and rejoins when restarted. Three sites run fedshard's
+warm executor, one Flower's stock executor (the fallback path)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from tests.deploy_helpers import events, fedshard, kill_tree, start, stop, wait_
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
+STOCK = "mayo-rochester"
+"""The site that runs Flower's stock executor (``site up --executor flower``)."""
 
 
 def write_layout(root: Path, *, rounds: int, tls: bool = True) -> dict[str, Path]:
@@ -52,7 +55,8 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     sites: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for site in SITES:
-            sites[site] = start(["site", "up", "--config", str(layout[site])], tmp_path, logs / f"{site}.log")
+            stock = ["--executor", "flower"] if site == STOCK else []
+            sites[site] = start(["site", "up", "--config", str(layout[site]), *stock], tmp_path, logs / f"{site}.log")
         procs += list(sites.values())
 
         # An impostor: a valid site config and certificate, but a SuperNode key nobody registered.
@@ -113,6 +117,12 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     ledger_rounds = [h["round"] for h in history if "sgh-singapore" in h["sites"]]
     site_summary = {s["id"]: s for s in summary["sites"]}["sgh-singapore"]
     assert site_summary["rounds_participated"] == len(ledger_rounds)
+    # three sites ran warm (one forked ClientApp per message), one Flower's stock executor
+    for site in SITES:
+        log = (tmp_path / "runs" / "sites" / site / "supernode.log").read_text()
+        assert ("fedshard warm executor: " in log) == (site != STOCK), site
+        said = " ".join((logs / f"{site}.log").read_text().split())  # rich wraps long lines
+        assert ("flower executor; log" if site == STOCK else "warm executor; log") in said, said
     # the status command reads the same state once
     status = fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
     assert status.returncode == 0 and "finished" in status.stdout and "round 4/4" in status.stdout

@@ -34,7 +34,7 @@ class FlowerSiteGateway:
     wait_s:
         How long to wait for them.
     poll_s:
-        First pause between pulls for replies (it grows to 1 s while none arrive).
+        First pause between pulls for replies (it grows to ``max_poll_s`` while none arrive).
     engine_alive:
         In a simulation, whether Flower's engine still runs: once it has stopped no reply
         can come, so every wait ends at once with a :class:`RoundError` instead of
@@ -47,12 +47,14 @@ class FlowerSiteGateway:
         min_nodes: int,
         wait_s: float = 120.0,
         poll_s: float = 0.05,
+        max_poll_s: float = 0.25,
         engine_alive: Callable[[], bool] | None = None,
     ) -> None:
         self.grid = grid
         self.min_nodes = min_nodes
         self.wait_s = wait_s
         self.poll_s = poll_s
+        self.max_poll_s = max_poll_s
         self.engine_alive = engine_alive
 
     def _check_engine(self) -> None:
@@ -111,7 +113,7 @@ class FlowerSiteGateway:
                     results[node] = self._read(kind, reply)
             if pending:
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = self.poll_s if replies else min(pause * 1.5, 1.0)
+                pause = self.poll_s if replies else min(pause * 1.5, self.max_poll_s)
         return results
 
     @staticmethod

@@ -1,0 +1,102 @@
+"""The Flower 1.42 internals fedshard's warm SuperNode relies on, checked before it uses them.
+
+``fedshard site up`` runs a site's SuperNode warm (:mod:`fedshard.deploy.warm_executor`,
+:mod:`fedshard.deploy.supernode`) only when :func:`problem` finds every one of these as
+expected; otherwise it runs Flower's stock SuperNode and says why in one line. What is
+relied on (all public modules of the ``flwr`` wheel, but not documented APIs):
+
+* ``flwr.supernode.cli.flower_supernode.flower_supernode``: the ``flower-supernode``
+  entry point, started in ``--isolation process`` with a SuperExec auth secret;
+* ``flwr.supernode.start_client_internal``: its main loop sleeps through its module-level
+  ``time`` (3 s when the SuperLink has no message, 0.5 s while a reply is awaited); the
+  shim gives that module a ``time`` whose ``sleep`` is shorter;
+* ``flwr.supercore.runtime.RuntimeHttpClient.AcquireTask`` with ``AcquireTaskRequest``,
+  ``SuperExecAuthHttpInterceptor`` and ``RuntimeVersionHttpInterceptor``: how a SuperExec
+  takes a task and its token from the SuperNode's Runtime API;
+* ``flwr.supernode.runtime.run_clientapp.run_clientapp``: what ``flwr-clientapp`` runs for
+  one task (the forked child calls it with the task's token).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+
+__all__ = ["SUPPORTED", "problem"]
+
+SUPPORTED = "1.42."
+"""The Flower release line whose internals were read (``flwr==1.42.*`` in pyproject.toml)."""
+
+_RUN_CLIENTAPP_PARAMETERS = (
+    "runtime_api_address",
+    "token",
+    "insecure",
+    "certificates",
+    "parent_pid",
+    "runtime_dependency_install",
+)
+
+
+def problem() -> str | None:
+    """Why the warm SuperNode cannot run on the installed Flower, in a few words; None when it can."""
+    try:
+        installed = version("flwr")
+    except PackageNotFoundError:
+        return "Flower (flwr) is not installed"
+    if not installed.startswith(SUPPORTED):
+        return f"flwr {installed} is installed; the warm executor was written against flwr {SUPPORTED}*"
+    for check in _CHECKS:
+        try:
+            reason = check()
+        except (ImportError, AttributeError, TypeError, ValueError, OSError) as exc:
+            reason = f"{check.__doc__}: {type(exc).__name__}: {exc}"
+        if reason:
+            return reason
+    return None
+
+
+def _supernode_loop() -> str | None:
+    """flwr.supernode.start_client_internal sleeps through its module's ``time``"""
+    module = importlib.import_module("flwr.supernode.start_client_internal")
+    source = inspect.getsource(module)
+    if getattr(module, "time", None) is not importlib.import_module("time") or "time.sleep(3)" not in source:
+        return "flwr.supernode.start_client_internal no longer polls with `time.sleep(3)`"
+    entry = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    if not callable(getattr(entry, "flower_supernode", None)) or "--isolation" not in inspect.getsource(entry):
+        return "flwr.supernode.cli.flower_supernode has no flower_supernode() with --isolation"
+    return None
+
+
+def _runtime_api() -> str | None:
+    """the SuperNode's Runtime API client"""
+    runtime = importlib.import_module("flwr.supercore.runtime")
+    messages = importlib.import_module("flwr.proto.runtime_pb2")
+    interceptors = importlib.import_module("flwr.supercore.interceptors")
+    constant = importlib.import_module("flwr.supercore.constant")
+    missing = [
+        name
+        for name, ok in (
+            ("RuntimeHttpClient.AcquireTask", hasattr(runtime.RuntimeHttpClient, "AcquireTask")),
+            ("RuntimeHttpClient.from_server_address", hasattr(runtime.RuntimeHttpClient, "from_server_address")),
+            ("AcquireTaskRequest", hasattr(messages, "AcquireTaskRequest")),
+            ("SuperExecAuthHttpInterceptor", hasattr(interceptors, "SuperExecAuthHttpInterceptor")),
+            ("RuntimeVersionHttpInterceptor", hasattr(interceptors, "RuntimeVersionHttpInterceptor")),
+            ("TaskType.CLIENT_APP", hasattr(getattr(constant, "TaskType", None), "CLIENT_APP")),
+        )
+        if not ok
+    ]
+    return f"Flower's Runtime API lacks {', '.join(missing)}" if missing else None
+
+
+def _run_clientapp() -> str | None:
+    """flwr.supernode.runtime.run_clientapp.run_clientapp"""
+    module = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    parameters = tuple(inspect.signature(module.run_clientapp).parameters)
+    if parameters != _RUN_CLIENTAPP_PARAMETERS:
+        return f"run_clientapp takes ({', '.join(parameters)}), not ({', '.join(_RUN_CLIENTAPP_PARAMETERS)})"
+    return None
+
+
+_CHECKS: tuple[Callable[[], str | None], ...] = (_supernode_loop, _runtime_api, _run_clientapp)
