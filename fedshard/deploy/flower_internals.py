@@ -15,6 +15,9 @@ relied on (all public modules of the ``flwr`` wheel, but not documented APIs):
   takes a task and its token from the SuperNode's Runtime API;
 * ``flwr.supernode.runtime.run_clientapp.run_clientapp``: what ``flwr-clientapp`` runs for
   one task (the forked child calls it with the task's token).
+
+The object-pull backoffs are shortened by :func:`fedshard.transports.flower.waits.shorten_object_pulls`,
+which checks each function it rebinds itself and leaves a different one alone.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """``python -m fedshard.deploy.supernode``: Flower's SuperNode, with its hard-coded waits shortened.
 
 Flower 1.42's SuperNode loop (``flwr.supernode.start_client_internal``) sleeps a fixed
-3 s whenever a pull from the SuperLink finds no message, and 0.5 s between looks for the
-ClientApp's reply; a round that sends each site two messages waits up to 7 s on these
-sleeps alone. Flower offers no setting for them, so this entry point gives that one
-module a ``time`` whose ``sleep`` waits ``--poll-s`` instead of 3 s and at most
-``--wait-s`` instead of 0.5 s, then runs ``flower-supernode`` unchanged with the remaining
-arguments. Nothing else changes: the pulls, TLS, SuperNode authentication and message
-handling are Flower's. :mod:`fedshard.deploy.flower_internals` checks that the loop still
-sleeps this way before ``fedshard site up`` uses this entry point.
+3 s whenever a pull from the SuperLink finds no message, 0.5 s between looks for the
+ClientApp's reply, and backs off 1 s, 2 s, … when a message's objects are not on the
+SuperLink yet; a round that sends each site two messages waits seconds on these alone.
+Flower offers no setting for them, so this entry point gives that one module a ``time``
+whose ``sleep`` waits ``--poll-s`` instead of 3 s and at most ``--wait-s`` instead of
+0.5 s, and an object pull with a short backoff
+(:mod:`fedshard.transports.flower.waits`), then runs ``flower-supernode`` unchanged with
+the remaining arguments. Nothing else changes: the pulls, TLS, SuperNode authentication
+and message handling are Flower's. :mod:`fedshard.deploy.flower_internals` checks that
+the loop still sleeps this way before ``fedshard site up`` uses this entry point.
 
     python -m fedshard.deploy.supernode --poll-s 0.2 -- --superlink HOST:PORT ...
 
@@ -21,48 +23,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import time
-from typing import Any
 
-__all__ = ["PollClock", "install", "main"]
+from fedshard.transports.flower.waits import PollClock, shorten_object_pulls
 
-IDLE_SLEEP_S = 3.0
-"""Flower's hard-coded wait after an empty pull (anything this long or longer is that wait)."""
+__all__ = ["LOOP", "install", "main"]
 
-
-class PollClock:
-    """The ``time`` module, with ``sleep`` mapping Flower's fixed waits to shorter ones.
-
-    Parameters
-    ----------
-    poll_s:
-        Replaces the 3 s wait after an empty pull.
-    wait_s:
-        Caps every shorter wait (Flower's 0.5 s looks for a reply, which is local).
-    """
-
-    def __init__(self, poll_s: float, wait_s: float) -> None:
-        self.poll_s = poll_s
-        self.wait_s = wait_s
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep ``poll_s`` for Flower's idle wait, at most ``wait_s`` for any other."""
-        time.sleep(self.poll_s if seconds >= IDLE_SLEEP_S else min(seconds, self.wait_s))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
+LOOP = "flwr.supernode.start_client_internal"
+"""The module of Flower's SuperNode loop."""
 
 
 def install(poll_s: float, wait_s: float) -> PollClock:
-    """Give Flower's SuperNode loop a :class:`PollClock`; returns it."""
-    module = importlib.import_module("flwr.supernode.start_client_internal")
+    """Give Flower's SuperNode loop a :class:`PollClock` and short object-pull backoffs; returns the clock."""
+    module = importlib.import_module(LOOP)
     clock = PollClock(poll_s, wait_s)
     module.time = clock  # type: ignore[attr-defined]  # read at every sleep of the loop
+    shorten_object_pulls(LOOP)
     return clock
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse our two options, install the clock, run ``flower-supernode`` with the rest."""
+    """Parse our two options, install the waits, run ``flower-supernode`` with the rest."""
     argv = sys.argv[1:] if argv is None else argv
     ours, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else ([], argv)
     parser = argparse.ArgumentParser(prog="python -m fedshard.deploy.supernode", description=__doc__.split("\n")[0])

@@ -31,10 +31,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedshard.transports.flower.waits import shorten_object_pulls
+
 __all__ = ["PRELOAD", "WarmExecutor", "main", "preload", "thread_count"]
 
 PRELOAD = (
     "torch",
+    "torch._dynamo",  # imported by the first optimiser a process builds: ~0.5 s of every message otherwise
     "flwr.supernode.runtime.run_clientapp",
     "flwr.clientapp",
     "fedshard.assembly",
@@ -45,7 +48,7 @@ PRELOAD = (
 )
 """What every fedshard ClientApp process imports; loaded once, before any fork."""
 
-OPTIONAL_PRELOAD = ("opacus", "tenseal", "sklearn.datasets")
+OPTIONAL_PRELOAD = ("opacus", "tenseal", "sklearn.datasets", "sklearn.model_selection", "sklearn.preprocessing")
 """Heavy imports some sites need (DP-SGD, CKKS, the example tasks' data), when installed."""
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
@@ -78,6 +81,7 @@ def preload(modules: Sequence[str] = PRELOAD, optional: Sequence[str] = OPTIONAL
                 raise
             continue
         done.append(name)
+    shorten_object_pulls("flwr.supernode.runtime.run_clientapp")  # the child pulls its message's objects
     if (threads := thread_count()) > 1:
         raise RuntimeError(f"importing {', '.join(done)} started {threads - 1} thread(s); forking is not safe")
     return done

@@ -14,6 +14,7 @@ import pytest
 
 from fedshard.deploy import flower_internals, supernode, warm_executor
 from fedshard.deploy.site import plan_site
+from fedshard.transports.flower import waits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,14 +41,14 @@ def test_a_changed_run_clientapp_is_refused(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_supernode_loop_that_no_longer_sleeps_through_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from flwr.supernode import start_client_internal as loop
 
-    monkeypatch.setattr(loop, "time", supernode.PollClock(0.1, 0.01))
+    monkeypatch.setattr(loop, "time", waits.PollClock(0.1, 0.01))
     assert flower_internals.problem() == "flwr.supernode.start_client_internal no longer polls with `time.sleep(3)`"
 
 
 def test_the_poll_clock_shortens_only_flowers_fixed_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
-    clock = supernode.PollClock(poll_s=0.2, wait_s=0.02)
+    clock = waits.PollClock(poll_s=0.2, wait_s=0.02)
     clock.sleep(3)  # an empty pull
     clock.sleep(0.5)  # waiting for the ClientApp's reply
     clock.sleep(0.001)
@@ -61,6 +62,43 @@ def test_install_puts_the_clock_into_flowers_loop(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(loop, "time", time)
     clock = supernode.install(0.3, 0.05)
     assert loop.time is clock and clock.poll_s == 0.3
+
+
+def test_object_pulls_back_off_briefly_where_flower_waits_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    calls: list[dict[str, float]] = []
+
+    def pull_objects(ids: list[str], *, initial_backoff: float = 1, backoff_cap: float = 10) -> None:
+        calls.append({"initial_backoff": initial_backoff, "backoff_cap": backoff_cap})
+
+    def pull_and_inflate_object_from_tree(tree: object) -> None: ...  # no backoff parameters: left alone
+
+    fake = types.ModuleType("fake_flower_module")
+    fake.pull_objects = pull_objects  # type: ignore[attr-defined]
+    fake.pull_and_inflate_object_from_tree = pull_and_inflate_object_from_tree  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_flower_module", fake)
+    assert waits.shorten_object_pulls("fake_flower_module")
+    fake.pull_objects(["a"])
+    assert calls == [{"initial_backoff": waits.PULL_BACKOFF, "backoff_cap": waits.PULL_BACKOFF_CAP}]
+    assert fake.pull_and_inflate_object_from_tree is pull_and_inflate_object_from_tree
+    assert waits.shorten_object_pulls("fake_flower_module")  # twice: still one partial, not two
+    assert fake.pull_objects.func is pull_objects
+    assert not waits.shorten_object_pulls("no_such_module_here")
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["flwr.supernode.runtime.run_clientapp", "flwr.supernode.start_client_internal", "flwr.superlink.grid.http_grid"],
+)
+def test_flowers_own_pull_functions_are_shortened(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    target = importlib.import_module(module)
+    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
+        if hasattr(target, name):
+            monkeypatch.setattr(target, name, getattr(target, name))  # restored after the test
+    assert waits.shorten_object_pulls(module)
 
 
 def test_preload_refuses_to_fork_from_a_process_with_threads() -> None:

@@ -44,7 +44,9 @@ def create_server_app(
         from fedshard.coordinator.recovery import recover
         from fedshard.crypto.tls import TlsFiles
         from fedshard.transports.flower.grid import FlowerSiteGateway
+        from fedshard.transports.flower.waits import shorten_object_pulls
 
+        shorten_object_pulls("flwr.superlink.grid.http_grid")  # replies are pulled as soon as they are there
         settings = {**(defaults or {}), **dict(context.run_config)}
         config = load_federation(str(settings["config"]))
         endpoints = (
