@@ -404,9 +404,16 @@ class Coordinator:
             apply=self._apply_rule,
             weight_scale=weight_scale,
             ledger_head=self._ledger_heads.get(site_id),
+            projection_hint=self._projection_hint(site_id),
             weight=weight,
             deadline_s=min(self._timeout, 86400.0),
         )
+
+    def _projection_hint(self, site_id: str) -> int | None:
+        """The site's last projection of its rounds left, one round on (None before its first report)."""
+        report = self._privacy.get(site_id)
+        left = None if report is None else report.projected_rounds_left
+        return None if left is None else max(left - 1, 0)
 
     def _keep_ledger_heads(self, reports: dict[str, PrivacyReport]) -> None:
         """Remember each site's last reported ledger head (a report without one keeps the earlier),

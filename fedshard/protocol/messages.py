@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from fedshard.aggregation import ServerOptimizerKind
 from fedshard.errors import RefusalCode
 from fedshard.privacy.accountant import AccountantKind
+from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
 from fedshard.residency.router import AggregateKey
 
 __all__ = [
@@ -230,6 +231,9 @@ class TrainInstruction(_Msg):
     weight_scale: float = 0.0  # divides the weight of encrypted shards (the largest fixed weight)
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)  # the site's weight, fixed by the coordinator (RoundSpec)
     ledger_head: LedgerHeadReport | None = None  # the site's ledger head as it last reported it
+    # Where the site's search for its rounds left starts: its last projection, one round on. The
+    # coordinator's guess; the site composes every candidate, so a wrong one only costs time.
+    projection_hint: int | None = Field(None, ge=0, le=MAX_PROJECTED_ROUNDS)
     # Coordinator to site: seconds it waits for the reply (its round_timeout_s; 0: not said).
     # Bounds how long the site retries zones that do not answer; at most a day.
     deadline_s: float = Field(0.0, ge=0, le=86400, allow_inf_nan=False)

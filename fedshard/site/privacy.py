@@ -299,10 +299,15 @@ class SitePrivacy:
 
     @staticmethod
     def report(
-        ledger: PrivacyLedger, next_events: list[DPEvent], *, status: PrivacyStatus | None = None, note: str = ""
+        ledger: PrivacyLedger,
+        next_events: list[DPEvent],
+        *,
+        status: PrivacyStatus | None = None,
+        note: str = "",
+        hint: int | None = None,
     ) -> PrivacyReport:
-        """The site's privacy report for the coordinator."""
-        st = ledger.status(next_events)
+        """The site's privacy report for the coordinator (``hint``: where the rounds-left search starts)."""
+        st = ledger.status(next_events, hint)
         record = st.spent.get(Guarantee.RECORD, 0.0)
         update = st.spent.get(Guarantee.UPDATE, 0.0)
         binding = Guarantee.RECORD if any(e.guarantee is Guarantee.RECORD for e in next_events) else Guarantee.UPDATE

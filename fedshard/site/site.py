@@ -367,7 +367,9 @@ class Site:
                 log.warning("site %s: round %d: %s", self.site_id, message.round, exc)
                 return report.model_copy(update={"privacy": self.privacy.refusal_report(message.privacy, str(exc))})
             faults.point("site.ledger.committed")
-            return report.model_copy(update={"privacy": self.privacy.report(ledger, events, note=note)})
+            hint = message.projection_hint
+            privacy = self.privacy.report(ledger, events, note=note, hint=hint)
+            return report.model_copy(update={"privacy": privacy})
 
     def _train_and_push(
         self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None

@@ -211,6 +211,26 @@ def test_projected_rounds_left_matches_reserving_until_refused(path: Path, next_
         assert not ledger.status(next_round).can_afford_next
 
 
+@pytest.mark.parametrize("hint", [None, 0, 1, 3, 6, 7, 40, 5_000, MAX_PROJECTED_ROUNDS])
+def test_a_projection_hint_changes_the_work_never_the_answer(
+    path: Path, hint: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedshard.privacy.ledger import spend
+
+    next_round = [SGD, NOISY_UPDATE]
+    with _open(path) as ledger:
+        ledger.reserve(0, [DPEvent(RECORD, 1.3, 0.05, 20)])
+        expected = ledger.status(next_round).projected_rounds_left
+        calls: list[int] = []
+        real_cost = spend.cost
+        monkeypatch.setattr(spend, "cost", lambda *a: calls.append(1) or real_cost(*a))
+        assert ledger.status(next_round, hint).projected_rounds_left == expected
+        assert expected is not None and expected > 1
+        calls.clear()
+        assert ledger.status(next_round, expected).projected_rounds_left == expected
+        assert len(calls) == 2  # the right guess: one composition that fits, one that does not
+
+
 def test_projection_is_capped(ledger: PrivacyLedger) -> None:
     assert ledger.status([DPEvent(UPDATE, 500.0, 0.001, 1)]).projected_rounds_left == MAX_PROJECTED_ROUNDS
 

@@ -252,13 +252,16 @@ class PrivacyLedger:
         """
         return spend.cost(self._snapshot(), check_events(events), self.accountant)
 
-    def status(self, next_round: Sequence[DPEvent] = ()) -> LedgerStatus:
+    def status(self, next_round: Sequence[DPEvent] = (), hint: int | None = None) -> LedgerStatus:
         """Budget, spend and what is left, optionally for rounds costing ``next_round``.
 
         Parameters
         ----------
         next_round:
             The events one more round would add; empty to skip the projection.
+        hint:
+            Where the search for the rounds left starts (e.g. the last projection, one
+            round on); it changes how long the search takes, never its answer.
 
         Returns
         -------
@@ -272,7 +275,7 @@ class PrivacyLedger:
         projected: int | None = None
         can_afford = True
         if next_round:
-            projected = spend.project(snapshot, check_events(next_round), self.accountant)
+            projected = spend.project(snapshot, check_events(next_round), self.accountant, hint)
             can_afford = projected >= 1
         return LedgerStatus(
             budget=snapshot.budget,

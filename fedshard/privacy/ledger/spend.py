@@ -63,10 +63,15 @@ def cost(snapshot: Snapshot, events: Sequence[DPEvent], accountant: AccountantKi
     return {g: epsilon_of(snapshot, g, events, accountant) for g in involved}
 
 
-def project(snapshot: Snapshot, next_round: Sequence[DPEvent], accountant: AccountantKind) -> int:
+def project(
+    snapshot: Snapshot, next_round: Sequence[DPEvent], accountant: AccountantKind, hint: int | None = None
+) -> int:
     """Largest k <= :data:`MAX_PROJECTED_ROUNDS` such that k more rounds of ``next_round`` fit.
 
-    ε grows with k, so a doubling search then a bisection find k in O(log k) compositions.
+    ε grows with k, so a galloping search from ``hint`` (a guess: the last answer, one
+    round on; 1 without one) then a bisection find k in O(log |k − hint|) compositions:
+    two when the guess is right. Every candidate is composed: a wrong hint costs time,
+    never a wrong answer.
     """
 
     def fits(k: int) -> bool:
@@ -74,15 +79,32 @@ def project(snapshot: Snapshot, next_round: Sequence[DPEvent], accountant: Accou
         scaled = [replace(event, steps=event.steps * k) for event in next_round]
         return all(eps <= snapshot.budget.epsilon for eps in cost(snapshot, scaled, accountant).values())
 
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while high <= MAX_PROJECTED_ROUNDS and fits(high):
-        low, high = high, high * 2
-    if high > MAX_PROJECTED_ROUNDS:
-        if fits(MAX_PROJECTED_ROUNDS):
-            return MAX_PROJECTED_ROUNDS
-        high = MAX_PROJECTED_ROUNDS
+    start = min(max(hint or 1, 1), MAX_PROJECTED_ROUNDS)
+    step = 1
+    if fits(start):  # gallop up: low fits
+        low = start
+        while True:
+            high = low + step
+            if high > MAX_PROJECTED_ROUNDS:
+                if fits(MAX_PROJECTED_ROUNDS):
+                    return MAX_PROJECTED_ROUNDS
+                high = MAX_PROJECTED_ROUNDS
+                break
+            if not fits(high):
+                break
+            low, step = high, step * 2
+    else:  # gallop down: high does not fit
+        high = start
+        while True:
+            low = high - step
+            if low < 1:
+                if not fits(1):
+                    return 0
+                low = 1
+                break
+            if fits(low):
+                break
+            high, step = low, step * 2
     while high - low > 1:  # invariant: fits(low), not fits(high)
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
