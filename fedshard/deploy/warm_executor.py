@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import pkgutil
 import signal
 import sys
 import time
@@ -48,7 +49,29 @@ PRELOAD = (
 )
 """What every fedshard ClientApp process imports; loaded once, before any fork."""
 
-OPTIONAL_PRELOAD = ("opacus", "tenseal", "sklearn.datasets", "sklearn.model_selection", "sklearn.preprocessing")
+PRELOAD_PACKAGES = (
+    "fedshard.site",
+    "fedshard.store",
+    "fedshard.crypto",
+    "fedshard.privacy",
+    "fedshard.integrity",
+    "fedshard.sharding",
+    "fedshard.residency",
+    "fedshard.protocol",
+    "fedshard.config",
+    "fedshard.zone.rpc",
+    "fedshard.transports.flower",
+)
+"""Packages whose every module a site message may import lazily (each imported once, here)."""
+
+OPTIONAL_PRELOAD = (
+    "opacus",
+    "tenseal",
+    "grpc.experimental",
+    "sklearn.datasets",
+    "sklearn.model_selection",
+    "sklearn.preprocessing",
+)
 """Heavy imports some sites need (DP-SGD, CKKS, the example tasks' data), when installed."""
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
@@ -64,8 +87,13 @@ def thread_count() -> int:
     return threading.active_count()
 
 
-def preload(modules: Sequence[str] = PRELOAD, optional: Sequence[str] = OPTIONAL_PRELOAD) -> list[str]:
-    """Import ``modules`` (and those of ``optional`` that are installed); the names imported.
+def preload(
+    modules: Sequence[str] = PRELOAD,
+    optional: Sequence[str] = OPTIONAL_PRELOAD,
+    packages: Sequence[str] = PRELOAD_PACKAGES,
+) -> list[str]:
+    """Import ``modules``, every module of ``packages`` and those of ``optional`` that are
+    installed; the names imported.
 
     Raises
     ------
@@ -73,7 +101,7 @@ def preload(modules: Sequence[str] = PRELOAD, optional: Sequence[str] = OPTIONAL
         An import started a thread: forking this process would not be safe.
     """
     done = []
-    for name in [*modules, *optional]:
+    for name in [*modules, *_walk(packages), *optional]:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -186,6 +214,17 @@ class WarmExecutor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.client.close()
+
+
+def _walk(packages: Sequence[str]) -> list[str]:
+    """Every module below ``packages`` (the packages included)."""
+    names = []
+    for package in packages:
+        names.append(package)
+        path = getattr(importlib.import_module(package), "__path__", None)
+        if path is not None:
+            names += [info.name for info in pkgutil.walk_packages(path, prefix=f"{package}.")]
+    return names
 
 
 def _run_task(address: str, token: str, parent_pid: int) -> None:

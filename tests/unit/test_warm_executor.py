@@ -107,7 +107,7 @@ def test_preload_refuses_to_fork_from_a_process_with_threads() -> None:
     worker.start()
     try:
         with pytest.raises(RuntimeError, match="forking is not safe"):
-            warm_executor.preload(modules=[], optional=[])
+            warm_executor.preload(modules=[], optional=[], packages=[])
     finally:
         release.set()
         worker.join()

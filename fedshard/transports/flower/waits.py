@@ -11,7 +11,7 @@ warm (measured: ``bench/deploy_overhead.py``):
   1 s, 2 s, 4 s … (``PULL_INITIAL_BACKOFF = 1``, bound as a default argument): with a
   warm ClientApp the pull usually comes that early. :func:`shorten_object_pulls` rebinds
   the pull function a module imported to one whose backoff starts at 20 ms and stops
-  growing at 0.5 s; the overall limits (``max_time``, tries per object) stay Flower's.
+  growing at 0.1 s; the overall limits (``max_time``, tries per object) stay Flower's.
 
 Both patch one module attribute each and check first that it is what Flower 1.42 has
 (:func:`shorten_object_pulls` returns False and changes nothing otherwise;
@@ -35,7 +35,7 @@ IDLE_SLEEP_S = 3.0
 PULL_BACKOFF = 0.02
 """First wait before pulling an object again that was not there yet (Flower: 1 s)."""
 
-PULL_BACKOFF_CAP = 0.5
+PULL_BACKOFF_CAP = 0.1
 """Longest wait between two pulls of an object (Flower: 10 s)."""
 
 _PULL_FUNCTIONS = ("pull_objects", "pull_and_inflate_object_from_tree")
