@@ -433,9 +433,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--private-examples", type=int, default=None, help="private pool (default 8000, the demo's; --quick 2000)"
     )
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3, the demo's)")
     parser.add_argument(
-        "--central-lr", type=float, default=None, help="the central LoRA's Adam learning rate (default: --lr)"
+        "--lr", type=float, default=5e-3, help="federated Adam learning rate (default 5e-3: bench/llm_lr_sweep)"
+    )
+    parser.add_argument(
+        "--central-lr",
+        type=float,
+        default=2e-3,
+        help="the central LoRA's Adam learning rate (default 2e-3, its validation pick in bench/llm_lr_sweep)",
     )
     parser.add_argument("--batch", type=int, default=64, help="batch size (default 64, the demo's)")
     parser.add_argument("--dp-clip", type=float, default=1.0, help="DP-SGD clipping bound (default 1.0)")
@@ -450,7 +455,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--share-test-fraction", type=float, default=0.01, help="its test set, of the corpus (default 0.01)"
     )
     args = parser.parse_args(argv)
-    args.central_lr = args.lr if args.central_lr is None else args.central_lr
     args.seeds = args.seeds or (1 if args.quick else 5)
     args.seed_values = list(range(args.seeds))
     args.size = args.size or ("tiny" if args.quick else "small")
