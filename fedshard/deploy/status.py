@@ -18,6 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 
 from fedshard.config import FederationConfig
+from fedshard.deploy.processes import pid_alive
 from fedshard.errors import DeployError
 
 __all__ = ["STATUS_FILE", "HostState", "render_status", "read_state", "write_state"]
@@ -60,18 +61,6 @@ def read_state(state_dir: Path) -> HostState:
         raise DeployError(f"{path} is unreadable ({exc}); start the aggregator again") from None
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _events(run_dir: str | None) -> list[dict[str, Any]]:
     if not run_dir:
         return []
@@ -94,7 +83,7 @@ def render_status(config: FederationConfig, state: HostState) -> RenderableType:
         for site in starts[-1]["sites"] if starts else []:
             if site.get("privacy"):
                 privacy[site["site_id"]] = site["privacy"]
-    running = _alive(state.pid)
+    running = pid_alive(state.pid)
     phase = (
         state.phase if running or state.phase in ("finished", "stopped", "failed") else f"not running ({state.phase})"
     )
@@ -125,7 +114,7 @@ def render_status(config: FederationConfig, state: HostState) -> RenderableType:
         zones.add_column(column)
     regions = {z.name: z.region for z in config.zones}
     for name, z in state.zones.items():
-        zones.add_row(name, regions.get(name, "?"), str(z.get("endpoint")), "up" if _alive(z.get("pid")) else "down")
+        zones.add_row(name, regions.get(name, "?"), str(z.get("endpoint")), "up" if pid_alive(z.get("pid")) else "down")
     parts: list[RenderableType] = [head, sites, zones]
     if state.message:
         parts.append(state.message)

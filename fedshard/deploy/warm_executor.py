@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedshard.deploy.processes import pid_alive
 from fedshard.transports.flower.waits import shorten_object_pulls
 
 __all__ = ["PRELOAD", "WarmExecutor", "main", "preload", "thread_count"]
@@ -185,12 +186,12 @@ class WarmExecutor:
     def run(self, stop: Any) -> None:
         """Take and launch tasks until ``stop()`` is true or the SuperNode is gone."""
         pause = self.poll_s
-        while not stop() and _alive(self.parent_pid):
+        while not stop() and pid_alive(self.parent_pid):
             self.reap()
             try:
                 token = self.acquire()
             except Exception as exc:
-                if not _alive(self.parent_pid):
+                if not pid_alive(self.parent_pid):
                     break
                 print(f"fedshard warm executor: AcquireTask failed ({type(exc).__name__}: {exc})", flush=True)
                 token = None
@@ -255,16 +256,6 @@ def _run_task(address: str, token: str, parent_pid: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

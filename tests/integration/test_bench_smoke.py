@@ -281,6 +281,22 @@ def _large_round_shown(h: dict[str, Any], section: str) -> None:
     assert f"{h['ckks_bytes_per_f32']:.2f}× for the" in section
 
 
+def _deploy_overhead(h: dict[str, Any]) -> None:
+    # --quick: plain Flower on stock SuperNodes, then fedshard on the same sites restarted warm
+    assert h["flower_round_s"] > h["fedshard_round_s"] > 0
+    assert h["private_round_s"] is None and h["stock_round_s"] is None  # full mode only
+    assert h["speedup_vs_flower"] == pytest.approx(h["flower_round_s"] / h["fedshard_round_s"])
+    assert h["fedshard_vs_flower"] == pytest.approx(1 / h["speedup_vs_flower"])
+    assert h["client_process_start_s"] > 0 and h["wall_s"] > h["flower_round_s"]
+
+
+def _deploy_overhead_shown(h: dict[str, Any], section: str) -> None:
+    flower = _cells(_row(section, "Flower FedAvg, stock SuperNodes"))
+    assert flower[2] == f"{h['flower_round_s']:,.2f}"
+    assert _cells(_row(section, "fedshard plaintext |"))[2] == f"{h['fedshard_round_s']:,.2f}"
+    assert f"{h['speedup_vs_flower']:.1f}× longer" in section
+
+
 EXPECT: dict[str, Expect] = {
     "zone_accumulate": Expect(
         {
@@ -446,6 +462,21 @@ EXPECT: dict[str, Expect] = {
         },
         _llm_lr_sweep,
         _llm_lr_sweep_shown,
+    ),
+    "deploy_overhead": Expect(
+        {
+            "flower_round_s",
+            "fedshard_round_s",
+            "private_round_s",
+            "stock_round_s",
+            "speedup_vs_flower",
+            "fedshard_vs_flower",
+            "private_vs_flower",
+            "client_process_start_s",
+            "wall_s",
+        },
+        _deploy_overhead,
+        _deploy_overhead_shown,
     ),
     "large_round": Expect(
         {

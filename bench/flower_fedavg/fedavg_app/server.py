@@ -1,4 +1,5 @@
-"""ServerApp: Flower's FedAvg for the configured rounds, every site training and evaluating."""
+"""ServerApp: Flower's FedAvg for the configured rounds (or the run config's ``rounds``), every site
+training and evaluating."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def main(grid: Grid, context: Context) -> None:
 
     config = load_federation(str(context.run_config["config"]))
     times = str(context.run_config["times"])
+    rounds = int(str(context.run_config.get("rounds", "") or config.federation.rounds))
     task = load_task(config.task.target, dict(config.task.options))
     torch.manual_seed(config.federation.seed)
     n = len(config.sites)
@@ -33,9 +35,7 @@ def main(grid: Grid, context: Context) -> None:
         with open(times, "a") as fh:
             fh.write(json.dumps({"round": server_round, "at": time.time()}) + "\n")
 
-    result = strategy.start(
-        grid, ArrayRecord(task.build_model().state_dict()), num_rounds=config.federation.rounds, evaluate_fn=mark
-    )
+    result = strategy.start(grid, ArrayRecord(task.build_model().state_dict()), num_rounds=rounds, evaluate_fn=mark)
     with open(times, "a") as fh:
         metrics = {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
         fh.write(json.dumps({"done": True, "metrics": metrics}) + "\n")
