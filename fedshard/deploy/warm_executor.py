@@ -28,9 +28,8 @@ import pkgutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from fedshard.deploy.processes import pid_alive
 from fedshard.transports.flower.waits import shorten_object_pulls
@@ -183,7 +182,7 @@ class WarmExecutor:
                     continue
             self.children.discard(pid)
 
-    def run(self, stop: Any) -> None:
+    def run(self, stop: Callable[[], bool]) -> None:
         """Take and launch tasks until ``stop()`` is true or the SuperNode is gone."""
         pause = self.poll_s
         while not stop() and pid_alive(self.parent_pid):
