@@ -181,6 +181,7 @@ def site_up(
             stopping.wait(0.5)
             if _GAVE_UP in node.supernode.new_lines():  # its SuperLink is gone; it may hang on exit (Flower 1.42)
                 gave_up = True
+                break
         child = node.failed()  # before stopping the other
         node.stop(timeout=5.0 if gave_up else 10.0)
         if stopping.is_set():
