@@ -38,7 +38,7 @@ def base_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _options(cache: Path) -> dict[str, Any]:
-    return {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, "private_examples": 6000}
+    return {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, "private_examples": 3000}
 
 
 def _layout(root: Path, cache: Path) -> dict[str, Path]:

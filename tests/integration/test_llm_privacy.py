@@ -23,7 +23,7 @@ from tests.llm_helpers import SITES, adapter_bytes, llm_config
 
 pytestmark = pytest.mark.slow
 
-PRIVATE_EXAMPLES = 8000  # a third of the private split: the same test, a third of the training
+PRIVATE_EXAMPLES = 4000  # a sixth of the private split: the same test, a sixth of the training
 # Mild label skew: with the task's default (0.5) the sites' adapters pull apart and the federated model ends below
 # the pretrained base even without DP, which would leave "DP kept the model useful" untestable.
 DIRICHLET_ALPHA = 5.0
