@@ -30,6 +30,7 @@ from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
 from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
+from fedshard.coordinator.reports import PrivacyReports
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
 from fedshard.errors import FedshardError, RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
@@ -37,10 +38,8 @@ from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
     EvaluateInstruction,
     EvaluateReport,
-    LedgerHeadReport,
     MessageKind,
     PrivacyPlan,
-    PrivacyReport,
     PublishedAggregate,
     QueryRequest,
     SiteFailure,
@@ -107,8 +106,7 @@ class Coordinator:
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
-        self._privacy: dict[str, PrivacyReport] = {}  # site id -> last report
-        self._ledger_heads: dict[str, LedgerHeadReport] = {}  # site id -> last ledger head it reported
+        self._privacy = PrivacyReports()
         self._apply_rule = apply_rule(config)
         self._plan_json = ""
 
@@ -151,8 +149,7 @@ class Coordinator:
                 log.warning("site %s starts from a different model (plan or seed differs); excluded", info.site_id)
                 del infos[node]
         self._nodes = infos
-        self._privacy = {i.site_id: i.privacy for i in infos.values() if i.privacy is not None}
-        self._keep_ledger_heads(self._privacy)
+        self._privacy.reset({i.site_id: i.privacy for i in infos.values() if i.privacy is not None})
         # The plan (names, shapes, dtypes; no values) is what zones check frames against.
         plan_json = next(i.plan_json for i in infos.values())
         if ShardPlan.from_json(plan_json).digest != plan_digest:
@@ -269,7 +266,7 @@ class Coordinator:
         """Sample the round's sites among those that can still afford a round."""
         fed = self.config.federation
         nodes = sorted(self._nodes, key=lambda n: self._nodes[n].site_id)
-        eligible = [n for n in nodes if self._can_afford(self._nodes[n].site_id)]
+        eligible = [n for n in nodes if self._privacy.can_afford(self._nodes[n].site_id)]
         if len(eligible) < fed.min_sites:
             spent = sorted(self._nodes[n].site_id for n in nodes if n not in eligible)
             why = f"; privacy budget exhausted: {', '.join(spent)}" if spent else ""
@@ -281,10 +278,6 @@ class Coordinator:
         # One generator per round: a resumed run selects as the uninterrupted one would have.
         rng = random.Random(derive_seed(fed.seed, rnd, "selection"))
         return sorted(rng.sample(eligible, min(k, len(eligible))))
-
-    def _can_afford(self, site_id: str) -> bool:
-        report = self._privacy.get(site_id)
-        return report is None or report.can_afford_next
 
     def run_round(self, rnd: int, version: str) -> RoundResult:
         """Run round ``rnd``; ``version`` is the federation's version before it."""
@@ -328,7 +321,7 @@ class Coordinator:
             accuracy=float("nan"),
             loss=float("nan"),
             bytes_up=sum(r.bytes_up for r in ok),
-            privacy={site: report.model_dump(mode="json") for site, report in sorted(self._privacy.items())},
+            privacy=self._privacy.as_json(),
             versions=group_versions,
             roots=roots,
             aggregates=aggregate_entries(published.values()),
@@ -374,8 +367,7 @@ class Coordinator:
             if isinstance(reply, TrainReport):
                 self._group(node).record(site_id, reply.applied_round)
                 if reply.privacy is not None:
-                    self._privacy[site_id] = reply.privacy
-                    self._keep_ledger_heads({site_id: reply.privacy})
+                    self._privacy.record(site_id, reply.privacy)
             if isinstance(reply, TrainReport) and reply.ok:
                 reports.append(reply)
             else:
@@ -403,24 +395,11 @@ class Coordinator:
             privacy=self._privacy_plan(site_id),
             apply=self._apply_rule,
             weight_scale=weight_scale,
-            ledger_head=self._ledger_heads.get(site_id),
-            projection_hint=self._projection_hint(site_id),
+            ledger_head=self._privacy.ledger_head(site_id),
+            projection_hint=self._privacy.projection_hint(site_id),
             weight=weight,
             deadline_s=min(self._timeout, 86400.0),
         )
-
-    def _projection_hint(self, site_id: str) -> int | None:
-        """The site's last projection of its rounds left, one round on (None before its first report)."""
-        report = self._privacy.get(site_id)
-        left = None if report is None else report.projected_rounds_left
-        return None if left is None else max(left - 1, 0)
-
-    def _keep_ledger_heads(self, reports: dict[str, PrivacyReport]) -> None:
-        """Remember each site's last reported ledger head (a report without one keeps the earlier),
-        to send it back: a site whose ledger no longer contains it refuses to release."""
-        for site_id, report in reports.items():
-            if report.ledger_head is not None:
-                self._ledger_heads[site_id] = report.ledger_head
 
     def _abort(self, rnd: int, zones: list[str]) -> None:
         for name in zones:

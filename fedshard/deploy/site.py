@@ -17,7 +17,6 @@ with ``executor: flower``, it is Flower's stock SuperNode.
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Literal
 
 from fedshard.config import SiteLocalConfig, load_deployed_site
 from fedshard.config.layout import SiteBundle
+from fedshard.crypto._files import KEY_MODE, write_files
 from fedshard.deploy.flower import flower_env, supernode_command
 from fedshard.deploy.processes import Child, spawn
 from fedshard.errors import ConfigError
@@ -64,7 +64,7 @@ class SiteLaunch:
             return SiteNode(spawn(name, [self.command[0], *flower_args], self.log, self.env), None)
         dep = self.config.deployment
         assert dep is not None
-        _write_secret(self.secret)
+        write_files([(self.secret, secrets.token_bytes(32), KEY_MODE)], force=True)  # atomic, mode 600
         warm = [*flower_args, "--isolation", "process", "--superexec-auth-secret-file", str(self.secret)]
         shim = [sys.executable, "-m", "fedshard.deploy.supernode", "--poll-s", f"{dep.poll_s:g}", "--", *warm]
         supernode = spawn(name, shim, self.log, self.env)
@@ -109,14 +109,6 @@ class SiteNode:
         if self.executor is not None:
             self.executor.stop(timeout)
         self.supernode.stop(timeout)
-
-
-def _write_secret(path: Path) -> None:
-    """32 random bytes at ``path``, readable by this user alone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
 
 
 def plan_site(site_config: Path, *, insecure: bool = False, executor: Executor | None = None) -> SiteLaunch:
