@@ -11,10 +11,13 @@ message.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +28,7 @@ from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import SitePrivacy
 from fedshard.site.routes import CLASSES_FILE, ModelSource, RouteSource, SiteRouting, read_classes, write_classes
 from fedshard.site.site import Site
-from fedshard.task import Partition, build_initial_model, load_task
+from fedshard.task import Partition, Task, build_initial_model, load_task
 from fedshard.zone.aggregator import ZoneAggregator
 
 if TYPE_CHECKING:
@@ -41,8 +44,10 @@ __all__ = [
     "AUDIT_FILE",
     "LEDGER_ANCHOR_FILE",
     "SIGNING_KEY_FILE",
+    "SITE_CACHE_BYTES",
     "SITE_CACHE_SIZE",
     "STORE_KEYS_DIR",
+    "ServedZones",
     "check_privacy",
     "deployed_site_for",
     "grpc_connector",
@@ -52,8 +57,10 @@ __all__ = [
     "make_site",
     "make_zone",
     "running_zones",
+    "serving_zones",
     "site_for",
     "streaming_parties",
+    "task_of",
 ]
 
 STORE_KEYS_DIR = "store-keys"
@@ -65,7 +72,11 @@ LEDGER_ANCHOR_FILE = "ledger.anchor"
 AUDIT_FILE = "audit.jsonl"
 """A zone's audit log, in its store folder."""
 SITE_CACHE_SIZE = 8
-"""Sites a process keeps assembled (least recently used beyond that are dropped with their models)."""
+"""Sites a process keeps assembled whatever their size (least recently used beyond that are
+dropped with their models, unless they fit in :data:`SITE_CACHE_BYTES`)."""
+SITE_CACHE_BYTES = 256 << 20
+"""Beyond :data:`SITE_CACHE_SIZE`, sites are kept while their held models total at most this
+(a simulation actor serving thousands of small sites keeps them all)."""
 
 _SITES: OrderedDict[str, Site] = OrderedDict()
 _SITES_LOCK = threading.Lock()
@@ -141,10 +152,48 @@ def site_for(config: FederationConfig, site_id: str, state_root: str | Path) -> 
     """The site :func:`make_site` assembles, kept for this process's later messages.
 
     Keyed by the config's digest, the site id and the state folder: a changed config
-    assembles a new site.
+    assembles a new site. The sites of one process share one channel per zone
+    (:class:`~fedshard.zone.rpc.shared.SharedZoneChannels`: plaintext loopback, simulation).
     """
-    key = _digest(config.model_dump_json(), site_id, str(Path(state_root).resolve()))
-    return _kept(key, lambda: make_site(config, site_id, state_root))
+    key = _digest(_config_digest(config), site_id, str(Path(state_root).resolve()))
+    return _kept(key, lambda: make_site(config, site_id, state_root, connect=_shared_channels()))
+
+
+_CONFIG_DIGESTS: OrderedDict[int, tuple[FederationConfig, str]] = OrderedDict()
+
+
+def _config_digest(config: FederationConfig) -> str:
+    """The digest of ``config``'s JSON, computed once per config object (a 10,000-site config
+    takes milliseconds to dump, and every message of a simulation actor asks)."""
+    with _SITES_LOCK:
+        known = _CONFIG_DIGESTS.get(id(config))
+        if known is not None and known[0] is config:
+            return known[1]
+    digest = _digest(config.model_dump_json())
+    with _SITES_LOCK:
+        _CONFIG_DIGESTS[id(config)] = (config, digest)
+        while len(_CONFIG_DIGESTS) > 4:
+            _CONFIG_DIGESTS.popitem(last=False)
+    return digest
+
+
+@functools.cache
+def _shared_channels() -> ZoneConnector:
+    from fedshard.zone.rpc.shared import SharedZoneChannels
+
+    return SharedZoneChannels()
+
+
+@functools.lru_cache(maxsize=4)
+def _task(target: str, options_json: str) -> Task:
+    """The task object for ``target`` with ``options`` (JSON), one per process: the sites of a
+    process share it (a task holds settings; each site's data comes from ``load_data``)."""
+    return load_task(target, json.loads(options_json))
+
+
+def task_of(config: FederationConfig) -> Task:
+    """The config's task, built once per process and options."""
+    return _task(config.task.target, json.dumps(dict(config.task.options), sort_keys=True))
 
 
 def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
@@ -184,10 +233,15 @@ def _kept(key: str, make: Callable[[], Site]) -> Site:
         site = _SITES.get(key)
         if site is None:
             site = _SITES[key] = make()
-            while len(_SITES) > SITE_CACHE_SIZE:
+            while len(_SITES) > SITE_CACHE_SIZE and _held_bytes(_SITES.values()) > SITE_CACHE_BYTES:
                 _SITES.popitem(last=False)
         _SITES.move_to_end(key)
         return site
+
+
+def _held_bytes(sites: Iterable[Site]) -> int:
+    """Memory of the models these sites hold (a model not built yet: nothing)."""
+    return sum(site.model.nbytes for site in sites)
 
 
 def _load_deployed(site_config: Path, site_id: str, jurisdiction: str) -> DeployedSite:
@@ -268,7 +322,7 @@ def _site(
     ledger: tuple[LedgerKey, AnchorStore] | None = None,
 ) -> Site:
     site = config.site(site_id)
-    task = load_task(config.task.target, dict(config.task.options))
+    task = task_of(config)
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
     signing_key = None
     if signing_key_file.exists():
@@ -434,14 +488,22 @@ def streaming_parties(config: FederationConfig) -> int:
     return len(config.sites) + len(config.zones)
 
 
+@dataclass(frozen=True)
+class ServedZones:
+    """The zones of :func:`serving_zones`: their gRPC endpoints and the zone objects themselves."""
+
+    endpoints: dict[str, str]
+    zones: dict[str, ZoneAggregator]
+
+
 @contextlib.contextmanager
-def running_zones(
+def serving_zones(
     config: FederationConfig,
     store_root: str | Path | None = None,
     site_keys: Mapping[str, bytes] | None = None,
-) -> Iterator[dict[str, str]]:
+) -> Iterator[ServedZones]:
     """Start every configured zone as a gRPC server in this process, enforcing the
-    federation's residency policy; yields endpoints.
+    federation's residency policy; yields the endpoints and the zones.
 
     Port 0 in a zone's endpoint picks a free port.
     """
@@ -450,18 +512,29 @@ def running_zones(
 
     routing = FederationRouting(config)
     routing.check()
-    servers, zones = [], []
+    servers, zones = [], {}
     endpoints: dict[str, str] = {}
     try:
         for zc in config.zones:
             host = zc.endpoint.rsplit(":", 1)[0]
-            zones.append(make_zone(zc, store_root, routing=routing, site_keys=site_keys))
-            server, port = serve(zones[-1], zc.endpoint, limits=zc.limits, parties=streaming_parties(config))
+            zones[zc.name] = make_zone(zc, store_root, routing=routing, site_keys=site_keys)
+            server, port = serve(zones[zc.name], zc.endpoint, limits=zc.limits, parties=streaming_parties(config))
             servers.append(server)
             endpoints[zc.name] = f"{host}:{port}"
-        yield endpoints
+        yield ServedZones(endpoints, zones)
     finally:
         for server in servers:
             server.stop(grace=1.0).wait()
-        for zone in zones:
+        for zone in zones.values():
             zone.close()
+
+
+@contextlib.contextmanager
+def running_zones(
+    config: FederationConfig,
+    store_root: str | Path | None = None,
+    site_keys: Mapping[str, bytes] | None = None,
+) -> Iterator[dict[str, str]]:
+    """:func:`serving_zones`, yielding only the endpoints."""
+    with serving_zones(config, store_root, site_keys) as served:
+        yield served.endpoints

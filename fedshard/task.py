@@ -13,6 +13,7 @@ same at every site, which the genesis version binds (:func:`frozen_state`).
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -35,6 +36,8 @@ __all__ = [
     "load_task",
     "trained_state",
 ]
+
+_BUILD_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +142,9 @@ def build_initial_model(task: Task, seed: int, dp_layers: LayerPolicy = LayerPol
     """
     import torch
 
-    torch.manual_seed(seed)
-    model = task.build_model()
+    with _BUILD_LOCK:  # torch's global generator: two threads seeding and drawing at once would mix
+        torch.manual_seed(seed)
+        model = task.build_model()
     dp_layers = LayerPolicy(dp_layers)
     if dp_layers is LayerPolicy.FIX:
         from fedshard.privacy.dpsgd import fix_model

@@ -7,11 +7,13 @@ key instead of a setting silently ignored.
 from __future__ import annotations
 
 import re
+from collections import Counter
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from fedshard.config.deployment import AggregatorDeployment, SiteDeployment
 from fedshard.config.privacy import BudgetConfig, PrivacyConfig
@@ -274,6 +276,20 @@ class SiteLocalConfig(_Model):
     deployment: SiteDeployment | None = Field(None, description="how the site joins a deployed federation")
 
 
+@dataclass(frozen=True, slots=True)
+class _SiteIndex:
+    """Lookups over one list of sites (10,000 sites: a scan per lookup would be quadratic)."""
+
+    sites: list[SiteConfig]
+    by_id: dict[str, SiteConfig]
+    partitions: dict[str, int]
+
+    @classmethod
+    def of(cls, sites: list[SiteConfig]) -> _SiteIndex:
+        partitions = {s.id: s.partition if s.partition is not None else i for i, s in enumerate(sites)}
+        return cls(sites, {s.id: s for s in sites}, partitions)
+
+
 class FederationConfig(_Model):
     """A whole federation: the file ``fedshard simulate --config`` reads."""
 
@@ -290,11 +306,12 @@ class FederationConfig(_Model):
     reducing_zone: Name | None = Field(None, description="the zone that reduces shards allowed to leave their region")
     sites: list[SiteConfig] = Field(min_length=1)
     deployment: AggregatorDeployment | None = Field(None, description="the aggregator host (`fedshard aggregator up`)")
+    _site_index: _SiteIndex | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _consistent(self) -> FederationConfig:
-        ids = [s.id for s in self.sites]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        ids = Counter(s.id for s in self.sites)
+        dupes = sorted(i for i, n in ids.items() if n > 1)
         if dupes:
             raise ValueError(f"site ids must be unique; repeated: {', '.join(dupes)}")
         names = [z.name for z in self.zones]
@@ -343,17 +360,26 @@ class FederationConfig(_Model):
                 f"{len(self.sites)} sites but he.max_sites is {self.he.max_sites}: encrypted sums would overflow; "
                 "raise he.max_sites"
             )
-        parts = [self.partition_of(s.id) for s in self.sites]
-        if len(set(parts)) != len(parts):
+        parts = self._partitions
+        if len(set(parts.values())) != len(parts):
             raise ValueError("two sites share a data partition index")
         return self
 
+    @property
+    def _index(self) -> _SiteIndex:
+        """Sites by id and their partitions, built once per ``sites`` list (a copy with other sites rebuilds it)."""
+        index = self._site_index
+        if index is None or index.sites is not self.sites:
+            index = self._site_index = _SiteIndex.of(self.sites)
+        return index
+
+    @property
+    def _partitions(self) -> dict[str, int]:
+        return self._index.partitions
+
     def site(self, site_id: str) -> SiteConfig:
         """The site with ``site_id``."""
-        for s in self.sites:
-            if s.id == site_id:
-                return s
-        raise KeyError(site_id)
+        return self._index.by_id[site_id]
 
     def budget_of(self, site_id: str) -> BudgetConfig | None:
         """The budget the aggregator assigns to a site (its own entry, else the default)."""
@@ -362,12 +388,9 @@ class FederationConfig(_Model):
 
     def partition_of(self, site_id: str) -> int:
         """Data partition index of a site (explicit, or its position in the list)."""
-        for i, s in enumerate(self.sites):
-            if s.id == site_id:
-                return s.partition if s.partition is not None else i
-        raise KeyError(site_id)
+        return self._partitions[site_id]
 
     @property
     def num_partitions(self) -> int:
         """How many partitions the data is cut into."""
-        return max(self.partition_of(s.id) for s in self.sites) + 1
+        return max(self._partitions.values()) + 1

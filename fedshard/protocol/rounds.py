@@ -60,15 +60,28 @@ class RoundSpec:
     sites: tuple[str, ...]
     base_versions: tuple[tuple[str, str], ...] = ()  # (site, version) where it differs from base_version
     weights: tuple[tuple[str, float], ...] = ()  # (site, weight) fixed by the coordinator
+    # Lookups over the tuples above, built once (a zone asks per push; 10,000 sites would make a scan quadratic).
+    _selected: frozenset[str] = field(init=False, repr=False, compare=False)
+    _versions: dict[str, str] = field(init=False, repr=False, compare=False)
+    _weights: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_selected", frozenset(self.sites))
+        object.__setattr__(self, "_versions", dict(self.base_versions))
+        object.__setattr__(self, "_weights", dict(self.weights))
+
+    def selects(self, site_id: str) -> bool:
+        """Whether the round selected ``site_id``."""
+        return site_id in self._selected
 
     def version_for(self, site_id: str) -> str:
         """The model version ``site_id``'s update must start from (sites in different
         residency groups hold different models)."""
-        return dict(self.base_versions).get(site_id, self.base_version)
+        return self._versions.get(site_id, self.base_version)
 
     def weight_for(self, site_id: str) -> float:
         """The aggregation weight the round fixed for ``site_id``."""
-        return dict(self.weights).get(site_id, DEFAULT_WEIGHT)
+        return self._weights.get(site_id, DEFAULT_WEIGHT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,18 +20,19 @@ from typing import Any
 
 import yaml
 
-from fedshard.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, make_site, running_zones
+from fedshard.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, make_site, serving_zones
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.recovery import Recovery, recover
 from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.errors import ConfigError
+from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import SiteInfo
 from fedshard.simulate.baseline import centralized_baseline
-from fedshard.transports.inprocess import InProcessSiteGateway
+from fedshard.transports.inprocess import InProcessSiteGateway, in_process_connector
 
-__all__ = ["Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
+__all__ = ["DataPlane", "Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
 
 
 class Engine(StrEnum):
@@ -39,6 +40,17 @@ class Engine(StrEnum):
 
     INPROCESS = "inprocess"
     FLOWER = "flower"
+
+
+class DataPlane(StrEnum):
+    """How the in-process engine's sites reach their zones (the coordinator and tools always use gRPC)."""
+
+    DIRECT = "direct"
+    """Calls into the zone objects of this process: the same checks, signatures, residency
+    decisions and audit records, no serialisation (the default: 3x faster per site at scale)."""
+    GRPC = "grpc"
+    """Over the zones' gRPC servers on loopback, one shared channel per zone: the wire
+    protocol of a deployment, exercised end to end."""
 
 
 def with_rounds(config: FederationConfig, rounds: int | None) -> FederationConfig:
@@ -76,11 +88,15 @@ def simulate(
     observer: RoundObserver | None = None,
     *,
     resume: bool = False,
+    data_plane: DataPlane = DataPlane.DIRECT,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run ``config`` on one machine, write ``out/summary.json``, return the summary.
 
     ``resume``: carry on the run in ``out`` from its last completed round (in-process
     engine only; ``config`` is the one it ran with, :func:`resumable_config`).
+    ``data_plane`` and ``workers`` (sites handling messages at once; 1 folds in a fixed
+    order, so a run repeats bit for bit) apply to the in-process engine.
     """
     out = Path(out)
     recovery: Recovery | None = None
@@ -110,9 +126,11 @@ def simulate(
     events = EventLog(out / "events.jsonl")
     started = time.perf_counter()
     site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
-    with running_zones(config, out / "zones", site_keys) as endpoints:
+    with serving_zones(config, out / "zones", site_keys) as served:
+        endpoints = served.endpoints
         if engine is Engine.INPROCESS:
-            result = _run_inprocess(config, out, endpoints, observer, events, recovery)
+            connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
+            result = _run_inprocess(config, out, endpoints, observer, events, recovery, connect, workers)
             events.on_stop(result.stopped_reason)
         else:
             from fedshard.simulate.flower import run_flower_simulation
@@ -160,17 +178,25 @@ def _run_inprocess(
     observer: RoundObserver | None,
     events: EventLog,
     recovery: Recovery | None,
+    connect: ZoneConnector | None,
+    workers: int,
 ) -> RunResult:
+    """The coordinator over sites in this process; they reach the zones through ``connect``
+    (None: over gRPC, one shared channel per zone)."""
     from fedshard.routing import FederationRouting
+    from fedshard.zone.rpc.shared import SharedZoneChannels
 
     routing = FederationRouting(config)
-    sites = {s.id: make_site(config, s.id, out / "sites", routing) for s in config.sites}
-    gateway = InProcessSiteGateway(sites)
+    channels = SharedZoneChannels()
+    reach = connect if connect is not None else channels
+    sites = {s.id: make_site(config, s.id, out / "sites", routing, connect=reach) for s in config.sites}
+    gateway = InProcessSiteGateway(sites, max_workers=workers)
     zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
     try:
         return Coordinator(config, gateway, zones, endpoints, observer, journal=events, recovery=recovery).run()
     finally:
         gateway.close()
+        channels.close()
         for z in zones.values():
             z.close()
 

@@ -112,6 +112,15 @@ class HeldModel:
         """Whether the module exists in this process."""
         return self._module is not None
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the built module's tensors hold (parameters and buffers, a frozen base
+        included; tensors without storage, on the meta device, count nothing); 0 unbuilt."""
+        if self._module is None:
+            return 0
+        tensors = [*self._module.parameters(), *self._module.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+
     def module(self) -> torch.nn.Module:
         """The module (built on first use)."""
         if self._module is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -74,6 +75,42 @@ class ModelStore(Protocol):
     def load(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Metadata and every array as a copy, shards by id (for tools and tests)."""
         ...
+
+    def fingerprint(self) -> object | None:
+        """A cheap token that changes whenever the saved model may have changed (None: unknown;
+        then a site always reads the store again)."""
+        ...
+
+
+def _tree_token(root: Path) -> object | None:
+    """:func:`_stat_token` of every file under ``root`` but the scratch folder and the
+    advisory access times (a read may rewrite those)."""
+    from fedshard.store.access import ACCESS
+
+    tokens: list[tuple[str, int, int, int, int]] = []
+    pending = [str(root)]
+    try:
+        while pending:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name != ".tmp":
+                            pending.append(entry.path)
+                    elif entry.name != ACCESS:
+                        st = entry.stat(follow_symlinks=False)
+                        tokens.append((entry.path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    except OSError:
+        return None
+    return frozenset(tokens)
+
+
+def _stat_token(path: Path) -> object | None:
+    """``path``'s identity and modification stamp: any replacement or write changes it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _check_plan(meta: Mapping[str, Any], plan: ShardPlan, where: object) -> None:
@@ -155,6 +192,10 @@ class SnapshotModelStore:
     def load(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The snapshot's metadata and arrays."""
         return self._store.load(_SNAPSHOT)
+
+    def fingerprint(self) -> object | None:
+        """The snapshot file's identity and stamp (it is replaced by every save)."""
+        return _stat_token(self._path)
 
 
 class SealedModelStore:
@@ -251,6 +292,13 @@ class SealedModelStore:
             arrays = plan.split(read_tensors(store, self.lookahead))
             arrays.update(store.get_many([sid for sid in store.list() if sid not in arrays]))
         return meta, arrays
+
+    def fingerprint(self) -> object | None:
+        """Identity and stamp of every file of the store (a commit replaces the catalog; an
+        altered blob changes its own stamp); None for a remote store."""
+        if not isinstance(self.root, Path) and "://" in str(self.root):
+            return None
+        return _tree_token(Path(self.root))
 
 
 def site_kek(key_file: Path, *, create: bool) -> Kek:

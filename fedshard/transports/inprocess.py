@@ -62,7 +62,7 @@ class InProcessZoneClient:
         residency config gives that site (a site it does not know is refused)."""
         residency = self.zone.residency
         jurisdiction = residency.jurisdictions.get(site_id) if residency is not None else None
-        return self.zone.fetch(round, group, jurisdiction=jurisdiction)
+        return self.zone.fetch(round, group, jurisdiction=jurisdiction, by=f"site:{site_id}" if site_id else "-")
 
     def close(self) -> None:
         """Nothing to release."""

@@ -293,7 +293,7 @@ class ZoneAggregator:
                 group = groups.get(shard_id, DEFAULT_GROUP)
                 state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, parsed)
             state.pushing.discard(manifest.site_id)
-            state.counted.append(manifest.site_id)
+            state.counted[manifest.site_id] = None
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
             self.stats.count_push(manifest, origin)
         self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)

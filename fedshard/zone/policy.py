@@ -18,6 +18,9 @@ from fedshard.residency import Policy, PolicyDecision, Router, Scope, ShardProte
 
 __all__ = ["ZonePolicy"]
 
+_SERVED_MEMO = 64
+"""Serve decisions a zone remembers (aggregates × jurisdictions; forgotten all at once beyond)."""
+
 
 @dataclass(frozen=True)
 class ZonePolicy:
@@ -49,6 +52,9 @@ class ZonePolicy:
     protections: Mapping[str, ShardProtection] = field(default_factory=dict)
     site_keys: Mapping[str, bytes] | None = None
     min_contributors: int = 1  # with distributed DP noise: fewer sites' shares carry less noise than accounted
+    _served: dict[tuple[str, int, str], tuple[object, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )  # (group, id(contributors), jurisdiction) → (contributors, refusal or ""), see check_serve
 
     @property
     def policy(self) -> Policy:
@@ -173,12 +179,28 @@ class ZonePolicy:
     # serving aggregates ---------------------------------------------------------------------
     def check_serve(self, group: str, contributors: Mapping[str, Iterable[str]], jurisdiction: str) -> None:
         """Raise :class:`ResidencyViolationError` unless a site in ``jurisdiction`` may
-        receive every shard of the aggregate (``contributors``: shard id → site ids)."""
+        receive every shard of the aggregate (``contributors``: shard id → site ids).
+
+        Decided once per aggregate and jurisdiction: ``contributors`` of a published
+        aggregate never change, and every site of a round fetches the same one (the
+        decision is remembered with the very mapping it was made for)."""
+        key = (group, id(contributors), jurisdiction)
+        memo = self._served.get(key)
+        if memo is None or memo[0] is not contributors:
+            if len(self._served) >= _SERVED_MEMO:
+                self._served.clear()
+            memo = self._served[key] = (contributors, self._serve_refusal(group, contributors, jurisdiction))
+        if memo[1]:
+            raise ResidencyViolationError(memo[1])
+
+    def _serve_refusal(self, group: str, contributors: Mapping[str, Iterable[str]], jurisdiction: str) -> str:
+        """Why a site in ``jurisdiction`` may not receive the aggregate; "" if it may."""
         for shard_id, sites in contributors.items():
             for site_id in sites:
                 shard_class, origin, decision = self._decision(shard_id, site_id)
                 if not decision.serves(jurisdiction):
-                    raise ResidencyViolationError(
+                    return (
                         f"residency: the {group} aggregate of shard {shard_id} ({shard_class}, origin {origin}) may "
                         f"not be served to jurisdiction {jurisdiction}"
                     )
+        return ""

@@ -135,9 +135,8 @@ def check_round_weights(spec: RoundSpec, cap: float, *, zone: str) -> None:
         With code :attr:`~RefusalCode.INVALID` (an unselected site) or
         :attr:`~RefusalCode.BOUND` (a weight not in ``(0, cap]``).
     """
-    selected = set(spec.sites)
     for site, weight in spec.weights:
-        if site not in selected:
+        if not spec.selects(site):
             raise ZoneError(
                 f"zone {zone}: round {spec.round} fixes a weight for site {site!r}, which it did not select",
                 RefusalCode.INVALID,
@@ -163,7 +162,7 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
     spec = state.spec
     if token != spec.token:
         raise PushRejectedError("round token does not match (stale or replayed push)", RefusalCode.TOKEN)
-    if manifest.site_id not in spec.sites:
+    if not spec.selects(manifest.site_id):
         raise PushRejectedError("site was not selected for this round", RefusalCode.SITE)
     if manifest.site_id in state.pushing or manifest.site_id in state.counted:
         raise PushRejectedError("site already pushed in this round", RefusalCode.DUPLICATE)

@@ -33,7 +33,7 @@ class OpenRound:
     encrypted: dict[str, EncryptedSum] = field(default_factory=dict)  # group -> ciphertext sums
     contributors: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> shard -> sites
     pushing: set[str] = field(default_factory=set)
-    counted: list[str] = field(default_factory=list)
+    counted: dict[str, None] = field(default_factory=dict)  # in the order counted
     forwarding: set[str] = field(default_factory=set)  # zones whose partial sums are arriving
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
     packs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # encrypted shard -> its pack's members
@@ -52,8 +52,7 @@ class OpenRound:
         """The largest weight the round fixed for a selected site: the accumulators fold
         ``(w / unit_weight)·x``, so sums stay at the scale of the values (every zone of
         the round computes the same unit, so partial sums add up as they are)."""
-        fixed = dict(self.spec.weights)
-        return max((fixed.get(site, DEFAULT_WEIGHT) for site in self.spec.sites), default=DEFAULT_WEIGHT)
+        return max((self.spec.weight_for(site) for site in self.spec.sites), default=DEFAULT_WEIGHT)
 
     def accumulator(self) -> ShardAccumulator:
         """A new accumulator for this round's sums (unit weight; at most all selected sites per shard)."""

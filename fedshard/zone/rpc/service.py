@@ -28,7 +28,7 @@ from fedshard.crypto.tls import PEER_CERT_KEY, TlsFiles
 from fedshard.errors import FedshardError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.codes import refusal_code
-from fedshard.protocol.rounds import DEFAULT_GROUP, PartialSum, RoundSpec
+from fedshard.protocol.rounds import DEFAULT_GROUP, Aggregate, PartialSum, RoundSpec
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession
@@ -40,7 +40,10 @@ from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_
 from fedshard.zone.rpc.guard import StreamEndedError, StreamGuard, party_of, pool_size
 from fedshard.zone.rpc.status import abort_with
 
-__all__ = ["ZoneService", "serve"]
+__all__ = ["SERVED_FRAMES_MEMO", "ZoneService", "serve"]
+
+SERVED_FRAMES_MEMO = 8
+"""Published aggregates whose reply frames a zone keeps built (forgotten all at once beyond)."""
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,7 @@ class ZoneService(pb_grpc.ZoneServicer):
             members = Members.of(residency.jurisdictions, (z.name for z in residency.router.zones))
         reducing = residency is None or residency.is_reducer
         self.authority = Authority(zone.name, ca_pem, members, reducing=reducing)
+        self._served: dict[tuple[int, str], tuple[Aggregate, list[pb.AggregateFrame]]] = {}
 
     def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> NoReturn:
         log.info("zone %s refused (%s): %s", self.zone.name, error.code or "-", error)
@@ -240,9 +244,20 @@ class ZoneService(pb_grpc.ZoneServicer):
             aggregate = self.zone.fetch(request.round, group, jurisdiction=jurisdiction, by=by)
         except FedshardError as exc:
             self._fail(context, exc)
-        yield pb.AggregateFrame(header=summary_to_header(aggregate.summary))
-        for chunk in chunks(aggregate.payload(), encrypted=aggregate.ciphertexts):
-            yield pb.AggregateFrame(chunk=chunk)
+        yield from self._frames(aggregate)
+
+    def _frames(self, aggregate: Aggregate) -> list[pb.AggregateFrame]:
+        """The frames that serve ``aggregate``: built once per published aggregate, as every
+        site of a round fetches the same one (the memo holds the very object it was built for)."""
+        key = (aggregate.summary.round, aggregate.summary.group)
+        memo = self._served.get(key)
+        if memo is None or memo[0] is not aggregate:
+            frames = [pb.AggregateFrame(header=summary_to_header(aggregate.summary))]
+            frames += [pb.AggregateFrame(chunk=c) for c in chunks(aggregate.payload(), encrypted=aggregate.ciphertexts)]
+            if len(self._served) >= SERVED_FRAMES_MEMO:
+                self._served.clear()
+            memo = self._served[key] = (aggregate, frames)
+        return memo[1]
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
         self._authorize(context, Call.INFO)
