@@ -17,7 +17,6 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +31,8 @@ from fedshard.task import Partition, Task, build_initial_model, load_task
 from fedshard.zone.aggregator import ZoneAggregator
 
 if TYPE_CHECKING:
+    import grpc
+
     from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
@@ -488,12 +489,39 @@ def streaming_parties(config: FederationConfig) -> int:
     return len(config.sites) + len(config.zones)
 
 
-@dataclass(frozen=True)
 class ServedZones:
-    """The zones of :func:`serving_zones`: their gRPC endpoints and the zone objects themselves."""
+    """The zones of :func:`serving_zones`: each a gRPC server in this process, and the zone objects.
 
-    endpoints: dict[str, str]
-    zones: dict[str, ZoneAggregator]
+    :meth:`add` starts one more (a zone added to a running federation).
+    """
+
+    def __init__(
+        self, routing: FederationRouting, store_root: str | Path | None, site_keys: Mapping[str, bytes] | None
+    ) -> None:
+        self.routing = routing
+        self.store_root = store_root
+        self.site_keys = site_keys
+        self.endpoints: dict[str, str] = {}
+        self.zones: dict[str, ZoneAggregator] = {}
+        self._servers: list[grpc.Server] = []
+
+    def add(self, zc: ZoneConfig) -> str:
+        """Start zone ``zc`` (port 0: any free port); its endpoint."""
+        from fedshard.zone.rpc.service import serve
+
+        host = zc.endpoint.rsplit(":", 1)[0]
+        zone = self.zones[zc.name] = make_zone(zc, self.store_root, routing=self.routing, site_keys=self.site_keys)
+        server, port = serve(zone, zc.endpoint, limits=zc.limits, parties=streaming_parties(self.routing.config))
+        self._servers.append(server)
+        self.endpoints[zc.name] = f"{host}:{port}"
+        return self.endpoints[zc.name]
+
+    def close(self) -> None:
+        """Stop every server, then close every zone."""
+        for server in self._servers:
+            server.stop(grace=1.0).wait()
+        for zone in self.zones.values():
+            zone.close()
 
 
 @contextlib.contextmanager
@@ -508,25 +536,16 @@ def serving_zones(
     Port 0 in a zone's endpoint picks a free port.
     """
     from fedshard.routing import FederationRouting
-    from fedshard.zone.rpc.service import serve
 
     routing = FederationRouting(config)
     routing.check()
-    servers, zones = [], {}
-    endpoints: dict[str, str] = {}
+    served = ServedZones(routing, store_root, site_keys)
     try:
         for zc in config.zones:
-            host = zc.endpoint.rsplit(":", 1)[0]
-            zones[zc.name] = make_zone(zc, store_root, routing=routing, site_keys=site_keys)
-            server, port = serve(zones[zc.name], zc.endpoint, limits=zc.limits, parties=streaming_parties(config))
-            servers.append(server)
-            endpoints[zc.name] = f"{host}:{port}"
-        yield ServedZones(endpoints, zones)
+            served.add(zc)
+        yield served
     finally:
-        for server in servers:
-            server.stop(grace=1.0).wait()
-        for zone in zones.values():
-            zone.close()
+        served.close()
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "check_regrouping",
     "FederationRouting",
     "classification_key",
     "classify",
@@ -53,8 +54,8 @@ _CLASSIFIED_LOCK = threading.Lock()
 
 
 def router_for(config: FederationConfig) -> Router:
-    """The federation's router: its policy over its zones."""
-    zones = [ZoneInfo(z.name, z.region) for z in config.zones]
+    """The federation's router: its policy over its zones (a drained zone is routed nothing)."""
+    zones = [ZoneInfo(z.name, z.region) for z in config.zones if not z.drain]
     return Router(Policy.from_config(config.residency), zones, config.reducing_zone)
 
 
@@ -122,6 +123,14 @@ class FederationRouting:
         self.config = config
         self.router = router_for(config)
         self._classes = dict(classes) if classes is not None else None
+
+    def retarget(self, config: FederationConfig) -> None:
+        """Route by ``config`` from now on: a running federation's new zones, drained zones and
+        sites (:mod:`fedshard.config.changes`: its task and policy are the same, so the
+        classes are kept). Sites sharing this object drop their routes to see it
+        (:meth:`fedshard.site.site.Site.reroute`)."""
+        self.config = config
+        self.router = router_for(config)
 
     @property
     def plan(self) -> ShardPlan:
@@ -192,6 +201,28 @@ class FederationRouting:
             if self.config.privacy.update_level.enabled
             else 1,
         )
+
+
+def check_regrouping(old: FederationRouting, new: FederationRouting) -> None:
+    """Refuse a mid-run change of zones that cannot work: a shard of any site with no zone to
+    go to, or a site of the run moved to other aggregates (its residency group's model and
+    version chain are per aggregate; a change may move first hops, not aggregates).
+
+    Raises
+    ------
+    ConfigError
+        Naming the site and what would change.
+    """
+    new.check()
+    for s in old.config.sites:
+        before, after = old.site(s.id).view(), new.site(s.id).view()
+        if before != after:
+            moved = sorted(set(map(str, before)) ^ set(map(str, after)))
+            raise ConfigError(
+                f"site {s.id} would apply other aggregates ({', '.join(moved)}) after this change; a running "
+                "federation may add or drain zones only where sites keep their aggregates (e.g. a new region's "
+                "zone, or a second zone that no rule prefers)"
+            )
 
 
 def explain_routes(config: FederationConfig, site_id: str, tensor: str | None = None) -> list[RouteDecision]:

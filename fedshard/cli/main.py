@@ -78,17 +78,38 @@ def simulate(
         Path | None,
         typer.Option("--resume", help="Carry on the run in this folder from its last completed round (inprocess)"),
     ] = None,
+    data_plane: Annotated[
+        str,
+        typer.Option("--data-plane", help="inprocess: sites call their zones directly, or over loopback grpc"),
+    ] = "direct",
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="inprocess: sites handling messages at once (1: repeatable)")
+    ] = 1,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="flower: run on this Ray cluster (HOST:PORT; default: $RAY_ADDRESS)"),
+    ] = None,
 ) -> None:
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
     from fedshard.cli.progress import RoundProgress, results_table, zones_table
     from fedshard.config import load_federation
-    from fedshard.simulate.run import Engine, resumable_config, with_rounds
+    from fedshard.simulate.run import DataPlane, Engine, resumable_config, with_rounds
     from fedshard.simulate.run import simulate as run
 
     try:
         chosen = Engine(engine)
     except ValueError:
         raise FedshardError(f"--engine must be 'inprocess' or 'flower', got {engine!r}") from None
+    try:
+        plane = DataPlane(data_plane)
+    except ValueError:
+        raise FedshardError(f"--data-plane must be 'direct' or 'grpc', got {data_plane!r}") from None
+    if ray_address is not None:
+        if chosen is not Engine.FLOWER:
+            raise FedshardError("--ray-address runs the flower engine on a Ray cluster; add --engine flower")
+        from fedshard.simulate.ray_runtime import ADDRESS_ENV
+
+        os.environ[ADDRESS_ENV] = ray_address
     if resume is not None:
         if config is not None or out is not None:
             raise FedshardError("--resume RUN_DIR runs with the config in RUN_DIR; drop --config and --out")
@@ -103,7 +124,7 @@ def simulate(
     )
     _preflight(cfg, out_dir)
     with RoundProgress(console) as progress:
-        summary = run(cfg, out_dir, chosen, progress, resume=resume is not None)
+        summary = run(cfg, out_dir, chosen, progress, resume=resume is not None, data_plane=plane, workers=workers)
     if summary["rounds"]:
         console.print(zones_table(summary))
         console.print(results_table(summary))
@@ -111,6 +132,18 @@ def simulate(
     console.print(f"summary: {out_dir / 'summary.json'}")
     if summary["stopped_reason"]:
         raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")
+
+
+@app.command()
+def reconfigure(
+    run: Annotated[Path, typer.Argument(help="The folder of a running `fedshard simulate`")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="The federation YAML it should run by now")],
+) -> None:
+    """Add or drain zones, add sites, change the rounds of a running simulation (before its next round)."""
+    from fedshard.simulate.membership import PENDING, request_change
+
+    change = request_change(run, config)
+    console.print(f"{change.describe()}: left in {run / PENDING}; the run takes it before its next round")
 
 
 def _preflight(cfg: FederationConfig, out: Path) -> None:

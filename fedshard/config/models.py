@@ -204,6 +204,11 @@ class ZoneConfig(_Model):
     store: Path | None = None
     staging_mb: int = Field(256, ge=1)
     limits: ZoneLimits = Field(default_factory=ZoneLimits)
+    drain: bool = Field(
+        False,
+        description="drained: sites push nothing more here (the policy routes them elsewhere, or the change is "
+        "refused); the zone still serves the aggregates it published",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -319,6 +324,8 @@ class FederationConfig(_Model):
             raise ValueError("zone names must be unique")
         if self.reducing_zone is not None and self.reducing_zone not in names:
             raise ValueError(f"reducing_zone {self.reducing_zone!r} is not one of the zones ({', '.join(names)})")
+        if self.reducing_zone is not None and any(z.drain for z in self.zones if z.name == self.reducing_zone):
+            raise ValueError(f"the reducing zone {self.reducing_zone} cannot be drained; it reduces every round")
         for rule in self.residency.rules:
             if rule.preferred_zone is not None and rule.preferred_zone not in names:
                 raise ValueError(

@@ -28,6 +28,7 @@ from fedshard import faults
 from fedshard.config import FederationConfig
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
+from fedshard.coordinator.membership import Membership, admit
 from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
 from fedshard.coordinator.reports import PrivacyReports
@@ -83,6 +84,9 @@ class Coordinator:
     recovery:
         The run to resume (:func:`~fedshard.coordinator.recovery.recover`); None: a fresh
         run, refused if the sites hold a later model than genesis.
+    membership:
+        Where the runtime offers changes between rounds (zones added or drained, sites
+        joining: :mod:`fedshard.coordinator.membership`); None: the federation is fixed.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Coordinator:
         *,
         journal: EventLog | None = None,
         recovery: Recovery | None = None,
+        membership: Membership | None = None,
     ) -> None:
         self.config = config
         self.sites = sites
@@ -103,6 +108,8 @@ class Coordinator:
         self.observer = observer
         self.journal = journal
         self.recovery = recovery
+        self.membership = membership
+        self._genesis = self._plan_digest = ""
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
@@ -154,7 +161,7 @@ class Coordinator:
         plan_json = next(i.plan_json for i in infos.values())
         if ShardPlan.from_json(plan_json).digest != plan_digest:
             raise RoundError("the sites' shard plan does not match its digest")
-        self._plan_json = plan_json
+        self._plan_json, self._plan_digest, self._genesis = plan_json, plan_digest, genesis
         self._form_groups(genesis)
         self._recover_groups(genesis)
         return RunResult(
@@ -226,8 +233,8 @@ class Coordinator:
                 self._aborted(result, in_flight, in_flight_reason(in_flight))
                 first = in_flight + 1
             log.info("resuming after round %d: rounds %d to %d", recovery.last_round, first, total)
-        in_a_row = 0
-        for rnd in range(first, total + 1):
+        in_a_row, rnd = 0, first - 1
+        while (rnd := rnd + 1) <= self._take_changes(rnd, result):
             try:
                 self._finished(result, self.run_round(rnd, result.version))
                 in_a_row = 0
@@ -242,6 +249,48 @@ class Coordinator:
                 result.stopped_reason = str(exc)
                 return result
         return result
+
+    # membership ------------------------------------------------------------------------------
+    def _take_changes(self, rnd: int, result: RunResult) -> int:
+        """Take the change the runtime has pending before round ``rnd`` (see
+        :mod:`fedshard.coordinator.membership`); the number of rounds the run now has."""
+        change = self.membership.before_round(rnd) if self.membership is not None else None
+        if change is not None:
+            self.config = change.config
+            self.zones, self.endpoints = dict(change.zones), dict(change.endpoints)
+            self._apply_rule = apply_rule(change.config)
+            joined = self._join()
+            result.sites = sorted(self._nodes.values(), key=lambda s: s.site_id)
+            result.groups = {name: list(g.sites) for name, g in sorted(self._groups.items())}
+            line = change.description + (f"; {len(joined)} site(s) admitted" if joined else "")
+            log.info("before round %d: %s", rnd, line)
+            if self.journal is not None:
+                self.journal.on_reconfigured(rnd, line, joined)
+        return self.config.federation.rounds
+
+    def _join(self) -> list[str]:
+        """Ask the sites that connected since the last change who they are; admit those that may
+        join (:func:`~fedshard.coordinator.membership.admit`). Their site ids."""
+        fresh = [n for n in self.sites.nodes() if n not in self._nodes]
+        if not fresh:
+            return []
+        taken = {info.site_id for info in self._nodes.values()}
+        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites if s.id not in taken}
+        query = QueryRequest(privacy={s: p for s, p in plans.items() if p is not None}, zones=self.endpoints)
+        replies = self.sites.send(MessageKind.QUERY, {n: query for n in fresh}, self._timeout)
+        infos = {n: r for n, r in replies.items() if isinstance(r, SiteInfo)}
+        known = {s.id for s in self.config.sites}
+        admitted = admit(infos, known, self._plan_digest, self._genesis, self._groups)
+        for node, name in admitted.items():
+            info = infos[node]
+            self._nodes[node] = info
+            self._group_of[info.site_id] = name
+            group = self._groups[name]
+            group.sites.append(info.site_id)
+            group.applied[info.site_id] = info.applied_round
+            if info.privacy is not None:
+                self._privacy.record(info.site_id, info.privacy)
+        return sorted(infos[n].site_id for n in admitted)
 
     def _aborted(self, result: RunResult, rnd: int, reason: str) -> None:
         log.warning("round %d aborted: %s", rnd, reason)

@@ -39,6 +39,9 @@ class EventKind(StrEnum):
     """A round finished: the fields of its :class:`~fedshard.coordinator.results.RoundResult`."""
     ABORTED = "aborted"
     """A round was aborted at every zone (a zone failed it); ``round`` and ``reason``."""
+    RECONFIGURED = "reconfigured"
+    """Before ``round`` the federation changed (``change``: zones added or drained, sites that
+    joined; ``joined``: the site ids admitted)."""
     STOP = "stop"
     """The run ended: ``reason`` is empty when it completed."""
 
@@ -83,6 +86,10 @@ class EventLog:
     def on_aborted(self, rnd: int, reason: str) -> None:
         """Record a round aborted at every zone."""
         self._write({"event": EventKind.ABORTED, "round": rnd, "reason": reason})
+
+    def on_reconfigured(self, rnd: int, change: str, joined: list[str]) -> None:
+        """Record a change taken before round ``rnd``."""
+        self._write({"event": EventKind.RECONFIGURED, "round": rnd, "change": change, "joined": joined})
 
     def on_stop(self, reason: str) -> None:
         """Record the end of the run (empty reason: completed)."""

@@ -48,6 +48,8 @@ class Decision(StrEnum):
     SERVED = "served"
     ADOPTED = "adopted"
     """Written by the log itself on reopening: lines it found without a signed head."""
+    RECONFIGURED = "reconfigured"
+    """The zone took a new membership between rounds (zones, drained zones, sites)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from fedshard.assembly import SIGNING_KEY_FILE, check_privacy, grpc_connector, make_site, serving_zones
+from fedshard.assembly import SIGNING_KEY_FILE, ServedZones, check_privacy, grpc_connector, make_site, serving_zones
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
@@ -130,7 +130,7 @@ def simulate(
         endpoints = served.endpoints
         if engine is Engine.INPROCESS:
             connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
-            result = _run_inprocess(config, out, endpoints, observer, events, recovery, connect, workers)
+            result = _run_inprocess(config, out, served, observer, events, recovery, connect, workers)
             events.on_stop(result.stopped_reason)
         else:
             from fedshard.simulate.flower import run_flower_simulation
@@ -144,13 +144,15 @@ def simulate(
     return summary
 
 
-def _signing_keys(config: FederationConfig, sites_root: Path, *, reuse: bool = False) -> dict[str, bytes]:
-    """A manifest-signing key in every site's folder (``reuse``: the one there, if any); the
-    public keys, for the zones."""
+def _signing_keys(
+    config: FederationConfig, sites_root: Path, *, reuse: bool = False, only: list[str] | None = None
+) -> dict[str, bytes]:
+    """A manifest-signing key in every site's folder (``reuse``: the one there, if any; ``only``:
+    these sites'); the public keys, for the zones."""
     from fedshard.crypto.signing import generate_signing_key, load_signing_key, public_key_bytes
 
     keys = {}
-    for s in config.sites:
+    for s in config.sites if only is None else [config.site(i) for i in only]:
         folder = sites_root / s.id
         folder.mkdir(parents=True, exist_ok=True)
         if reuse and (folder / SIGNING_KEY_FILE).exists():
@@ -174,7 +176,7 @@ def _zone_details(endpoints: dict[str, str]) -> list[dict[str, Any]]:
 def _run_inprocess(
     config: FederationConfig,
     out: Path,
-    endpoints: dict[str, str],
+    served: ServedZones,
     observer: RoundObserver | None,
     events: EventLog,
     recovery: Recovery | None,
@@ -182,21 +184,32 @@ def _run_inprocess(
     workers: int,
 ) -> RunResult:
     """The coordinator over sites in this process; they reach the zones through ``connect``
-    (None: over gRPC, one shared channel per zone)."""
-    from fedshard.routing import FederationRouting
+    (None: over gRPC, one shared channel per zone). Changes left in ``out`` are taken
+    between rounds (:mod:`fedshard.simulate.membership`)."""
+    from fedshard.simulate.membership import RunMembership
     from fedshard.zone.rpc.shared import SharedZoneChannels
 
-    routing = FederationRouting(config)
+    routing = served.routing
     channels = SharedZoneChannels()
     reach = connect if connect is not None else channels
     sites = {s.id: make_site(config, s.id, out / "sites", routing, connect=reach) for s in config.sites}
     gateway = InProcessSiteGateway(sites, max_workers=workers)
-    zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
+    endpoints = dict(served.endpoints)
+    zones = {z.name: grpc_connector(z.name, endpoints[z.name]) for z in config.zones if not z.drain}
+
+    def keys(new: FederationConfig, ids: list[str]) -> dict[str, bytes]:
+        return _signing_keys(new, out / "sites", only=ids)
+
+    membership = RunMembership(config, out, served, routing, gateway, sites, reach, keys, events)
+    coordinator = Coordinator(
+        config, gateway, zones, endpoints, observer, journal=events, recovery=recovery, membership=membership
+    )
     try:
-        return Coordinator(config, gateway, zones, endpoints, observer, journal=events, recovery=recovery).run()
+        return coordinator.run()
     finally:
         gateway.close()
         channels.close()
+        membership.close()
         for z in zones.values():
             z.close()
 

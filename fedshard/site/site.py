@@ -203,6 +203,12 @@ class Site:
         }
         return SiteRouting(routes, "")
 
+    def reroute(self) -> None:
+        """Forget the routes (asked again from the route source at the next message): the
+        federation's zones changed between rounds."""
+        with self._lock:
+            self._routing = None
+
     # the model's state -------------------------------------------------------------------------
     def _plan_text(self) -> str:
         if not self._plan_json:

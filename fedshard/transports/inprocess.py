@@ -91,6 +91,10 @@ class InProcessSiteGateway:
         self._sites = dict(sites)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="site")
 
+    def add(self, sites: Mapping[str, Site]) -> None:
+        """Connect more sites (sites joining a running federation)."""
+        self._sites.update(sites)
+
     def nodes(self) -> list[str]:
         """See :class:`SiteGateway`."""
         return list(self._sites)

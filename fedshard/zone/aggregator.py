@@ -474,6 +474,21 @@ class ZoneAggregator:
         self._record(Decision.SERVED, call=Call.FETCH, by=by, round=round, group=group, to=jurisdiction or "?")
         return aggregate
 
+    def reconfigure(self, residency: ZonePolicy, *, by: str = "-") -> None:
+        """Take the federation's new membership (zones added or drained, sites joined) between rounds.
+
+        Raises
+        ------
+        ZoneError
+            A round is open here (it was opened under the old membership).
+        """
+        with self._lock:
+            if self._rounds:
+                raise ZoneError(f"zone {self.name}: round {min(self._rounds)} is open; reconfigure between rounds")
+            self.residency = residency
+            self._reduction.residency = residency
+        self._record(Decision.RECONFIGURED, by=by, policy=residency.policy.digest, sites=len(residency.jurisdictions))
+
     def close(self) -> None:
         """Close the audit log (the zone accepts nothing more)."""
         if self.audit is not None:

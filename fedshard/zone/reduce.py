@@ -72,7 +72,7 @@ class Reduction:
         self._rounds, self._lock = rounds, lock
         self._budget, self._staging = budget, staging
         self._stats, self._record = stats, record
-        self._residency = residency
+        self.residency = residency  # replaced when the federation's membership changes
         self.he_context = he_context
         self.bounds = bounds
         self._connect = connect
@@ -91,7 +91,7 @@ class Reduction:
                     raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
                 if state is None:
                     raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
-                check_partial(state, partial, residency=self._residency, he_context=self.he_context)
+                check_partial(state, partial, residency=self.residency, he_context=self.he_context)
             except PushRejectedError as exc:
                 raise self.refused_partial(partial, exc.code, str(exc)) from None
             state.forwarding.add(partial.zone)

@@ -297,6 +297,26 @@ def _deploy_overhead_shown(h: dict[str, Any], section: str) -> None:
     assert f"{h['speedup_vs_flower']:.1f}× longer" in section
 
 
+def _scale(h: dict[str, Any]) -> None:
+    # --quick: 10 and 100 sites in-process, 10 on the Flower engine and on plain Flower's simulation
+    assert set(h["inprocess"]) == {"10", "100"} and set(h["flower"]) == set(h["plain_flower"]) == {"10"}
+    for by_sites in (h["inprocess"], h["flower"], h["plain_flower"]):
+        for figures in by_sites.values():
+            assert set(figures) == {"round_s", "setup_s", "peak_rss_mb"}
+            assert figures["round_s"] > 0 and figures["setup_s"] > 0 and 50 < figures["peak_rss_mb"] < 8000
+    assert h["flower_vs_inprocess"] == pytest.approx(h["flower"]["10"]["round_s"] / h["inprocess"]["10"]["round_s"])
+    assert h["flower_vs_plain_flower"] == pytest.approx(
+        h["flower"]["10"]["round_s"] / h["plain_flower"]["10"]["round_s"]
+    )
+
+
+def _scale_shown(h: dict[str, Any], section: str) -> None:
+    for kind in ("inprocess", "flower", "plain_flower"):
+        row = _cells(_row(section, f"{kind} | 10 |"))
+        assert row[2] == f"{h[kind]['10']['round_s']:.2f}"
+    assert "0 refusals, 0 over budget" in _row(section, "inprocess | 100 |")
+
+
 EXPECT: dict[str, Expect] = {
     "zone_accumulate": Expect(
         {
@@ -477,6 +497,11 @@ EXPECT: dict[str, Expect] = {
         },
         _deploy_overhead,
         _deploy_overhead_shown,
+    ),
+    "scale": Expect(
+        {"inprocess", "flower", "plain_flower", "flower_vs_inprocess", "flower_vs_plain_flower"},
+        _scale,
+        _scale_shown,
     ),
     "large_round": Expect(
         {

@@ -118,3 +118,45 @@ def test_plaintext_snapshots_when_encryption_is_off(tmp_path: Path) -> None:
     with pytest.raises(Exception):  # noqa: B017 - no encrypted store to open
         site_model(tmp_path / "sites", "s0")
     assert np.isfinite(result.rounds[-1].loss)
+
+
+class _CountingStore:
+    """A site's model store that counts full reads (every other call goes through)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.reads = 0
+
+    def load_into(self, *args: object) -> object:
+        self.reads += 1
+        return self._inner.load_into(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_a_long_lived_site_reads_its_store_only_when_it_changed(tmp_path: Path, encrypt: bool) -> None:
+    """While its store is as it last wrote it, a site keeps the model it holds (no refill);
+    a store changed behind its back is read, and checked, again."""
+    config = _config(rounds=3, encrypt=encrypt)
+    with running_zones(config, tmp_path / "zones") as endpoints:
+        sites = {s.id: make_site(config, s.id, tmp_path / "sites") for s in config.sites}
+        counted = {sid: _CountingStore(site.store) for sid, site in sites.items()}
+        for sid, site in sites.items():
+            site.store = counted[sid]  # type: ignore[assignment]
+        result = _run(config, endpoints, sites)
+        assert [len(r.sites) for r in result.rounds] == [3, 3, 3]
+        assert all(c.reads == 0 for c in counted.values())  # 3 rounds × 2 messages, not one refill
+        # what they hold is what they stored: a fresh site reading the store holds the same model
+        fresh = make_site(config, "s0", tmp_path / "sites")
+        held = sites["s0"].model.split()
+        fresh._open()
+        assert all(np.array_equal(held[sid], a) for sid, a in fresh.model.split().items())
+        # a store changed behind the site's back (here: rewritten by another process) is read again
+        store_file = next(
+            p for p in sorted((tmp_path / "sites" / "s0").rglob("*")) if p.is_file() and p.suffix in (".npz", ".v4")
+        )
+        store_file.write_bytes(store_file.read_bytes())
+        sites["s0"]._open()
+        assert counted["s0"].reads == 1

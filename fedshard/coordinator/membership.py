@@ -1,0 +1,82 @@
+"""Changing a running federation between rounds: zones added or drained, sites joining.
+
+The runtime that hosts the coordinator (the in-process engine, the aggregator) offers a
+:class:`Membership`: before each round the coordinator asks it for a pending change.
+The runtime has checked the new config against the run's (:mod:`fedshard.config.changes`,
+:func:`fedshard.routing.check_regrouping`) and applied what only it can (started the new
+zones, given every zone the new membership, started or admitted the new sites); the
+coordinator then takes the config, opens the next rounds at the zones of
+:attr:`Reconfiguration.zones` (a drained zone is left out, though sites still reach it,
+through :attr:`Reconfiguration.endpoints`, for the aggregates it published), and asks
+the sites that connected since who they are (:func:`admit`). A site that starts from the
+run's genesis model and applies the same aggregates as a residency group joins that
+group; its first message carries every round the group applied, so it catches up to the
+group's current model version before it trains (the zones keep every aggregate they
+published). Anything else is left out, with a warning naming the site and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from fedshard.config import FederationConfig
+from fedshard.coordinator.groups import Group
+from fedshard.protocol.channels import ZoneClient
+from fedshard.protocol.messages import SiteInfo
+
+__all__ = ["Membership", "Reconfiguration", "admit"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """A change the runtime applied and the coordinator takes before round :attr:`round`."""
+
+    config: FederationConfig
+    zones: Mapping[str, ZoneClient]
+    """Zone clients the next rounds open and close at (the drained zones left out)."""
+    endpoints: Mapping[str, str]
+    """Every zone's endpoint, as sites reach it (drained zones too: they serve their aggregates)."""
+    description: str
+    """One line for the log and the journal."""
+
+
+class Membership(Protocol):
+    """Where a coordinator learns, between rounds, that the federation changed."""
+
+    def before_round(self, rnd: int) -> Reconfiguration | None:
+        """The change to take before round ``rnd`` starts, if one is pending."""
+        ...
+
+
+def admit(
+    infos: Mapping[str, SiteInfo],
+    known_sites: set[str],
+    plan_digest: str,
+    genesis: str,
+    groups: Mapping[str, Group],
+) -> dict[str, str]:
+    """Node → residency group of the joining sites that may join (see the module docstring);
+    the others are logged and left out."""
+    admitted: dict[str, str] = {}
+    for node, info in sorted(infos.items(), key=lambda kv: kv[1].site_id):
+        why = ""
+        group = next((name for name, g in groups.items() if g.view == dict(info.view)), None)
+        if info.site_id not in known_sites:
+            why = "it is not in the federation config"
+        elif (info.plan_digest, info.genesis_version) != (plan_digest, genesis):
+            why = "it starts from a different model (plan or seed differs)"
+        elif info.applied_round != 0 or info.version != genesis:
+            why = f"it holds model version {info.version[:12]}… of round {info.applied_round}, not the run's genesis"
+        elif group is None:
+            why = "it would apply aggregates no residency group applies (a new group cannot form mid-run)"
+        if why:
+            log.warning("site %s cannot join the running federation: %s", info.site_id, why)
+            continue
+        assert group is not None
+        admitted[node] = group
+    return admitted
