@@ -116,7 +116,7 @@ def test_a_shared_channel_that_found_its_zone_down_is_replaced() -> None:
 
 
 def test_a_process_keeps_every_small_site_and_drops_big_ones(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import fedshard.assembly as assembly
+    import fedshard.assembly.cache as assembly
 
     monkeypatch.setattr(assembly, "_SITES", type(assembly._SITES)())
     config = _config(12)

@@ -1,38 +1,23 @@
-"""Building the runtime parts of a federation from its config.
-
-Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and the
-``fedshard zone up`` command all assemble sites and zones here, the same way.
-
-A process keeps the sites it assembled for messages (:func:`site_for`,
-:func:`deployed_site_for`), so a site's model is built once per process, not once per
-message.
-"""
+"""Assembling a site from the federation config (simulation) or from its own config file (deployment)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedshard.config import BudgetConfig, FederationConfig, LayerPolicy, ZoneConfig
+from fedshard.assembly.connectors import tls_connector
+from fedshard.config import BudgetConfig, FederationConfig, LayerPolicy
 from fedshard.errors import ConfigError, PrivacyError
-from fedshard.protocol.channels import ZoneClient, ZoneConnector
+from fedshard.protocol.channels import ZoneConnector
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import SitePrivacy
 from fedshard.site.routes import CLASSES_FILE, ModelSource, RouteSource, SiteRouting, read_classes, write_classes
 from fedshard.site.site import Site
 from fedshard.task import Partition, Task, build_initial_model, load_task
-from fedshard.zone.aggregator import ZoneAggregator
 
 if TYPE_CHECKING:
-    import grpc
-
     from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
@@ -42,25 +27,16 @@ if TYPE_CHECKING:
     from fedshard.site.ledger_anchor import AnchorStore
 
 __all__ = [
-    "AUDIT_FILE",
     "LEDGER_ANCHOR_FILE",
     "SIGNING_KEY_FILE",
-    "SITE_CACHE_BYTES",
-    "SITE_CACHE_SIZE",
     "STORE_KEYS_DIR",
-    "ServedZones",
     "check_privacy",
-    "deployed_site_for",
-    "grpc_connector",
+    "deployed_site",
     "he_keys",
+    "load_deployed",
     "load_site_keys",
     "make_deployed_site",
     "make_site",
-    "make_zone",
-    "running_zones",
-    "serving_zones",
-    "site_for",
-    "streaming_parties",
     "task_of",
 ]
 
@@ -70,34 +46,6 @@ SIGNING_KEY_FILE = "signing.key"
 """A site's manifest-signing key, in its state folder (public key beside it, ``.pub``)."""
 LEDGER_ANCHOR_FILE = "ledger.anchor"
 """A deployed site's ledger anchor, in its state folder, when its store is not encrypted."""
-AUDIT_FILE = "audit.jsonl"
-"""A zone's audit log, in its store folder."""
-SITE_CACHE_SIZE = 8
-"""Sites a process keeps assembled whatever their size (least recently used beyond that are
-dropped with their models, unless they fit in :data:`SITE_CACHE_BYTES`)."""
-SITE_CACHE_BYTES = 256 << 20
-"""Beyond :data:`SITE_CACHE_SIZE`, sites are kept while their held models total at most this
-(a simulation actor serving thousands of small sites keeps them all)."""
-
-_SITES: OrderedDict[str, Site] = OrderedDict()
-_SITES_LOCK = threading.Lock()
-
-
-def grpc_connector(name: str, endpoint: str) -> ZoneClient:
-    """Zone client over gRPC (the data plane of every real run)."""
-    from fedshard.zone.rpc.client import GrpcZoneClient
-
-    return GrpcZoneClient(endpoint)
-
-
-def tls_connector(tls: TlsFiles | None) -> ZoneConnector:
-    """Zone clients over gRPC, with mutual TLS when ``tls`` is given."""
-    from fedshard.zone.rpc.client import GrpcZoneClient
-
-    def connect(name: str, endpoint: str) -> ZoneClient:
-        return GrpcZoneClient(endpoint, tls=tls)
-
-    return connect
 
 
 def load_site_keys(folder: str | Path) -> dict[str, bytes]:
@@ -149,42 +97,6 @@ def make_site(
     )
 
 
-def site_for(config: FederationConfig, site_id: str, state_root: str | Path) -> Site:
-    """The site :func:`make_site` assembles, kept for this process's later messages.
-
-    Keyed by the config's digest, the site id and the state folder: a changed config
-    assembles a new site. The sites of one process share one channel per zone
-    (:class:`~fedshard.zone.rpc.shared.SharedZoneChannels`: plaintext loopback, simulation).
-    """
-    key = _digest(_config_digest(config), site_id, str(Path(state_root).resolve()))
-    return _kept(key, lambda: make_site(config, site_id, state_root, connect=_shared_channels()))
-
-
-_CONFIG_DIGESTS: OrderedDict[int, tuple[FederationConfig, str]] = OrderedDict()
-
-
-def _config_digest(config: FederationConfig) -> str:
-    """The digest of ``config``'s JSON, computed once per config object (a 10,000-site config
-    takes milliseconds to dump, and every message of a simulation actor asks)."""
-    with _SITES_LOCK:
-        known = _CONFIG_DIGESTS.get(id(config))
-        if known is not None and known[0] is config:
-            return known[1]
-    digest = _digest(config.model_dump_json())
-    with _SITES_LOCK:
-        _CONFIG_DIGESTS[id(config)] = (config, digest)
-        while len(_CONFIG_DIGESTS) > 4:
-            _CONFIG_DIGESTS.popitem(last=False)
-    return digest
-
-
-@functools.cache
-def _shared_channels() -> ZoneConnector:
-    from fedshard.zone.rpc.shared import SharedZoneChannels
-
-    return SharedZoneChannels()
-
-
 @functools.lru_cache(maxsize=4)
 def _task(target: str, options_json: str) -> Task:
     """The task object for ``target`` with ``options`` (JSON), one per process: the sites of a
@@ -206,46 +118,11 @@ def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: st
     given, must agree with it. The site's own privacy cap and the aggregator's budget
     both apply: the stricter wins.
     """
-    return _deployed_site(_load_deployed(site_config, site_id, jurisdiction))
+    return deployed_site(load_deployed(site_config, site_id, jurisdiction))
 
 
-def deployed_site_for(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
-    """The site :func:`make_deployed_site` assembles, kept for this process's later messages.
-
-    Keyed by the site's configs and its key bundle's files (names and modification
-    times): rotating a key or editing a config assembles a new site.
-    """
-    loaded = _load_deployed(site_config, site_id, jurisdiction)
-    local, config, _ = loaded
-    assert local.deployment is not None  # _load_deployed checked it
-    bundle = Path(local.deployment.keys)
-    stamps = sorted(f"{p}:{p.stat().st_mtime_ns}" for p in bundle.rglob("*") if p.is_file())
-    key = _digest(local.model_dump_json(), config.model_dump_json(), *stamps)
-    return _kept(key, lambda: _deployed_site(loaded))
-
-
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def _kept(key: str, make: Callable[[], Site]) -> Site:
-    """The site kept under ``key``, assembled by ``make`` on first use (least recently used dropped)."""
-    with _SITES_LOCK:
-        site = _SITES.get(key)
-        if site is None:
-            site = _SITES[key] = make()
-            while len(_SITES) > SITE_CACHE_SIZE and _held_bytes(_SITES.values()) > SITE_CACHE_BYTES:
-                _SITES.popitem(last=False)
-        _SITES.move_to_end(key)
-        return site
-
-
-def _held_bytes(sites: Iterable[Site]) -> int:
-    """Memory of the models these sites hold (a model not built yet: nothing)."""
-    return sum(site.model.nbytes for site in sites)
-
-
-def _load_deployed(site_config: Path, site_id: str, jurisdiction: str) -> DeployedSite:
+def load_deployed(site_config: Path, site_id: str, jurisdiction: str) -> DeployedSite:
+    """A deployed site's configs and key bundle, checked against the SuperNode's ``site_id`` and ``jurisdiction``."""
     from fedshard.config import load_deployed_site
 
     loaded = load_deployed_site(site_config)
@@ -258,7 +135,7 @@ def _load_deployed(site_config: Path, site_id: str, jurisdiction: str) -> Deploy
     return loaded
 
 
-def _deployed_site(loaded: DeployedSite) -> Site:
+def deployed_site(loaded: DeployedSite) -> Site:
     from fedshard.config.layout import SiteBundle
 
     local, config, listed = loaded
@@ -438,122 +315,3 @@ def check_privacy(config: FederationConfig) -> None:
                 f"site {site.id}: privacy δ={delta:g} is larger than 1/(its {records} records) = {1.0 / records:.3g}; "
                 f"choose δ ≤ {1.0 / records:.3g}"
             )
-
-
-def make_zone(
-    zone: ZoneConfig,
-    store_root: str | Path | None = None,
-    *,
-    routing: FederationRouting | None = None,
-    site_keys: Mapping[str, bytes] | None = None,
-    tls: TlsFiles | None = None,
-) -> ZoneAggregator:
-    """The aggregator for ``zone``; its store (and audit log) is ``zone.store`` or ``store_root/name``.
-
-    With ``routing`` the zone enforces the federation's residency policy and its
-    ``aggregation`` bounds (without: the default bounds); with
-    ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
-    presents when it forwards partial sums to the reducing zone, and its key signs
-    the audit log's head.
-    """
-    from fedshard.residency.audit import AuditLog, HeadSigner
-    from fedshard.zone.recovery import repair_audit_tail
-
-    store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
-    he_context = None
-    if routing is not None and routing.config.residency.encrypting:
-        from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
-
-        he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)
-    audit = None
-    if store is not None:
-        Path(store).mkdir(parents=True, exist_ok=True)
-        signer = HeadSigner.from_files(tls.key, tls.cert) if tls is not None else None  # unsigned when insecure
-        repair_audit_tail(Path(store) / AUDIT_FILE)  # an append a crash cut short; logged, kept aside
-        audit = AuditLog(Path(store) / AUDIT_FILE, signer=signer)
-    return ZoneAggregator(
-        zone.name,
-        zone.region,
-        store_dir=store,
-        staging_bytes=zone.staging_mb << 20,
-        residency=routing.zone_policy(zone.name, site_keys) if routing is not None else None,
-        audit=audit,
-        connect=tls_connector(tls),
-        he_context=he_context,
-        bounds=routing.config.aggregation if routing is not None else None,
-    )
-
-
-def streaming_parties(config: FederationConfig) -> int:
-    """How many parties may hold streams at a zone: every site (push, fetch) and zone (forward)."""
-    return len(config.sites) + len(config.zones)
-
-
-class ServedZones:
-    """The zones of :func:`serving_zones`: each a gRPC server in this process, and the zone objects.
-
-    :meth:`add` starts one more (a zone added to a running federation).
-    """
-
-    def __init__(
-        self, routing: FederationRouting, store_root: str | Path | None, site_keys: Mapping[str, bytes] | None
-    ) -> None:
-        self.routing = routing
-        self.store_root = store_root
-        self.site_keys = site_keys
-        self.endpoints: dict[str, str] = {}
-        self.zones: dict[str, ZoneAggregator] = {}
-        self._servers: list[grpc.Server] = []
-
-    def add(self, zc: ZoneConfig) -> str:
-        """Start zone ``zc`` (port 0: any free port); its endpoint."""
-        from fedshard.zone.rpc.service import serve
-
-        host = zc.endpoint.rsplit(":", 1)[0]
-        zone = self.zones[zc.name] = make_zone(zc, self.store_root, routing=self.routing, site_keys=self.site_keys)
-        server, port = serve(zone, zc.endpoint, limits=zc.limits, parties=streaming_parties(self.routing.config))
-        self._servers.append(server)
-        self.endpoints[zc.name] = f"{host}:{port}"
-        return self.endpoints[zc.name]
-
-    def close(self) -> None:
-        """Stop every server, then close every zone."""
-        for server in self._servers:
-            server.stop(grace=1.0).wait()
-        for zone in self.zones.values():
-            zone.close()
-
-
-@contextlib.contextmanager
-def serving_zones(
-    config: FederationConfig,
-    store_root: str | Path | None = None,
-    site_keys: Mapping[str, bytes] | None = None,
-) -> Iterator[ServedZones]:
-    """Start every configured zone as a gRPC server in this process, enforcing the
-    federation's residency policy; yields the endpoints and the zones.
-
-    Port 0 in a zone's endpoint picks a free port.
-    """
-    from fedshard.routing import FederationRouting
-
-    routing = FederationRouting(config)
-    routing.check()
-    served = ServedZones(routing, store_root, site_keys)
-    try:
-        for zc in config.zones:
-            served.add(zc)
-        yield served
-    finally:
-        served.close()
-
-
-@contextlib.contextmanager
-def running_zones(
-    config: FederationConfig,
-    store_root: str | Path | None = None,
-    site_keys: Mapping[str, bytes] | None = None,
-) -> Iterator[dict[str, str]]:
-    """:func:`serving_zones`, yielding only the endpoints."""
-    with serving_zones(config, store_root, site_keys) as served:
-        yield served.endpoints

@@ -1,0 +1,113 @@
+"""The sites a process keeps assembled for its messages (a Flower actor, a warm SuperNode child).
+
+A site's model is built once per process, not once per message: :func:`site_for` and
+:func:`deployed_site_for` keep the sites they assembled, least recently used dropped
+beyond :data:`SITE_CACHE_SIZE` unless their models fit in :data:`SITE_CACHE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedshard.assembly.sites import deployed_site, load_deployed, make_site
+from fedshard.config import FederationConfig
+from fedshard.protocol.channels import ZoneConnector
+from fedshard.site.site import Site
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = [
+    "SITE_CACHE_BYTES",
+    "SITE_CACHE_SIZE",
+    "deployed_site_for",
+    "site_for",
+]
+
+SITE_CACHE_SIZE = 8
+"""Sites a process keeps assembled whatever their size (least recently used beyond that are
+dropped with their models, unless they fit in :data:`SITE_CACHE_BYTES`)."""
+SITE_CACHE_BYTES = 256 << 20
+"""Beyond :data:`SITE_CACHE_SIZE`, sites are kept while their held models total at most this
+(a simulation actor serving thousands of small sites keeps them all)."""
+
+_SITES: OrderedDict[str, Site] = OrderedDict()
+_SITES_LOCK = threading.Lock()
+
+
+def site_for(config: FederationConfig, site_id: str, state_root: str | Path) -> Site:
+    """The site :func:`make_site` assembles, kept for this process's later messages.
+
+    Keyed by the config's digest, the site id and the state folder: a changed config
+    assembles a new site. The sites of one process share one channel per zone
+    (:class:`~fedshard.zone.rpc.shared.SharedZoneChannels`: plaintext loopback, simulation).
+    """
+    key = _digest(_config_digest(config), site_id, str(Path(state_root).resolve()))
+    return _kept(key, lambda: make_site(config, site_id, state_root, connect=_shared_channels()))
+
+
+_CONFIG_DIGESTS: OrderedDict[int, tuple[FederationConfig, str]] = OrderedDict()
+
+
+def _config_digest(config: FederationConfig) -> str:
+    """The digest of ``config``'s JSON, computed once per config object (a 10,000-site config
+    takes milliseconds to dump, and every message of a simulation actor asks)."""
+    with _SITES_LOCK:
+        known = _CONFIG_DIGESTS.get(id(config))
+        if known is not None and known[0] is config:
+            return known[1]
+    digest = _digest(config.model_dump_json())
+    with _SITES_LOCK:
+        _CONFIG_DIGESTS[id(config)] = (config, digest)
+        while len(_CONFIG_DIGESTS) > 4:
+            _CONFIG_DIGESTS.popitem(last=False)
+    return digest
+
+
+@functools.cache
+def _shared_channels() -> ZoneConnector:
+    from fedshard.zone.rpc.shared import SharedZoneChannels
+
+    return SharedZoneChannels()
+
+
+def deployed_site_for(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
+    """The site :func:`make_deployed_site` assembles, kept for this process's later messages.
+
+    Keyed by the site's configs and its key bundle's files (names and modification
+    times): rotating a key or editing a config assembles a new site.
+    """
+    loaded = load_deployed(site_config, site_id, jurisdiction)
+    local, config, _ = loaded
+    assert local.deployment is not None  # load_deployed checked it
+    bundle = Path(local.deployment.keys)
+    stamps = sorted(f"{p}:{p.stat().st_mtime_ns}" for p in bundle.rglob("*") if p.is_file())
+    key = _digest(local.model_dump_json(), config.model_dump_json(), *stamps)
+    return _kept(key, lambda: deployed_site(loaded))
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _kept(key: str, make: Callable[[], Site]) -> Site:
+    """The site kept under ``key``, assembled by ``make`` on first use (least recently used dropped)."""
+    with _SITES_LOCK:
+        site = _SITES.get(key)
+        if site is None:
+            site = _SITES[key] = make()
+            while len(_SITES) > SITE_CACHE_SIZE and _held_bytes(_SITES.values()) > SITE_CACHE_BYTES:
+                _SITES.popitem(last=False)
+        _SITES.move_to_end(key)
+        return site
+
+
+def _held_bytes(sites: Iterable[Site]) -> int:
+    """Memory of the models these sites hold (a model not built yet: nothing)."""
+    return sum(site.model.nbytes for site in sites)
