@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from clients.tasks._classify import evaluate_classifier, train_epochs
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 
 __all__ = ["BreastCancerTask", "task"]
@@ -182,28 +183,13 @@ class BreastCancerTask:
         net: nn.Module = model
         if settings.privacy is not None:
             net, optimiser, loader = settings.privacy.make_private(model, optimiser, loader)
-        loss_fn = nn.CrossEntropyLoss()
-        net.train()
-        total, count = 0.0, 0
-        for _ in range(settings.epochs):
-            for xb, yb in loader:
-                optimiser.zero_grad()
-                loss = loss_fn(net(xb), yb)
-                loss.backward()
-                optimiser.step()
-                total += loss.item() * len(yb)
-                count += len(yb)
-        return Metrics(num_examples=len(split.y), loss=total / max(count, 1))
+        loss = train_epochs(net, optimiser, lambda: loader, settings.epochs)
+        return Metrics(num_examples=len(split.y), loss=loss)
 
     def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:
         """Loss and accuracy on the local test slice."""
         split: _Split = data.test
-        model.eval()
-        with torch.no_grad():
-            logits = model(split.x)
-            loss = float(nn.functional.cross_entropy(logits, split.y)) if len(split.y) else 0.0
-            correct = int((logits.argmax(dim=1) == split.y).sum())
-        return Metrics(num_examples=len(split.y), loss=loss, accuracy=correct / max(len(split.y), 1))
+        return evaluate_classifier(model, split.x, split.y)
 
 
 def _ordered(layers: dict[str, Any]) -> Any:

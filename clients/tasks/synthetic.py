@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from clients.tasks._classify import evaluate_classifier, train_epochs
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 
 __all__ = ["SyntheticTask", "task"]
@@ -122,47 +123,27 @@ class SyntheticTask:
 
         split: _Split = data.train
         optimiser: Any = torch.optim.SGD(model.parameters(), lr=settings.learning_rate)
-        loss_fn = nn.CrossEntropyLoss()
+        generator = torch.Generator().manual_seed(settings.seed)
         if settings.privacy is not None:
-            generator = torch.Generator().manual_seed(settings.seed)
             loader: Any = DataLoader(
                 TensorDataset(split.x, split.y), batch_size=settings.batch_size, shuffle=True, generator=generator
             )
             net, optimiser, loader = settings.privacy.make_private(model, optimiser, loader)
-            batches: Any = loader
+            loss = train_epochs(net, optimiser, lambda: loader, settings.epochs)
         else:  # a few examples: batch by hand (a DataLoader costs more than the step)
-            net = model
-            generator = torch.Generator().manual_seed(settings.seed)
-            batches = None
-        net.train()
-        total, count = 0.0, 0
-        for _ in range(settings.epochs):
-            if batches is None:
+
+            def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
                 order = torch.randperm(len(split.y), generator=generator)
-                epoch = [
-                    (split.x[order[i : i + settings.batch_size]], split.y[order[i : i + settings.batch_size]])
-                    for i in range(0, len(order), settings.batch_size)
-                ]
-            else:
-                epoch = batches
-            for xb, yb in epoch:
-                optimiser.zero_grad()
-                loss = loss_fn(net(xb), yb)
-                loss.backward()
-                optimiser.step()
-                total += loss.item() * len(yb)
-                count += len(yb)
-        return Metrics(num_examples=len(split.y), loss=total / max(count, 1))
+                cuts = [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+                return [(split.x[c], split.y[c]) for c in cuts]
+
+            loss = train_epochs(model, optimiser, batches, settings.epochs)
+        return Metrics(num_examples=len(split.y), loss=loss)
 
     def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:
         """Loss and accuracy on the local test examples."""
         split: _Split = data.test
-        model.eval()
-        with torch.no_grad():
-            logits = model(split.x)
-            loss = float(nn.functional.cross_entropy(logits, split.y)) if len(split.y) else 0.0
-            correct = int((logits.argmax(dim=1) == split.y).sum())
-        return Metrics(num_examples=len(split.y), loss=loss, accuracy=correct / max(len(split.y), 1))
+        return evaluate_classifier(model, split.x, split.y)
 
 
 task = SyntheticTask

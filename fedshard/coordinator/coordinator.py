@@ -285,9 +285,7 @@ class Coordinator:
             info = infos[node]
             self._nodes[node] = info
             self._group_of[info.site_id] = name
-            group = self._groups[name]
-            group.sites.append(info.site_id)
-            group.applied[info.site_id] = info.applied_round
+            self._groups[name].add(info.site_id, info.applied_round)
             if info.privacy is not None:
                 self._privacy.record(info.site_id, info.privacy)
         return sorted(infos[n].site_id for n in admitted)

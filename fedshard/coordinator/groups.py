@@ -35,6 +35,17 @@ class Group:
     version: str
     rounds: list[AppliedRound] = field(default_factory=list)  # every round the group applied, in order
     applied: dict[str, int] = field(default_factory=dict)  # site id -> last round it reported applying
+    _members: set[str] = field(init=False, repr=False, compare=False)  # ``sites`` as a set (10,000 sites)
+
+    def __post_init__(self) -> None:
+        self._members = set(self.sites)
+
+    def add(self, site_id: str, applied_round: int) -> None:
+        """A site joins the group, having applied up to ``applied_round``."""
+        if site_id not in self._members:
+            self.sites.append(site_id)
+            self._members.add(site_id)
+        self.applied[site_id] = applied_round
 
     def applied_root(self, published: Mapping[AggregateKey, AggregateSummary]) -> str:
         """Root over the shards this group applies from the round's aggregates."""
@@ -66,7 +77,7 @@ class Group:
 
     def record(self, site_id: str, applied_round: int | None) -> None:
         """Note the last round ``site_id`` applied, from its report (None: the report does not say)."""
-        if applied_round is not None and site_id in self.sites:
+        if applied_round is not None and site_id in self._members:
             self.applied[site_id] = applied_round
 
 

@@ -254,6 +254,7 @@ def build_summary(
     """The ``summary.json`` contract (see README)."""
     last = result.rounds[-1] if result.rounds else None
     versions = site_versions(result)
+    privacy = result.privacy  # built once: a property over every site and round
     return {
         "federation": config.federation.name,
         "engine": engine,
@@ -282,7 +283,7 @@ def build_summary(
             }
             for r in result.rounds
         ],
-        "sites": [_site_summary(s, result.privacy.get(s.site_id), versions[s.site_id]) for s in result.sites],
+        "sites": [_site_summary(s, privacy.get(s.site_id), versions[s.site_id]) for s in result.sites],
         "residency_groups": result.groups,
         "zones": zones,
         "aborted_rounds": result.aborted,
