@@ -283,7 +283,7 @@ def _report(args: argparse.Namespace, results: dict[str, dict[str, dict[str, Any
         f"{rounds} rounds per run, median round; one process per run",
         machine_description(),
         [
-            "Command: `.venv/bin/python bench/scale.py`. Task `clients/tasks/synthetic.py` (6 train + 2 test "
+            "Task `clients/tasks/synthetic.py` (6 train + 2 test "
             "examples per site), MLP 7→16→2, 4 zones in 4 regions; fedshard runs with record-level DP-SGD "
             "(σ 3, RDP, ε budget 10 per site), signed manifests, sealed stores, residency; `inprocess_plain`: "
             "the same without DP; `inprocess_grpc`: sites push and fetch over loopback gRPC.",

@@ -13,7 +13,10 @@ from rich.table import Table
 from fedshard.coordinator.results import RoundResult
 from fedshard.protocol.messages import PrivacyStatus, SiteInfo
 
-__all__ = ["STATUS_COLOURS", "RoundProgress", "format_bytes", "results_table", "zones_table"]
+__all__ = ["SHOWN_SITES", "STATUS_COLOURS", "RoundProgress", "format_bytes", "results_table", "zones_table"]
+
+SHOWN_SITES = 12
+"""Sites a progress line names one by one; beyond, it counts them (thousands of simulated sites)."""
 
 STATUS_COLOURS: dict[str, str] = {
     PrivacyStatus.ACTIVE: "green",
@@ -60,7 +63,13 @@ class RoundProgress:
 
     def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
         """Show the assembled federation and start the bar."""
-        names = ", ".join(f"{s.site_id} ({s.jurisdiction}, {s.num_examples} ex.)" for s in sites)
+        if len(sites) <= SHOWN_SITES:
+            names = ", ".join(f"{s.site_id} ({s.jurisdiction}, {s.num_examples} ex.)" for s in sites)
+        else:  # thousands of sites: how many per jurisdiction
+            counts: dict[str, int] = {}
+            for s in sites:
+                counts[s.jurisdiction] = counts.get(s.jurisdiction, 0) + 1
+            names = ", ".join(f"{n} in {j}" for j, n in sorted(counts.items()))
         self._progress.console.print(f"[bold]{len(sites)} sites[/]: {names}")
         self._task = self._progress.add_task("rounds", total=rounds, status="training…")
 
@@ -72,14 +81,27 @@ class RoundProgress:
             f"train loss {result.train_loss:.4f}  sent {format_bytes(result.bytes_up)}  "
             f"sites {len(result.sites)}{refused}  version {result.version[:12]}"
         )
-        for site in sorted(result.refused):
+        refused_sites = sorted(result.refused)
+        for site in refused_sites[:SHOWN_SITES]:
             self._progress.console.print(f"          [yellow]{escape(site)}[/] {escape(result.refusal(site))}")
-        if result.privacy:
+        if len(refused_sites) > SHOWN_SITES:
+            self._progress.console.print(f"          [yellow]and {len(refused_sites) - SHOWN_SITES} more[/]")
+        if result.privacy and len(result.privacy) <= SHOWN_SITES:
             self._progress.console.print(
                 "          ε " + "  ".join(_epsilon(site, p) for site, p in result.privacy.items())
             )
+        elif result.privacy:
+            self._progress.console.print("          " + _epsilon_spread(result.privacy))
         if self._task is not None:
             self._progress.update(self._task, advance=1, status=f"acc {result.accuracy:.3f}")
+
+
+def _epsilon_spread(privacy: dict[str, dict[str, Any]]) -> str:
+    """ε spent over many sites: least, median and most, and how many stopped."""
+    spent = sorted(p["epsilon_spent"] for p in privacy.values())
+    stopped = sum(1 for p in privacy.values() if p["status"] != PrivacyStatus.ACTIVE)
+    line = f"ε spent {spent[0]:.2f} / {spent[len(spent) // 2]:.2f} / {spent[-1]:.2f} (least / median / most)"
+    return line + (f"  [yellow]{stopped} site(s) stopped[/]" if stopped else "")
 
 
 def _epsilon(site: str, privacy: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ __all__ = ["ConfigChange", "check_change"]
 
 _FIXED = ("task", "training", "aggregation", "sharding", "privacy", "residency", "he", "store", "reducing_zone")
 """Top-level sections a running federation keeps as they are."""
-_FIXED_FEDERATION = ("name", "seed", "round_timeout_s", "sample_fraction")
+_FIXED_FEDERATION = ("name", "seed", "round_timeout_s", "sample_fraction", "partitions")
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,12 @@ def check_change(old: FederationConfig, new: FederationConfig) -> ConfigChange:
                 f"site {site.id} would read data partition {new.partition_of(site.id)} instead of "
                 f"{old.partition_of(site.id)}; add new sites at the end of the list"
             )
+    if old.num_partitions != new.num_partitions:
+        raise ConfigError(
+            f"the new sites would cut the task's data into {new.num_partitions} parts instead of "
+            f"{old.num_partitions}, changing every site's data; start the run with federation.partitions set to "
+            "the number of parts it may grow to"
+        )
     fed_old, fed_new = old.federation, new.federation
     return ConfigChange(
         added_zones=tuple(sorted(set(new_zones) - set(old_zones))),

@@ -57,6 +57,12 @@ class FederationSettings(_Model):
     min_sites: int = Field(2, ge=1)
     sample_fraction: float = Field(1.0, gt=0.0, le=1.0)
     round_timeout_s: float = Field(300.0, gt=0)
+    partitions: int | None = Field(
+        None,
+        ge=1,
+        description="simulation: how many parts the task's data is cut into (default: one per site listed); set "
+        "it above the number of sites to let sites join a running federation without re-cutting the others' data",
+    )
 
 
 class TaskConfig(_Model):
@@ -368,6 +374,13 @@ class FederationConfig(_Model):
                 "raise he.max_sites"
             )
         parts = self._partitions
+        cut = self.federation.partitions
+        if cut is not None and max(parts.values()) >= cut:
+            site = max(parts, key=lambda s: parts[s])
+            raise ValueError(
+                f"site {site} reads data partition {parts[site]} but federation.partitions is {cut}; "
+                f"raise federation.partitions to at least {parts[site] + 1}"
+            )
         if len(set(parts.values())) != len(parts):
             raise ValueError("two sites share a data partition index")
         return self
@@ -399,5 +412,5 @@ class FederationConfig(_Model):
 
     @property
     def num_partitions(self) -> int:
-        """How many partitions the data is cut into."""
-        return max(self._partitions.values()) + 1
+        """How many partitions the data is cut into (``federation.partitions``, else one per site index)."""
+        return self.federation.partitions or max(self._partitions.values()) + 1

@@ -1,7 +1,8 @@
 """A running federation grows: a zone and a site are added between rounds (real processes).
 
-``fedshard simulate`` runs in its own process; ``fedshard reconfigure`` (another process)
-hands it a config with a UK zone and a second UK site. Before the change the UK site's
+``fedshard simulate`` runs ``configs/grow.yaml`` in its own process; ``fedshard
+reconfigure`` (another process) hands it ``configs/grow-more.yaml``: a UK zone and a
+second UK site. Before the change the UK site's
 shards go to the reducing zone in the EU (no UK zone to push to); after it they go to the
 new UK zone, which forwards its partial sums of global shards to the reducing zone; the
 new site joins the residency group of the non-EU sites, catches up to its model version
@@ -26,24 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
-BASE: dict[str, Any] = {
-    "federation": {"name": "hotplug", "seed": 7, "rounds": 2000, "min_sites": 4, "round_timeout_s": 120},
-    "task": {"target": "clients.tasks.synthetic:task", "options": {"train_per_site": 20, "test_per_site": 10}},
-    "training": {"local_epochs": 1, "batch_size": 8, "learning_rate": 0.3},
-    "zones": [
-        {"name": "eu-central", "region": "EU", "endpoint": "127.0.0.1:0"},
-        {"name": "us-east", "region": "US", "endpoint": "127.0.0.1:0"},
-        {"name": "sg-central", "region": "SG", "endpoint": "127.0.0.1:0"},
-    ],
-    "reducing_zone": "eu-central",
-    "sites": [
-        {"id": "eu-1", "jurisdiction": "EU"},
-        {"id": "eu-2", "jurisdiction": "EU"},
-        {"id": "us-1", "jurisdiction": "US"},
-        {"id": "sg-1", "jurisdiction": "SG"},
-        {"id": "uk-1", "jurisdiction": "UK"},
-    ],
-}
+BASE: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "grow.yaml").read_text())
+BASE["federation"]["rounds"] = 2000  # ended 40 rounds after the change, below
+GROWN: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "grow-more.yaml").read_text())
 
 
 def _events(run: Path) -> list[dict[str, Any]]:
@@ -91,9 +77,7 @@ def test_a_zone_and_a_site_join_a_running_federation(tmp_path: Path) -> None:
         ]
         assert not (run / "reconfigure.yaml").exists()
         # the real change: a UK zone and a second UK site; the run ends 40 rounds after it is asked
-        grown = json.loads(json.dumps(BASE))
-        grown["zones"].append({"name": "uk-south", "region": "UK", "endpoint": "127.0.0.1:0"})
-        grown["sites"].append({"id": "uk-2", "jurisdiction": "UK"})
+        grown = json.loads(json.dumps(GROWN))  # the shipped example, ending 40 rounds after it is asked
         grown["federation"]["rounds"] = _rounds_done(run) + 40
         (tmp_path / "grown.yaml").write_text(yaml.safe_dump(grown))
         asked = subprocess.run(

@@ -37,12 +37,12 @@ def _with(*, zones: list[dict[str, Any]] | None = None, sites: list[dict[str, An
 
 
 def test_zones_and_sites_may_be_added_and_zones_drained() -> None:
-    old = _config()
-    change = check_change(
-        old, _with(zones=[{"name": "uk-south", "region": "UK"}], sites=[{"id": "uk-2", "jurisdiction": "UK"}])
-    )
+    roomy = _config(federation={**BASE["federation"], "partitions": 4})
+    grown = _with(zones=[{"name": "uk-south", "region": "UK"}], sites=[{"id": "uk-2", "jurisdiction": "UK"}])
+    change = check_change(roomy, grown.model_copy(update={"federation": roomy.federation}))
     assert change.added_zones == ("uk-south",) and change.added_sites == ("uk-2",) and not change.drained
     assert change.describe() == "zone uk-south added; site(s) uk-2 joined"
+    old = _config()
     drained = _config(zones=[BASE["zones"][0], {**BASE["zones"][1], "drain": True}])
     assert check_change(old, drained).drained == ("us-east",)
     assert check_change(drained, old).resumed == ("us-east",)
@@ -62,8 +62,11 @@ def test_zones_and_sites_may_be_added_and_zones_drained() -> None:
         ({"sites": BASE["sites"][:2]}, "site uk-1 is missing from the new config"),
         ({"sites": [*BASE["sites"][:2], {"id": "uk-1", "jurisdiction": "SG"}]}, "site uk-1's entry cannot change"),
         (
-            {"sites": [{"id": "new", "jurisdiction": "EU"}, *BASE["sites"]]},
-            "site eu-1 would read data partition 1 instead of 0; add new sites at the end of the list",
+            {
+                "sites": [{"id": "new", "jurisdiction": "EU"}, *BASE["sites"]],
+                "federation": {**BASE["federation"], "partitions": 4},
+            },
+            "federation.partitions cannot change",
         ),
     ],
 )
@@ -71,6 +74,17 @@ def test_what_a_run_keeps_is_refused_in_one_line(edit: dict[str, Any], message: 
     with pytest.raises(ConfigError) as err:
         check_change(_config(), _config(**edit))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_site_that_would_recut_the_others_data_is_refused_unless_partitions_were_set() -> None:
+    with pytest.raises(ConfigError, match="cut the task's data into 4 parts instead of 3"):
+        check_change(_config(), _with(sites=[{"id": "uk-2", "jurisdiction": "UK"}]))
+    roomy = {**BASE["federation"], "partitions": 8}
+    before = _config(federation=roomy)
+    after = _config(federation=roomy, sites=[*BASE["sites"], {"id": "uk-2", "jurisdiction": "UK"}])
+    assert check_change(before, after).added_sites == ("uk-2",) and after.num_partitions == 8
+    with pytest.raises(ValueError, match=r"site s9 reads data partition 8 but federation\.partitions is 8"):
+        _config(federation=roomy, sites=[*BASE["sites"], {"id": "s9", "jurisdiction": "EU", "partition": 8}])
 
 
 def test_the_reducing_zone_cannot_be_drained() -> None:

@@ -142,3 +142,47 @@ def test_the_synthetic_task_gives_each_site_its_own_examples_and_the_baseline_al
     assert 0 < labels.mean() < 1  # both classes occur
     with pytest.raises(ValueError):
         SyntheticTask(classes=1)
+
+
+def test_progress_lines_count_sites_beyond_a_dozen() -> None:
+    from rich.console import Console
+
+    from fedshard.cli.progress import SHOWN_SITES, RoundProgress
+    from fedshard.coordinator.results import RoundResult
+    from fedshard.protocol.messages import SiteInfo
+
+    console = Console(record=True, width=100)
+    sites = [
+        SiteInfo(
+            site_id=f"s{i}",
+            jurisdiction="EU" if i % 2 else "US",
+            num_examples=6,
+            plan_digest="p",
+            plan_json="{}",
+            genesis_version="g",
+        )
+        for i in range(SHOWN_SITES + 8)
+    ]
+    privacy = {
+        s.site_id: {"epsilon_spent": 0.5 + i / 100, "epsilon_budget": 10.0, "status": "active"}
+        for i, s in enumerate(sites)
+    }
+    privacy["s3"]["status"] = "exhausted"
+    result = RoundResult(
+        round=1,
+        version="v" * 64,
+        merkle_root="r",
+        sites=tuple(s.site_id for s in sites),
+        refused={},
+        train_loss=0.5,
+        accuracy=0.9,
+        loss=0.3,
+        bytes_up=1,
+        privacy=privacy,
+    )
+    with RoundProgress(console) as progress:
+        progress.on_start(sites, 2, "g" * 64)
+        progress.on_round(result)
+    text = console.export_text()
+    assert "20 sites: 10 in EU, 10 in US" in text and "s19 (" not in text
+    assert "ε spent 0.50 / 0.60 / 0.69 (least / median / most)  1 site(s) stopped" in text
