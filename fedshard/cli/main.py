@@ -6,6 +6,7 @@ nothing else of the traceback is shown.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -143,7 +144,10 @@ def reconfigure(
     from fedshard.simulate.membership import PENDING, request_change
 
     change = request_change(run, config)
-    console.print(f"{change.describe()}: left in {run / PENDING}; the run takes it before its next round")
+    lines = (run / "events.jsonl").read_text().splitlines()
+    ended = bool(lines) and json.loads(lines[-1]).get("event") == "stop"
+    when = f"`fedshard simulate --resume {run}` takes it first" if ended else "the run takes it before its next round"
+    console.print(f"{change.describe()}: left in {run / PENDING}; {when}")
 
 
 def _preflight(cfg: FederationConfig, out: Path) -> None:

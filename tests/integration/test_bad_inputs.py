@@ -601,6 +601,42 @@ CASES = [
     ),
     case("zone-port-in-use", f"{ZONE} --insecure", IN_USE, port_in_use(reuse=False)),
     case("zone-port-held-by-server", f"{ZONE} --insecure", IN_USE, port_in_use(reuse=True)),
+    # changing a running simulation
+    case(
+        "reconfigure-no-run",
+        f"reconfigure run {FED}",
+        "run holds no run (no federation.yaml or events.jsonl)",
+        files({"fed.yaml": federation()}),
+    ),
+    case(
+        "reconfigure-changes-training",
+        f"reconfigure run {FED}",
+        "training cannot change while the federation runs",
+        files(
+            {
+                "run/federation.yaml": federation(),
+                "run/events.jsonl": "",
+                "fed.yaml": federation(training__learning_rate=0.9),
+            }
+        ),
+    ),
+    case(
+        "reconfigure-drains-reducing-zone",
+        f"reconfigure run {FED}",
+        "the reducing zone eu-central cannot be drained",
+        files(
+            {
+                "run/federation.yaml": federation(),
+                "run/events.jsonl": "",
+                "fed.yaml": federation(
+                    zones=[
+                        {"name": "eu-central", "region": "EU", "endpoint": "127.0.0.1:0", "drain": True},
+                        {"name": "us-east", "region": "US", "endpoint": "127.0.0.1:0"},
+                    ]
+                ),
+            }
+        ),
+    ),
 ]
 
 
