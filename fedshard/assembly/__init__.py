@@ -23,7 +23,6 @@ from fedshard.assembly.sites import (
     load_site_keys,
     make_deployed_site,
     make_site,
-    task_of,
 )
 from fedshard.assembly.zones import AUDIT_FILE, ServedZones, make_zone, running_zones, serving_zones, streaming_parties
 
@@ -47,6 +46,5 @@ __all__ = [
     "serving_zones",
     "site_for",
     "streaming_parties",
-    "task_of",
     "tls_connector",
 ]

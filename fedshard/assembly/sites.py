@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +13,7 @@ from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import SitePrivacy
 from fedshard.site.routes import CLASSES_FILE, ModelSource, RouteSource, SiteRouting, read_classes, write_classes
 from fedshard.site.site import Site
-from fedshard.task import Partition, Task, build_initial_model, load_task
+from fedshard.task import Partition, build_initial_model, load_task
 
 if TYPE_CHECKING:
     from fedshard.config.loader import DeployedSite
@@ -37,7 +35,6 @@ __all__ = [
     "load_site_keys",
     "make_deployed_site",
     "make_site",
-    "task_of",
 ]
 
 STORE_KEYS_DIR = "store-keys"
@@ -95,18 +92,6 @@ def make_site(
         connect=connect,
         ledger=ledger,
     )
-
-
-@functools.lru_cache(maxsize=4)
-def _task(target: str, options_json: str) -> Task:
-    """The task object for ``target`` with ``options`` (JSON), one per process: the sites of a
-    process share it (a task holds settings; each site's data comes from ``load_data``)."""
-    return load_task(target, json.loads(options_json))
-
-
-def task_of(config: FederationConfig) -> Task:
-    """The config's task, built once per process and options."""
-    return _task(config.task.target, json.dumps(dict(config.task.options), sort_keys=True))
 
 
 def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: str = "") -> Site:
@@ -200,7 +185,7 @@ def _site(
     ledger: tuple[LedgerKey, AnchorStore] | None = None,
 ) -> Site:
     site = config.site(site_id)
-    task = task_of(config)
+    task = load_task(config.task.target, dict(config.task.options))  # one per site: a task may hold state
     partition = Partition(config.partition_of(site_id), config.num_partitions, config.federation.seed)
     signing_key = None
     if signing_key_file.exists():
