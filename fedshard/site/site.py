@@ -18,7 +18,6 @@ then all that carries over is the store.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import threading
@@ -53,6 +52,7 @@ from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
 from fedshard.site.release import encrypt_shards, he_packs, noised, push_update, update_over
+from fedshard.site.resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
 from fedshard.site.routes import RouteSource, SiteRouting
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
     from fedshard.crypto.he import HeCodec
     from fedshard.sharding import ShardPlan
     from fedshard.site.base import SealedBase
-    from fedshard.site.ledger_anchor import Anchor, AnchorStore
 
 __all__ = ["Site"]
 
@@ -145,9 +144,9 @@ class Site:
         self._he_factory = he
         self._he: HeCodec | None = None
         self._plan_json = ""
-        self._resident: tuple[object, ModelState] | None = None  # (store fingerprint, state) the held values match
+        self._held = HeldState(lambda: self.store)  # whether the held model is the store's (skip the refill)
         if self.privacy.anchor is not None:  # its anchor writes change the store's catalog, not the shards
-            self.privacy.anchor = _OwnWrites(self.privacy.anchor, self._keep_held_across)
+            self.privacy.anchor = OwnWrites(self.privacy.anchor, self._held)
         self._lock = threading.Lock()  # one message at a time: they share the model
 
     # dispatch ---------------------------------------------------------------------------
@@ -218,11 +217,12 @@ class Site:
     def _open(self) -> ModelState:
         """Refill the held model from the store (verifying every shard); on first use, save the genesis model."""
         model = self.model
-        resident = self._release()
-        if resident is not None and model.built and resident[0] == self.store.fingerprint():
+        record = self._held.release()
+        held = self._held.current(record) if model.built else None
+        if held is not None:
             model.tidy()
             model.initial = False
-            return _copy_state(resident[1])
+            return held
         if not self.store.exists():
             if not model.initial:  # it holds other values than the initial ones: build it again
                 model.discard()
@@ -243,43 +243,23 @@ class Site:
 
     def _save(self, state: ModelState) -> None:
         model = self.model
-        self._release()
+        self._held.release()
         self.store.save(model.plan, model.shards(), state.extras(), state.meta(self._plan_text(), self.site_id))
-        self._hold(state)
+        self._held.hold(state)
 
-    def _hold(self, state: ModelState) -> None:
-        """Record that the held values are the store's, at ``state`` (the next message skips the refill)."""
-        fingerprint = self.store.fingerprint()
-        self._resident = None if fingerprint is None else (fingerprint, _copy_state(state))
+    def _kept_copy(self) -> dict[str, np.ndarray] | None:
+        """A copy of the held shards to put back after a task used them, when the model is the
+        store's and small enough to copy (:data:`~fedshard.site.resident.RESIDENT_COPY_BYTES`)."""
+        return self.model.split() if self.model.plan.nbytes <= RESIDENT_COPY_BYTES else None
 
-    def _keep_held_across(self, write: Callable[[], None]) -> None:
-        """Run ``write``, the site's own change to its store's metadata: if the held model was
-        the store's before, it still is after (the shards did not change)."""
-        resident = self._resident
-        held = resident is not None and resident[0] == self.store.fingerprint()
-        write()
-        if held and resident is not None and self._resident is resident:
-            self._hold(resident[1])
-
-    def _release(self) -> tuple[object, ModelState] | None:
-        """Forget that the held values are the store's (they are about to change); what was recorded."""
-        resident, self._resident = self._resident, None
-        return resident
-
-    def _small(self) -> bool:
-        """Whether the held shards are small enough to copy (:data:`RESIDENT_COPY_BYTES`)."""
-        return self.model.plan.nbytes <= RESIDENT_COPY_BYTES
-
-    def _restore(self, values: Mapping[str, np.ndarray], resident: tuple[object, ModelState] | None) -> None:
-        """Put the held shards back to ``values`` (as they were before a task used the model)
-        and, if they matched the store then, record that they do again."""
-        if resident is None:
+    def _put_back(self, values: Mapping[str, np.ndarray] | None, record: Record | None) -> None:
+        """Put the held shards back to ``values`` and record again that they are the store's."""
+        if values is None or record is None:
             return
         shards = self.model.shards()
         for sid, array in values.items():
             shards[sid] = array
-        if resident[0] == self.store.fingerprint():
-            self._resident = resident
+        self._held.restore(record)
 
     def _standing(self) -> tuple[str, ModelState]:
         """The plan (canonical JSON) and state the store records, without reading shards."""
@@ -306,7 +286,7 @@ class Site:
         optimizer = optimizer_for(rule, state, bool(pending), self.site_id)
         check_chain(self.site_id, state, pending, head)
         if not pending:
-            self._hold(state)
+            self._held.hold(state)
             return state
         routing = self._routes(zones)
         view = routing.view()
@@ -441,17 +421,15 @@ class Site:
         record = dp.record if dp is not None else None
         settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed, record)
         base = model.split()  # the copy of the model a message makes: the update is computed over it
-        resident = self._release()
-        # A small model keeps a second copy to put back after training (no store read next message).
-        kept = {sid: a.copy() for sid, a in base.items()} if resident and self._small() else None
+        stored = self._held.release()
+        kept = self._kept_copy() if stored is not None else None  # put back after training: no store read next
         faults.point("site.train.begin")
         try:
             metrics = self.task.train(model.module(), self.data, settings)
             update = update_over(base, model.shards())
         finally:
             model.tidy()
-        if kept is not None:
-            self._restore(kept, resident)
+        self._put_back(kept, stored)
         if record is not None:
             record.verify()
             faults.point("site.train.dp")
@@ -491,14 +469,13 @@ class Site:
     def evaluate(self, message: EvaluateInstruction) -> EvaluateReport:
         """Apply the rounds the site missed, then evaluate on local test data."""
         state = self._catch_up(message.missed, message.zones, message.apply, message.version)
-        resident = self._release()
-        held = self.model.split() if resident and self._small() else None  # a task may touch what it evaluates
+        stored = self._held.release()
+        held = self._kept_copy() if stored is not None else None  # a task may touch what it evaluates
         try:
             metrics = self.task.evaluate(self.model.module(), self.data)
         finally:
             self.model.tidy()
-        if held is not None:
-            self._restore(held, resident)
+        self._put_back(held, stored)
         return EvaluateReport(
             site_id=self.site_id,
             round=message.round,
@@ -508,30 +485,3 @@ class Site:
             accuracy=metrics.accuracy if metrics.accuracy is not None else float("nan"),
             applied_round=state.applied_round,
         )
-
-
-class _OwnWrites:
-    """The site's ledger anchor, written into its own store's catalog: a write that finds the
-    store as the site last held it leaves the held model the store's (the shards did not change)."""
-
-    def __init__(self, inner: AnchorStore, around: Callable[[Callable[[], None]], None]) -> None:
-        self._inner = inner
-        self._around = around
-
-    def read(self) -> Anchor | None:
-        """See :class:`~fedshard.site.ledger_anchor.AnchorStore`."""
-        return self._inner.read()
-
-    def write(self, anchor: Anchor) -> None:
-        """See :class:`~fedshard.site.ledger_anchor.AnchorStore`."""
-        self._around(lambda: self._inner.write(anchor))
-
-
-RESIDENT_COPY_BYTES = 64 << 20
-"""Models up to this size are copied to be put back after a task used them; larger ones are
-read from the store again by the next message (a copy of a large model costs its memory)."""
-
-
-def _copy_state(state: ModelState) -> ModelState:
-    """A copy that applying rounds to cannot change (the optimiser's arrays are updated in place)."""
-    return dataclasses.replace(state, optimizer={k: v.copy() for k, v in state.optimizer.items()})
