@@ -41,6 +41,13 @@ def _rounds_done(run: Path) -> int:
     return sum(1 for e in _events(run) if e["event"] == "round")
 
 
+def _reconfigure(run: Path, config: dict[str, Any], path: Path) -> subprocess.CompletedProcess[str]:
+    """``fedshard reconfigure run --config path`` with ``config`` written to ``path`` (its own process)."""
+    path.write_text(yaml.safe_dump(config))
+    cmd = [*FEDSHARD, "reconfigure", str(run), "--config", str(path)]
+    return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, check=False)
+
+
 def test_a_zone_and_a_site_join_a_running_federation(tmp_path: Path) -> None:
     base, run = tmp_path / "base.yaml", tmp_path / "run"
     base.write_text(yaml.safe_dump(BASE))
@@ -61,15 +68,7 @@ def test_a_zone_and_a_site_join_a_running_federation(tmp_path: Path) -> None:
         # a change the run may not take is refused by the command, in one line, and left nowhere
         bad = json.loads(json.dumps(BASE))
         bad["zones"] = bad["zones"][:2]
-        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
-        refused = subprocess.run(
-            [*FEDSHARD, "reconfigure", str(run), "--config", str(tmp_path / "bad.yaml")],
-            cwd=ROOT,
-            env=env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        refused = _reconfigure(run, bad, tmp_path / "bad.yaml")
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert [ln for ln in refused.stderr.splitlines() if ln.strip()] == [
             "error: zone sg-central is missing from the new config; a running federation keeps its zones (set "
@@ -79,15 +78,7 @@ def test_a_zone_and_a_site_join_a_running_federation(tmp_path: Path) -> None:
         # the real change: a UK zone and a second UK site; the run ends 40 rounds after it is asked
         grown = json.loads(json.dumps(GROWN))  # the shipped example, ending 40 rounds after it is asked
         grown["federation"]["rounds"] = _rounds_done(run) + 40
-        (tmp_path / "grown.yaml").write_text(yaml.safe_dump(grown))
-        asked = subprocess.run(
-            [*FEDSHARD, "reconfigure", str(run), "--config", str(tmp_path / "grown.yaml")],
-            cwd=ROOT,
-            env=env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        asked = _reconfigure(run, grown, tmp_path / "grown.yaml")
         assert asked.returncode == 0, asked.stdout + asked.stderr
         assert "zone uk-south added; site(s) uk-2 joined" in asked.stdout
         _, err = sim.communicate(timeout=600)
