@@ -30,14 +30,22 @@ def _fedshard(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     return subprocess.run([*FEDSHARD, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-DEMO_MODEL_VERSION = "219ff328a3e59d62111c9ece65161e739d5373e8d1f7110b561bb881e57e5636"
-"""The model version `make demo` ends with (README); a change that moves it must say why.
+DEMO_MODEL_VERSIONS = {
+    "219ff328a3e59d62111c9ece65161e739d5373e8d1f7110b561bb881e57e5636": "x86-64 CI and dev machines to 2026-12-01",
+    "95dffe32f921a24f0f07ebadc8a98f9f86ad4c3b5faf3a2841687345ffa3dc61": "x86-64 with AVX-512 FP16 and AMX (2026-12-02)",
+}
+"""The model versions `make demo` ends with (README), by the machine that produced each;
+a change that moves them must say why.
 
-Issue 14 moved it (from 3dba8a64…) twice: digests, Merkle roots and versions are BLAKE3
-since manifest format 3 (only the hash changed), and zones sum in float32 (``(w/unit)·x``
-instead of float64 ``Σ w x``), which moves the aggregates in their last bits, within the
-accumulator's stated bound: every round's accuracy is unchanged and the per-round losses
-moved by at most 3·10⁻⁸."""
+The version chains the aggregates' digests, so it depends on the last bit of every
+float the sites compute: torch and its BLAS pick their kernels by the CPU's instruction
+set, and the same code on a CPU with other vector units gives other last bits (the
+final accuracy and the README's round-20 loss are the same to 4 digits). A new machine
+adds its version here after checking that only the digests moved. Issue 14 moved it (from 3dba8a64…) twice:
+digests, Merkle roots and versions are BLAKE3 since manifest format 3 (only the hash
+changed), and zones sum in float32 (``(w/unit)·x`` instead of float64 ``Σ w x``), which
+moves the aggregates in their last bits, within the accumulator's stated bound: every
+round's accuracy is unchanged and the per-round losses moved by at most 3·10⁻⁸."""
 DEMO_FINAL_ACCURACY = 0.9561
 
 # CKKS is approximate: the encrypted demo's aggregates differ from the plaintext ones in
@@ -69,9 +77,9 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
     assert summary["rounds"] == 20
     assert isinstance(summary["final_accuracy"], float) and summary["final_accuracy"] >= 0.93
     assert isinstance(summary["centralized_accuracy"], float) and summary["centralized_accuracy"] >= 0.9
-    assert summary["model_version"] == DEMO_MODEL_VERSION
+    assert summary["model_version"] in DEMO_MODEL_VERSIONS, summary["model_version"]
     assert round(summary["final_accuracy"], 4) == DEMO_FINAL_ACCURACY
-    assert f"model version {DEMO_MODEL_VERSION}" in proc.stdout
+    assert f"model version {summary['model_version']}" in proc.stdout
     assert [h["round"] for h in summary["history"]] == list(range(1, 21))
     assert all(set(h) >= {"round", "accuracy", "loss", "bytes_up"} and h["bytes_up"] > 0 for h in summary["history"])
     assert sorted(s["jurisdiction"] for s in summary["sites"]) == ["EU", "EU", "SG", "US"]
