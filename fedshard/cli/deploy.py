@@ -40,19 +40,28 @@ def keys_init(
         Path | None, typer.Option("--out", help="Folder for every key (default: the config's deployment.keys)")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing key files")] = False,
+    add: Annotated[
+        bool,
+        typer.Option("--add", help="Only the zones and sites that have no keys yet, from the existing CA"),
+    ] = False,
 ) -> None:
     """Provision a whole federation: CA, SuperLink and zone certificates, per-site bundles
-    (client certificate, SuperNode key, signing key, CKKS secret context)."""
+    (client certificate, SuperNode key, signing key, CKKS secret context). With --add,
+    keys for the zones and sites a grown config adds, issued by the existing CA."""
     from fedshard.config import load_federation
     from fedshard.deploy.keys import provision
 
     cfg = load_federation(config)
     target = out if out is not None else (cfg.deployment.keys if cfg.deployment else Path("keys"))
-    report = provision(cfg, target, force=force)
+    if add and force:
+        raise FedshardError("--add keeps every existing key; it cannot be combined with --force")
+    report = provision(cfg, target, force=force, add=add)
     layout = report.layout
     if cfg.deployment is not None and target.resolve() != cfg.deployment.keys:
         console.print(f"[yellow]note:[/] the config's deployment.keys is {cfg.deployment.keys}; point it here")
     console.print(f"wrote {len(report.files)} files under {layout.root}", highlight=False)
+    if add:
+        return
     console.print(f"  {layout.ca_dir}/ca.key      the CA's key: move it offline", highlight=False)
     console.print(f"  {layout.aggregator.root}/  stays on the aggregator host", highlight=False)
     console.print(f"  {layout.root / 'sites'}/<site>/  hand each site its own folder, nothing else", highlight=False)
@@ -95,11 +104,11 @@ def aggregator_up(
         err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
     _on_signals(host.request_stop)
     with Live(console=console, refresh_per_second=2, transient=False) as live:
-        host.on_change = lambda state: live.update(render_status(cfg, state))
+        host.on_change = lambda state: live.update(render_status(host.config, state))  # grows with the run
         try:
             summary = host.up()
         finally:
-            live.update(render_status(cfg, host.state))
+            live.update(render_status(host.config, host.state))
     if summary.get("rounds"):
         console.print(zones_table(summary))
         console.print(f"final accuracy {summary['final_accuracy']:.4f}, model version {summary['model_version']}")
@@ -111,6 +120,42 @@ def aggregator_up(
         raise typer.Exit(130)
     if summary.get("stopped_reason"):
         raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")
+
+
+@aggregator_app.command("reconfigure")
+def aggregator_reconfigure(
+    config: Annotated[
+        Path, typer.Option("--config", "-c", help="The aggregator's config with the zones and sites added or drained")
+    ],
+    run_dir: Annotated[
+        Path | None, typer.Argument(help="The running federation's run folder (default: the newest)")
+    ] = None,
+    insecure: Insecure = False,
+) -> None:
+    """Add zones and sites to (or drain zones of) the running federation, between rounds.
+
+    Checks the new config against the run's, then leaves it for `aggregator up`, which
+    starts the new zones it hosts and registers the new sites' SuperNode keys; the
+    coordinator gives every zone the new membership and takes it before its next round.
+    Write the new parties' keys first (`fedshard keys init --add`); give the zones'
+    and sites' hosts the new config.
+    """
+    from fedshard.config import load_federation
+    from fedshard.config.layout import KeysLayout
+    from fedshard.deploy.aggregator import LATEST_RUN, check_aggregator_config, he_folder, run_to_resume
+    from fedshard.deploy.reconfigure import request_deployed_change
+    from fedshard.simulate.membership import PENDING
+
+    cfg = load_federation(config)
+    dep = check_aggregator_config(cfg, insecure=insecure)
+    run = run_to_resume(dep.state_dir, run_dir or LATEST_RUN)
+    he = he_folder(cfg, KeysLayout(dep.keys).aggregator) if cfg.residency.encrypting else None
+    change = request_deployed_change(cfg, run, he)
+    console.print(
+        f"{change.describe()}: left in {run / PENDING}; the aggregator prepares it and the coordinator "
+        "takes it before its next round (`aggregator status` shows when)",
+        highlight=False,
+    )
 
 
 @aggregator_app.command("status")

@@ -194,8 +194,12 @@ def zone_up(
     decision in ``audit.jsonl`` in its store (check it with ``fedshard audit verify``).
     Started again on the store of a zone that was stopped or killed, it comes back with
     the aggregates it had published (each checked) and refuses the rounds that were open.
+    Between rounds the coordinator may ask it to read --config and --site-keys again
+    (zones and sites added to the running federation; the file must list what the
+    coordinator's config lists).
     """
     from fedshard.assembly import load_site_keys, make_zone, streaming_parties
+    from fedshard.assembly.reload import ZoneReload
     from fedshard.config import load_federation
     from fedshard.routing import FederationRouting
     from fedshard.zone.rpc.service import serve
@@ -219,7 +223,10 @@ def zone_up(
     routing.check()
     keys = load_site_keys(site_keys) if site_keys is not None else None
     aggregator = make_zone(zc, Path("runs") / "zones", routing=routing, site_keys=keys, tls=tls)
-    server, port = serve(aggregator, zc.endpoint, tls=tls, limits=zc.limits, parties=streaming_parties(cfg))
+    reload = ZoneReload(aggregator, config, routing, site_keys)  # the coordinator's Reconfigure, between rounds
+    server, port = serve(
+        aggregator, zc.endpoint, tls=tls, limits=zc.limits, parties=streaming_parties(cfg), reload=reload
+    )
     host = zc.endpoint.rsplit(":", 1)[0]
     if tls is None:
         from fedshard.crypto.tls import INSECURE_WARNING

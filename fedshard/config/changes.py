@@ -17,12 +17,14 @@ model (:func:`fedshard.routing.check_regrouping`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from fedshard.config.models import FederationConfig
 from fedshard.errors import ConfigError
 
-__all__ = ["ConfigChange", "check_change"]
+__all__ = ["ConfigChange", "check_change", "membership_digest"]
 
 _FIXED = ("task", "training", "aggregation", "sharding", "privacy", "residency", "he", "store", "reducing_zone")
 """Top-level sections a running federation keeps as they are."""
@@ -125,6 +127,20 @@ def check_change(old: FederationConfig, new: FederationConfig) -> ConfigChange:
         rounds=fed_new.rounds if fed_new.rounds != fed_old.rounds else None,
         min_sites=fed_new.min_sites if fed_new.min_sites != fed_old.min_sites else None,
     )
+
+
+def membership_digest(config: FederationConfig) -> str:
+    """Hex SHA-256 of what a zone needs to know of the federation's parties: every zone's
+    name, region, endpoint and drain flag, every site's id and jurisdiction, and the
+    residency policy (not file paths, which differ between hosts). A coordinator and a
+    zone that agree on it agree on who may push, fetch and forward where."""
+    parts = {
+        "zones": [[z.name, z.region, z.endpoint, z.drain] for z in config.zones],
+        "sites": [[s.id, s.jurisdiction] for s in config.sites],
+        "residency": config.residency.model_dump(mode="json"),
+        "reducing_zone": config.reducing_zone,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def _fixed(what: str, hint: str = "") -> str:

@@ -113,6 +113,7 @@ class Coordinator:
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
+        self._turned_away: set[str] = set()  # nodes that answered but may not join
         self._privacy = PrivacyReports()
         self._apply_rule = apply_rule(config)
         self._plan_json = ""
@@ -260,27 +261,39 @@ class Coordinator:
             self.zones, self.endpoints = dict(change.zones), dict(change.endpoints)
             self._apply_rule = apply_rule(change.config)
             joined = self._join()
-            result.sites = sorted(self._nodes.values(), key=lambda s: s.site_id)
-            result.groups = {name: list(g.sites) for name, g in sorted(self._groups.items())}
-            line = change.description + (f"; {len(joined)} site(s) admitted" if joined else "")
-            log.info("before round %d: %s", rnd, line)
-            if self.journal is not None:
-                self.journal.on_reconfigured(rnd, line, joined)
+            self._changed(
+                rnd, result, change.description + (f"; {len(joined)} site(s) admitted" if joined else ""), joined
+            )
+        elif self.membership is not None and len(self._nodes) < len(self.config.sites):
+            joined = self._join()  # a site of the config that connected since (started after the change)
+            if joined:
+                self._changed(
+                    rnd, result, f"{len(joined)} site(s) admitted: {', '.join(s.site_id for s in joined)}", joined
+                )
         return self.config.federation.rounds
 
-    def _join(self) -> list[str]:
+    def _changed(self, rnd: int, result: RunResult, line: str, joined: list[SiteInfo]) -> None:
+        """The run's sites and groups after a change; logged and journalled."""
+        result.sites = sorted(self._nodes.values(), key=lambda s: s.site_id)
+        result.groups = {name: list(g.sites) for name, g in sorted(self._groups.items())}
+        log.info("before round %d: %s", rnd, line)
+        if self.journal is not None:
+            self.journal.on_reconfigured(rnd, line, joined, result.groups)
+
+    def _join(self) -> list[SiteInfo]:
         """Ask the sites that connected since the last change who they are; admit those that may
-        join (:func:`~fedshard.coordinator.membership.admit`). Their site ids."""
-        fresh = [n for n in self.sites.nodes() if n not in self._nodes]
+        join (:func:`~fedshard.coordinator.membership.admit`). Theirs, by site id."""
+        fresh = [n for n in self.sites.nodes() if n not in self._nodes and n not in self._turned_away]
         if not fresh:
             return []
         taken = {info.site_id for info in self._nodes.values()}
         plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites if s.id not in taken}
         query = QueryRequest(privacy={s: p for s, p in plans.items() if p is not None}, zones=self.endpoints)
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in fresh}, self._timeout)
-        infos = {n: r for n, r in replies.items() if isinstance(r, SiteInfo)}
+        infos = {n: r for n, r in replies.items() if isinstance(r, SiteInfo) and r.site_id not in taken}
         known = {s.id for s in self.config.sites}
         admitted = admit(infos, known, self._plan_digest, self._genesis, self._groups)
+        self._turned_away.update(n for n in infos if n not in admitted)  # asked once, not every round
         for node, name in admitted.items():
             info = infos[node]
             self._nodes[node] = info
@@ -288,7 +301,7 @@ class Coordinator:
             self._groups[name].add(info.site_id, info.applied_round)
             if info.privacy is not None:
                 self._privacy.record(info.site_id, info.privacy)
-        return sorted(infos[n].site_id for n in admitted)
+        return sorted((infos[n] for n in admitted), key=lambda s: s.site_id)
 
     def _aborted(self, result: RunResult, rnd: int, reason: str) -> None:
         log.warning("round %d aborted: %s", rnd, reason)

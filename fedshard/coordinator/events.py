@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
@@ -41,7 +42,8 @@ class EventKind(StrEnum):
     """A round was aborted at every zone (a zone failed it); ``round`` and ``reason``."""
     RECONFIGURED = "reconfigured"
     """Before ``round`` the federation changed (``change``: zones added or drained, sites that
-    joined; ``joined``: the site ids admitted)."""
+    joined; ``joined``: the site ids admitted, ``sites`` their site info, ``groups`` the
+    residency groups from then on)."""
     STOP = "stop"
     """The run ended: ``reason`` is empty when it completed."""
 
@@ -87,9 +89,17 @@ class EventLog:
         """Record a round aborted at every zone."""
         self._write({"event": EventKind.ABORTED, "round": rnd, "reason": reason})
 
-    def on_reconfigured(self, rnd: int, change: str, joined: list[str]) -> None:
-        """Record a change taken before round ``rnd``."""
-        self._write({"event": EventKind.RECONFIGURED, "round": rnd, "change": change, "joined": joined})
+    def on_reconfigured(
+        self, rnd: int, change: str, joined: Sequence[SiteInfo] = (), groups: Mapping[str, list[str]] | None = None
+    ) -> None:
+        """Record a change taken before round ``rnd``: the sites that joined, and the residency
+        groups from then on (None: unchanged)."""
+        event: dict[str, Any] = {"event": EventKind.RECONFIGURED, "round": rnd, "change": change}
+        event["joined"] = [s.site_id for s in joined]
+        event["sites"] = [s.model_dump(mode="json") for s in joined]
+        if groups is not None:
+            event["groups"] = {name: list(members) for name, members in groups.items()}
+        self._write(event)
 
     def on_stop(self, reason: str) -> None:
         """Record the end of the run (empty reason: completed)."""
@@ -125,6 +135,9 @@ def replay(path: str | Path) -> RunResult:
         elif event["event"] == EventKind.ROUND:
             result.rounds.append(round_from_event(event))
             result.version = result.rounds[-1].version
+        elif event["event"] == EventKind.RECONFIGURED:  # sites that joined mid-run
+            result.sites = sorted([*result.sites, *(SiteInfo(**s) for s in event.get("sites", []))], key=_site_id)
+            result.groups = event.get("groups", result.groups)
         elif event["event"] == EventKind.ABORTED:
             result.aborted.append({"round": event["round"], "reason": event["reason"]})
         elif event["event"] == EventKind.STOP:
@@ -132,6 +145,10 @@ def replay(path: str | Path) -> RunResult:
     if result is None:
         raise RoundError(f"{path}: the run never assembled its sites (no start event)")
     return result
+
+
+def _site_id(info: SiteInfo) -> str:
+    return info.site_id
 
 
 def stop_reason(path: str | Path) -> str | None:

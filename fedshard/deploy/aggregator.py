@@ -19,6 +19,12 @@ State on this host (``deployment.state_dir``)::
     logs/                    superlink.log, zone-<name>.log
     run-<time>/              federation.yaml (as run), events.jsonl, summary.json, zones/<name>/ (aggregates, audit log)
 
+While the run goes on it takes the changes ``aggregator reconfigure`` leaves in the run
+folder (:meth:`AggregatorHost.take_change`, :mod:`fedshard.deploy.reconfigure`): new
+zones started, new sites' SuperNode keys registered, the change marked ready for the
+coordinator, which hands it to every zone between rounds. The checks that refuse a
+config before anything starts are in :mod:`fedshard.deploy.preflight`.
+
 ``aggregator up --resume`` runs again in a run's folder (the newest, or the one named):
 its zones come back on their stores (they serve the aggregates of earlier rounds to
 sites that are behind) and the coordinator recovers its version chains from the
@@ -39,10 +45,18 @@ from typing import Any
 
 import yaml
 
-from fedshard.config import AggregatorDeployment, FederationConfig
-from fedshard.config.layout import AggregatorKeys, KeysLayout
+from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
+from fedshard.config.layout import KeysLayout
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
+from fedshard.deploy.preflight import (
+    LATEST_RUN,
+    check_aggregator_config,
+    check_public_context,
+    he_folder,
+    run_to_resume,
+)
 from fedshard.deploy.processes import Child, spawn, wait_for_port
+from fedshard.deploy.reconfigure import effective_config
 from fedshard.deploy.status import HostState, write_state
 from fedshard.errors import ConfigError, DeployError, FedshardError
 
@@ -55,9 +69,6 @@ __all__ = [
     "run_to_resume",
 ]
 
-LATEST_RUN = Path("latest")
-"""``AggregatorHost(resume=LATEST_RUN)``: resume the newest run folder under ``deployment.state_dir``."""
-
 log = logging.getLogger(__name__)
 
 _FINISHED = ("finished:completed", "finished:failed", "finished:stopped")
@@ -69,89 +80,8 @@ _REMEMBER_S = 10.0
 leaves its own children behind, and :meth:`Child.stop` can only stop those it knows."""
 
 
-def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> AggregatorDeployment:
-    """Refuse, with one line each, a config the aggregator must not run with.
-
-    TLS off without ``--insecure``; a zone endpoint with port 0 (sites must know where
-    to dial); hosted zones that do not exist; a CKKS secret context on the aggregator
-    host; keys ``fedshard keys init`` did not write.
-    """
-    dep = config.deployment
-    if dep is None:
-        raise ConfigError(
-            "the config has no `deployment` section (keys, state_dir, superlink); see configs/aggregator.yaml"
-        )
-    if not dep.tls and not insecure:
-        raise ConfigError(
-            "deployment.tls is false: pass --insecure to run without TLS and SuperNode authentication "
-            "(test networks only)"
-        )
-    names = [z.name for z in config.zones]
-    for name in dep.zones or []:
-        if name not in names:
-            raise ConfigError(f"deployment.zones names {name!r}, which is not one of the zones ({', '.join(names)})")
-    for zone in config.zones:
-        if zone.endpoint.endswith(":0"):
-            raise ConfigError(f"zone {zone.name}: endpoint {zone.endpoint} has port 0; give the port sites should dial")
-    keys = KeysLayout(dep.keys).aggregator
-    if config.residency.encrypting:
-        check_public_context(he_folder(config, keys))
-    if dep.tls and not insecure:
-        hosted = dep.zones or names
-        needed = [keys.ca, keys.superlink.cert, keys.superlink.key, keys.coordinator.cert, keys.coordinator.key]
-        needed += [keys.site_keys]
-        needed += [p for z in hosted for p in (keys.zone(z).cert, keys.zone(z).key)]
-        needed += [keys.supernode_key(s.id) for s in config.sites]
-        missing = [p for p in needed if not p.exists()]
-        if missing:
-            raise ConfigError(
-                f"{missing[0]} is missing ({len(missing)} key file(s) in all): run "
-                f"`fedshard keys init --config <this config> --out {dep.keys}` first"
-            )
-    return dep
-
-
-def run_to_resume(state_dir: Path, resume: Path) -> Path:
-    """The run folder to resume: ``resume`` itself, or the newest ``run-*`` under ``state_dir``
-    that logged events (``resume`` is :data:`LATEST_RUN`).
-
-    Raises
-    ------
-    ConfigError
-        No such run folder, or it holds no ``events.jsonl`` (nothing to resume).
-    """
-    if resume == LATEST_RUN:
-        from fedshard.coordinator.events import EventKind, EventLog
-
-        logs = sorted(state_dir.glob("run-*/events.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for log in logs:  # the newest that assembled its sites (not one refused at the start)
-            if any(e["event"] == EventKind.START for e in EventLog(log).read()[0]):
-                return log.parent.resolve()
-        raise ConfigError(
-            f"no run to resume under {state_dir} (no run-*/events.jsonl of a run that started); "
-            "start one with `fedshard aggregator up`"
-        )
-    if not (resume / "events.jsonl").is_file():
-        raise ConfigError(f"{resume} holds no run to resume (no events.jsonl); give a run folder of {state_dir}")
-    return resume.resolve()
-
-
-def he_folder(config: FederationConfig, keys: AggregatorKeys) -> Path:
-    """Where the zones' public CKKS context is: ``he.keys`` when set, else the aggregator's keys."""
-    return config.he.keys if config.he.keys is not None else keys.he
-
-
-def check_public_context(folder: Path) -> None:
-    """Refuse a folder of CKKS contexts that holds the secret one, or lacks the public one."""
-    from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE
-
-    if (folder / SECRET_CONTEXT_FILE).exists():
-        raise ConfigError(
-            f"{folder / SECRET_CONTEXT_FILE}: the aggregator host must not hold the CKKS secret context "
-            "(zones would be able to decrypt); keep only public.ctx there and give secret.ctx to the sites"
-        )
-    if not (folder / PUBLIC_CONTEXT_FILE).exists():
-        raise ConfigError(f"{folder / PUBLIC_CONTEXT_FILE} is missing: run `fedshard keys init` (or set he.keys)")
+def _write_yaml(path: Path, config: FederationConfig) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
 @dataclass
@@ -219,6 +149,8 @@ class AggregatorHost:
         False when asked to stop meanwhile. Call :meth:`stop_children` in any case."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(exist_ok=self.resume is not None)
+        if self.resume is not None:
+            self._check_grown()
         self._update(superlink=self.dep.superlink, run_dir=str(self.run_dir))
         self._write_config()
         self._start_zones()
@@ -254,16 +186,36 @@ class AggregatorHost:
 
     def _write_config(self) -> None:
         """The config as the zones and the ServerApp use it: absolute paths, zone stores under
-        the state folder, the public CKKS context."""
-        he = self.config.he
-        if self.config.residency.encrypting:
-            he = he.model_copy(update={"keys": he_folder(self.config, self.keys).resolve()})
-        zones = [z.model_copy(update={"store": (self.run_dir / "zones" / z.name).resolve()}) for z in self.config.zones]
-        effective = self.config.model_copy(update={"he": he, "zones": zones})
-        self._config_path.write_text(yaml.safe_dump(effective.model_dump(mode="json"), sort_keys=False))
+        the state folder, the public CKKS context (:func:`effective_config`)."""
+        he = he_folder(self.config, self.keys) if self.config.residency.encrypting else None
+        _write_yaml(self._config_path, effective_config(self.config, self.run_dir, he))
 
-    def _start_zones(self) -> None:
-        hosted = [z for z in self.config.zones if z.name in (self.dep.zones or [z.name for z in self.config.zones])]
+    def _check_grown(self) -> None:
+        """Refuse to resume a run that grew (``aggregator reconfigure``) with a config that lacks
+        its new zones or sites (they would be refused as strangers)."""
+        from fedshard.config import load_federation
+        from fedshard.config.changes import membership_digest
+
+        if not self._config_path.exists():
+            return
+        ran = load_federation(self._config_path)
+        if membership_digest(ran) != membership_digest(self.config):
+            zones = sorted({z.name for z in ran.zones} ^ {z.name for z in self.config.zones})
+            sites = sorted({s.id for s in ran.sites} ^ {s.id for s in self.config.sites})
+            differ = ", ".join([*(f"zone {z}" for z in zones), *(f"site {s}" for s in sites)]) or "zones or sites"
+            raise ConfigError(
+                f"{self.run_dir} ran with other parties than --config lists ({differ}); resume it with the config "
+                f"it grew to (its federation.yaml lists them)"
+            )
+
+    def _hosted(self, config: FederationConfig) -> list[ZoneConfig]:
+        """The zones of ``config`` this host runs (``deployment.zones``, default: all)."""
+        return [z for z in config.zones if z.name in (self.dep.zones or [z.name for z in config.zones])]
+
+    def _start_zones(self, hosted: list[ZoneConfig] | None = None) -> None:
+        """Start ``hosted`` (default: every zone this host runs) and wait until each listens."""
+        hosted = self._hosted(self.config) if hosted is None else hosted
+        started: list[Child] = []
         for zone in hosted:
             cmd = [console_script("fedshard"), "zone", "up", "--config", str(self._config_path), "--zone", zone.name]
             if self.tls:
@@ -274,9 +226,10 @@ class AggregatorHost:
                 cmd += ["--insecure"]
             child = spawn(f"zone {zone.name}", cmd, self.state_dir / "logs" / f"zone-{zone.name}.log", self.env)
             self.children.append(child)
+            started.append(child)
             self._zone_endpoints[child.name] = zone.endpoint
             self.state.zones[zone.name] = {"endpoint": zone.endpoint, "pid": child.pid, "log": str(child.log)}
-        for zone, child in zip(hosted, self.children, strict=True):
+        for zone, child in zip(hosted, started, strict=True):
             host, port = zone.endpoint.rsplit(":", 1)
             wait_for_port(child, host, int(port), timeout=60)
         self._update()
@@ -292,13 +245,14 @@ class AggregatorHost:
         write_connection(self.flwr.flwr_home, self.dep.superlink, self.keys.ca if self.tls else None)
         self._update(superlink_pid=child.pid)
 
-    def _register_sites(self) -> None:
-        """Register every site's SuperNode key (only registered SuperNodes may connect)."""
+    def _register_sites(self, sites: list[SiteConfig] | None = None) -> None:
+        """Register the SuperNode key of ``sites`` (default: every site; only registered
+        SuperNodes may connect)."""
         if not self.tls:
             return
         known_file = self.state_dir / "nodes.json"
         nodes: dict[str, str] = json.loads(known_file.read_text()) if known_file.exists() else {}
-        for site in self.config.sites:
+        for site in self.config.sites if sites is None else sites:
             node_id = self.flwr.register(self.keys.supernode_key(site.id))
             if node_id is not None:
                 nodes = {n: s for n, s in nodes.items() if s != site.id} | {node_id: site.id}
@@ -378,6 +332,7 @@ class AggregatorHost:
             "events": str(self.run_dir / "events.jsonl"),
             "zone-tls": json.dumps({k: str(getattr(tls, k)) for k in ("cert", "key", "ca")}) if self.tls else "",
             "resume": "1" if self.resume is not None else "",
+            "membership": "1",  # changes `aggregator reconfigure` leaves in the run folder, between rounds
         }
         run_id = self.flwr.submit(app, write_run_config(self.run_dir / "run-config.toml", settings))
         self._update(phase="running", run_id=run_id)
@@ -391,6 +346,7 @@ class AggregatorHost:
         assert self.state.run_id is not None
         while not self.stop_requested.is_set():
             self._check_children()
+            self.take_change()
             batch, offset = events.read(offset)
             if batch:
                 self._update()
@@ -413,6 +369,51 @@ class AggregatorHost:
         with contextlib.suppress(DeployError):  # the SuperLink going down stops the run anyway
             self.flwr.stop(self.state.run_id)
         return "stopped"
+
+    def take_change(self) -> bool:
+        """Prepare the change ``aggregator reconfigure`` left in the run folder, if any: check the
+        new parties' keys, make it the run's config, start the new zones this host runs,
+        register the new sites; then mark it ready for the coordinator
+        (:mod:`fedshard.deploy.reconfigure`). A change that cannot be prepared is set aside as
+        ``reconfigure.refused.yaml`` with one line on the display; nothing of the run changes.
+        Whether a change was made ready."""
+        from fedshard.assembly.membership import READY
+        from fedshard.config import load_federation
+        from fedshard.config.changes import check_change
+        from fedshard.simulate.membership import PENDING
+
+        pending = self.run_dir / PENDING
+        if not pending.exists():
+            return False
+        before = self._config_path.read_bytes()
+        added: list[Child] = []
+        try:
+            new = load_federation(pending)
+            change = check_change(load_federation(self._config_path), new)
+            check_aggregator_config(new, insecure=self.insecure)
+            hosted = [z for z in self._hosted(new) if z.name in change.added_zones]
+            self._config_path.write_bytes(pending.read_bytes())  # what new zones start from, and reload
+            count = len(self.children)
+            try:
+                self._start_zones(hosted)
+            finally:
+                added = self.children[count:]
+            self._register_sites([s for s in new.sites if s.id in change.added_sites])
+        except FedshardError as exc:
+            for child in added:  # a new zone that started: it is not part of the run
+                child.stop()
+                self.children.remove(child)
+                self._zone_endpoints.pop(child.name, None)
+                self.state.zones.pop(child.name.removeprefix("zone "), None)
+            self._config_path.write_bytes(before)
+            pending.replace(self.run_dir / "reconfigure.refused.yaml")
+            log.warning("the change in %s is refused: %s", pending, exc)
+            self._update(message=f"[yellow]change refused (kept as reconfigure.refused.yaml): {exc}[/]")
+            return False
+        self.config = new
+        pending.replace(self.run_dir / READY)
+        self._update(message=f"change ready for the next round: {change.describe()}")
+        return True
 
     def _finish(self, phase: str) -> dict[str, Any]:
         """Write ``summary.json`` from the events so far (if the run assembled); record the phase."""

@@ -50,20 +50,26 @@ def _zone_hosts(endpoint: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(["localhost", "127.0.0.1", *([host] if host not in ("0.0.0.0", "::") else [])]))
 
 
-def provision(config: FederationConfig, out: Path, *, force: bool = False) -> ProvisionReport:
+def provision(config: FederationConfig, out: Path, *, force: bool = False, add: bool = False) -> ProvisionReport:
     """Write the federation's keys under ``out`` (see :mod:`fedshard.config.layout`).
+
+    With ``add``, only the zones and sites that have no keys under ``out`` yet get them
+    (a federation that grows), issued by the CA already there; every existing file is
+    kept, and a new site's CKKS secret context is the federation's (copied from a site's
+    bundle). :attr:`ProvisionReport.files` lists what was written.
 
     Raises
     ------
     ConfigError
-        The config has no ``deployment`` section.
+        The config has no ``deployment`` section; with ``add``: no CA under ``out``, or
+        no site bundle to take the CKKS secret context from.
     PkiError
         A file exists and ``force`` is false (nothing is written then), or a file cannot be written.
     """
-    from fedshard.crypto.at_rest import Kek
+    if add:
+        return _provision_added(config, Path(out))
     from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, he_init
-    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_site, issue_zone
-    from fedshard.crypto.signing import generate_signing_key, public_key_path
+    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_zone
 
     if config.deployment is None:
         raise ConfigError("the config has no `deployment` section; see configs/aggregator.yaml")
@@ -102,16 +108,70 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False) -> Pr
             secret_ctx = secret_path.read_bytes()
             write_files([(agg.he / PUBLIC_CONTEXT_FILE, public_path.read_bytes(), CERT_MODE)], force)
     for site in config.sites:
-        bundle = layout.site(site.id)
-        issue_site(layout.ca_dir, site.id, site.jurisdiction, bundle.root, force=force)
-        write_files([(bundle.root / "ca.pem", ca_pem, CERT_MODE)], force)
-        generate_supernode_key(bundle.supernode_key, agg.supernode_key(site.id), force=force)
-        generate_signing_key(bundle.signing_key, force=force)
-        write_files(
-            [(agg.site_keys / f"{site.id}.pub", public_key_path(bundle.signing_key).read_bytes(), CERT_MODE)], force
-        )
-        write_files([(bundle.store_kek, Kek.generate().to_text().encode(), KEY_MODE)], force)
-        if encrypting:  # every site holds the one CKKS secret key; zones only the public context
-            write_files([(bundle.he / SECRET_CONTEXT_FILE, secret_ctx, KEY_MODE)], force)
+        _site_bundle(layout, site.id, site.jurisdiction, ca_pem, secret_ctx, force=force)
     report.files = sorted(p for p in layout.root.rglob("*") if p.is_file())
+    return report
+
+
+def _site_bundle(
+    layout: KeysLayout, site_id: str, jurisdiction: str, ca_pem: bytes, secret_ctx: bytes, *, force: bool
+) -> None:
+    """A site's bundle (client certificate, CA, SuperNode key, signing key, store KEK, the CKKS
+    secret context when ``secret_ctx``) and its public keys on the aggregator's side."""
+    from fedshard.crypto.at_rest import Kek
+    from fedshard.crypto.he import SECRET_CONTEXT_FILE
+    from fedshard.crypto.pki import issue_site
+    from fedshard.crypto.signing import generate_signing_key, public_key_path
+
+    agg, bundle = layout.aggregator, layout.site(site_id)
+    issue_site(layout.ca_dir, site_id, jurisdiction, bundle.root, force=force)
+    write_files([(bundle.root / "ca.pem", ca_pem, CERT_MODE)], force)
+    generate_supernode_key(bundle.supernode_key, agg.supernode_key(site_id), force=force)
+    generate_signing_key(bundle.signing_key, force=force)
+    write_files(
+        [(agg.site_keys / f"{site_id}.pub", public_key_path(bundle.signing_key).read_bytes(), CERT_MODE)], force
+    )
+    write_files([(bundle.store_kek, Kek.generate().to_text().encode(), KEY_MODE)], force)
+    if secret_ctx:  # every site holds the one CKKS secret key; zones only the public context
+        write_files([(bundle.he / SECRET_CONTEXT_FILE, secret_ctx, KEY_MODE)], force)
+
+
+def _provision_added(config: FederationConfig, out: Path) -> ProvisionReport:
+    """:func:`provision` with ``add``: keys for the zones and sites that have none yet."""
+    from fedshard.crypto.he import SECRET_CONTEXT_FILE
+    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, issue_zone
+
+    layout = KeysLayout(out)
+    agg = layout.aggregator
+    if not (layout.ca_dir / CA_KEY_FILE).exists():
+        raise ConfigError(
+            f"{layout.ca_dir / CA_KEY_FILE} is missing: --add issues from the federation's CA; bring its key "
+            "back from where it is kept offline (or run `fedshard keys init` for a new federation)"
+        )
+    ca_pem = (layout.ca_dir / CA_CERT_FILE).read_bytes()
+    zones = [z for z in config.zones if not agg.zone(z.name).cert.exists()]
+    sites = [s for s in config.sites if not layout.site(s.id).tls.cert.exists()]
+    secret_ctx = b""
+    if sites and config.residency.encrypting:
+        found = [layout.site(s.id).he / SECRET_CONTEXT_FILE for s in config.sites if s not in sites]
+        held = next((p for p in found if p.exists()), None)
+        if held is None:
+            raise ConfigError(
+                f"no site bundle under {layout.root / 'sites'} holds the federation's CKKS secret context to give "
+                "the new sites; add sites from the folder `keys init` wrote"
+            )
+        secret_ctx = held.read_bytes()
+    planned = [p for z in zones for p in (agg.zone(z.name).cert, agg.zone(z.name).key)]
+    for site in sites:
+        bundle = layout.site(site.id)
+        planned += [bundle.supernode_key, bundle.signing_key, bundle.store_kek]
+        planned += [agg.site_keys / f"{site.id}.pub", agg.supernode_key(site.id)]
+    refuse_existing(planned, False)  # all or nothing, as provision
+    before = {p for p in layout.root.rglob("*") if p.is_file()}
+    for zone in zones:
+        issue_zone(layout.ca_dir, zone.name, zone.region, agg.root / "zones", hosts=_zone_hosts(zone.endpoint))
+    for site in sites:
+        _site_bundle(layout, site.id, site.jurisdiction, ca_pem, secret_ctx, force=False)
+    report = ProvisionReport(layout)
+    report.files = sorted(p for p in layout.root.rglob("*") if p.is_file() and p not in before)
     return report

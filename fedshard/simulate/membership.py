@@ -34,12 +34,14 @@ from fedshard.routing import FederationRouting, check_regrouping
 from fedshard.site.site import Site
 from fedshard.transports.inprocess import InProcessSiteGateway
 
-__all__ = ["PENDING", "RunMembership", "request_change"]
+__all__ = ["DEPLOYED_MARK", "PENDING", "RunMembership", "offer_change", "request_change"]
 
 log = logging.getLogger(__name__)
 
 PENDING = "reconfigure.yaml"
 """The change a run takes before its next round, in its folder."""
+DEPLOYED_MARK = "run-config.toml"
+"""A file only a deployed run's folder holds (the settings the aggregator submitted)."""
 
 
 def request_change(run: str | Path, config_file: str | Path) -> ConfigChange:
@@ -54,8 +56,18 @@ def request_change(run: str | Path, config_file: str | Path) -> ConfigChange:
     run = Path(run)
     if not (run / "federation.yaml").is_file() or not (run / "events.jsonl").is_file():
         raise ConfigError(f"{run} holds no run (no federation.yaml or events.jsonl); give a run folder of `simulate`")
+    if (run / DEPLOYED_MARK).exists():
+        raise ConfigError(
+            f"{run} is a deployed run: change it with `fedshard aggregator reconfigure --config NEW` "
+            "on its aggregator host"
+        )
+    return offer_change(run, load_federation(config_file))
+
+
+def offer_change(run: Path, new: FederationConfig) -> ConfigChange:
+    """Check ``new`` against the run in folder ``run`` (its ``federation.yaml``) and leave it
+    there as :data:`PENDING`; the change (see :func:`request_change`)."""
     current = load_federation(run / "federation.yaml")
-    new = load_federation(config_file)
     change = check_change(current, new)
     routing = FederationRouting(current)
     check_regrouping(routing, FederationRouting(new, routing.classes))
@@ -127,7 +139,7 @@ class RunMembership:
             log.warning("before round %d: the change in %s is refused: %s", rnd, pending, exc)
             os.replace(pending, self.out / f"reconfigure.refused-{rnd}.yaml")
             if self.journal is not None:
-                self.journal.on_reconfigured(rnd, f"refused: {exc}", [])
+                self.journal.on_reconfigured(rnd, f"refused: {exc}")
             return None
         self._apply(new, change)
         (self.out / "federation.yaml").write_text(yaml.safe_dump(new.model_dump(mode="json"), sort_keys=False))

@@ -483,10 +483,14 @@ class ZoneAggregator:
             A round is open here (it was opened under the old membership).
         """
         with self._lock:
-            if self._rounds:
-                raise ZoneError(f"zone {self.name}: round {min(self._rounds)} is open; reconfigure between rounds")
-            self.residency = residency
-            self._reduction.residency = residency
+            open_round = min(self._rounds, default=None)
+            if open_round is None:
+                self.residency = residency
+                self._reduction.residency = residency
+        if open_round is not None:
+            exc = ZoneError(f"zone {self.name}: round {open_round} is open; reconfigure between rounds")
+            self.refused_call(Call.RECONFIGURE, by, refusal_code(exc), str(exc))
+            raise exc
         self._record(Decision.RECONFIGURED, by=by, policy=residency.policy.digest, sites=len(residency.jurisdictions))
 
     def close(self) -> None:

@@ -17,3 +17,4 @@ class Call(StrEnum):
     FORWARD = "forward"
     FETCH = "fetch"
     INFO = "info"
+    RECONFIGURE = "reconfigure"

@@ -513,6 +513,18 @@ CASES = [
         "no `deployment` section",
         files({"fed.yaml": federation()}),
     ),
+    case(
+        "keys-add-without-ca",
+        f"keys init {FED} --out keys --add",
+        "--add issues from the federation's CA",
+        files({"fed.yaml": federation(**DEPLOYED)}),
+    ),
+    case(
+        "keys-add-and-force",
+        f"keys init {FED} --out keys --add --force",
+        "--add keeps every existing key; it cannot be combined with --force",
+        files({"fed.yaml": federation(**DEPLOYED)}),
+    ),
     case("he-init-existing", "keys he-init --out he", "already exists", files({"he/public.ctx": "x"})),
     case("pki-init-existing", "pki init --out ca", "already exists", files({"ca/ca.key": "x"})),
     case(
@@ -536,6 +548,12 @@ CASES = [
         f"aggregator up {FED}",
         "port 0",
         files({"fed.yaml": federation(deployment=DEPLOYED["deployment"])}),
+    ),
+    case(
+        "aggregator-reconfigure-no-run",
+        f"aggregator reconfigure {FED} --insecure",
+        "(no run-*/events.jsonl of a run that started); start one with `fedshard aggregator up`",
+        files({"fed.yaml": federation(**DEPLOYED)}),
     ),
     case(
         "aggregator-status-no-deployment",
@@ -617,6 +635,19 @@ CASES = [
                 "run/federation.yaml": federation(),
                 "run/events.jsonl": "",
                 "fed.yaml": federation(training__learning_rate=0.9),
+            }
+        ),
+    ),
+    case(
+        "reconfigure-deployed-run",
+        f"reconfigure run {FED}",
+        "run is a deployed run: change it with `fedshard aggregator reconfigure --config NEW`",
+        files(
+            {
+                "run/federation.yaml": federation(),
+                "run/events.jsonl": "",
+                "run/run-config.toml": "",
+                "fed.yaml": federation(),
             }
         ),
     ),

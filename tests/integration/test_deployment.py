@@ -157,6 +157,40 @@ def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) 
     assert all(p.read_bytes() == data for p, data in before.items())
 
 
+def test_keys_init_add_writes_keys_for_the_new_parties_only(tmp_path: Path) -> None:
+    paths = write_layout(tmp_path, rounds=1)
+    provision(load_federation(paths["aggregator"]), tmp_path / "keys")
+    keys = tmp_path / "keys"
+    before = {p: p.read_bytes() for p in keys.rglob("*") if p.is_file()}
+    grown = yaml.safe_load(paths["aggregator"].read_text())
+    grown["zones"].append({"name": "uk-south", "region": "UK", "endpoint": "127.0.0.1:9204"})
+    grown["sites"].append({"id": "nhs-leeds", "jurisdiction": "UK"})
+    grown_file = paths["aggregator"].with_name("grown.yaml")
+    grown_file.write_text(yaml.safe_dump(grown))
+    report = provision(load_federation(grown_file), keys, add=True)
+    assert all(p.read_bytes() == data for p, data in before.items())  # nothing rewritten
+    written = {str(p.relative_to(keys)) for p in report.files}
+    assert written == {p for p in (str(q.relative_to(keys)) for q in keys.rglob("*") if q.is_file())} - {
+        str(p.relative_to(keys)) for p in before
+    }
+    assert {
+        "aggregator/zones/uk-south.pem",
+        "aggregator/site-keys/nhs-leeds.pub",
+        "aggregator/supernodes/nhs-leeds.pub",
+    } <= written
+    assert all(w.startswith(("aggregator/", "sites/nhs-leeds/")) for w in written), written
+    secret = keys / "sites" / "nhs-leeds" / "he" / "secret.ctx"
+    assert secret.read_bytes() == (keys / "sites" / "charite-berlin" / "he" / "secret.ctx").read_bytes()
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    # the new certificates are the federation CA's
+    from cryptography import x509
+
+    ca = x509.load_pem_x509_certificate((keys / "ca" / "ca.pem").read_bytes())
+    zone = x509.load_pem_x509_certificate((keys / "aggregator" / "zones" / "uk-south.pem").read_bytes())
+    zone.verify_directly_issued_by(ca)
+    assert provision(load_federation(grown_file), keys, add=True).files == []  # again: nothing to add
+
+
 def test_unsafe_deployments_are_refused_with_one_line(tmp_path: Path) -> None:
     paths = write_layout(tmp_path, rounds=1, tls=False)
     proc = fedshard("aggregator", "up", "--config", str(paths["aggregator"]), cwd=tmp_path)

@@ -105,3 +105,18 @@ def test_a_folder_without_a_run_cannot_be_resumed(tmp_path: Path) -> None:
     EventLog(tmp_path / "events.jsonl").on_stop("refused")
     with pytest.raises(RoundError, match="never assembled its sites"):
         recover(tmp_path / "events.jsonl")
+
+
+def test_a_replayed_log_counts_the_sites_that_joined_mid_run(tmp_path: Path) -> None:
+    from fedshard.coordinator.events import replay
+
+    log = EventLog(tmp_path / "events.jsonl")
+    log.on_start([_site("a", 0, GENESIS)], 3, GENESIS)
+    log.on_round(_closed(1, "1" * 64))
+    log.on_reconfigured(2, "zone uk added; site(s) b joined", [_site("b", 0, GENESIS)], {"global": ["a", "b"]})
+    log.on_reconfigured(2, "refused: zone uk is missing")  # a refused change changes nothing
+    result = replay(log.path)
+    assert [s.site_id for s in result.sites] == ["a", "b"]
+    assert result.groups == {"global": ["a", "b"]}
+    (joined, refused) = [e for e in log.read()[0] if e["event"] == "reconfigured"]
+    assert joined["joined"] == ["b"] and refused["joined"] == [] and "groups" not in refused

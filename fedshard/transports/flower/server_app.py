@@ -9,6 +9,8 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
 ``zone-tls``    JSON ``{"cert", "key", "ca"}``: the certificate the coordinator shows zones
                 (mutual TLS; empty: plain text)
 ``resume``      non-empty: resume the run recorded in ``events`` from its last completed round
+``membership``  non-empty: take, between rounds, the changes the aggregator host prepares in
+                the run folder (the folder of ``config``; :mod:`fedshard.assembly.membership`)
 """
 
 from __future__ import annotations
@@ -59,9 +61,19 @@ def create_server_app(
         tls = TlsFiles(**json.loads(str(settings["zone-tls"]))) if settings.get("zone-tls") else None
         connect = tls_connector(tls)
         zones = {name: connect(name, ep) for name, ep in endpoints.items()}
+        membership = None
+        if settings.get("membership"):
+            from pathlib import Path
+
+            from fedshard.assembly.membership import FolderMembership
+
+            run_dir = Path(str(settings["config"])).parent
+            membership = FolderMembership(config, run_dir, zones, tls, journal=events)
         try:
             recovery = recover(events.path) if settings.get("resume") else None
-            coordinator = Coordinator(config, gateway, zones, endpoints, journal=events, recovery=recovery)
+            coordinator = Coordinator(
+                config, gateway, zones, endpoints, journal=events, recovery=recovery, membership=membership
+            )
             result = coordinator.run()
             events.on_stop(result.stopped_reason)
         except Exception as exc:
@@ -70,5 +82,7 @@ def create_server_app(
         finally:
             for zone in zones.values():
                 zone.close()
+            if membership is not None:
+                membership.close()
 
     return server_app

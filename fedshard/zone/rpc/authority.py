@@ -48,6 +48,7 @@ ALLOWED: MappingProxyType[Call, frozenset[Role]] = MappingProxyType(
         Call.FORWARD: frozenset({Role.ZONE}),
         Call.FETCH: frozenset({Role.SITE}),
         Call.INFO: frozenset(Role),
+        Call.RECONFIGURE: frozenset({Role.COORDINATOR}),
     }
 )
 """The roles that may make each call."""

@@ -95,6 +95,18 @@ class GrpcZoneClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
+    def reconfigure(self, membership_digest: str) -> dict[str, Any]:
+        """Ask the zone (as the coordinator) to take the membership it reads from its own config
+        file, which must match ``membership_digest``
+        (:func:`fedshard.config.changes.membership_digest`); its new policy digest and counts."""
+        try:
+            reply = self._stub.Reconfigure(
+                pb.ReconfigureRequest(membership_digest=membership_digest), timeout=self.timeout
+            )
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return {"policy_digest": reply.policy_digest, "sites": reply.sites, "zones": reply.zones}
+
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Block until the zone's channel is connected (a zone still starting, or restarting, is waited for)."""
         deadline = time.monotonic() + timeout

@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import grpc
 
@@ -40,7 +40,18 @@ from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_
 from fedshard.zone.rpc.guard import StreamEndedError, StreamGuard, party_of, pool_size
 from fedshard.zone.rpc.status import abort_with
 
-__all__ = ["SERVED_FRAMES_MEMO", "ZoneService", "serve"]
+if TYPE_CHECKING:
+    from fedshard.zone.policy import ZonePolicy
+
+__all__ = ["MEMBERSHIP_DIGEST_CHARS", "Reload", "SERVED_FRAMES_MEMO", "ZoneService", "serve"]
+
+MEMBERSHIP_DIGEST_CHARS = 64
+"""A ``Reconfigure`` request's membership digest: hex SHA-256, exactly this long."""
+
+Reload = Callable[[str, str], "ZonePolicy"]
+"""``reload(membership_digest, by)``: re-read the zone's membership from where it was
+started (its config file and key folder), check it matches the digest, give it to the
+zone; the zone's new policy (:class:`fedshard.assembly.reload.ZoneReload`)."""
 
 SERVED_FRAMES_MEMO = 8
 """Published aggregates whose reply frames a zone keeps built (forgotten all at once beyond)."""
@@ -96,8 +107,9 @@ class ZoneService(pb_grpc.ZoneServicer):
     certificate (:mod:`fedshard.zone.rpc.authority`): rounds are opened and closed by
     the coordinator only, a push is accepted only from the member site its manifest
     names, a forward only from a member zone to the reducing zone, a fetch only from a
-    member site. Every refusal is counted and audited. ``limits`` bound what one
-    caller may hold (:mod:`fedshard.zone.rpc.guard`).
+    member site, a reconfiguration only from the coordinator. Every refusal is counted
+    and audited. ``limits`` bound what one caller may hold (:mod:`fedshard.zone.rpc.guard`);
+    ``reload`` takes a new membership between rounds (None: the zone refuses to).
     """
 
     def __init__(
@@ -106,12 +118,15 @@ class ZoneService(pb_grpc.ZoneServicer):
         ca_pem: bytes | None = None,
         members: Members | None = None,
         limits: ZoneLimits | None = None,
+        reload: Reload | None = None,
     ) -> None:
         self.zone = zone
+        self.reload = reload
         self.ca_pem = ca_pem
         self.limits = limits if limits is not None else ZoneLimits()
         self.guard = StreamGuard(zone.name, self.limits, zone.refused_call)
         residency = zone.residency
+        self._members_follow_policy = members is None  # a reconfiguration then brings new members
         if members is None and residency is not None:
             members = Members.of(residency.jurisdictions, (z.name for z in residency.router.zones))
         reducing = residency is None or residency.is_reducer
@@ -264,6 +279,33 @@ class ZoneService(pb_grpc.ZoneServicer):
         info = json.dumps(self.zone.info(), sort_keys=True)
         return pb.InfoReply(name=self.zone.name, region=self.zone.region, info_json=info)
 
+    def Reconfigure(self, request: pb.ReconfigureRequest, context: grpc.ServicerContext) -> pb.ReconfigureReply:  # noqa: N802
+        caller = caller_name(self._authorize(context, Call.RECONFIGURE))
+        try:
+            if self.reload is None:
+                raise ZoneError(f"zone {self.zone.name} was not started from a config file; it cannot be reconfigured")
+            digest = request.membership_digest
+            if len(digest) != MEMBERSHIP_DIGEST_CHARS or not all(c in "0123456789abcdef" for c in digest):
+                raise ZoneError(
+                    f"zone {self.zone.name}: a membership digest is {MEMBERSHIP_DIGEST_CHARS} hex characters"
+                )
+            policy = self.reload(digest, caller)
+        except FedshardError as exc:
+            self._fail(context, exc)
+        zones = [z.name for z in policy.router.zones]
+        if self._members_follow_policy:
+            self.authority.members = Members.of(policy.jurisdictions, zones)
+        log.info(
+            "zone %s reconfigured by %s: %d sites, %d zones",
+            self.zone.name,
+            caller,
+            len(policy.jurisdictions),
+            len(zones),
+        )
+        return pb.ReconfigureReply(
+            policy_digest=policy.policy.digest, sites=len(policy.jurisdictions), zones=len(zones)
+        )
+
 
 def _peer(context: grpc.ServicerContext) -> str:
     """Who called, for audit records of a caller the zone could not authorise."""
@@ -288,6 +330,7 @@ def serve(
     *,
     limits: ZoneLimits | None = None,
     parties: int = 4,
+    reload: Reload | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server for ``zone`` on ``address``; returns the server and its port.
 
@@ -297,14 +340,15 @@ def serve(
     ``tls`` the data plane is plain text and nothing is authorised: loopback only.
     ``limits`` bound what each caller may hold; the worker pool is ``max_workers``,
     else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties`` (the sites and
-    zones that may stream to it).
+    zones that may stream to it). ``reload`` lets the coordinator hand the zone a new
+    membership between rounds (see :class:`ZoneService`).
     """
     limits = limits if limits is not None else ZoneLimits()
     workers = max_workers if max_workers is not None else pool_size(limits, parties)
     options = server_options(limits.header_mb << 20)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
     ca_pem = tls.read()[2] if tls is not None else None
-    service = ZoneService(zone, ca_pem=ca_pem, members=members, limits=limits)
+    service = ZoneService(zone, ca_pem=ca_pem, members=members, limits=limits, reload=reload)
     pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     try:
         port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)

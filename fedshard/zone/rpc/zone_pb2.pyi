@@ -171,3 +171,19 @@ class InfoReply(_message.Message):
     region: str
     info_json: str
     def __init__(self, name: _Optional[str] = ..., region: _Optional[str] = ..., info_json: _Optional[str] = ...) -> None: ...
+
+class ReconfigureRequest(_message.Message):
+    __slots__ = ("membership_digest",)
+    MEMBERSHIP_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    membership_digest: str
+    def __init__(self, membership_digest: _Optional[str] = ...) -> None: ...
+
+class ReconfigureReply(_message.Message):
+    __slots__ = ("policy_digest", "sites", "zones")
+    POLICY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    ZONES_FIELD_NUMBER: _ClassVar[int]
+    policy_digest: str
+    sites: int
+    zones: int
+    def __init__(self, policy_digest: _Optional[str] = ..., sites: _Optional[int] = ..., zones: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class ZoneStub:
                 request_serializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.InfoRequest.SerializeToString,
                 response_deserializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.InfoReply.FromString,
                 _registered_method=True)
+        self.Reconfigure = channel.unary_unary(
+                '/fedshard.zone.v1.Zone/Reconfigure',
+                request_serializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.ReconfigureRequest.SerializeToString,
+                response_deserializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.ReconfigureReply.FromString,
+                _registered_method=True)
 
 
 class ZoneServicer:
@@ -113,6 +118,15 @@ class ZoneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reconfigure(self, request, context):
+        """Coordinator, between rounds: re-read the federation's membership (zones, sites,
+        their jurisdictions and signing keys) from the zone's own config file and key
+        folder, which must match the coordinator's membership digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ZoneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +159,11 @@ def add_ZoneServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.InfoRequest.FromString,
                     response_serializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.InfoReply.SerializeToString,
+            ),
+            'Reconfigure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reconfigure,
+                    request_deserializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.ReconfigureRequest.FromString,
+                    response_serializer=fedshard_dot_zone_dot_rpc_dot_zone__pb2.ReconfigureReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +328,33 @@ class Zone:
             '/fedshard.zone.v1.Zone/Info',
             fedshard_dot_zone_dot_rpc_dot_zone__pb2.InfoRequest.SerializeToString,
             fedshard_dot_zone_dot_rpc_dot_zone__pb2.InfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reconfigure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedshard.zone.v1.Zone/Reconfigure',
+            fedshard_dot_zone_dot_rpc_dot_zone__pb2.ReconfigureRequest.SerializeToString,
+            fedshard_dot_zone_dot_rpc_dot_zone__pb2.ReconfigureReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,119 @@
+"""A deployed run's :class:`~fedshard.coordinator.membership.Membership`: changes the
+aggregator host prepared in the run's folder, handed to every zone by the coordinator.
+
+``fedshard aggregator reconfigure`` leaves the new config in the run folder; the
+aggregator host starts the new zones it hosts and registers the new sites' SuperNode
+keys, then renames it :data:`READY`. Before its next round the coordinator (the
+ServerApp) asks every zone, drained ones too (they still serve what they published), to
+take the membership it reads from its own config file (the ``Reconfigure`` call; see
+:mod:`fedshard.assembly.reload`), and only when every zone has, takes the config
+itself. A zone that cannot take it yet (down, restarting, its host's file not updated)
+leaves the change ready: it is tried again before each round, with a warning once. The
+zones that took it meanwhile hold a membership the running one is part of (more sites
+and zones, the same policy and aggregates), and the coordinator opens rounds for the
+old one only: nothing is accepted that the old membership would refuse, except Info
+calls and fetches of published aggregates by the sites still waiting to join.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from fedshard.config import FederationConfig, load_federation
+from fedshard.config.changes import check_change, membership_digest
+from fedshard.coordinator.events import EventLog
+from fedshard.coordinator.membership import Reconfiguration
+from fedshard.crypto.tls import TlsFiles
+from fedshard.errors import FedshardError
+from fedshard.protocol.channels import ZoneClient
+from fedshard.zone.rpc.client import GrpcZoneClient
+
+__all__ = ["READY", "FolderMembership"]
+
+log = logging.getLogger(__name__)
+
+READY = "reconfigure.ready.yaml"
+"""A change the aggregator host prepared (new zones up, new sites registered), in the run folder."""
+
+
+class FolderMembership:
+    """Changes left in ``run_dir`` as :data:`READY`, taken before a round.
+
+    Parameters
+    ----------
+    config:
+        The config the run has now.
+    run_dir:
+        The run's folder (``federation.yaml``, ``events.jsonl``).
+    zones:
+        The coordinator's zone clients so far (reused; new ones are made with ``tls``).
+    tls:
+        The coordinator's certificate for the zones (None: plain text).
+    journal:
+        The run's event log (a refused change is recorded there).
+    """
+
+    def __init__(
+        self,
+        config: FederationConfig,
+        run_dir: Path,
+        zones: Mapping[str, ZoneClient],
+        tls: TlsFiles | None,
+        journal: EventLog | None = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.tls = tls
+        self.journal = journal
+        self._clients: dict[str, ZoneClient] = dict(zones)
+        self._made: list[ZoneClient] = []
+        self._waiting: tuple[int, str] | None = None  # the ready file and reason last warned about
+
+    def before_round(self, rnd: int) -> Reconfiguration | None:
+        """See :class:`~fedshard.coordinator.membership.Membership`."""
+        ready = self.run_dir / READY
+        if not ready.exists():
+            return None
+        try:
+            new = load_federation(ready)
+            change = check_change(self.config, new)
+        except FedshardError as exc:
+            log.warning("before round %d: the change in %s is refused: %s", rnd, ready, exc)
+            os.replace(ready, self.run_dir / f"reconfigure.refused-{rnd}.yaml")
+            if self.journal is not None:
+                self.journal.on_reconfigured(rnd, f"refused: {exc}")
+            return None
+        digest = membership_digest(new)
+        for zone in new.zones:  # the coordinator takes it once every zone has (taking it again is harmless)
+            try:
+                with GrpcZoneClient(zone.endpoint, timeout=30.0, tls=self.tls) as client:
+                    client.reconfigure(digest)
+            except FedshardError as exc:
+                self._wait(rnd, ready, f"zone {zone.name} did not take it: {exc}")
+                return None
+        os.replace(ready, self.run_dir / f"reconfigure.applied-{rnd}.yaml")
+        self.config = new
+        zones = {z.name: self._client(z.name, z.endpoint) for z in new.zones if not z.drain}
+        return Reconfiguration(new, zones, {z.name: z.endpoint for z in new.zones}, change.describe())
+
+    def _wait(self, rnd: int, ready: Path, reason: str) -> None:
+        """Warn, once per prepared change and reason, that it waits for another round."""
+        key = (ready.stat().st_mtime_ns, reason)
+        if self._waiting != key:
+            log.warning("before round %d: the prepared change waits (tried again before each round): %s", rnd, reason)
+            self._waiting = key
+
+    def _client(self, name: str, endpoint: str) -> ZoneClient:
+        if name not in self._clients:
+            client = GrpcZoneClient(endpoint, tls=self.tls)
+            self._clients[name] = client
+            self._made.append(client)
+        return self._clients[name]
+
+    def close(self) -> None:
+        """Close the zone clients made for zones added during the run."""
+        for client in self._made:
+            client.close()
