@@ -63,8 +63,17 @@ def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_pat
 def test_both_engines_agree_and_another_base_starts_from_another_version(base_cache: Path, tmp_path: Path) -> None:
     from fedshard.simulate.run import Engine
 
+    import torch
+
     config = _config(base_cache).model_copy(update={"federation": _rounds(1)})
-    inprocess = simulate(config, tmp_path / "inprocess")
+    # Flower's actors run torch on one thread (one CPU each); some CPUs (AVX-512 FP16/AMX)
+    # pick kernels by thread count, so the in-process run uses one thread too.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        inprocess = simulate(config, tmp_path / "inprocess")
+    finally:
+        torch.set_num_threads(threads)
     flower = simulate(config, tmp_path / "flower", engine=Engine.FLOWER)
     assert flower["model_version"] == inprocess["model_version"]  # same adapters, same rounds, bit for bit
     assert flower["history"][0]["bytes_up"] == inprocess["history"][0]["bytes_up"]
