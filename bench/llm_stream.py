@@ -304,10 +304,10 @@ def _rows(runs: dict[str, Any], figs: dict[str, Figures]) -> list[list[str]]:
             [
                 f"streamed from sealed {v}",
                 spread(r["step_s"]),
-                f"{f.ratio:.2f}",
+                f"{round(f.ratio, 4):.2f}",  # from the headline's rounded figure: table and --json agree
                 f"{r['peak_rss'] / c.MB:.0f} MB",
                 f"{f.base_memory / c.MB:.0f} MB",
-                f"{100 * f.fraction:.1f} %",
+                f"{100 * round(f.fraction, 4):.1f} %",
             ]
         )
     return rows

@@ -22,10 +22,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from fedshard.config import FederationConfig, load_federation
-from fedshard.config.changes import check_change, membership_digest
+from fedshard.config import FederationConfig
+from fedshard.config.changes import membership_digest
 from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.membership import Reconfiguration
+from fedshard.coordinator.membership import Reconfiguration, read_change
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import FedshardError
 from fedshard.protocol.channels import ZoneClient
@@ -75,17 +75,10 @@ class FolderMembership:
     def before_round(self, rnd: int) -> Reconfiguration | None:
         """See :class:`~fedshard.coordinator.membership.Membership`."""
         ready = self.run_dir / READY
-        if not ready.exists():
+        taken = read_change(ready, rnd, self.config, self.journal)
+        if taken is None:
             return None
-        try:
-            new = load_federation(ready)
-            change = check_change(self.config, new)
-        except FedshardError as exc:
-            log.warning("before round %d: the change in %s is refused: %s", rnd, ready, exc)
-            os.replace(ready, self.run_dir / f"reconfigure.refused-{rnd}.yaml")
-            if self.journal is not None:
-                self.journal.on_reconfigured(rnd, f"refused: {exc}")
-            return None
+        new, change = taken
         digest = membership_digest(new)
         for zone in new.zones:  # the coordinator takes it once every zone has (taking it again is harmless)
             try:

@@ -18,16 +18,21 @@ published). Anything else is left out, with a warning naming the site and why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
-from fedshard.config import FederationConfig
+from fedshard.config import FederationConfig, load_federation
+from fedshard.config.changes import ConfigChange, check_change
+from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group
+from fedshard.errors import FedshardError
 from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import SiteInfo
 
-__all__ = ["Membership", "Reconfiguration", "admit"]
+__all__ = ["Membership", "Reconfiguration", "admit", "read_change"]
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +85,32 @@ def admit(
         assert group is not None
         admitted[node] = group
     return admitted
+
+
+def read_change(
+    path: Path,
+    rnd: int,
+    current: FederationConfig,
+    journal: EventLog | None = None,
+    check: Callable[[FederationConfig], None] | None = None,
+) -> tuple[FederationConfig, ConfigChange] | None:
+    """The change the config file ``path`` makes to ``current`` before round ``rnd`` (None when no
+    file is there), checked by :func:`~fedshard.config.changes.check_change` and ``check``.
+
+    A change refused here is moved aside to ``reconfigure.refused-<rnd>.yaml`` beside ``path``,
+    logged and journalled; None then too.
+    """
+    if not path.exists():
+        return None
+    try:
+        new = load_federation(path)
+        change = check_change(current, new)
+        if check is not None:
+            check(new)
+    except FedshardError as exc:
+        log.warning("before round %d: the change in %s is refused: %s", rnd, path, exc)
+        os.replace(path, path.with_name(f"reconfigure.refused-{rnd}.yaml"))
+        if journal is not None:
+            journal.on_reconfigured(rnd, f"refused: {exc}")
+        return None
+    return new, change

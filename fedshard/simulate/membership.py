@@ -27,8 +27,8 @@ from fedshard.assembly import ServedZones, grpc_connector, make_site
 from fedshard.config import FederationConfig, load_federation
 from fedshard.config.changes import ConfigChange, check_change
 from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.membership import Reconfiguration
-from fedshard.errors import ConfigError, FedshardError
+from fedshard.coordinator.membership import Reconfiguration, read_change
+from fedshard.errors import ConfigError
 from fedshard.protocol.channels import ZoneClient, ZoneConnector
 from fedshard.routing import FederationRouting, check_regrouping
 from fedshard.site.site import Site
@@ -129,24 +129,19 @@ class RunMembership:
     def before_round(self, rnd: int) -> Reconfiguration | None:
         """See :class:`~fedshard.coordinator.membership.Membership`."""
         pending = self.out / PENDING
-        if not pending.exists():
+        taken = read_change(pending, rnd, self.config, self.journal, self._check_regrouping)
+        if taken is None:
             return None
-        try:
-            new = load_federation(pending)
-            change = check_change(self.config, new)
-            check_regrouping(self.routing, FederationRouting(new, self.routing.classes))
-        except FedshardError as exc:
-            log.warning("before round %d: the change in %s is refused: %s", rnd, pending, exc)
-            os.replace(pending, self.out / f"reconfigure.refused-{rnd}.yaml")
-            if self.journal is not None:
-                self.journal.on_reconfigured(rnd, f"refused: {exc}")
-            return None
+        new, change = taken
         self._apply(new, change)
         (self.out / "federation.yaml").write_text(yaml.safe_dump(new.model_dump(mode="json"), sort_keys=False))
         os.replace(pending, self.out / f"reconfigure.applied-{rnd}.yaml")
         active = {z.name for z in new.zones if not z.drain}
         zones = {name: self._client(name) for name in sorted(active)}
         return Reconfiguration(new, zones, dict(self.served.endpoints), change.describe())
+
+    def _check_regrouping(self, new: FederationConfig) -> None:
+        check_regrouping(self.routing, FederationRouting(new, self.routing.classes))
 
     def _client(self, name: str) -> ZoneClient:
         if name not in self._clients:
