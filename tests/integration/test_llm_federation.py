@@ -61,9 +61,9 @@ def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_pat
 
 
 def test_both_engines_agree_and_another_base_starts_from_another_version(base_cache: Path, tmp_path: Path) -> None:
-    from fedshard.simulate.run import Engine
-
     import torch
+
+    from fedshard.simulate.run import Engine
 
     config = _config(base_cache).model_copy(update={"federation": _rounds(1)})
     # Flower's actors run torch on one thread (one CPU each); some CPUs (AVX-512 FP16/AMX)
