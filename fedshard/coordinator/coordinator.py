@@ -51,9 +51,13 @@ from fedshard.protocol.messages import (
 from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
 from fedshard.sharding import ShardPlan
 
-__all__ = ["MAX_ABORTED_IN_A_ROW", "Coordinator"]
+__all__ = ["JOIN_QUERIES", "MAX_ABORTED_IN_A_ROW", "Coordinator"]
 
 log = logging.getLogger(__name__)
+
+JOIN_QUERIES = 3
+"""Join queries a connected node may leave unanswered (each costs up to a round timeout)
+before the coordinator stops asking it (:meth:`Coordinator._join`)."""
 
 MAX_ABORTED_IN_A_ROW = 3
 """Rounds aborted one after the other (a zone failed each) before the federation stops."""
@@ -113,7 +117,8 @@ class Coordinator:
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
-        self._turned_away: set[str] = set()  # nodes that answered but may not join
+        self._turned_away: set[str] = set()  # nodes that answered but may not join, or never answer
+        self._unanswered: dict[str, int] = {}  # node -> join queries it did not answer
         self._privacy = PrivacyReports()
         self._apply_rule = apply_rule(config)
         self._plan_json = ""
@@ -294,6 +299,11 @@ class Coordinator:
         known = {s.id for s in self.config.sites}
         admitted = admit(infos, known, self._plan_digest, self._genesis, self._groups)
         self._turned_away.update(n for n in infos if n not in admitted)  # asked once, not every round
+        for node in set(fresh) - set(infos):  # no answer: asked again before the next rounds, a few times
+            self._unanswered[node] = self._unanswered.get(node, 0) + 1
+            if self._unanswered[node] >= JOIN_QUERIES:
+                log.warning("node %s did not answer %d join queries; it is not asked again", node, JOIN_QUERIES)
+                self._turned_away.add(node)
         for node, name in admitted.items():
             info = infos[node]
             self._nodes[node] = info
