@@ -26,9 +26,10 @@ from collections.abc import Mapping
 
 from fedshard import faults
 from fedshard.config import FederationConfig
+from fedshard.coordinator.discovery import agreeing_sites
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
-from fedshard.coordinator.membership import Membership, admit
+from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
 from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
 from fedshard.coordinator.reports import PrivacyReports
@@ -54,10 +55,6 @@ from fedshard.sharding import ShardPlan
 __all__ = ["JOIN_QUERIES", "MAX_ABORTED_IN_A_ROW", "Coordinator"]
 
 log = logging.getLogger(__name__)
-
-JOIN_QUERIES = 3
-"""Join queries a connected node may leave unanswered (each costs up to a round timeout)
-before the coordinator stops asking it (:meth:`Coordinator._join`)."""
 
 MAX_ABORTED_IN_A_ROW = 3
 """Rounds aborted one after the other (a zone failed each) before the federation stops."""
@@ -117,8 +114,7 @@ class Coordinator:
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
         self._group_of: dict[str, str] = {}  # site id -> group name
-        self._turned_away: set[str] = set()  # nodes that answered but may not join, or never answer
-        self._unanswered: dict[str, int] = {}  # node -> join queries it did not answer
+        self._joining = JoinQueries()
         self._privacy = PrivacyReports()
         self._apply_rule = apply_rule(config)
         self._plan_json = ""
@@ -131,36 +127,9 @@ class Coordinator:
     def discover(self) -> RunResult:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
         nodes = self.sites.nodes()
-        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites}
-        query = QueryRequest(
-            privacy={site: plan for site, plan in plans.items() if plan is not None}, zones=self.endpoints
-        )
+        query = self._query()
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
-        infos: dict[str, SiteInfo] = {}
-        failures: dict[str, str] = {}
-        for node, reply in replies.items():
-            if isinstance(reply, SiteInfo):
-                infos[node] = reply
-            else:
-                failures[node] = str(getattr(reply, "reason", reply))
-                log.warning("node %s did not answer the query: %s", node, failures[node])
-        known = {s.id for s in self.config.sites}
-        for node, info in list(infos.items()):
-            if info.site_id not in known:
-                log.warning("site %r is not in the federation config; ignored", info.site_id)
-                del infos[node]
-        if not infos:
-            reasons = "; ".join(f"node {n}: {r}" for n, r in sorted(failures.items())[:3])
-            raise RoundError(f"no site answered; check that the sites are running and reachable ({reasons})")
-        votes: dict[tuple[str, str], int] = {}
-        for info in infos.values():
-            key = (info.plan_digest, info.genesis_version)
-            votes[key] = votes.get(key, 0) + 1
-        plan_digest, genesis = max(votes, key=lambda k: votes[k])
-        for node, info in list(infos.items()):
-            if (info.plan_digest, info.genesis_version) != (plan_digest, genesis):
-                log.warning("site %s starts from a different model (plan or seed differs); excluded", info.site_id)
-                del infos[node]
+        infos, plan_digest, genesis = agreeing_sites(replies, {s.id for s in self.config.sites})
         self._nodes = infos
         self._privacy.reset({i.site_id: i.privacy for i in infos.values() if i.privacy is not None})
         # The plan (names, shapes, dtypes; no values) is what zones check frames against.
@@ -176,6 +145,12 @@ class Coordinator:
             version=genesis,
             groups={name: list(g.sites) for name, g in sorted(self._groups.items())},
         )
+
+    def _query(self, skip: set[str] | frozenset[str] = frozenset()) -> QueryRequest:
+        """The query sites answer with who they are: each site's privacy plan (but those of
+        ``skip``) and the zones' endpoints."""
+        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites if s.id not in skip}
+        return QueryRequest(privacy={s: p for s, p in plans.items() if p is not None}, zones=self.endpoints)
 
     def _form_groups(self, genesis: str) -> None:
         """Group sites by the aggregates they apply (their views)."""
@@ -260,50 +235,40 @@ class Coordinator:
     def _take_changes(self, rnd: int, result: RunResult) -> int:
         """Take the change the runtime has pending before round ``rnd`` (see
         :mod:`fedshard.coordinator.membership`); the number of rounds the run now has."""
-        change = self.membership.before_round(rnd) if self.membership is not None else None
+        if self.membership is None:
+            return self.config.federation.rounds
+        change, joined = self.membership.before_round(rnd), []
         if change is not None:
             self.config = change.config
             self.zones, self.endpoints = dict(change.zones), dict(change.endpoints)
             self._apply_rule = apply_rule(change.config)
-            joined = self._join()
-            self._changed(
-                rnd, result, change.description + (f"; {len(joined)} site(s) admitted" if joined else ""), joined
-            )
-        elif self.membership is not None and len(self._nodes) < len(self.config.sites):
-            joined = self._join()  # a site of the config that connected since (started after the change)
-            if joined:
-                self._changed(
-                    rnd, result, f"{len(joined)} site(s) admitted: {', '.join(s.site_id for s in joined)}", joined
-                )
+        if change is not None or len(self._nodes) < len(self.config.sites):
+            joined = self._join()  # also sites of the config that connected since an earlier change
+        if change is not None or joined:
+            if change is not None:
+                line = change.description + (f"; {len(joined)} site(s) admitted" if joined else "")
+            else:
+                line = f"{len(joined)} site(s) admitted: {', '.join(s.site_id for s in joined)}"
+            result.sites = sorted(self._nodes.values(), key=lambda s: s.site_id)
+            result.groups = {name: list(g.sites) for name, g in sorted(self._groups.items())}
+            log.info("before round %d: %s", rnd, line)
+            if self.journal is not None:
+                self.journal.on_reconfigured(rnd, line, joined, result.groups)
         return self.config.federation.rounds
-
-    def _changed(self, rnd: int, result: RunResult, line: str, joined: list[SiteInfo]) -> None:
-        """The run's sites and groups after a change; logged and journalled."""
-        result.sites = sorted(self._nodes.values(), key=lambda s: s.site_id)
-        result.groups = {name: list(g.sites) for name, g in sorted(self._groups.items())}
-        log.info("before round %d: %s", rnd, line)
-        if self.journal is not None:
-            self.journal.on_reconfigured(rnd, line, joined, result.groups)
 
     def _join(self) -> list[SiteInfo]:
         """Ask the sites that connected since the last change who they are; admit those that may
         join (:func:`~fedshard.coordinator.membership.admit`). Theirs, by site id."""
-        fresh = [n for n in self.sites.nodes() if n not in self._nodes and n not in self._turned_away]
+        fresh = self._joining.to_ask(self.sites.nodes(), self._nodes)
         if not fresh:
             return []
         taken = {info.site_id for info in self._nodes.values()}
-        plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites if s.id not in taken}
-        query = QueryRequest(privacy={s: p for s, p in plans.items() if p is not None}, zones=self.endpoints)
+        query = self._query(skip=taken)
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in fresh}, self._timeout)
         infos = {n: r for n, r in replies.items() if isinstance(r, SiteInfo) and r.site_id not in taken}
         known = {s.id for s in self.config.sites}
         admitted = admit(infos, known, self._plan_digest, self._genesis, self._groups)
-        self._turned_away.update(n for n in infos if n not in admitted)  # asked once, not every round
-        for node in set(fresh) - set(infos):  # no answer: asked again before the next rounds, a few times
-            self._unanswered[node] = self._unanswered.get(node, 0) + 1
-            if self._unanswered[node] >= JOIN_QUERIES:
-                log.warning("node %s did not answer %d join queries; it is not asked again", node, JOIN_QUERIES)
-                self._turned_away.add(node)
+        self._joining.asked(fresh, answered=infos, admitted=admitted)
         for node, name in admitted.items():
             info = infos[node]
             self._nodes[node] = info

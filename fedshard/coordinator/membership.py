@@ -32,7 +32,7 @@ from fedshard.errors import FedshardError
 from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import SiteInfo
 
-__all__ = ["Membership", "Reconfiguration", "admit", "read_change"]
+__all__ = ["JOIN_QUERIES", "JoinQueries", "Membership", "Reconfiguration", "admit", "read_change"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,33 @@ class Membership(Protocol):
     def before_round(self, rnd: int) -> Reconfiguration | None:
         """The change to take before round ``rnd`` starts, if one is pending."""
         ...
+
+
+JOIN_QUERIES = 3
+"""Join queries a connected node may leave unanswered (each costs up to a round timeout)
+before the coordinator stops asking it."""
+
+
+class JoinQueries:
+    """Which connected nodes the coordinator still asks to join: not those that answered and
+    may not join (asked once), nor those that left :data:`JOIN_QUERIES` queries unanswered."""
+
+    def __init__(self) -> None:
+        self._turned_away: set[str] = set()
+        self._unanswered: dict[str, int] = {}
+
+    def to_ask(self, nodes: list[str], members: Mapping[str, object]) -> list[str]:
+        """The nodes of ``nodes`` that are not ``members`` and may still be asked."""
+        return [n for n in nodes if n not in members and n not in self._turned_away]
+
+    def asked(self, nodes: list[str], *, answered: Mapping[str, object], admitted: Mapping[str, str]) -> None:
+        """Note how the nodes asked replied (``answered``) and which were ``admitted``."""
+        self._turned_away.update(n for n in answered if n not in admitted)
+        for node in set(nodes) - set(answered):
+            self._unanswered[node] = self._unanswered.get(node, 0) + 1
+            if self._unanswered[node] >= JOIN_QUERIES:
+                log.warning("node %s did not answer %d join queries; it is not asked again", node, JOIN_QUERIES)
+                self._turned_away.add(node)
 
 
 def admit(
