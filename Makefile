@@ -46,9 +46,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/upload.py
 	$(BIN)/python bench/zone_memory.py
 
-# DP utility: 45 folds x 4 settings of real federations; about an hour on 2 cores
+# DP utility: 45 folds x 12 runs of real federations (about an hour on 2 cores with --jobs 2),
+# then the large-model task's DP gap with its rate chosen on validation data (about 30 minutes)
 bench-dp: $(STAMP)
-	$(BIN)/python bench/dp_accuracy.py
+	$(BIN)/python bench/dp_accuracy.py --jobs 2
+	$(BIN)/python bench/llm_dp.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

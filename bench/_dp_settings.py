@@ -18,20 +18,24 @@ __all__ = [
     "CANDIDATES",
     "CENTRAL",
     "CENTRAL_CANDIDATES",
+    "CENTRAL_DP",
     "CENTRAL_DEMO",
     "DELTA",
     "DP",
+    "ELOW",
+    "ELOW_GAP_PP",
     "EPSILONS",
     "FOLDS",
     "GOAL_EPSILON",
     "GOAL_GAP_PP",
     "INTERPRETATION",
+    "LOCAL",
     "NAIVE",
     "SE_GOAL_PP",
     "SITES",
     "TASK",
     "TUNE_SEED0",
-    "TUNING_INTERPRETATION",
+    "TUNING_INTERPRETATIONS",
     "VALIDATION_FRACTION",
     "Central",
     "Federated",
@@ -46,6 +50,7 @@ DELTA = 1e-5
 EPSILONS = (1.0, 3.0, 8.0)
 GOAL_EPSILON = 3.0
 GOAL_GAP_PP = 0.3
+ELOW, ELOW_GAP_PP = 1.0, 1.5  # the issue's second goal: ≤ 1.5 pp at ε = 1
 SE_GOAL_PP = 0.3
 VALIDATION_FRACTION = 0.2
 TUNE_SEED0 = 100  # tuning shuffles use seeds 100, 101, …; test runs use 0, 1, …
@@ -90,6 +95,8 @@ class Federated:
     tau: float = 1e-3
     momentum: float = 0.9
     features: tuple[int, ...] | None = None
+    distributed: bool = False  # record-level noise shared by all sites under CKKS (distributed_over = sites)
+    sites: int = SITES  # 1: one site holds the pooled data (central DP-SGD, a trusted curator)
 
     def describe(self) -> str:
         """The settings in words."""
@@ -100,11 +107,16 @@ class Federated:
             server = f"server momentum β={self.beta1:g}, lr {lr:g}"
         else:
             server = f"server Adam lr {lr:g}, β=({self.beta1:g}, {self.beta2:g}), τ={self.tau:g}"
+        where = (
+            f", noise shared by the {self.sites} sites under CKKS (distributed_over {self.sites})"
+            if self.distributed
+            else (", one site with the pooled data (central DP-SGD)" if self.sites == 1 else "")
+        )
         return (
             f"MLP {_arch(self.hidden, self.features)}, {self.rounds} rounds × {self.local_epochs} "
             "local epoch(s), batch "
             f"{self.batch_size}, local SGD lr {self.learning_rate:g} momentum {self.momentum:g}, clip "
-            f"{self.max_grad_norm:g}, {server}"
+            f"{self.max_grad_norm:g}, {server}{where}"
         )
 
 
@@ -145,6 +157,23 @@ CENTRAL_CANDIDATES: tuple[Central, ...] = (
 )
 _LIN_FULL = Federated("lin-full", (), 30, 1, 128, 1.0, 1.0)
 _ADAM = dataclasses.replace(_LIN_FULL, server=("adam", 0.05))
+_DIST = Federated("dist-r40-lr30", (), 40, 1, 128, 1.0, 0.3, ("avg", 30.0), features=WORST, distributed=True)
+_DISTRIBUTED: tuple[Federated, ...] = (
+    _DIST,
+    dataclasses.replace(_DIST, name="dist-r40-lr60", server=("avg", 60.0)),
+    dataclasses.replace(_DIST, name="dist-r20-lr60", rounds=20, server=("avg", 60.0)),
+    dataclasses.replace(_DIST, name="dist-c1-lr10", max_grad_norm=1.0, server=("avg", 10.0)),
+    dataclasses.replace(_DIST, name="dist-mom-lr3", server=("momentum", 3.0)),
+    dataclasses.replace(_DIST, name="dist-all-lr30", features=None),
+    # fewer, larger steps (less noise per step: σ grows about as √rounds)
+    dataclasses.replace(_DIST, name="dist-r10-lr120", rounds=10, server=("avg", 120.0)),
+    dataclasses.replace(_DIST, name="dist-r15-lr80", rounds=15, server=("avg", 80.0)),
+    dataclasses.replace(_DIST, name="dist-r20-lr90", rounds=20, server=("avg", 90.0)),
+    dataclasses.replace(_DIST, name="dist-r20-lr30", rounds=20, server=("avg", 30.0)),
+    dataclasses.replace(_DIST, name="dist-r30-lr45", rounds=30, server=("avg", 45.0)),
+    dataclasses.replace(_DIST, name="dist-r20-mom-lr6", rounds=20, server=("momentum", 6.0)),
+    dataclasses.replace(_DIST, name="dist-r20-c1-lr20", rounds=20, max_grad_norm=1.0, server=("avg", 20.0)),
+)
 CANDIDATES: tuple[Federated, ...] = (
     NAIVE,
     dataclasses.replace(NAIVE, name="naive-lin", hidden=()),
@@ -173,12 +202,24 @@ CANDIDATES: tuple[Federated, ...] = (
     Federated("worst-r30-c0.3", (), 30, 1, 128, 30.0, 0.3, features=WORST),
     Federated("worst-r40-adam", (), 40, 1, 128, 1.0, 0.3, ("adam", 0.27), tau=0.1, features=WORST),
     Federated("all-r40-c0.3", (), 40, 1, 128, 30.0, 0.3),
+    # distributed record-level noise under CKKS: the same one full-batch step per round, each site adding
+    # σ/√(n−1); local lr 1 with the step size on the server keeps the encrypted values within he.value_range
+    *_DISTRIBUTED,
 )
+
 
 # Chosen on validation data with --tune (the dp_accuracy_tuning section of BENCHMARKS.md): the best
 # non-private reference (ties broken towards the simpler model) and the best DP candidate.
-CENTRAL = dataclasses.replace(next(s for s in CENTRAL_CANDIDATES if s.name == "c-worst-lin-lr0.1-e100"), name="central")
-DP = dataclasses.replace(next(s for s in CANDIDATES if s.name == "worst-r40-c0.3"), name="dp-tuned")
+def _named(settings: Sequence[Any], name: str) -> Any:
+    return next(s for s in settings if s.name == name)
+
+
+CENTRAL = dataclasses.replace(_named(CENTRAL_CANDIDATES, "c-worst-lin-lr0.1-e100"), name="central")
+DP = dataclasses.replace(_named(CANDIDATES, "dist-r20-lr60"), name="dp-tuned")
+# the best setting with each site adding all of its noise (the earlier choice), for comparison
+LOCAL = dataclasses.replace(_named(CANDIDATES, "worst-r40-c0.3"), name="dp-local")
+# the floor of this schedule: the same DP-SGD run by one trusted curator on the pooled data (q = 1)
+CENTRAL_DP = dataclasses.replace(DP, name="central-dp", sites=1, distributed=False, batch_size=512)
 
 
 INTERPRETATION = (
@@ -195,7 +236,7 @@ INTERPRETATION = (
     "stronger (it is the best non-private candidate on validation), so the gap is measured against the best model "
     "we found, not the demo model."
 )
-TUNING_INTERPRETATION = (
+_TUNING_INTERPRETATION = (
     "All DP candidates here stay 3-10 pp below the best non-private candidates on these validation splits (sites "
     "hold ~73 records here, ~91 in the benchmark, so validation gaps are larger than test gaps). Ranked by "
     "validation accuracy, the levers: the linear model beats the MLP under DP (naive 89.6 → naive-lin 92.3 %); "
@@ -234,9 +275,15 @@ def dp_config(s: Federated, epsilon: float, seed: int, fold: int, validation: bo
     from fedshard.config import FederationConfig
 
     kind, server_lr = s.server
+    record: dict[str, Any] = {"enabled": True, "noise_multiplier": None, "max_grad_norm": s.max_grad_norm}
+    extra: dict[str, Any] = {}
+    if s.distributed:
+        record["distributed_over"] = s.sites
+        extra["residency"] = {"encrypt": "all"}  # simulate makes the run's CKKS keys
     return FederationConfig.model_validate(
         {
-            "federation": {"name": "dp-accuracy", "seed": seed, "rounds": s.rounds, "min_sites": SITES},
+            **extra,
+            "federation": {"name": "dp-accuracy", "seed": seed, "rounds": s.rounds, "min_sites": s.sites},
             "task": {
                 "target": TASK,
                 "options": task_options(s.hidden, seed, fold, validation, s.momentum, s.features),
@@ -253,13 +300,10 @@ def dp_config(s: Federated, epsilon: float, seed: int, fold: int, validation: bo
                     "tau": s.tau,
                 },
             },
-            "privacy": {
-                "record_level": {"enabled": True, "noise_multiplier": None, "max_grad_norm": s.max_grad_norm},
-                "budget": {"epsilon": epsilon, "delta": DELTA},
-            },
+            "privacy": {"record_level": record, "budget": {"epsilon": epsilon, "delta": DELTA}},
             "sharding": {"tile": [256, 256]},
             "zones": [{"name": "bench-zone", "region": "EU", "endpoint": "127.0.0.1:0"}],
-            "sites": [{"id": f"site-{i}", "jurisdiction": "EU"} for i in range(SITES)],
+            "sites": [{"id": f"site-{i}", "jurisdiction": "EU"} for i in range(s.sites)],
         }
     )
 
@@ -280,3 +324,22 @@ def central_config(s: Central, seed: int, fold: int, validation: bool) -> Any:
             "sites": [{"id": f"site-{i}", "jurisdiction": "EU"} for i in range(SITES)],
         }
     )
+
+
+_DISTRIBUTED_TUNING_INTERPRETATION = (
+    "Sharing the noise is the lever. The earlier pick with each site adding all of its noise (`worst-r40-c0.3`, "
+    "94.48 %) becomes 95.58 % with the same schedule and the noise shared by the 5 sites under CKKS "
+    "(`dist-r40-lr30`: the step size lr 30 moves to the server, the sites take a plain lr-1 step, so their "
+    "encrypted values stay within ±1): +1.1 pp. The best candidate takes 20 rounds with a server step of 60 "
+    "(`dist-r20-lr60`, 96.13 %): fewer rounds need less noise per round for the same ε (σ 6.25 against 8.83). "
+    "Around it: 10 or 15 rounds (92.87 %, 95.10 %) lose accuracy to too few steps; server steps of 30 or 90 "
+    "(95.47 %, 95.00 %), 30 or 40 rounds (95.58 %), server momentum (95.65 %, 95.32 %), clipping at 1 "
+    "(95.47 %, 94.70 %) and all 30 features (94.70 %) are no better; differences below ~1 pp are within noise "
+    "(SE ≈ 0.5 pp per candidate over 30 splits; the first 15 splits had `dist-r20-lr60` at 96.78 %, the next "
+    "15 pulled it back). Chosen: `dist-r20-lr60` (`configs/demo-dp-he.yaml`). It is still 1.35 pp below the "
+    "best non-private candidate on these splits (`c-worst-lin-lr0.1-e100`, 97.48 %)."
+)
+TUNING_INTERPRETATIONS = {
+    "dp_accuracy_tuning": _TUNING_INTERPRETATION,
+    "dp_accuracy_tuning_distributed": _DISTRIBUTED_TUNING_INTERPRETATION,
+}

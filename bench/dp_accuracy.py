@@ -1,19 +1,23 @@
-"""Accuracy cost of differential privacy: non-private central training vs DP federated training.
+"""Accuracy cost of differential privacy: non-private central vs DP federated training.
 
 Breast-cancer diagnosis (``clients/tasks/breast_cancer.py``), 5 non-IID sites (the
 training part sorted by mean radius and cut into 5 contiguous slices), record-level
 DP-SGD at every site with a per-site budget ε ∈ {1, 3, 8}, δ = 1e-5, σ calibrated by
 each site so that its planned rounds spend exactly its budget (``noise_multiplier``
 left empty). Every federation is a real one: ``fedshard.simulate.run.simulate``
-with a gRPC zone on loopback, sites in process.
+with a gRPC zone on loopback, sites in process (and CKKS where the noise is shared).
 
 Repetitions: repeated stratified 5-fold cross-validation (``--seeds`` shuffles × 5
 folds). On every test fold the same data is used by
 
 * ``central``: the non-private reference, one model trained on the union of the five
   sites' training data (``fedshard.simulate.baseline.centralized_baseline``);
-* ``dp``: the DP federation with the settings chosen on validation data (``DP``), at
+* ``dp``: the DP federation with the settings chosen on validation data (``DP``: every
+  shard CKKS-encrypted, the DP-SGD noise shared by the sites, ``distributed_over: 5``), at
   every ε;
+* ``central-dp``: the same DP-SGD schedule run by one site holding the pooled training
+  data (a trusted curator: the floor of any federated scheme with that schedule), at every ε;
+* ``dp-local``: the best setting with each site adding all of its own noise (``LOCAL``), at ε = 3;
 * ``naive``: the naive DP federation (30 rounds, batch 16, lr 0.1, clip 1.0, FedAvg)
   at ε = 3, the reference line of the issue;
 
@@ -27,15 +31,17 @@ shuffling seeds than the test runs, and writes its own section
 (``dp_accuracy_tuning``).
 
     .venv/bin/python bench/dp_accuracy.py [--quick] [--json] [--seeds N] [--output FILE]
-    .venv/bin/python bench/dp_accuracy.py --tune [NAME,...] [--tune-seeds N] [--jobs 2]
+    .venv/bin/python bench/dp_accuracy.py --tune [NAME,...] [--tune-seeds N] [--jobs 2] [--tuning-section S]
 
 ``--json`` prints ``fed_vs_central_pp`` and ``fed_vs_central_se_pp`` (the tuned DP federation's gap
 to the non-private central reference at ε = 3, mean and SE over the test folds),
-``fed_vs_central_pp_by_epsilon``, ``naive_vs_central_pp``, ``test_predictions`` (per setting),
+``fed_vs_central_pp_by_epsilon``, ``central_dp_vs_central_pp_by_epsilon`` (the floor),
+``local_noise_vs_central_pp``, ``naive_vs_central_pp``, ``test_predictions`` (per setting),
 ``folds`` and ``budget_respected``; with ``--tune``, each candidate's ``validation_accuracy`` and
 ``gap_pp`` to the reference.
 
-The settings are in ``_dp_settings.py``, the runs and their statistics in ``_dp_runs.py``.
+The settings are in ``_dp_settings.py``, the runs and their statistics in ``_dp_runs.py``, ``--tune`` in
+``_dp_tuning.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -55,114 +60,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import _common as c
-from _dp_runs import Job, Outcome, by_fold, job_key, load_cache, mean_se, paired_gap, pct, pp, quiet, run_jobs
+from _dp_runs import Job, Outcome, by_fold, mean_se, paired_gap, pct, pp, quiet, run_jobs
 from _dp_settings import (
-    CANDIDATES,
     CENTRAL,
-    CENTRAL_CANDIDATES,
     CENTRAL_DEMO,
+    CENTRAL_DP,
     DELTA,
     DP,
+    ELOW,
+    ELOW_GAP_PP,
     EPSILONS,
     FOLDS,
     GOAL_EPSILON,
     GOAL_GAP_PP,
     INTERPRETATION,
+    LOCAL,
     NAIVE,
     SE_GOAL_PP,
     SITES,
     TASK,
-    TUNE_SEED0,
-    TUNING_INTERPRETATION,
-    VALIDATION_FRACTION,
     Central,
     Federated,
 )
+from _dp_tuning import TUNING_SECTION, tune
 
 SECTION = "dp_accuracy"
-TUNING_SECTION = "dp_accuracy_tuning"
-
-
-# --tune: candidates on validation splits --------------------------------------------------------
-def tune(args: argparse.Namespace, desc: dict[str, str]) -> int:
-    """Score candidate settings on validation splits (never the test folds)."""
-    names = set(args.tune.split(",")) if args.tune not in ("", "all") else None
-    # the reference of the tuning table is the demo model trained centrally (the first candidate)
-    reference = CENTRAL_CANDIDATES[0]
-    centrals = [s for s in CENTRAL_CANDIDATES if names is None or s.name in names or s is reference]
-    feds = [s for s in CANDIDATES if names is None or s.name in names]
-    epsilon = args.tune_epsilon
-    seeds = range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)
-    jobs: list[Job] = []
-    for seed in seeds:
-        for fold in range(FOLDS):
-            jobs += [("central", s, None, seed, fold, True) for s in centrals]
-            jobs += [("dp", s, epsilon, seed, fold, True) for s in feds]
-    cached = load_cache(args.tune_cache)
-    todo = [j for j in jobs if job_key(j) not in cached]
-    print(
-        f"tuning on validation splits ({VALIDATION_FRACTION:.0%} of each training part): seeds "
-        f"{seeds.start}-{seeds.stop - 1} × {FOLDS} folds, ε={epsilon:g}; {len(jobs)} runs, "
-        f"{len(jobs) - len(todo)} of them cached",
-        flush=True,
-    )
-    fresh = run_jobs(todo, args.jobs, args.tune_cache)
-    outcomes = [cached[job_key(j)] for j in jobs if job_key(j) in cached] + fresh
-    rows, figures = tuning_table(outcomes, reference, centrals, feds, epsilon)
-    headers = [
-        "candidate",
-        "settings",
-        "validation accuracy %",
-        f"gap vs {reference.name} pp",
-        "σ",
-        "steps/site",
-        "s/run",
-    ]
-    # without --output or --publish-tuning the table is shown (and --json printed), no section written
-    written = args.output is not None or args.publish_tuning
-    c.publish(
-        args if written else argparse.Namespace(**{**vars(args), "quick": True}),
-        TUNING_SECTION,
-        "DP accuracy: choosing settings on validation data",
-        f"{len(seeds) * FOLDS} validation splits per candidate (seeds {seeds.start}-{seeds.stop - 1} × {FOLDS} "
-        "folds); mean ± standard error over splits",
-        desc,
-        notes=[
-            f"- Each split: the training part of a stratified {FOLDS}-fold split (shuffle seed as listed) loses "
-            f"a stratified {VALIDATION_FRACTION:.0%} validation split, scored here; the remaining training data "
-            f"is cut into {SITES} non-IID sites as in the benchmark. The test folds are never loaded.",
-            f"- DP candidates: record-level DP-SGD, per-site budget ε={epsilon:g}, δ={DELTA:g}, σ calibrated to "
-            "spend it over the planned rounds. Gap = paired difference to the central reference on the same split.",
-        ],
-        headers=headers,
-        rows=rows,
-        interpretation=TUNING_INTERPRETATION,
-        headline=figures,
-        console_title=f"validation, ε={epsilon:g} (δ={DELTA:g})",
-    )
-    return 0
-
-
-def tuning_table(
-    outcomes: list[Outcome], reference: Central, centrals: list[Central], feds: list[Federated], epsilon: float
-) -> tuple[list[list[str]], dict[str, Any]]:
-    """One row per candidate, and the ``--json`` figures (validation accuracy and gap per candidate)."""
-    ref = by_fold(outcomes, reference.name, None)
-    rows = []
-    accuracy: dict[str, float] = {}
-    gap: dict[str, float] = {}
-    for s, eps in [*((s, None) for s in centrals), *((s, epsilon) for s in feds)]:
-        runs = by_fold(outcomes, s.name, eps)
-        acc, diff = mean_se([o.accuracy for o in runs.values()]), paired_gap(ref, runs)
-        accuracy[s.name], gap[s.name] = acc[0], diff[0]
-        secs = statistics.fmean(o.seconds for o in runs.values())
-        if eps is None:
-            rows.append([s.name, s.describe(), pct(*acc), pp(*diff), "-", "-", f"{secs:.1f}"])
-            continue
-        any_run = next(iter(runs.values()))
-        sigma = f"{any_run.sigma:.2f}" if any_run.sigma else "-"
-        rows.append([s.name, s.describe(), pct(*acc), pp(*diff), sigma, str(any_run.steps), f"{secs:.1f}"])
-    return rows, {"validation_accuracy": accuracy, "gap_pp": gap}
 
 
 # the benchmark: test folds -----------------------------------------------------------------------
@@ -173,33 +95,34 @@ class Plan:
     central: Central
     demo: Central
     dp: Federated
+    floor: Federated
+    local: Federated
     naive: Federated
     seeds: range
     folds: range
     epsilons: tuple[float, ...]
 
-    def jobs(self) -> list[Job]:
-        """Every run: both central references, the tuned DP federation at every ε, the naive one at ε = 3."""
-        jobs: list[Job] = []
-        for seed in self.seeds:
-            for fold in self.folds:
-                jobs += [
-                    ("central", self.central, None, seed, fold, False),
-                    ("central", self.demo, None, seed, fold, False),
-                ]
-                jobs += [("dp", self.dp, eps, seed, fold, False) for eps in self.epsilons]
-                jobs.append(("dp", self.naive, GOAL_EPSILON, seed, fold, False))
-        return jobs
-
-    def lines(self) -> list[tuple[str, str, float | None]]:
+    def lines(self) -> list[tuple[Any, str, float | None]]:
         """The table's lines: (setting, what it is, ε or None)."""
-        lines: list[tuple[str, str, float | None]] = [
-            (self.central.name, "non-private reference", None),
-            (self.demo.name, "non-private, demo model", None),
+        lines: list[tuple[Any, str, float | None]] = [
+            (self.central, "non-private reference", None),
+            (self.demo, "non-private, demo model", None),
         ]
-        lines += [(self.dp.name, "DP federated", eps) for eps in self.epsilons]
-        lines.append((self.naive.name, "DP federated", GOAL_EPSILON))
+        lines += [(self.dp, "DP federated, shared noise", eps) for eps in self.epsilons]
+        lines += [(self.floor, "DP, one curator, pooled data", eps) for eps in self.epsilons]
+        lines.append((self.local, "DP federated, local noise", GOAL_EPSILON))
+        lines.append((self.naive, "DP federated", GOAL_EPSILON))
         return lines
+
+    def jobs(self) -> list[Job]:
+        """Every run: both central references, the tuned DP federation and its floor at every ε, the
+        local-noise and naive federations at ε = 3."""
+        return [
+            ("central" if eps is None else "dp", s, eps, seed, fold, False)
+            for seed in self.seeds
+            for fold in self.folds
+            for s, _, eps in self.lines()
+        ]
 
 
 def plan_of(args: argparse.Namespace) -> Plan:
@@ -209,12 +132,14 @@ def plan_of(args: argparse.Namespace) -> Plan:
             dataclasses.replace(CENTRAL, epochs=5),
             dataclasses.replace(CENTRAL_DEMO, epochs=5),
             dataclasses.replace(DP, rounds=3),
+            dataclasses.replace(CENTRAL_DP, rounds=3),
+            dataclasses.replace(LOCAL, rounds=3),
             dataclasses.replace(NAIVE, rounds=3),
             range(1),
             range(2),
             (GOAL_EPSILON,),
         )
-    return Plan(CENTRAL, CENTRAL_DEMO, DP, NAIVE, range(args.seeds), range(FOLDS), EPSILONS)
+    return Plan(CENTRAL, CENTRAL_DEMO, DP, CENTRAL_DP, LOCAL, NAIVE, range(args.seeds), range(FOLDS), EPSILONS)
 
 
 def outcomes_of(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Outcome], float]:
@@ -256,7 +181,8 @@ def figures_of(plan: Plan, outcomes: list[Outcome]) -> Figures:
     """The table's rows and the figures behind them."""
     ref, ref_demo = by_fold(outcomes, plan.central.name, None), by_fold(outcomes, plan.demo.name, None)
     f = Figures(plan, [], {}, {}, {}, {}, True)
-    for name, what, eps in plan.lines():
+    for setting, what, eps in plan.lines():
+        name = setting.name
         runs = by_fold(outcomes, name, eps)
         key = (name, eps)
         f.predictions[key] = sum(o.total for o in runs.values())
@@ -279,22 +205,30 @@ def figures_of(plan: Plan, outcomes: list[Outcome]) -> Figures:
 
 
 def verdict(f: Figures) -> str:
-    """The goal, met or not, and the gaps behind it."""
-    dp, naive = f.plan.dp, f.plan.naive
-    goal_gap, goal_se = f.gaps[(dp.name, GOAL_EPSILON)]
-    naive_gap, naive_se = f.gaps[(naive.name, GOAL_EPSILON)]
-    naive_demo_gap, naive_demo_se = f.demo_gaps[(naive.name, GOAL_EPSILON)]
+    """The goals, met or not, and the gaps behind them."""
+    dp, floor, local, naive = f.plan.dp.name, f.plan.floor.name, f.plan.local.name, f.plan.naive.name
+    goal_gap, goal_se = f.gaps[(dp, GOAL_EPSILON)]
     max_se = max(se for (_, e), (_, se) in f.gaps.items() if e is not None)
     met = goal_gap <= GOAL_GAP_PP
-    per_eps = ", ".join(f"ε = {e:g}: {pp(*f.gaps[(dp.name, e)])} pp" for e in f.plan.epsilons)
-    return (
-        f"At ε = {GOAL_EPSILON:g} the tuned DP federation loses {goal_gap:.2f} ± {goal_se:.2f} pp against the "
-        f"non-private central reference; the naive set-up loses {naive_gap:.2f} ± {naive_se:.2f} pp against the same "
-        f"reference ({naive_demo_gap:.2f} ± {naive_demo_se:.2f} pp against the demo model trained centrally with the "
-        f"naive settings, which is what `simulate` reports as `centralized_accuracy`). Goal ≤ {GOAL_GAP_PP} pp at "
-        f"ε = {GOAL_EPSILON:g}: **{'met' if met else 'not met'}**"
-        + ("" if met else f" ({(goal_gap - GOAL_GAP_PP) / max(goal_se, 1e-9):.0f} SE above it)")
-        + f". Tuned gaps by budget: {per_eps}. Largest SE of a DP gap: {max_se:.2f} pp (goal ≤ {SE_GOAL_PP} pp: "
+    per_eps = ", ".join(f"ε = {e:g}: {pp(*f.gaps[(dp, e)])} pp" for e in f.plan.epsilons)
+    floors = ", ".join(f"ε = {e:g}: {pp(*f.gaps[(floor, e)])} pp" for e in f.plan.epsilons)
+    text = (
+        f"At ε = {GOAL_EPSILON:g} the tuned DP federation (noise shared under CKKS) loses {goal_gap:.2f} ± "
+        f"{goal_se:.2f} pp against the non-private central reference; goal ≤ {GOAL_GAP_PP} pp: "
+        f"**{'met' if met else 'not met'}**"
+        + ("" if met else f" ({(goal_gap - GOAL_GAP_PP) / max(goal_se, 1e-9):.1f} SE above it)")
+        + f". By budget: {per_eps}."
+    )
+    if ELOW in f.plan.epsilons:
+        low = f.gaps[(dp, ELOW)][0]
+        text += f" Goal ≤ {ELOW_GAP_PP} pp at ε = {ELOW:g}: **{'met' if low <= ELOW_GAP_PP else 'not met'}**."
+    return text + (
+        f" The same schedule run by one trusted curator on the pooled data (central DP-SGD, the floor of any "
+        f"federated scheme with this schedule): {floors}. With each site adding all of its own noise (the earlier "
+        f"setting) the gap at ε = {GOAL_EPSILON:g} is {pp(*f.gaps[(local, GOAL_EPSILON)])} pp; the naive set-up "
+        f"loses {pp(*f.gaps[(naive, GOAL_EPSILON)])} pp ({pp(*f.demo_gaps[(naive, GOAL_EPSILON)])} pp against the "
+        "demo model trained centrally with the naive settings, which is what `simulate` reports as "
+        f"`centralized_accuracy`). Largest SE of a DP gap: {max_se:.2f} pp (goal ≤ {SE_GOAL_PP} pp: "
         f"{'met' if max_se <= SE_GOAL_PP else 'not met'}); every site spent at most its budget: "
         f"{'yes' if f.spent_ok else 'NO'}."
     )
@@ -302,22 +236,24 @@ def verdict(f: Figures) -> str:
 
 def headline(f: Figures) -> dict[str, Any]:
     """The ``--json`` figures (percentage points; mean and SE over the test folds)."""
-    dp, naive = f.plan.dp.name, f.plan.naive.name
-    gap, se = f.gaps[(dp, GOAL_EPSILON)]
+    p = f.plan
+    gap, se = f.gaps[(p.dp.name, GOAL_EPSILON)]
     return {
         "fed_vs_central_pp": gap,
         "fed_vs_central_se_pp": se,
-        "fed_vs_central_pp_by_epsilon": {f"{e:g}": f.gaps[(dp, e)][0] for e in f.plan.epsilons},
-        "naive_vs_central_pp": f.gaps[(naive, GOAL_EPSILON)][0],
-        "test_predictions": f.predictions[(dp, GOAL_EPSILON)],
-        "folds": len(f.plan.seeds) * len(f.plan.folds),
+        "fed_vs_central_pp_by_epsilon": {f"{e:g}": f.gaps[(p.dp.name, e)][0] for e in p.epsilons},
+        "central_dp_vs_central_pp_by_epsilon": {f"{e:g}": f.gaps[(p.floor.name, e)][0] for e in p.epsilons},
+        "local_noise_vs_central_pp": f.gaps[(p.local.name, GOAL_EPSILON)][0],
+        "naive_vs_central_pp": f.gaps[(p.naive.name, GOAL_EPSILON)][0],
+        "test_predictions": f.predictions[(p.dp.name, GOAL_EPSILON)],
+        "folds": len(p.seeds) * len(p.folds),
         "budget_respected": f.spent_ok,
     }
 
 
 def notes(plan: Plan) -> list[str]:
     """The section's notes: task, DP, and what each setting is."""
-    central, demo, dp, naive = plan.central, plan.demo, plan.dp, plan.naive
+    central, demo, dp, floor, local, naive = plan.central, plan.demo, plan.dp, plan.floor, plan.local, plan.naive
     return [
         f"- Task: `{TASK}`, features scaled with the published ranges; the training part of each fold is sorted "
         f"by mean radius and cut into {SITES} contiguous sites (non-IID, ~91 records each); the model every site "
@@ -330,11 +266,16 @@ def notes(plan: Plan) -> list[str]:
         f"- `{central.name}`: {central.describe()}, trained on the union of the {SITES} sites' training data "
         "(`centralized_baseline`); the best of the non-private candidates on validation data.",
         f"- `{demo.name}`: {demo.describe()}, same data.",
-        f"- `{dp.name}`: {dp.describe()} (batch 128 ≥ records per site: every step uses all of a site's "
-        "records, q = 1). Same settings at every ε.",
+        f"- `{dp.name}`: {dp.describe()} (`configs/demo-dp-he.yaml`; batch 128 ≥ records per site: every step "
+        "uses all of a site's records, q = 1; every shard CKKS-encrypted, each site adds σ/√4 of the noise, any "
+        "one site's view of the aggregate carries the σ every ledger accounts). Same settings at every ε.",
+        f"- `{floor.name}`: {floor.describe()}: the same DP-SGD by one trusted curator on the pooled training "
+        "data (q = 1), the best any federated scheme with this schedule can do.",
+        f"- `{local.name}`: {local.describe()}: each site adds all of its noise (the best setting before "
+        "distributed noise).",
         f"- `{naive.name}`: {naive.describe()} (the issue's naive set-up).",
-        "- All settings were chosen on validation splits only (section `dp_accuracy_tuning`); the test folds "
-        "were used once, for this table.",
+        "- All settings were chosen on validation splits only (sections `dp_accuracy_tuning` and "
+        "`dp_accuracy_tuning_distributed`); the test folds were used once, for this table.",
     ]
 
 
@@ -399,6 +340,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--save", type=Path, default=None, help="write every run's outcome here (JSON lines)")
     parser.add_argument("--replay", type=Path, default=None, help="render the tables from a --save file, run nothing")
     parser.add_argument("--publish-tuning", action="store_true", help="write the tuning table to BENCHMARKS.md")
+    parser.add_argument(
+        "--tuning-section",
+        default=TUNING_SECTION,
+        help=f"the BENCHMARKS.md section of the tuning table (default {TUNING_SECTION}; another keeps it)",
+    )
     return parser.parse_args(argv)
 
 

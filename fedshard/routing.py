@@ -179,9 +179,21 @@ class FederationRouting:
         return SiteRouting({d.shard_id: d for d in decisions}, self.router.policy.digest, encrypted)
 
     def check(self) -> None:
-        """Route every site once, so a policy that cannot work fails at config load."""
+        """Route every site once, so a policy that cannot work fails at config load; with
+        distributed DP noise, also refuse an aggregate that could never hold enough sites' shares."""
+        members: dict[str, set[str]] = {}
         for s in self.config.sites:
-            self.site(s.id)
+            for d in self.site(s.id).routes.values():
+                members.setdefault(f"{d.final_zone or d.zone}|{d.group}", set()).add(s.id)
+        needed = self.config.privacy.shares_needed
+        short = sorted((len(sites), key) for key, sites in members.items() if len(sites) < needed)
+        if short:
+            count, key = short[0]
+            raise ConfigError(
+                f"aggregate {key} holds at most {count} sites' shares but {self.config.privacy.distributed[0]} is "
+                f"{needed}: its zone would refuse to publish it every round; lower distributed_over or change the "
+                "residency policy so that more sites share that aggregate"
+            )
 
     def zone_policy(self, zone_name: str, site_keys: Mapping[str, bytes] | None = None) -> ZonePolicy:
         """What zone ``zone_name`` enforces (see :class:`ZonePolicy`)."""
@@ -197,9 +209,7 @@ class FederationRouting:
             jurisdictions={s.id: s.jurisdiction for s in self.config.sites},
             protections={s.id: shard_protection(self.config, s.id) for s in self.config.sites},
             site_keys=site_keys,
-            min_contributors=self.config.privacy.update_level.distributed_over or 1
-            if self.config.privacy.update_level.enabled
-            else 1,
+            min_contributors=self.config.privacy.shares_needed,
         )
 
 

@@ -10,7 +10,7 @@ from fedshard.config import BudgetConfig, FederationConfig, LayerPolicy
 from fedshard.errors import ConfigError, PrivacyError
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
-from fedshard.site.privacy import SitePrivacy
+from fedshard.site.privacy import SitePrivacy, own_shares
 from fedshard.site.routes import CLASSES_FILE, ModelSource, RouteSource, SiteRouting, read_classes, write_classes
 from fedshard.site.site import Site
 from fedshard.task import Partition, build_initial_model, load_task
@@ -216,6 +216,7 @@ def _site(
             cap=cap if cap is not None else site.cap,
             key=ledger[0] if ledger is not None else None,
             anchor=ledger[1] if ledger is not None else None,
+            shares=own_shares(config.privacy),
         ),
         dp_layers=config.privacy.layer_policy,
         routing=_route_source(config, site_id, state_dir, routing),

@@ -25,7 +25,14 @@ from fedshard.config.models import (
     ZoneConfig,
     ZoneLimits,
 )
-from fedshard.config.privacy import BudgetConfig, LayerPolicy, PrivacyConfig, RecordDPConfig, UpdateDPConfig
+from fedshard.config.privacy import (
+    BudgetConfig,
+    LayerPolicy,
+    PrivacyConfig,
+    RecordDPConfig,
+    UpdateDPConfig,
+    noise_share,
+)
 from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
 
 __all__ = [
@@ -36,6 +43,7 @@ __all__ = [
     "PrivacyConfig",
     "RecordDPConfig",
     "UpdateDPConfig",
+    "noise_share",
     "ClassRule",
     "PolicyRule",
     "Protection",

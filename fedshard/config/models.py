@@ -356,18 +356,7 @@ class FederationConfig(_Model):
                     f"site {configured[0]} has a privacy budget but no DP mechanism is enabled; "
                     "turn on privacy.record_level or privacy.update_level"
                 )
-        distributed = self.privacy.update_level.distributed_over
-        if self.privacy.update_level.enabled and distributed is not None:
-            if self.residency.encrypt != "all":
-                raise ValueError(
-                    "privacy.update_level.distributed_over needs residency.encrypt: all (a zone must never see one "
-                    "site's update with only its share of the noise)"
-                )
-            if distributed > self.federation.min_sites:
-                raise ValueError(
-                    f"privacy.update_level.distributed_over is {distributed} but federation.min_sites is "
-                    f"{self.federation.min_sites}: rounds with fewer sites would carry less noise than accounted"
-                )
+        self._check_distributed_noise()
         if self.residency.encrypting and len(self.sites) > self.he.max_sites:
             raise ValueError(
                 f"{len(self.sites)} sites but he.max_sites is {self.he.max_sites}: encrypted sums would overflow; "
@@ -384,6 +373,29 @@ class FederationConfig(_Model):
         if len(set(parts.values())) != len(parts):
             raise ValueError("two sites share a data partition index")
         return self
+
+    def _check_distributed_noise(self) -> None:
+        """Distributed DP noise holds only where no zone sees one site's share and every
+        aggregate sums at least ``n`` of them; record-level DP-SGD must then take one step a round."""
+        paths, needed = self.privacy.distributed, self.privacy.shares_needed
+        if not paths:
+            return
+        if self.residency.encrypt != "all":
+            raise ValueError(
+                f"{paths[0]} needs residency.encrypt: all (a zone must never see one site's update with only its "
+                "share of the noise)"
+            )
+        if needed > self.federation.min_sites:
+            raise ValueError(
+                f"{paths[0]} is {needed} but federation.min_sites is {self.federation.min_sites}: rounds with fewer "
+                "sites would carry less noise than accounted"
+            )
+        if self.privacy.record_level.distributed_over and self.training.local_epochs != 1:
+            raise ValueError(
+                f"privacy.record_level.distributed_over needs training.local_epochs: 1 (got "
+                f"{self.training.local_epochs}): one DP-SGD step per round keeps a site's update linear in its "
+                "noise share, so the shares add up in the aggregate"
+            )
 
     @property
     def _index(self) -> _SiteIndex:

@@ -8,7 +8,25 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig"]
+__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig", "noise_share"]
+
+
+def noise_share(distributed_over: int | None) -> float:
+    """The fraction of σ each site adds when the noise is distributed over ``n`` sites' shares.
+
+    Every site decrypts the aggregate and knows its own share, so what protects another
+    site's records is the other ``n − 1`` shares: each site adds σ/√(n − 1), the decrypted
+    aggregate of ``n`` shares carries σ·√(n/(n − 1)), and any one site's view of it, once it
+    subtracts its own share, still carries σ, the noise every ledger accounts. Without
+    distribution (``None``) a site adds all of σ.
+    """
+    return 1.0 / math.sqrt(distributed_over - 1) if distributed_over else 1.0
+
+
+_DISTRIBUTED_HELP = (
+    "distributed noise under HE: each site adds σ/√(n−1), so any one site's view of an aggregate of ≥ n "
+    "sites (its own share subtracted) carries σ; needs residency.encrypt: all and n ≤ federation.min_sites"
+)
 
 
 class LayerPolicy(StrEnum):
@@ -52,6 +70,17 @@ class RecordDPConfig(_Model):
     fix_incompatible_layers: bool = Field(
         True, description="replace layers DP-SGD cannot handle (BatchNorm → GroupNorm) instead of refusing"
     )
+    distributed_over: int | None = Field(
+        None,
+        ge=2,
+        description=_DISTRIBUTED_HELP + "; one DP-SGD step per round (training.local_epochs: 1, "
+        "training.batch_size ≥ a site's records) so the released update is linear in the noise",
+    )
+
+    @property
+    def noise_share(self) -> float:
+        """The fraction of σ each site adds (see :func:`noise_share`)."""
+        return noise_share(self.distributed_over)
 
 
 class UpdateDPConfig(_Model):
@@ -61,17 +90,12 @@ class UpdateDPConfig(_Model):
     enabled: bool = False
     clip_norm: float = Field(1.0, gt=0, description="L2 bound of a site's update")
     noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std is σ × clip_norm")
-    distributed_over: int | None = Field(
-        None,
-        ge=2,
-        description="distributed noise under HE: each site adds σ/√n, so an aggregate of ≥ n sites carries σ; "
-        "needs residency.encrypt: all and n ≤ federation.min_sites",
-    )
+    distributed_over: int | None = Field(None, ge=2, description=_DISTRIBUTED_HELP)
 
     @property
     def noise_share(self) -> float:
-        """The fraction of σ each site adds (1/√n with distributed noise, else 1)."""
-        return 1.0 / math.sqrt(self.distributed_over) if self.distributed_over else 1.0
+        """The fraction of σ each site adds (see :func:`noise_share`)."""
+        return noise_share(self.distributed_over)
 
 
 class PrivacyConfig(_Model):
@@ -85,6 +109,24 @@ class PrivacyConfig(_Model):
     def enabled(self) -> bool:
         """True if any DP mechanism is on."""
         return self.record_level.enabled or self.update_level.enabled
+
+    @property
+    def shares_needed(self) -> int:
+        """How many sites' noise shares every aggregate must hold (1: no distributed noise)."""
+        mechanisms = (
+            (self.record_level.enabled, self.record_level.distributed_over),
+            (self.update_level.enabled, self.update_level.distributed_over),
+        )
+        return max((n for on, n in mechanisms if on and n), default=1)
+
+    @property
+    def distributed(self) -> list[str]:
+        """The mechanisms whose noise is distributed, as config paths."""
+        return [
+            f"privacy.{name}.distributed_over"
+            for name, m in (("record_level", self.record_level), ("update_level", self.update_level))
+            if m.enabled and m.distributed_over
+        ]
 
     @property
     def layer_policy(self) -> LayerPolicy:

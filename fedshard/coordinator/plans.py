@@ -44,13 +44,14 @@ def privacy_plan(config: FederationConfig, site_id: str) -> PrivacyPlan | None:
             noise_multiplier=record.noise_multiplier,
             max_grad_norm=record.max_grad_norm,
             planned_rounds=math.ceil(config.federation.rounds * config.federation.sample_fraction),
+            distributed_over=record.distributed_over,
         )
         if record.enabled
         else None,
         update=UpdatePlan(
             clip_norm=p.update_level.clip_norm,
             noise_multiplier=p.update_level.noise_multiplier,
-            noise_share=p.update_level.noise_share,
+            distributed_over=p.update_level.distributed_over,
         )
         if p.update_level.enabled
         else None,

@@ -86,17 +86,42 @@ class RecordPrivacy:
         The event the site reserved in its ledger for this round.
     max_grad_norm:
         Per-sample gradient clipping bound.
+    noise_share:
+        The multiple of the planned σ this site adds itself (1 unless the noise is
+        distributed over several sites' encrypted shares, see
+        :func:`fedshard.config.privacy.noise_share`).
+    distributed:
+        The noise is distributed: the round must be one DP-SGD step of plain SGD, for only
+        then is the released update linear in the noise, so that the shares add up in the
+        aggregate.
     """
 
-    def __init__(self, planned: DPEvent, max_grad_norm: float) -> None:
+    def __init__(
+        self, planned: DPEvent, max_grad_norm: float, noise_share: float = 1.0, *, distributed: bool = False
+    ) -> None:
+        if not (noise_share > 0.0 and math.isfinite(noise_share)):
+            raise PrivacyError(f"a site's noise share must be a positive number, got {noise_share}")
+        if distributed and planned.steps != 1:
+            raise PrivacyError(
+                f"distributed record-level DP needs one DP-SGD step per round, but this round plans {planned.steps} "
+                f"(sample rate {planned.sample_rate:.3g}); set training.local_epochs: 1 and training.batch_size at "
+                "least the site's number of training records"
+            )
         self.planned = planned
         self.max_grad_norm = max_grad_norm
+        self.noise_share = noise_share
+        self.distributed = distributed
         self._engine: Any = None
 
     @property
     def noise_multiplier(self) -> float:
-        """σ of this round."""
+        """σ of this round (what the ledger accounts)."""
         return self.planned.noise_multiplier
+
+    @property
+    def added_noise_multiplier(self) -> float:
+        """The σ this site adds itself: ``noise_multiplier × noise_share``."""
+        return self.planned.noise_multiplier * self.noise_share
 
     def make_private(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader: Any
@@ -112,6 +137,11 @@ class RecordPrivacy:
         check_model(model)
         if self._engine is not None:
             raise PrivacyError("make_private was called twice in one round; call it once per round")
+        if self.distributed and type(optimizer) is not torch.optim.SGD:
+            raise PrivacyError(
+                f"distributed record-level DP needs the task's optimiser to be torch.optim.SGD (its one step is "
+                f"linear in the noise), got {type(optimizer).__name__}; nothing was released"
+            )
         _warn_once_about_rng()
         # Opacus's hooks make torch say this on every backward pass; it is expected.
         warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
@@ -123,7 +153,7 @@ class RecordPrivacy:
             module=model,
             optimizer=optimizer,
             data_loader=data_loader,
-            noise_multiplier=self.planned.noise_multiplier,
+            noise_multiplier=self.added_noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             poisson_sampling=True,
             noise_generator=generator,
@@ -157,16 +187,16 @@ class RecordPrivacy:
                 "record-level DP is on but the task did not train through RecordPrivacy.make_private; "
                 "nothing was released"
             )
-        p = self.planned
+        p, added = self.planned, self.added_noise_multiplier
         same = (
             spent.steps == p.steps
             and math.isclose(spent.sample_rate, p.sample_rate, rel_tol=1e-9)
-            and math.isclose(spent.noise_multiplier, p.noise_multiplier, rel_tol=1e-9)
+            and math.isclose(spent.noise_multiplier, added, rel_tol=1e-9)
         )
         if not same:
             raise PrivacyError(
                 f"training spent {spent.steps} steps at q={spent.sample_rate:.4g}, σ={spent.noise_multiplier:.4g}; "
-                f"the ledger reserved {p.steps} steps at q={p.sample_rate:.4g}, σ={p.noise_multiplier:.4g}; "
-                "nothing was released"
+                f"the ledger reserved {p.steps} steps at q={p.sample_rate:.4g} with this site adding "
+                f"σ={added:.4g}; nothing was released"
             )
-        return spent
+        return p

@@ -112,6 +112,7 @@ class RecordPlan(_Msg):
     noise_multiplier: float | None  # None: the site calibrates σ to spend its budget over planned_rounds
     max_grad_norm: float
     planned_rounds: int
+    distributed_over: int | None = None  # noise shared by ≥ n sites under HE: each adds σ/√(n−1)
 
 
 class UpdatePlan(_Msg):
@@ -119,7 +120,7 @@ class UpdatePlan(_Msg):
 
     clip_norm: float
     noise_multiplier: float  # σ of the released aggregate (what the ledger accounts)
-    noise_share: float = 1.0  # the fraction of σ this site adds (1/√n with distributed noise under HE)
+    distributed_over: int | None = None  # noise shared by ≥ n sites under HE: each adds σ/√(n−1)
 
 
 class PrivacyPlan(_Msg):

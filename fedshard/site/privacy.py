@@ -19,14 +19,15 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedshard import faults
-from fedshard.config import BudgetConfig
-from fedshard.errors import ConfigError, StoreError
+from fedshard.config import BudgetConfig, PrivacyConfig
+from fedshard.config.privacy import noise_share
+from fedshard.errors import ConfigError, PrivacyError, StoreError
 from fedshard.privacy.accountant import AccountantKind, calibrate_noise
 from fedshard.privacy.dpsgd import RecordPrivacy, planned_record_event
 from fedshard.privacy.events import DPEvent, Guarantee
@@ -41,7 +42,7 @@ from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
 if TYPE_CHECKING:
     from fedshard.crypto.at_rest import Kek
 
-__all__ = ["LEDGER_FILE", "RoundDP", "SitePrivacy", "ledger_key"]
+__all__ = ["LEDGER_FILE", "RoundDP", "SitePrivacy", "ledger_key", "own_shares"]
 
 LEDGER_FILE = "ledger.sqlite"
 _CALIBRATION_FILE = "privacy-calibration.json"
@@ -55,12 +56,28 @@ class RoundDP:
     update: UpdatePlan | None
 
     @classmethod
-    def of(cls, plan: PrivacyPlan, events: Sequence[DPEvent]) -> RoundDP:
-        """What ``plan`` asks for; DP-SGD accounts the record-level event of ``events`` (the reserved ones)."""
+    def of(cls, plan: PrivacyPlan, events: Sequence[DPEvent], examples_per_weight: float = 1.0) -> RoundDP:
+        """What ``plan`` asks for; DP-SGD accounts the record-level event of ``events`` (the reserved ones).
+
+        With distributed noise a site adds its share of σ times ``examples_per_weight``
+        (its records over its aggregation weight, ≥ 1 when the weight is capped): DP-SGD
+        divides the noisy sum by the records, the aggregate multiplies by the weight, so
+        this keeps every site's share as large as the uncapped sites' in the weighted sum,
+        against which any one record's influence is measured. A weight above the records
+        (< 1) would let a record move the sum by more than that: refused. Raises
+        :class:`PrivacyError` if the round cannot be run that way (before anything is reserved).
+        """
         record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
         if record is None or plan.record is None:
             return cls(None, plan.update)
-        return cls(RecordPrivacy(record, plan.record.max_grad_norm), plan.update)
+        n = plan.record.distributed_over
+        if n and examples_per_weight < 1.0:  # a record would move the sum more than the others' shares cover
+            raise PrivacyError(
+                f"distributed record-level DP: the aggregator weighs this site above its number of records "
+                f"(records / weight = {examples_per_weight:.3g} < 1); nothing was released"
+            )
+        share = noise_share(n) * examples_per_weight if n else 1.0
+        return cls(RecordPrivacy(record, plan.record.max_grad_norm, share, distributed=n is not None), plan.update)
 
 
 class SitePrivacy:
@@ -79,6 +96,10 @@ class SitePrivacy:
         use (an unauthenticated ledger).
     anchor:
         Where the ledger's head is anchored outside its file; None: nowhere.
+    shares:
+        The ``distributed_over`` of the site's own config per guarantee (absent: the
+        site adds all of σ): the site refuses a plan that would have it add less noise
+        than its own config allows, whoever sent it.
     """
 
     def __init__(
@@ -89,8 +110,10 @@ class SitePrivacy:
         *,
         key: LedgerKey | None = None,
         anchor: AnchorStore | None = None,
+        shares: Mapping[Guarantee, int] | None = None,
     ) -> None:
         self.site_id = site_id
+        self.shares = dict(shares or {})
         self.state_dir = state_dir
         self.cap = cap
         self.key = key
@@ -265,8 +288,25 @@ class SitePrivacy:
             f"(ε spent {max(anchor.spent.values(), default=0.0):.3g})"
         )
 
+    def check_shares(self, plan: PrivacyPlan) -> None:
+        """Refuse a plan that has this site add less noise than its own config allows.
+
+        Raises :class:`PrivacyError` naming the setting."""
+        asked = {
+            Guarantee.RECORD: (plan.record.distributed_over if plan.record else None, "record_level"),
+            Guarantee.UPDATE: (plan.update.distributed_over if plan.update else None, "update_level"),
+        }
+        for guarantee, (n, name) in asked.items():
+            own = self.shares.get(guarantee)
+            if n is not None and (own is None or n > own):
+                raise PrivacyError(
+                    f"site {self.site_id}: the aggregator asks it to share its {name} noise over {n} sites; its own "
+                    f"config allows {own or 'no sharing'} (privacy.{name}.distributed_over); nothing was released"
+                )
+
     def round_events(self, plan: PrivacyPlan, ledger: PrivacyLedger, num_examples: int) -> list[DPEvent]:
         """What one round costs under ``plan``."""
+        self.check_shares(plan)
         events: list[DPEvent] = []
         if plan.record is not None:
             sigma = plan.record.noise_multiplier
@@ -355,6 +395,15 @@ def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:
     for event, eps in carried:
         spent[event.guarantee] = max(spent.get(event.guarantee, 0.0), eps)
     return spent
+
+
+def own_shares(config: PrivacyConfig) -> dict[Guarantee, int]:
+    """The ``distributed_over`` of each enabled mechanism of a site's own config (for :class:`SitePrivacy`)."""
+    shares = {
+        Guarantee.RECORD: config.record_level.distributed_over if config.record_level.enabled else None,
+        Guarantee.UPDATE: config.update_level.distributed_over if config.update_level.enabled else None,
+    }
+    return {g: n for g, n in shares.items() if n is not None}
 
 
 def ledger_key(kek: Kek) -> LedgerKey:

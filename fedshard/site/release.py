@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedshard import faults
+from fedshard.config.privacy import noise_share
 from fedshard.errors import FedshardError, HeldPush, PushRejectedError, RoundError, ZoneUnavailableError
 from fedshard.integrity import build_manifest
 from fedshard.privacy.update_dp import clip_and_noise
@@ -43,13 +44,23 @@ def update_over(base: dict[str, np.ndarray], trained: Mapping[str, np.ndarray]) 
     return base
 
 
-def noised(update: dict[str, np.ndarray], plan: UpdatePlan | None) -> dict[str, np.ndarray]:
-    """The update with update-level DP applied (clipped and noised), or as is without it."""
+def noised(
+    update: dict[str, np.ndarray], plan: UpdatePlan | None, largest_weight_ratio: float = 1.0
+) -> dict[str, np.ndarray]:
+    """The update with update-level DP applied (clipped and noised), or as is without it.
+
+    With distributed noise (HE on every shard) each site adds its share σ/√(n−1); the
+    decrypted aggregate of ≥ n sites, less any one site's own share, carries σ, which the
+    ledger accounts (:func:`fedshard.config.privacy.noise_share`). The aggregate weighs
+    each update by its site's weight, and one site's update can move it by its weight ×
+    ``clip_norm``: so each site scales its share by ``largest_weight_ratio`` (the round's
+    largest weight over its own, ≥ 1), and every share counts as much as the
+    most-weighted site's influence.
+    """
     if plan is None:
         return update
-    # With distributed noise (HE on every shard) each site adds its share σ/√n; the
-    # decrypted aggregate of ≥ n sites carries σ, which the ledger accounts.
-    out, _ = clip_and_noise(update, plan.clip_norm, plan.noise_multiplier * plan.noise_share)
+    share = noise_share(plan.distributed_over) * max(1.0, largest_weight_ratio) if plan.distributed_over else 1.0
+    out, _ = clip_and_noise(update, plan.clip_norm, plan.noise_multiplier * share)
     return out
 
 

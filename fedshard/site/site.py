@@ -384,7 +384,11 @@ class Site:
         except StoreError as exc:
             return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
         with ledger:
-            events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
+            try:  # a round the site's DP cannot run as planned is refused before anything is reserved
+                events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
+                dp = RoundDP.of(message.privacy, events, self.data.num_train / message.weight)
+            except PrivacyError as exc:
+                return refuse(exc, self.privacy.report(ledger, [], status=PrivacyStatus.REFUSED, note=note))
             faults.point("site.ledger.reserve")
             try:
                 reservation = ledger.reserve(message.round, events)  # durable and anchored, or raises
@@ -395,7 +399,7 @@ class Site:
                 return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
             faults.point("site.ledger.reserved")
             try:
-                report = self._train_and_push(message, state, routing, RoundDP.of(message.privacy, events))
+                report = self._train_and_push(message, state, routing, dp)
             except (PrivacyError, RoundError) as exc:
                 return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
             faults.point("site.ledger.commit")
@@ -433,9 +437,9 @@ class Site:
         if record is not None:
             record.verify()
             faults.point("site.train.dp")
-        update = noised(update, dp.update if dp is not None else None)
         # The coordinator fixed the weight (zones refuse any other); ciphertext carries it over the scale.
         he_weight = message.weight / (message.weight_scale or message.weight)
+        update = noised(update, dp.update if dp is not None else None, 1.0 / he_weight)
         payload = encrypt_shards(
             update,
             routing.encrypted,

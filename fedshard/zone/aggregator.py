@@ -421,7 +421,7 @@ class ZoneAggregator:
             self._record(Decision.REFUSED, round=round, group=group, reason="too few contributions to publish")
             raise ZoneError(
                 f"zone {self.name}: round {round}: encrypted shard {short} of group {group} holds fewer than "
-                f"{needed} sites' noise shares (privacy.update_level.distributed_over); not publishing it",
+                f"{needed} sites' noise shares (privacy.*.distributed_over); not publishing it",
                 RefusalCode.PRIVACY,
             )
 

@@ -208,6 +208,12 @@ SIM = f"simulate {FED} --out run"
 ZONE = f"zone up {FED} --zone eu-central"
 IN_USE = "is in use (is this zone, or another server, already running?)"
 
+_SHARED_NOISE: dict[str, Any] = {  # record-level DP whose noise the two sites share under CKKS
+    "residency__encrypt": "all",
+    "privacy__record_level": {"enabled": True, "distributed_over": 2},
+    "privacy__budget": {"epsilon": 3, "delta": 1e-5},
+}
+
 CASES = [
     # config files: syntax, keys, types, ranges
     case("yaml-syntax", SIM, "fed.yaml: invalid YAML at line 3", files({"fed.yaml": "federation:\n  rounds: [2\n"})),
@@ -242,6 +248,18 @@ CASES = [
         ),
     ),
     case("min-sites-above-sites", SIM, "min_sites is 3", files({"fed.yaml": federation(federation__min_sites=3)})),
+    case(
+        "distributed-noise-several-steps",
+        SIM,
+        "privacy.record_level.distributed_over needs training.local_epochs: 1",
+        files({"fed.yaml": federation(**_SHARED_NOISE, training__local_epochs=2)}),
+    ),
+    case(
+        "distributed-noise-aggregate-too-small",
+        SIM,
+        "aggregate eu-central|regional/EU holds at most 1 sites' shares",
+        files({"fed.yaml": federation(**_SHARED_NOISE, training__local_epochs=1)}),
+    ),
     case(
         "sample-fraction-above-one",
         SIM,

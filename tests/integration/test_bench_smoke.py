@@ -183,16 +183,35 @@ def _dp_accuracy(h: dict[str, Any]) -> None:
     # --quick: 1 shuffle x 2 folds of the 569 records, ε = 3 only
     assert h["folds"] == 2 and 200 < h["test_predictions"] < 250 and set(h["fed_vs_central_pp_by_epsilon"]) == {"3"}
     assert h["fed_vs_central_pp_by_epsilon"]["3"] == h["fed_vs_central_pp"]
-    assert -100 < h["fed_vs_central_pp"] < 100 and -100 < h["naive_vs_central_pp"] < 100
+    assert set(h["central_dp_vs_central_pp_by_epsilon"]) == {"3"}
+    for gap in (h["fed_vs_central_pp"], h["naive_vs_central_pp"], h["local_noise_vs_central_pp"]):
+        assert -100 < gap < 100
     assert h["budget_respected"] is True
 
 
 def _dp_accuracy_shown(h: dict[str, Any], section: str) -> None:
-    dp = _row(section, "dp-tuned (DP federated) | 3 |")
+    dp = _row(section, "dp-tuned (DP federated, shared noise) | 3 |")
     assert f"| {h['fed_vs_central_pp']:+.2f} ± {h['fed_vs_central_se_pp']:.2f} |" in dp
     assert f"| {h['test_predictions']:,} |" in dp
     assert f"| {h['naive_vs_central_pp']:+.2f} ± " in _row(section, "naive (DP federated) | 3 |")
+    assert f"| {h['local_noise_vs_central_pp']:+.2f} ± " in _row(section, "dp-local (DP federated, local noise) | 3 |")
+    floor = h["central_dp_vs_central_pp_by_epsilon"]["3"]
+    assert f"| {floor:+.2f} ± " in _row(section, "central-dp (DP, one curator, pooled data) | 3 |")
     assert "every site spent at most its budget: yes" in section
+
+
+def _llm_dp(h: dict[str, Any]) -> None:
+    # --quick: tiny model, rates 1e-3 and 5e-3, one tuning and one test seed
+    assert set(h["validation_accuracy"]) == {"0.001", "0.005"} and h["seeds"] == 1
+    assert h["dp_lr"] == max((0.001, 0.005), key=lambda lr: h["validation_accuracy"][f"{lr:g}"])
+    assert 0.3 < h["central_validation_accuracy"] <= 1 and -100 < h["dp_vs_central_pp"] < 100
+    assert h["dp_vs_central_se_pp"] == 0 and h["test_predictions"] >= 2000 and h["budget_respected"] is True
+
+
+def _llm_dp_shown(h: dict[str, Any], section: str) -> None:
+    assert _cells(_row(section, "**test set**"))[2] == f"{h['dp_vs_central_pp']:+.2f} ± 0.00"
+    assert "(pick)" in _row(section, f"DP federated, Adam lr {h['dp_lr']:g} (pick)")
+    assert "Every site spent at most its budget: yes" in section
 
 
 def _site_overhead(h: dict[str, Any]) -> None:
@@ -352,6 +371,8 @@ EXPECT: dict[str, Expect] = {
             "fed_vs_central_pp",
             "fed_vs_central_se_pp",
             "fed_vs_central_pp_by_epsilon",
+            "central_dp_vs_central_pp_by_epsilon",
+            "local_noise_vs_central_pp",
             "naive_vs_central_pp",
             "test_predictions",
             "folds",
@@ -482,6 +503,20 @@ EXPECT: dict[str, Expect] = {
         },
         _llm_lr_sweep,
         _llm_lr_sweep_shown,
+    ),
+    "llm_dp": Expect(
+        {
+            "dp_lr",
+            "dp_vs_central_pp",
+            "dp_vs_central_se_pp",
+            "validation_accuracy",
+            "central_validation_accuracy",
+            "test_predictions",
+            "seeds",
+            "budget_respected",
+        },
+        _llm_dp,
+        _llm_dp_shown,
     ),
     "deploy_overhead": Expect(
         {

@@ -466,7 +466,7 @@ def test_distributed_noise_runs_and_zones_refuse_to_publish_too_few_shares(tmp_p
     config = _he_config(tmp_path, distributed_over=2)
     result, _, _ = _run_federation(config, tmp_path / "run")
     assert result.stopped_reason == "" and len(result.rounds) == 1
-    # every site accounted the aggregate's σ = 1, not its own share σ/√2
+    # every site accounted σ = 1 (what the other site's share leaves in its view), not its own share
     spent = {site: p["epsilon_update"] for site, p in result.privacy.items()}
     assert len(set(spent.values())) == 1 and next(iter(spent.values())) > 0
     # the reducing zone does not publish an encrypted shard that holds one site's share of the noise
@@ -483,3 +483,58 @@ def test_distributed_noise_runs_and_zones_refuse_to_publish_too_few_shares(tmp_p
     with pytest.raises(ZoneError, match="fewer than 2 sites' noise shares"):
         zone.close_round(1)
     zone.close()
+
+
+def _record_config(tmp_path: Path, batch_size: int) -> FederationConfig:
+    data = _he_config(tmp_path).model_dump(mode="json", by_alias=True)
+    data["training"].update(local_epochs=1, batch_size=batch_size)
+    data["privacy"] = {
+        "record_level": {"enabled": True, "noise_multiplier": 1.0, "max_grad_norm": 1.0, "distributed_over": 2},
+        "budget": {"epsilon": 50.0, "delta": 1e-3},
+    }
+    return FederationConfig.model_validate(data)
+
+
+def test_distributed_record_dp_runs_under_ckks_and_every_ledger_accounts_sigma(tmp_path: Path) -> None:
+    from fedshard.privacy.accountant import epsilon
+    from fedshard.privacy.events import DPEvent, Guarantee
+
+    config = _record_config(tmp_path, batch_size=64)  # ≥ the toy task's 40 records: one DP-SGD step a round
+    result, _, _ = _run_federation(config, tmp_path / "run")
+    assert result.stopped_reason == "" and len(result.rounds) == 1
+    # one step at q = 1 and σ = 1, the σ of any one site's view of the aggregate, not the σ/√(n−1) each site added
+    expected = epsilon([DPEvent(Guarantee.RECORD, 1.0, 1.0, 1)], 1e-3)
+    spent = [p["epsilon_record"] for p in result.privacy.values()]
+    assert spent and all(e == pytest.approx(expected, rel=1e-6) for e in spent)
+
+
+def test_distributed_record_dp_with_several_steps_a_round_is_refused_before_any_spend(tmp_path: Path) -> None:
+    config = _record_config(tmp_path, batch_size=8)  # 5 Poisson batches a round: not linear in the noise
+    result, _, _ = _run_federation(config, tmp_path / "run")
+    refusals = [reason for r in result.rounds for reason in r.refused.values()]
+    assert not any(r.sites for r in result.rounds)  # nobody released anything
+    assert all(p["epsilon_record"] == 0.0 for p in result.privacy.values())
+    assert any("one DP-SGD step per round" in reason for reason in [*refusals, result.stopped_reason])
+
+
+def test_distributed_noise_refuses_an_aggregate_that_can_never_hold_enough_shares(tmp_path: Path) -> None:
+    data = _record_config(tmp_path, batch_size=64).model_dump(mode="json", by_alias=True)
+    data["federation"]["min_sites"] = 3
+    data["privacy"]["record_level"]["distributed_over"] = 3  # the EU personal shards meet only the 2 EU sites
+    config = FederationConfig.model_validate(data)
+    with pytest.raises(ConfigError, match=r"aggregate eu-central\|regional/EU holds at most 2 sites' shares") as info:
+        FederationRouting(config).check()
+    assert "\n" not in str(info.value)
+
+
+def test_distributed_record_dp_needs_one_local_epoch_and_every_shard_encrypted(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    data = _record_config(tmp_path, batch_size=64).model_dump(mode="json", by_alias=True)
+    data["training"]["local_epochs"] = 2
+    with pytest.raises(ValidationError, match=r"record_level\.distributed_over needs training\.local_epochs: 1"):
+        FederationConfig.model_validate(data)
+    data["training"]["local_epochs"] = 1
+    data["residency"]["encrypt"] = ["personal"]
+    with pytest.raises(ValidationError, match=r"privacy\.record_level\.distributed_over needs residency\.encrypt: all"):
+        FederationConfig.model_validate(data)

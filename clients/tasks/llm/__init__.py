@@ -56,6 +56,10 @@ class LlmTask:
     private_examples:
         Use only the first this many examples of the (shuffled) private split, for the
         sites and the central baseline alike (default: all 24,209); a demo-sized run.
+    validation_examples:
+        When set, score on this many private examples right after the first
+        ``private_examples`` (never trained on) instead of the test set, which is then not
+        loaded: for choosing settings without test data.
     dirichlet_alpha:
         Label skew of the sites' private splits (smaller: more skewed).
     split_seed:
@@ -76,6 +80,7 @@ class LlmTask:
         public_fraction: float = 0.2,
         test_fraction: float = 0.15,
         private_examples: int | None = None,
+        validation_examples: int | None = None,
         dirichlet_alpha: float = 0.5,
         split_seed: int | None = None,
         pretrain_epochs: int = 3,
@@ -100,6 +105,9 @@ class LlmTask:
         if private_examples is not None and private_examples < 1:
             raise ValueError(f"private_examples must be >= 1, got {private_examples}")
         self.private_examples = private_examples
+        if validation_examples is not None and (validation_examples < 1 or private_examples is None):
+            raise ValueError("validation_examples must be >= 1 and needs private_examples (the training pool)")
+        self.validation_examples = validation_examples
         self.dirichlet_alpha = dirichlet_alpha
         self.split_seed = split_seed
         self.pretrain = PretrainSettings(epochs=pretrain_epochs, learning_rate=pretrain_lr, seed=data_seed)
@@ -135,6 +143,12 @@ class LlmTask:
         if self.private_examples is not None:  # the split is shuffled: its first examples are a random sample
             train = train.take(np.arange(min(self.private_examples, len(train))))
         test: Examples = splits.test
+        if self.validation_examples is not None:  # the examples after the training pool, never trained on
+            start = len(train)
+            end = start + self.validation_examples
+            if end > len(splits.private):
+                raise ValueError(f"private_examples + validation_examples = {end} > {len(splits.private)} examples")
+            test = splits.private.take(np.arange(start, end))
         if partition.index is not None:
             seed = partition.seed if self.split_seed is None else self.split_seed
             parts = dirichlet_partition(train.labels, partition.count, self.dirichlet_alpha, seed)
