@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from fedshard import faults
 from fedshard.config import LayerPolicy
-from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError, StoreError
+from fedshard.errors import FedshardError, RoundError, StoreError
 from fedshard.integrity import genesis_version
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import (
@@ -39,7 +39,6 @@ from fedshard.protocol.messages import (
     EvaluateReport,
     MessageKind,
     PrivacyReport,
-    PrivacyStatus,
     QueryRequest,
     SiteInfo,
     TrainInstruction,
@@ -51,6 +50,7 @@ from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_a
 from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
+from fedshard.site.private_round import private_round
 from fedshard.site.release import encrypt_shards, he_packs, noised, push_update, update_over
 from fedshard.site.resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
 from fedshard.site.routes import RouteSource, SiteRouting
@@ -378,40 +378,13 @@ class Site:
                 return self._train_and_push(message, state, routing, None)
             except RoundError as exc:
                 return refuse(exc)
-        faults.point("site.ledger.open")
-        try:  # checks the ledger against its anchor and the head the coordinator last saw
-            ledger, note = self.privacy.open_ledger(message.privacy, self.data.num_train, message.ledger_head)
-        except StoreError as exc:
-            return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
-        with ledger:
-            try:  # a round the site's DP cannot run as planned is refused before anything is reserved
-                events = self.privacy.round_events(message.privacy, ledger, self.data.num_train)
-                dp = RoundDP.of(message.privacy, events, self.data.num_train / message.weight)
-            except PrivacyError as exc:
-                return refuse(exc, self.privacy.report(ledger, [], status=PrivacyStatus.REFUSED, note=note))
-            faults.point("site.ledger.reserve")
-            try:
-                reservation = ledger.reserve(message.round, events)  # durable and anchored, or raises
-            except PrivacyError as exc:  # over budget, or reserved by an earlier attempt (released at most once)
-                status = PrivacyStatus.EXHAUSTED if isinstance(exc, BudgetExhaustedError) else PrivacyStatus.REFUSED
-                return refuse(exc, self.privacy.report(ledger, events, status=status, note=note))
-            except StoreError as exc:
-                return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
-            faults.point("site.ledger.reserved")
-            try:
-                report = self._train_and_push(message, state, routing, dp)
-            except (PrivacyError, RoundError) as exc:
-                return refuse(exc, self.privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
-            faults.point("site.ledger.commit")
-            try:
-                ledger.commit(reservation)
-            except StoreError as exc:  # released and counted; the reservation stays spent
-                log.warning("site %s: round %d: %s", self.site_id, message.round, exc)
-                return report.model_copy(update={"privacy": self.privacy.refusal_report(message.privacy, str(exc))})
-            faults.point("site.ledger.committed")
-            hint = message.projection_hint
-            privacy = self.privacy.report(ledger, events, note=note, hint=hint)
-            return report.model_copy(update={"privacy": privacy})
+        return private_round(
+            self.privacy,
+            message,
+            self.data.num_train,
+            lambda dp: self._train_and_push(message, state, routing, dp),
+            refuse,
+        )
 
     def _train_and_push(
         self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None

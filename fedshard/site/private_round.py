@@ -1,0 +1,70 @@
+"""One round of a site with DP on: open the ledger, reserve the round's cost, release, commit.
+
+The ledger decides before anything leaves the site: a round its DP cannot run as planned,
+or one the budget cannot afford, is refused before the reservation; a reservation that is
+never committed (crash, push refused) stays counted as spent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fedshard import faults
+from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError, StoreError
+from fedshard.protocol.messages import PrivacyReport, PrivacyStatus, TrainInstruction, TrainReport
+from fedshard.site.privacy import RoundDP, SitePrivacy
+
+__all__ = ["Refuse", "private_round"]
+
+log = logging.getLogger("fedshard.site.site")
+
+Refuse = Callable[[FedshardError, PrivacyReport | None], TrainReport]
+"""Builds the report of a refused round (the error, and the privacy report to send with it)."""
+
+
+def private_round(
+    privacy: SitePrivacy,
+    message: TrainInstruction,
+    num_train: int,
+    release: Callable[[RoundDP], TrainReport],
+    refuse: Refuse,
+) -> TrainReport:
+    """Run ``message``'s round under the site's ledger: ``release`` trains and pushes under
+    the round's DP (raising :class:`PrivacyError` or :class:`RoundError` when it cannot);
+    the returned report carries the site's privacy report."""
+    assert message.privacy is not None
+    faults.point("site.ledger.open")
+    try:  # checks the ledger against its anchor and the head the coordinator last saw
+        ledger, note = privacy.open_ledger(message.privacy, num_train, message.ledger_head)
+    except StoreError as exc:
+        return refuse(exc, privacy.refusal_report(message.privacy, str(exc)))
+    with ledger:
+        try:  # a round the site's DP cannot run as planned is refused before anything is reserved
+            events = privacy.round_events(message.privacy, ledger, num_train)
+            dp = RoundDP.of(message.privacy, events, num_train / message.weight)
+        except PrivacyError as exc:
+            return refuse(exc, privacy.report(ledger, [], status=PrivacyStatus.REFUSED, note=note))
+        faults.point("site.ledger.reserve")
+        try:
+            reservation = ledger.reserve(message.round, events)  # durable and anchored, or raises
+        except PrivacyError as exc:  # over budget, or reserved by an earlier attempt (released at most once)
+            status = PrivacyStatus.EXHAUSTED if isinstance(exc, BudgetExhaustedError) else PrivacyStatus.REFUSED
+            return refuse(exc, privacy.report(ledger, events, status=status, note=note))
+        except StoreError as exc:
+            return refuse(exc, privacy.refusal_report(message.privacy, str(exc)))
+        faults.point("site.ledger.reserved")
+        try:
+            report = release(dp)
+        except (PrivacyError, RoundError) as exc:
+            return refuse(exc, privacy.report(ledger, events, status=PrivacyStatus.REFUSED, note=note))
+        faults.point("site.ledger.commit")
+        try:
+            ledger.commit(reservation)
+        except StoreError as exc:  # released and counted; the reservation stays spent
+            log.warning("site %s: round %d: %s", privacy.site_id, message.round, exc)
+            return report.model_copy(update={"privacy": privacy.refusal_report(message.privacy, str(exc))})
+        faults.point("site.ledger.committed")
+        hint = message.projection_hint
+        shown = privacy.report(ledger, events, note=note, hint=hint)
+        return report.model_copy(update={"privacy": shown})
