@@ -185,12 +185,13 @@ class FederationRouting:
         for s in self.config.sites:
             for d in self.site(s.id).routes.values():
                 members.setdefault(f"{d.final_zone or d.zone}|{d.group}", set()).add(s.id)
-        needed = self.config.privacy.shares_needed
+        shared, needed = self.config.privacy.shared_noise, self.config.privacy.shares_needed
         short = sorted((len(sites), key) for key, sites in members.items() if len(sites) < needed)
         if short:
             count, key = short[0]
+            name = max(shared, key=shared.__getitem__)
             raise ConfigError(
-                f"aggregate {key} holds at most {count} sites' shares but {self.config.privacy.distributed[0]} is "
+                f"aggregate {key} holds at most {count} sites' shares but privacy.{name}.distributed_over is "
                 f"{needed}: its zone would refuse to publish it every round; lower distributed_over or change the "
                 "residency policy so that more sites share that aggregate"
             )

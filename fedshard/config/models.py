@@ -377,17 +377,18 @@ class FederationConfig(_Model):
     def _check_distributed_noise(self) -> None:
         """Distributed DP noise holds only where no zone sees one site's share and every
         aggregate sums at least ``n`` of them; record-level DP-SGD must then take one step a round."""
-        paths, needed = self.privacy.distributed, self.privacy.shares_needed
-        if not paths:
+        shared, needed = self.privacy.shared_noise, self.privacy.shares_needed
+        if not shared:
             return
+        widest = f"privacy.{max(shared, key=shared.__getitem__)}.distributed_over"
         if self.residency.encrypt != "all":
             raise ValueError(
-                f"{paths[0]} needs residency.encrypt: all (a zone must never see one site's update with only its "
+                f"{widest} needs residency.encrypt: all (a zone must never see one site's update with only its "
                 "share of the noise)"
             )
         if needed > self.federation.min_sites:
             raise ValueError(
-                f"{paths[0]} is {needed} but federation.min_sites is {self.federation.min_sites}: rounds with fewer "
+                f"{widest} is {needed} but federation.min_sites is {self.federation.min_sites}: rounds with fewer "
                 "sites would carry less noise than accounted"
             )
         if self.privacy.record_level.distributed_over and self.training.local_epochs != 1:

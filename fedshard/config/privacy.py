@@ -77,11 +77,6 @@ class RecordDPConfig(_Model):
         "training.batch_size ≥ a site's records) so the released update is linear in the noise",
     )
 
-    @property
-    def noise_share(self) -> float:
-        """The fraction of σ each site adds (see :func:`noise_share`)."""
-        return noise_share(self.distributed_over)
-
 
 class UpdateDPConfig(_Model):
     """Update-level DP: clip each site's released update and add Gaussian noise,
@@ -91,11 +86,6 @@ class UpdateDPConfig(_Model):
     clip_norm: float = Field(1.0, gt=0, description="L2 bound of a site's update")
     noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std is σ × clip_norm")
     distributed_over: int | None = Field(None, ge=2, description=_DISTRIBUTED_HELP)
-
-    @property
-    def noise_share(self) -> float:
-        """The fraction of σ each site adds (see :func:`noise_share`)."""
-        return noise_share(self.distributed_over)
 
 
 class PrivacyConfig(_Model):
@@ -111,22 +101,19 @@ class PrivacyConfig(_Model):
         return self.record_level.enabled or self.update_level.enabled
 
     @property
-    def shares_needed(self) -> int:
-        """How many sites' noise shares every aggregate must hold (1: no distributed noise)."""
-        mechanisms = (
-            (self.record_level.enabled, self.record_level.distributed_over),
-            (self.update_level.enabled, self.update_level.distributed_over),
-        )
-        return max((n for on, n in mechanisms if on and n), default=1)
+    def shared_noise(self) -> dict[str, int]:
+        """``distributed_over`` of each enabled mechanism that shares its noise, by config name
+        (``record_level``, ``update_level``)."""
+        mechanisms: dict[str, RecordDPConfig | UpdateDPConfig] = {
+            "record_level": self.record_level,
+            "update_level": self.update_level,
+        }
+        return {name: m.distributed_over for name, m in mechanisms.items() if m.enabled and m.distributed_over}
 
     @property
-    def distributed(self) -> list[str]:
-        """The mechanisms whose noise is distributed, as config paths."""
-        return [
-            f"privacy.{name}.distributed_over"
-            for name, m in (("record_level", self.record_level), ("update_level", self.update_level))
-            if m.enabled and m.distributed_over
-        ]
+    def shares_needed(self) -> int:
+        """How many sites' noise shares every aggregate must hold (1: no distributed noise)."""
+        return max(self.shared_noise.values(), default=1)
 
     @property
     def layer_policy(self) -> LayerPolicy:

@@ -399,11 +399,8 @@ def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:
 
 def own_shares(config: PrivacyConfig) -> dict[Guarantee, int]:
     """The ``distributed_over`` of each enabled mechanism of a site's own config (for :class:`SitePrivacy`)."""
-    shares = {
-        Guarantee.RECORD: config.record_level.distributed_over if config.record_level.enabled else None,
-        Guarantee.UPDATE: config.update_level.distributed_over if config.update_level.enabled else None,
-    }
-    return {g: n for g, n in shares.items() if n is not None}
+    guarantees = {"record_level": Guarantee.RECORD, "update_level": Guarantee.UPDATE}
+    return {guarantees[name]: n for name, n in config.shared_noise.items()}
 
 
 def ledger_key(kek: Kek) -> LedgerKey:
