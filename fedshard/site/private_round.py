@@ -15,12 +15,29 @@ from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, R
 from fedshard.protocol.messages import PrivacyReport, PrivacyStatus, TrainInstruction, TrainReport
 from fedshard.site.privacy import RoundDP, SitePrivacy
 
-__all__ = ["Refuse", "private_round"]
+__all__ = ["Refuse", "private_round", "refused"]
 
 log = logging.getLogger("fedshard.site.site")
 
 Refuse = Callable[[FedshardError, PrivacyReport | None], TrainReport]
 """Builds the report of a refused round (the error, and the privacy report to send with it)."""
+
+
+def refused(
+    site_id: str, round: int, error: FedshardError, privacy: PrivacyReport | None, applied: int | None
+) -> TrainReport:
+    """The report of a round the site refuses (logged): why, its refusal code, its privacy report."""
+    code = f" [{error.code}]" if error.code is not None else ""
+    log.warning("site %s refuses round %d%s: %s", site_id, round, code, error)
+    return TrainReport(
+        site_id=site_id,
+        round=round,
+        ok=False,
+        reason=str(error),
+        code=error.code,
+        privacy=privacy,
+        applied_round=applied,
+    )
 
 
 def private_round(

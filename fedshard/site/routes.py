@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from fedshard.sharding import ShardPlan
 
-__all__ = ["CLASSES_FILE", "RouteSource", "SiteRouting", "read_classes", "write_classes"]
+__all__ = ["CLASSES_FILE", "RouteSource", "SiteRouting", "read_classes", "single_zone_routing", "write_classes"]
 
 CLASSES_FILE = "classes.json"
 """In a site's state folder: the classification of its model's shards."""
@@ -74,6 +74,20 @@ class SiteRouting:
 
 RouteSource = Callable[[str, ModelSource], SiteRouting]
 """A site's routes from its plan digest and its model (asked for only when the shards must be classified)."""
+
+
+def single_zone_routing(site_id: str, zones: Mapping[str, str], shard_ids: Sequence[str]) -> SiteRouting:
+    """Without residency routing: every shard to the first of ``zones`` (by name), one default group."""
+    from fedshard.errors import RoundError
+    from fedshard.protocol.rounds import DEFAULT_GROUP
+
+    if not zones:
+        raise RoundError(f"site {site_id}: the round names no zone to push to")
+    zone = sorted(zones)[0]
+    routes = {
+        sid: RouteDecision(sid, "", "no residency routing", "", ["*"], zone, group=DEFAULT_GROUP) for sid in shard_ids
+    }
+    return SiteRouting(routes, "")
 
 
 def read_classes(path: Path, key: str) -> dict[str, Classification] | None:

@@ -44,16 +44,14 @@ from fedshard.protocol.messages import (
     TrainInstruction,
     TrainReport,
 )
-from fedshard.protocol.rounds import DEFAULT_GROUP
-from fedshard.residency import RouteDecision
 from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_aggregate, fetch_view, optimizer_for
 from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
-from fedshard.site.private_round import private_round
+from fedshard.site.private_round import private_round, refused
 from fedshard.site.release import encrypt_shards, he_packs, noised, push_update, update_over
 from fedshard.site.resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
-from fedshard.site.routes import RouteSource, SiteRouting
+from fedshard.site.routes import RouteSource, SiteRouting, single_zone_routing
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 
 if TYPE_CHECKING:
@@ -193,14 +191,7 @@ class Site:
                 if unknown is not None:
                     raise RoundError(f"site {self.site_id}: no route for shard {unknown} (model differs from config)")
             return self._routing
-        if not zones:
-            raise RoundError(f"site {self.site_id}: the round names no zone to push to")
-        zone = sorted(zones)[0]
-        routes = {
-            sid: RouteDecision(sid, "", "no residency routing", "", ["*"], zone, group=DEFAULT_GROUP)
-            for sid in self.model.plan.shard_ids
-        }
-        return SiteRouting(routes, "")
+        return single_zone_routing(self.site_id, zones, self.model.plan.shard_ids)
 
     def reroute(self) -> None:
         """Forget the routes (asked again from the route source at the next message): the
@@ -352,17 +343,7 @@ class Site:
         applied: int | None = None
 
         def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
-            code = f" [{error.code}]" if error.code is not None else ""
-            log.warning("site %s refuses round %d%s: %s", self.site_id, message.round, code, error)
-            return TrainReport(
-                site_id=self.site_id,
-                round=message.round,
-                ok=False,
-                reason=str(error),
-                code=error.code,
-                privacy=privacy,
-                applied_round=applied,
-            )
+            return refused(self.site_id, message.round, error, privacy, applied)
 
         try:
             state = self._catch_up(message.missed, message.zones, message.apply, message.base_version)

@@ -15,7 +15,7 @@ from fedshard.config.privacy import noise_share
 from fedshard.errors import PrivacyError
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.dpsgd import RecordPrivacy, planned_record_event
-from fedshard.protocol.messages import PrivacyPlan, RecordPlan
+from fedshard.protocol.messages import PrivacyPlan, RecordPlan, UpdatePlan
 from fedshard.site.privacy import RoundDP
 
 RECORDS, INPUTS, OUTPUTS = 40, 100, 100  # 10,000 noisy coordinates per release
@@ -35,6 +35,19 @@ def _release(privacy: RecordPrivacy, optimiser: type[torch.optim.Optimizer] = to
         opt.step()
     privacy.verify()
     return (model.weight.detach() - before).numpy().astype(np.float64).ravel()
+
+
+def _plan(record_n: int | None = None, update_n: int | None = None, *, update: bool = True) -> PrivacyPlan:
+    """A round's privacy plan: DP-SGD at σ (shared over ``record_n``), update-level DP unless ``update`` is off."""
+    return PrivacyPlan(
+        accountant=AccountantKind.PRV,
+        epsilon=3.0,
+        delta=1e-5,
+        batch_size=64,
+        epochs=1,
+        record=RecordPlan(noise_multiplier=SIGMA, max_grad_norm=CLIP, planned_rounds=10, distributed_over=record_n),
+        update=UpdatePlan(clip_norm=1.0, noise_multiplier=1.0, distributed_over=update_n) if update else None,
+    )
 
 
 def _site(n: int) -> RecordPrivacy:
@@ -72,14 +85,7 @@ def test_distributed_noise_needs_one_sgd_step_per_round() -> None:
 def test_a_capped_site_adds_its_share_scaled_to_its_records_over_its_weight() -> None:
     """DP-SGD divides by the site's records, the weighted sum multiplies by its weight: a site
     weighted below its records scales its share up so that its noise counts fully in the sum."""
-    plan = PrivacyPlan(
-        accountant=AccountantKind.PRV,
-        epsilon=3.0,
-        delta=1e-5,
-        batch_size=64,
-        epochs=1,
-        record=RecordPlan(noise_multiplier=SIGMA, max_grad_norm=CLIP, planned_rounds=10, distributed_over=5),
-    )
+    plan = _plan(record_n=5, update=False)
     events = [planned_record_event(RECORDS, 64, 1, SIGMA)]
     uncapped, capped = RoundDP.of(plan, events, 1.0).record, RoundDP.of(plan, events, 4.0).record
     assert uncapped is not None and capped is not None
@@ -93,37 +99,24 @@ def test_a_capped_site_adds_its_share_scaled_to_its_records_over_its_weight() ->
 def test_a_site_refuses_to_add_less_noise_than_its_own_config_allows(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Whoever sends the plan (a breached coordinator included) cannot shrink a site's noise share."""
     from fedshard.privacy.events import Guarantee
-    from fedshard.protocol.messages import UpdatePlan
     from fedshard.site.privacy import SitePrivacy
 
-    def plan(record_n: int | None = None, update_n: int | None = None) -> PrivacyPlan:
-        return PrivacyPlan(
-            accountant=AccountantKind.PRV,
-            epsilon=3.0,
-            delta=1e-5,
-            batch_size=64,
-            epochs=1,
-            record=RecordPlan(noise_multiplier=SIGMA, max_grad_norm=CLIP, planned_rounds=10, distributed_over=record_n),
-            update=UpdatePlan(clip_norm=1.0, noise_multiplier=1.0, distributed_over=update_n),
-        )
-
     alone = SitePrivacy("h1", tmp_path)
-    alone.check_shares(plan())
+    alone.check_shares(_plan())
     with pytest.raises(PrivacyError, match=r"h1: .* over 5 sites; its own config allows no sharing .*record_level"):
-        alone.check_shares(plan(record_n=5))
+        alone.check_shares(_plan(record_n=5))
     with pytest.raises(PrivacyError, match=r"update_level\.distributed_over"):
-        alone.check_shares(plan(update_n=2))
+        alone.check_shares(_plan(update_n=2))
     shared = SitePrivacy("h2", tmp_path, shares={Guarantee.RECORD: 3})
-    shared.check_shares(plan(record_n=3))
-    shared.check_shares(plan(record_n=2))  # fewer shares: each site adds more noise
+    shared.check_shares(_plan(record_n=3))
+    shared.check_shares(_plan(record_n=2))  # fewer shares: each site adds more noise
     with pytest.raises(PrivacyError, match="its own config allows 3"):
-        shared.check_shares(plan(record_n=4))
+        shared.check_shares(_plan(record_n=4))
 
 
 def test_update_level_shares_scale_to_the_rounds_largest_weight() -> None:
     """Update level: a site's update moves the weighted sum by its weight × clip, so every share is
     scaled to the largest weight of the round (weight_scale / weight ≥ 1)."""
-    from fedshard.protocol.messages import UpdatePlan
     from fedshard.site.release import noised
 
     zeros = {"s": np.zeros(20_000, dtype=np.float32)}
