@@ -7,7 +7,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export GRPC_VERBOSITY := ERROR
 
-.PHONY: demo demo-flower test test-fast lint proto bench bench-dp clean
+.PHONY: demo demo-flower test test-fast lint proto bench bench-dp report-images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ bench: $(STAMP)
 bench-dp: $(STAMP)
 	$(BIN)/python bench/dp_accuracy.py --jobs 2
 	$(BIN)/python bench/llm_dp.py
+
+# The README's plots: the demo's report (`fedshard report`), written to docs/report
+report-images: $(STAMP)
+	rm -rf runs/report-images
+	$(BIN)/fedshard simulate --config configs/demo.yaml --out runs/report-images
+	$(BIN)/fedshard report runs/report-images --out docs/report
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

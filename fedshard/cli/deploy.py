@@ -14,7 +14,9 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt
 from fedshard.errors import ConfigError, DeployError, FedshardError
+from fedshard.transports.metrics import DEFAULT_METRICS_HOST
 
 __all__ = ["aggregator_app", "keys_init", "site_app"]
 
@@ -86,10 +88,14 @@ def aggregator_up(
     run_dir: Annotated[
         Path | None, typer.Argument(help="With --resume: the run folder to resume (default: the newest)")
     ] = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
 ) -> None:
     """Start the SuperLink and this host's zones, wait for the sites, run the federation.
 
-    Ctrl-C (or SIGTERM) stops the run and every process this command started.
+    With --metrics-port P the run's metrics are served on P and each zone's on P+1, P+2, …
+    in the order of the config's zones. Ctrl-C (or SIGTERM) stops the run and every
+    process this command started.
     """
     from fedshard.cli.progress import zones_table
     from fedshard.config import load_federation
@@ -99,7 +105,15 @@ def aggregator_up(
     if run_dir is not None and not resume:
         raise FedshardError(f"{run_dir}: a run folder is given with --resume only (`--resume {run_dir}`)")
     cfg = load_federation(config)
-    host = AggregatorHost(cfg, insecure=insecure, resume=(run_dir or LATEST_RUN) if resume else None)
+    if metrics_port is None and metrics_host != DEFAULT_METRICS_HOST:
+        raise FedshardError("--metrics-host needs --metrics-port")
+    host = AggregatorHost(
+        cfg,
+        insecure=insecure,
+        resume=(run_dir or LATEST_RUN) if resume else None,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
     if insecure:
         err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
     _on_signals(host.request_stop)
@@ -112,9 +126,11 @@ def aggregator_up(
     if summary.get("rounds"):
         console.print(zones_table(summary))
         console.print(f"final accuracy {summary['final_accuracy']:.4f}, model version {summary['model_version']}")
-    console.print(f"run folder: {host.run_dir}", highlight=False)
+    console.print(f"run folder: {host.run_dir}", highlight=False, soft_wrap=True)
     if (host.run_dir / "summary.json").exists():
-        console.print(f"summary:    {host.run_dir / 'summary.json'}", highlight=False)
+        console.print(f"summary:    {host.run_dir / 'summary.json'}", highlight=False, soft_wrap=True)
+    if (host.run_dir / "events.jsonl").exists():
+        console.print(f"report:     fedshard report {host.run_dir}", highlight=False, soft_wrap=True)
     if host.state.phase == "stopped":
         console.print("stopped before the run finished; sites keep their state and rejoin the next run")
         raise typer.Exit(130)

@@ -21,10 +21,12 @@ from rich.console import Console
 
 from fedshard.cli.budget import budget_app
 from fedshard.cli.deploy import aggregator_app, keys_init, site_app
+from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
 from fedshard.cli.route import route_app
 from fedshard.cli.security import audit_app, keys_app, pki_app
 from fedshard.cli.store import keys_rotate, store_app, verify_store
 from fedshard.errors import ConfigError, DeployError, FedshardError
+from fedshard.transports.metrics import DEFAULT_METRICS_HOST
 
 if TYPE_CHECKING:
     from fedshard.config import FederationConfig
@@ -90,6 +92,8 @@ def simulate(
         str | None,
         typer.Option("--ray-address", help="flower: run on this Ray cluster (HOST:PORT; default: $RAY_ADDRESS)"),
     ] = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
 ) -> None:
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
     from fedshard.cli.progress import RoundProgress, results_table, zones_table
@@ -119,20 +123,52 @@ def simulate(
         raise FedshardError("give --config FILE for a new run, or --resume RUN_DIR to carry on an earlier one")
     else:
         cfg, out_dir = with_rounds(load_federation(config), rounds), out or _fresh_run_dir()
+    zones = f"{len(cfg.zones)} zone{'s' if len(cfg.zones) != 1 else ''}"
     console.print(
-        f"[bold]fedshard[/] federation [cyan]{cfg.federation.name}[/]: {len(cfg.sites)} sites, "
-        f"{len(cfg.zones)} zone(s), {cfg.federation.rounds} rounds, engine {chosen.value}"
+        f"[bold]fedshard[/] [cyan]{cfg.federation.name}[/]: {len(cfg.sites)} sites, {zones}, "
+        f"{cfg.federation.rounds} rounds ({chosen.value})",
+        highlight=False,
     )
     _preflight(cfg, out_dir)
-    with RoundProgress(console) as progress:
-        summary = run(cfg, out_dir, chosen, progress, resume=resume is not None, data_plane=plane, workers=workers)
+    from fedshard.coordinator.metrics import RunCollector
+
+    metrics = start_metrics([RunCollector(out_dir / "events.jsonl")], metrics_port, metrics_host, console, "run")
+    try:
+        with RoundProgress(console) as progress:
+            summary = run(
+                cfg,
+                out_dir,
+                chosen,
+                progress,
+                resume=resume is not None,
+                data_plane=plane,
+                workers=workers,
+                metrics=metrics,
+            )
+    finally:
+        if metrics is not None:
+            metrics.close()
     if summary["rounds"]:
         console.print(zones_table(summary))
         console.print(results_table(summary))
-        console.print(f"model version {summary['model_version']}")
-    console.print(f"summary: {out_dir / 'summary.json'}")
+        console.print(f"model version {summary['model_version']}", soft_wrap=True)
+    console.print(f"summary: {out_dir / 'summary.json'}", highlight=False, soft_wrap=True)
+    console.print(f"report:  fedshard report {out_dir}", highlight=False, soft_wrap=True)
     if summary["stopped_reason"]:
         raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder: `fedshard simulate --out`, or a deployed run's")],
+    out: Annotated[Path | None, typer.Option("--out", help="Where to write it (default: RUN_DIR/report)")] = None,
+) -> None:
+    """Plots and tables of a run (finished or not) as one HTML page with its PNGs beside it."""
+    from fedshard.report import build_report
+
+    written = build_report(run_dir, out)
+    console.print(f"wrote {len(written.images)} plots and {written.html}", highlight=False, soft_wrap=True)
+    console.print(f"open it: {written.html.resolve().as_uri()}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -186,6 +222,8 @@ def zone_up(
         Path | None,
         typer.Option("--site-keys", help="Folder of <site>.pub manifest-signing keys; unsigned manifests are refused"),
     ] = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
 ) -> None:
     """Run one zone aggregator as a gRPC server until interrupted (mutual TLS unless --insecure).
 
@@ -242,11 +280,16 @@ def zone_up(
             soft_wrap=True,
         )
     console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
+    from fedshard.zone.metrics import ZoneCollector
+
+    metrics = start_metrics([ZoneCollector(lambda: [aggregator])], metrics_port, metrics_host, console, "zone")
     sys.stdout.flush()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    if metrics is not None:
+        metrics.close()
     server.stop(grace=2.0).wait()
     aggregator.close()
     console.print(f"zone {zc.name} stopped")

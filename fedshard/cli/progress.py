@@ -1,19 +1,35 @@
-"""Rich progress display for a running federation."""
+"""Rich progress display for a running federation, readable in an 80-column terminal:
+one line per round (details folded under it, indented), narrow tables."""
 
 from __future__ import annotations
 
 from types import TracebackType
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from fedshard.coordinator.results import RoundResult
 from fedshard.protocol.messages import PrivacyStatus, SiteInfo
 
-__all__ = ["SHOWN_SITES", "STATUS_COLOURS", "RoundProgress", "format_bytes", "results_table", "zones_table"]
+__all__ = [
+    "SHOWN_SITES",
+    "STATUS_COLOURS",
+    "RoundProgress",
+    "format_bytes",
+    "packed_lines",
+    "results_table",
+    "round_line",
+    "zones_table",
+]
+
+INDENT = 10
+"""Where the lines under a round's line start (past ``round NNN``)."""
 
 SHOWN_SITES = 12
 """Sites a progress line names one by one; beyond, it counts them (thousands of simulated sites)."""
@@ -35,15 +51,47 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def packed_lines(items: list[str], width: int, indent: int = INDENT) -> list[str]:
+    """``items`` (rich markup) packed into lines of at most ``width`` cells, each line
+    indented by ``indent``; an item is never split (one longer than a line has a line of its own)."""
+    lines: list[str] = []
+    current: list[str] = []
+    used = indent
+    for item in items:
+        cells = Text.from_markup(item).cell_len
+        if current and used + 2 + cells > width:
+            lines.append(" " * indent + "  ".join(current))
+            current, used = [], indent
+        used += cells + (2 if current else 0)
+        current.append(item)
+    if current:
+        lines.append(" " * indent + "  ".join(current))
+    return lines
+
+
+def round_line(result: RoundResult, width: int) -> str:
+    """A round in one line of at most ``width`` cells (the version is left out where it would not fit)."""
+    selected = len(result.sites) + len(result.refused)
+    counted = f"{len(result.sites)}/{selected}" if result.refused else str(len(result.sites))
+    sites = f"[yellow]{counted} sites[/]" if result.refused else f"{counted} sites"
+    line = (
+        f"round {result.round:>3}  acc [bold]{result.accuracy:.4f}[/]  loss {result.loss:.4f}  "
+        f"train {result.train_loss:.4f}  {format_bytes(result.bytes_up)}  {sites}"
+    )
+    version = f"  {result.version[:8]}"
+    return line + version if Text.from_markup(line + version).cell_len <= width else line
+
+
 class RoundProgress:
     """A :class:`~fedshard.coordinator.results.RoundObserver` that shows a progress bar
-    and one line per finished round (accuracy, loss, bytes sent)."""
+    and one line per finished round (accuracy, loss, bytes sent, sites), with the sites
+    refused and the ε spent folded under it."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console()
         self._progress = Progress(
             TextColumn("[bold]rounds"),
-            BarColumn(),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
@@ -61,37 +109,39 @@ class RoundProgress:
     ) -> None:
         self._progress.stop()
 
+    def _print(self, line: str) -> None:
+        self._progress.console.print(line, highlight=False, overflow="fold")
+
     def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
         """Show the assembled federation and start the bar."""
         if len(sites) <= SHOWN_SITES:
-            names = ", ".join(f"{s.site_id} ({s.jurisdiction}, {s.num_examples} ex.)" for s in sites)
+            names = [f"{escape(s.site_id)} ({s.jurisdiction}, {s.num_examples} ex.)" for s in sites]
+            self._print(f"[bold]{len(sites)} sites[/]:")
+            for line in packed_lines(names, self.console.width, indent=2):
+                self._print(line)
         else:  # thousands of sites: how many per jurisdiction
             counts: dict[str, int] = {}
             for s in sites:
                 counts[s.jurisdiction] = counts.get(s.jurisdiction, 0) + 1
-            names = ", ".join(f"{n} in {j}" for j, n in sorted(counts.items()))
-        self._progress.console.print(f"[bold]{len(sites)} sites[/]: {names}")
+            self._print(f"[bold]{len(sites)} sites[/]: " + ", ".join(f"{n} in {j}" for j, n in sorted(counts.items())))
         self._task = self._progress.add_task("rounds", total=rounds, status="training…")
 
     def on_round(self, result: RoundResult) -> None:
-        """Print the round's line and advance the bar."""
-        refused = f"  [yellow]{len(result.refused)} refused[/]" if result.refused else ""
-        self._progress.console.print(
-            f"round {result.round:>3}  accuracy [bold]{result.accuracy:.4f}[/]  loss {result.loss:.4f}  "
-            f"train loss {result.train_loss:.4f}  sent {format_bytes(result.bytes_up)}  "
-            f"sites {len(result.sites)}{refused}  version {result.version[:12]}"
-        )
+        """Print the round's line (and its folded details) and advance the bar."""
+        width = self.console.width
+        self._print(round_line(result, width))
         refused_sites = sorted(result.refused)
         for site in refused_sites[:SHOWN_SITES]:
-            self._progress.console.print(f"          [yellow]{escape(site)}[/] {escape(result.refusal(site))}")
+            reason = Text.from_markup(f"[yellow]{escape(site)}[/] ") + Text(result.refusal(site))
+            self._progress.console.print(Padding(reason, (0, 0, 0, INDENT)), highlight=False)
         if len(refused_sites) > SHOWN_SITES:
-            self._progress.console.print(f"          [yellow]and {len(refused_sites) - SHOWN_SITES} more[/]")
+            self._print(" " * INDENT + f"[yellow]and {len(refused_sites) - SHOWN_SITES} more[/]")
         if result.privacy and len(result.privacy) <= SHOWN_SITES:
-            self._progress.console.print(
-                "          ε " + "  ".join(_epsilon(site, p) for site, p in result.privacy.items())
-            )
+            items = [_epsilon(site, p) for site, p in result.privacy.items()]
+            for line in packed_lines(["ε", *items], width):
+                self._print(line)
         elif result.privacy:
-            self._progress.console.print("          " + _epsilon_spread(result.privacy))
+            self._print(" " * INDENT + _epsilon_spread(result.privacy))
         if self._task is not None:
             self._progress.update(self._task, advance=1, status=f"acc {result.accuracy:.3f}")
 
@@ -108,12 +158,12 @@ def _epsilon(site: str, privacy: dict[str, Any]) -> str:
     status = privacy["status"]
     colour = STATUS_COLOURS.get(status, "white")
     mark = "" if status == PrivacyStatus.ACTIVE else f" [{colour}]{status}[/]"
-    return f"{site} [{colour}]{privacy['epsilon_spent']:.2f}[/]/{privacy['epsilon_budget']:g}{mark}"
+    return f"{escape(site)} [{colour}]{privacy['epsilon_spent']:.2f}[/]/{privacy['epsilon_budget']:g}{mark}"
 
 
 def results_table(summary: dict[str, object]) -> Table:
     """Final comparison: federated vs centrally trained."""
-    table = Table(title="Result", show_header=True)
+    table = Table(title="Result", show_header=True, box=box.SIMPLE_HEAD)
     table.add_column("model")
     table.add_column("test accuracy", justify="right")
     table.add_row("federated (fedshard)", f"{summary['final_accuracy'] or float('nan'):.4f}")
@@ -122,24 +172,28 @@ def results_table(summary: dict[str, object]) -> Table:
 
 
 def zones_table(summary: dict[str, object]) -> Table:
-    """Where the shards went: each zone's pushes, classes held, partial sums forwarded, refusals."""
-    table = Table(title="Zones: shards received by class and origin", show_header=True)
-    for column in ("zone", "region", "pushes", "received", "shards by class", "forwarded", "refused"):
-        table.add_column(
-            column, justify="right" if column in ("pushes", "received", "forwarded", "refused") else "left"
-        )
+    """Where the shards went: each zone's pushes, shards by class and origin (one per line),
+    partial sums forwarded, refusals; 80 columns wide at most for a handful of classes."""
+    table = Table(
+        title="Zones: shards received by class and origin",
+        caption="* the reducing zone; fwd: partial sums forwarded to it",
+        show_header=True,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for column in ("zone", "region", "pushes", "MB in", "shards by class", "fwd", "refused"):
+        numeric = column in ("pushes", "MB in", "fwd", "refused")
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=column != "shards by class")
     zones = summary.get("zones")
     for z in zones if isinstance(zones, list) else []:
-        classes = ", ".join(f"{k} {v}" for k, v in z.get("shards_by_class", {}).items()) or "-"
-        role = " (reducing)" if z.get("reducing") else ""
-        forwarded = f"{z.get('forwarded_shards', 0)} shards" if z.get("forwarded_shards") else "-"
+        classes = "\n".join(f"{k.replace(' from ', ' ')} {v}" for k, v in z.get("shards_by_class", {}).items())
         table.add_row(
-            f"{z.get('name')}{role}",
+            f"{z.get('name')}{'*' if z.get('reducing') else ''}",
             str(z.get("region")),
             str(z.get("pushes", 0)),
-            f"{z.get('bytes_received', 0) / 1e6:.2f} MB",
-            classes,
-            forwarded,
+            f"{z.get('bytes_received', 0) / 1e6:.2f}",
+            classes or "-",
+            str(z.get("forwarded_shards", 0) or "-"),
             str(z.get("refused", 0)),
         )
     return table

@@ -34,6 +34,7 @@ from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
 from fedshard.coordinator.reports import PrivacyReports
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
+from fedshard.coordinator.timings import RoundClock
 from fedshard.errors import FedshardError, RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
 from fedshard.protocol.channels import SiteGateway, ZoneClient
@@ -50,6 +51,7 @@ from fedshard.protocol.messages import (
     TrainReport,
 )
 from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
+from fedshard.protocol.timings import Phase
 from fedshard.sharding import ShardPlan
 
 __all__ = ["JOIN_QUERIES", "MAX_ABORTED_IN_A_ROW", "Coordinator"]
@@ -316,11 +318,13 @@ class Coordinator:
 
     def run_round(self, rnd: int, version: str) -> RoundResult:
         """Run round ``rnd``; ``version`` is the federation's version before it."""
-        selected = self._select(rnd)
+        selected, clock = self._select(rnd), RoundClock()
         token = secrets.token_hex(16)
         weights = self._weights()
-        self._open(rnd, token, version, selected, weights)
-        reports, refused = self._train(rnd, token, selected, weights)
+        with clock.waiting(Phase.OPEN):
+            self._open(rnd, token, version, selected, weights)
+        with clock.waiting(Phase.TRAIN):
+            reports, refused = self._train(rnd, token, selected, weights, clock)
         codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
         reasons = {s: r.reason for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
@@ -334,7 +338,8 @@ class Coordinator:
             if _ZONE_FAILED & set(codes.values()):  # a zone lost the round, or failed the pushes
                 raise RoundAbortedError(message)
             raise RoundError(message)
-        published = self._close(rnd)
+        with clock.waiting(Phase.CLOSE):
+            published = self._close(rnd, clock)
         counted = {s for summary in published.values() for s in summary.sites}
         if not counted:
             raise RoundError(f"round {rnd}: the zones counted no update")
@@ -360,11 +365,15 @@ class Coordinator:
             versions=group_versions,
             roots=roots,
             aggregates=aggregate_entries(published.values()),
+            timings=clock.timings(),
+            traffic=clock.traffic(),
         )
         if self.journal is not None:  # logged before any site learns of the round: resumable
             self.journal.on_closed(closed)
         faults.point("coordinator.round.closed")
-        return evaluated(closed, *self._evaluate(rnd))
+        with clock.waiting(Phase.EVALUATE):
+            accuracy, loss = self._evaluate(rnd, clock)
+        return evaluated(closed, accuracy, loss, clock.timings())
 
     def _weights(self) -> dict[str, float]:
         """Node → the aggregation weight the coordinator fixes for its site: the examples it
@@ -389,7 +398,7 @@ class Coordinator:
         faults.point("coordinator.round.opened")
 
     def _train(
-        self, rnd: int, token: str, selected: list[str], weights: Mapping[str, float]
+        self, rnd: int, token: str, selected: list[str], weights: Mapping[str, float], clock: RoundClock
     ) -> tuple[list[TrainReport], dict[str, TrainReport | SiteFailure]]:
         """Send the train messages; the reports of sites that pushed, and the refusals or failures of the others."""
         weight_scale = max(weights.values())  # encrypted shards carry weight / scale ≤ 1
@@ -400,6 +409,7 @@ class Coordinator:
         for node, reply in replies.items():
             site_id = self._nodes[node].site_id
             if isinstance(reply, TrainReport):
+                clock.trained(reply, self._nodes[node].jurisdiction)
                 self._group(node).record(site_id, reply.applied_round)
                 if reply.privacy is not None:
                     self._privacy.record(site_id, reply.privacy)
@@ -443,7 +453,7 @@ class Coordinator:
             except FedshardError as exc:
                 log.warning("round %d: zone %s could not abort: %s", rnd, name, exc)
 
-    def _close(self, rnd: int) -> dict[AggregateKey, AggregateSummary]:
+    def _close(self, rnd: int, clock: RoundClock) -> dict[AggregateKey, AggregateSummary]:
         """Close the round at every zone, the reducing zone last; summaries by aggregate."""
         reducer = self.config.reducing_zone
         forward_to = (reducer, self.endpoints[reducer]) if reducer is not None else None
@@ -451,14 +461,15 @@ class Coordinator:
         published: dict[AggregateKey, AggregateSummary] = {}
         for name in order:
             try:
-                summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
+                with clock.closing(name):
+                    summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
             except FedshardError as exc:
                 self._abort(rnd, list(self.zones))
                 raise RoundAbortedError(f"round {rnd}: zone {name} could not close the round: {exc}", name) from None
             published.update({s.key: s for s in summaries})
         return published
 
-    def _evaluate(self, rnd: int) -> tuple[float, float]:
+    def _evaluate(self, rnd: int, clock: RoundClock | None = None) -> tuple[float, float]:
         """Every site applies its aggregates and evaluates; weighted accuracy and loss."""
         messages = {
             node: EvaluateInstruction(
@@ -474,6 +485,8 @@ class Coordinator:
         reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
         for node, reply in replies.items():
             if isinstance(reply, EvaluateReport):
+                if clock is not None:
+                    clock.evaluated(reply)
                 self._group(node).record(self._nodes[node].site_id, reply.applied_round)
             else:
                 log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from fedshard.coordinator.events import EventKind, EventLog, round_from_event
 from fedshard.coordinator.results import RoundResult
@@ -165,9 +166,9 @@ def in_flight_reason(rnd: int) -> str:
     )
 
 
-def evaluated(result: RoundResult, accuracy: float, loss: float) -> RoundResult:
-    """``result`` (logged at close) with the sites' evaluation."""
-    return replace(result, accuracy=accuracy, loss=loss)
+def evaluated(result: RoundResult, accuracy: float, loss: float, timings: dict[str, Any] | None = None) -> RoundResult:
+    """``result`` (logged at close) with the sites' evaluation (and the round's timings, with it)."""
+    return replace(result, accuracy=accuracy, loss=loss, timings=result.timings if timings is None else timings)
 
 
 def unevaluated(result: RoundResult) -> bool:

@@ -63,6 +63,8 @@ class RoundResult:
     roots: dict[str, str] = field(default_factory=dict)  # residency group -> root of what it applied
     aggregates: list[dict[str, Any]] = field(default_factory=list)  # what each zone published (aggregate_entries)
     refusal_codes: dict[str, RefusalCode] = field(default_factory=dict)  # site id -> code of its refusal
+    timings: dict[str, Any] = field(default_factory=dict)  # where the round's time went (coordinator.timings)
+    traffic: dict[str, Any] = field(default_factory=dict)  # zone -> bytes and shards by class and origin
 
     def refusal(self, site_id: str) -> str:
         """Why ``site_id`` did not contribute, as shown to people (see :func:`refusal_line`)."""

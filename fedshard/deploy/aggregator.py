@@ -59,6 +59,7 @@ from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.reconfigure import effective_config
 from fedshard.deploy.status import HostState, write_state
 from fedshard.errors import ConfigError, DeployError, FedshardError
+from fedshard.transports.metrics import DEFAULT_METRICS_HOST, MetricsServer
 
 __all__ = [
     "LATEST_RUN",
@@ -98,6 +99,11 @@ class AggregatorHost:
         Called with the :class:`HostState` whenever it changes (the live display).
     resume:
         A run folder to resume (:data:`LATEST_RUN`: the newest); None: a fresh run.
+    metrics_port:
+        Serve the run's Prometheus metrics on this port, and each zone's on the ports after
+        it, in the order the zones start (0: any free port for each); None: no metrics.
+    metrics_host:
+        The address the metrics ports listen on.
     """
 
     config: FederationConfig
@@ -108,6 +114,8 @@ class AggregatorHost:
     state: HostState = field(default_factory=HostState)
     children: list[Child] = field(default_factory=list)
     resume: Path | None = None
+    metrics_port: int | None = None
+    metrics_host: str = DEFAULT_METRICS_HOST
 
     def __post_init__(self) -> None:
         self.dep = check_aggregator_config(self.config, insecure=self.insecure)
@@ -126,6 +134,8 @@ class AggregatorHost:
         self._started = time.perf_counter()  # reset when the run is submitted: summary.json's elapsed_s
         self._zone_endpoints: dict[str, str] = {}  # child name -> endpoint, for restarts
         self._remembered = 0.0  # when the children's process trees were last noted
+        self._metrics: MetricsServer | None = None
+        self._zone_metrics = 0  # zones started with a metrics port so far
 
     # lifecycle -------------------------------------------------------------------------------
     def up(self) -> dict[str, Any]:
@@ -152,6 +162,7 @@ class AggregatorHost:
         if self.resume is not None:
             self._check_grown()
         self._update(superlink=self.dep.superlink, run_dir=str(self.run_dir))
+        self._serve_metrics()
         self._write_config()
         self._start_zones()
         self._start_superlink()
@@ -172,10 +183,31 @@ class AggregatorHost:
         self.stop_requested.set()
 
     def stop_children(self) -> None:
-        """Stop the SuperLink first (it stops the run's ServerApp), then the zones."""
+        """Stop the SuperLink first (it stops the run's ServerApp), then the zones, then the metrics."""
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+    def _serve_metrics(self) -> None:
+        """The run's metrics (from its event log; sites connected as the SuperLink last said)."""
+        if self.metrics_port is None or self._metrics is not None:
+            return
+        from fedshard.coordinator.metrics import RunCollector
+
+        collector = RunCollector(self.run_dir / "events.jsonl", connected=lambda: len(self.state.online))
+        self._metrics = MetricsServer([collector], self.metrics_port, self.metrics_host)
+        self._update(metrics=self._metrics.url)
+
+    def _zone_metrics_args(self) -> list[str]:
+        """The metrics options of the next zone to start (none without ``metrics_port``)."""
+        if self.metrics_port is None:
+            return []
+        self._zone_metrics += 1
+        port = self.metrics_port + self._zone_metrics if self.metrics_port else 0
+        return ["--metrics-port", str(port), "--metrics-host", self.metrics_host]
 
     # steps --------------------------------------------------------------------------------------
     def _update(self, **changes: Any) -> None:
@@ -224,6 +256,7 @@ class AggregatorHost:
                 cmd += ["--site-keys", str(self.keys.site_keys)]
             else:
                 cmd += ["--insecure"]
+            cmd += self._zone_metrics_args()
             child = spawn(f"zone {zone.name}", cmd, self.state_dir / "logs" / f"zone-{zone.name}.log", self.env)
             self.children.append(child)
             started.append(child)

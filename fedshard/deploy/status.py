@@ -41,6 +41,7 @@ class HostState:
     online: list[str] = field(default_factory=list)  # node ids online at the last check
     checked_at: float = 0.0
     message: str = ""
+    metrics: str = ""  # where the run's metrics are served ("": not)
 
 
 def write_state(state_dir: Path, state: HostState) -> None:
@@ -90,12 +91,13 @@ def render_status(config: FederationConfig, state: HostState) -> RenderableType:
     site_of_node = state.nodes
     online_sites = {site_of_node.get(n, n) for n in state.online}
     age = f", checked {time.time() - state.checked_at:.0f}s ago" if state.checked_at else ""
-    head = (
-        f"[bold]{config.federation.name}[/]  aggregator [cyan]{phase}[/]  SuperLink {state.superlink}  "
-        f"run {state.run_id or '-'}  round {len(rounds)}/{config.federation.rounds}"
-    )
+    head = f"[bold]{config.federation.name}[/]  aggregator [cyan]{phase}[/]"
+    head += f"  round {len(rounds)}/{config.federation.rounds}"
     if rounds:
         head += f"  accuracy {rounds[-1]['accuracy']:.4f}"
+    head += f"\nSuperLink {state.superlink}  run {state.run_id or '-'}"
+    if state.metrics:
+        head += f"\nmetrics {state.metrics} (this host's zones: the ports after it)"
     sites = Table(title=f"Sites ({len(online_sites & {s.id for s in config.sites})} connected{age})")
     for column in ("site", "jurisdiction", "connected", "ε spent / budget", "status"):
         sites.add_column(column)

@@ -17,6 +17,7 @@ from fedshard.aggregation import ServerOptimizerKind
 from fedshard.errors import RefusalCode
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
+from fedshard.protocol.timings import PhaseSeconds, PhaseTimes
 from fedshard.residency.router import AggregateKey
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "EvaluateInstruction",
     "EvaluateReport",
     "LedgerHeadReport",
+    "MAX_SHARD_CLASSES",
     "MessageKind",
     "PrivacyPlan",
     "PrivacyReport",
@@ -246,14 +248,26 @@ class TrainInstruction(_Msg):
         return self._received + 0.9 * self.deadline_s if self.deadline_s else math.inf
 
 
+MAX_SHARD_CLASSES = 64
+"""Shard classes a push may count (the residency policy's classes are far fewer)."""
+
+ShardClassName = Annotated[str, Field(max_length=64)]
+
+
 class ZonePush(_Msg):
     """What one zone acknowledged of a site's update: the root of the manifest it counted,
-    the shards and bytes it received."""
+    the shards and bytes it received, how long it took to fold them in (``fold_s``, the
+    zone's figure from its receipt), and the shards by class (``classes``, from the
+    manifest the zone counted). Sent by the site; used for the run's report and metrics only."""
 
     zone: str
     merkle_root: str
     shards: int
     nbytes: int
+    fold_s: PhaseSeconds = 0.0
+    classes: dict[ShardClassName, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, max_length=MAX_SHARD_CLASSES
+    )
 
 
 class TrainReport(_Msg):
@@ -275,6 +289,7 @@ class TrainReport(_Msg):
     pushes: list[ZonePush] = Field(default_factory=list)
     privacy: PrivacyReport | None = None
     applied_round: int | None = None  # the last round the site's model has applied (None: unknown)
+    timings: PhaseTimes = PhaseTimes()  # the site's seconds per phase (report and metrics only)
 
     @property
     def bytes_up(self) -> int:
@@ -308,6 +323,7 @@ class EvaluateReport(_Msg):
     loss: float
     accuracy: float
     applied_round: int | None = None  # the last round the site's model has applied
+    timings: PhaseTimes = PhaseTimes()  # the site's seconds per phase (report and metrics only)
 
 
 class SiteFailure(_Msg):

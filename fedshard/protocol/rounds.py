@@ -93,6 +93,7 @@ class PushReceipt:
     site_id: str
     shards: int
     bytes: int
+    fold_s: float = 0.0  # seconds the zone took to fold the push into the round's sums
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,10 @@ version chains from the event log and the sites carry on from their stores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import SiteInfo
 from fedshard.simulate.baseline import centralized_baseline
 from fedshard.transports.inprocess import InProcessSiteGateway, in_process_connector
+from fedshard.transports.metrics import MetricsServer
 
 __all__ = ["DataPlane", "Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
 
@@ -90,13 +93,15 @@ def simulate(
     resume: bool = False,
     data_plane: DataPlane = DataPlane.DIRECT,
     workers: int = 1,
+    metrics: MetricsServer | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` on one machine, write ``out/summary.json``, return the summary.
 
     ``resume``: carry on the run in ``out`` from its last completed round (in-process
     engine only; ``config`` is the one it ran with, :func:`resumable_config`).
     ``data_plane`` and ``workers`` (sites handling messages at once; 1 folds in a fixed
-    order, so a run repeats bit for bit) apply to the in-process engine.
+    order, so a run repeats bit for bit) apply to the in-process engine. ``metrics``: a
+    server that exports the zones' metrics too while they run.
     """
     out = Path(out)
     recovery: Recovery | None = None
@@ -126,7 +131,7 @@ def simulate(
     events = EventLog(out / "events.jsonl")
     started = time.perf_counter()
     site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
-    with serving_zones(config, out / "zones", site_keys) as served:
+    with serving_zones(config, out / "zones", site_keys) as served, _zone_metrics(metrics, served):
         endpoints = served.endpoints
         if engine is Engine.INPROCESS:
             connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
@@ -142,6 +147,22 @@ def simulate(
     summary = build_summary(config, result, engine.value, zones, baseline.accuracy or 0.0, elapsed)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+@contextlib.contextmanager
+def _zone_metrics(metrics: MetricsServer | None, served: ServedZones) -> Iterator[None]:
+    """Export the served zones (those added during the run too) on ``metrics`` while they run."""
+    if metrics is None:
+        yield
+        return
+    from fedshard.zone.metrics import ZoneCollector
+
+    collector = ZoneCollector(lambda: list(served.zones.values()))
+    metrics.registry.register(collector)
+    try:
+        yield
+    finally:
+        metrics.registry.unregister(collector)
 
 
 def _signing_keys(

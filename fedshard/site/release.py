@@ -7,6 +7,7 @@ are replaced by their ciphertexts; each zone gets a signed manifest and its shar
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import TrainInstruction, UpdatePlan, ZonePush
 from fedshard.protocol.rounds import PushReceipt, ShardPayload
+from fedshard.protocol.timings import MAX_PHASE_S
 from fedshard.site.points import pointed
 from fedshard.site.retry import DEFAULT_RETRY, held_push
 from fedshard.site.routes import SiteRouting
@@ -225,7 +227,15 @@ def _push_zone(
     except FedshardError as exc:
         raise RoundError(f"push to zone {zone} failed: {exc}", code=exc.code) from None
     faults.point("site.push.done")
-    return ZonePush(zone=receipt.zone, merkle_root=manifest.merkle_root, shards=receipt.shards, nbytes=receipt.bytes)
+    classes = collections.Counter(entry.shard_class or "unclassified" for entry in manifest.shards)
+    return ZonePush(
+        zone=receipt.zone,
+        merkle_root=manifest.merkle_root,
+        shards=receipt.shards,
+        nbytes=receipt.bytes,
+        fold_s=min(receipt.fold_s, MAX_PHASE_S),
+        classes=dict(sorted(classes.items())),
+    )
 
 
 def _run_all(jobs: Sequence[Callable[[], ZonePush]], zones: list[str], max_parallel: int, who: str) -> list[ZonePush]:

@@ -44,6 +44,7 @@ from fedshard.protocol.messages import (
     TrainInstruction,
     TrainReport,
 )
+from fedshard.protocol.timings import Phase, Stopwatch
 from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_aggregate, fetch_view, optimizer_for
 from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
@@ -261,7 +262,7 @@ class Site:
         return str(meta["plan"]), ModelState.from_store(meta, {})
 
     def _catch_up(
-        self, missed: Sequence[AppliedRound], zones: dict[str, str], rule: ApplyRule, head: str
+        self, missed: Sequence[AppliedRound], zones: dict[str, str], rule: ApplyRule, head: str, watch: Stopwatch
     ) -> ModelState:
         """Load the model and bring it to ``head``: apply the rounds of ``missed`` it has not
         applied, in order, with the federation's server-side optimiser; save once.
@@ -270,7 +271,7 @@ class Site:
         roots announced for those rounds, reaches ``head``: a site that was not sent a
         round it missed, or whose model diverged, refuses and keeps its store as it was.
         Each round the site applies, for every shard, the aggregate its residency route
-        names (global, or its regional group's).
+        names (global, or its regional group's). ``watch`` times the fetches and the rest.
         """
         state = self._open()
         pending = sorted((a for a in missed if a.round > state.applied_round), key=lambda a: a.round)
@@ -284,23 +285,25 @@ class Site:
         encrypted = routing.encrypted if self._route_source is not None else None
         packs = he_packs(routing, {s.shard_id: s.size for s in self.model.plan.shards}) if encrypted else None
         model, start = self.model, state.applied_round
-        try:
-            apply_rounds(
-                state,
-                pending,
-                optimizer,
-                model.shards(),
-                lambda applied: fetch_view(self.site_id, applied, view, zones, self._connect),
-                lambda aggregate: decrypt_aggregate(self.site_id, model.plan, aggregate, self._codec, encrypted, packs),
-                plan=model.plan,
-                site_id=self.site_id,
-                skip=model.aliases(),
-            )
-        except FedshardError:
-            if state.applied_round > start:  # keep the rounds that were applied whole
-                self._save(state)
-            raise
-        self._save(state)
+        fetch = watch.timed(Phase.FETCH, lambda applied: fetch_view(self.site_id, applied, view, zones, self._connect))
+        with watch.phase(Phase.APPLY):  # the fetches inside count as fetch
+            try:
+                apply_rounds(
+                    state,
+                    pending,
+                    optimizer,
+                    model.shards(),
+                    fetch,
+                    lambda shards: decrypt_aggregate(self.site_id, model.plan, shards, self._codec, encrypted, packs),
+                    plan=model.plan,
+                    site_id=self.site_id,
+                    skip=model.aliases(),
+                )
+            except FedshardError:
+                if state.applied_round > start:  # keep the rounds that were applied whole
+                    self._save(state)
+                raise
+            self._save(state)
         return state
 
     # messages ------------------------------------------------------------------------------
@@ -341,12 +344,13 @@ class Site:
         refused) stays counted as spent.
         """
         applied: int | None = None
+        watch = Stopwatch()
 
         def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
             return refused(self.site_id, message.round, error, privacy, applied)
 
         try:
-            state = self._catch_up(message.missed, message.zones, message.apply, message.base_version)
+            state = self._catch_up(message.missed, message.zones, message.apply, message.base_version, watch)
         except FedshardError as exc:
             return refuse(exc)
         applied = state.applied_round
@@ -356,19 +360,19 @@ class Site:
             return refuse(exc)
         if message.privacy is None:
             try:
-                return self._train_and_push(message, state, routing, None)
+                return self._train_and_push(message, state, routing, None, watch)
             except RoundError as exc:
                 return refuse(exc)
         return private_round(
             self.privacy,
             message,
             self.data.num_train,
-            lambda dp: self._train_and_push(message, state, routing, dp),
+            lambda dp: self._train_and_push(message, state, routing, dp, watch),
             refuse,
         )
 
     def _train_and_push(
-        self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None
+        self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None, watch: Stopwatch
     ) -> TrainReport:
         """Train locally, apply update-level DP, push the shards; the report has no privacy part yet.
 
@@ -383,7 +387,8 @@ class Site:
         kept = self._kept_copy() if stored is not None else None  # put back after training: no store read next
         faults.point("site.train.begin")
         try:
-            metrics = self.task.train(model.module(), self.data, settings)
+            with watch.phase(Phase.TRAIN):
+                metrics = self.task.train(model.module(), self.data, settings)
             update = update_over(base, model.shards())
         finally:
             model.tidy()
@@ -393,27 +398,29 @@ class Site:
             faults.point("site.train.dp")
         # The coordinator fixed the weight (zones refuse any other); ciphertext carries it over the scale.
         he_weight = message.weight / (message.weight_scale or message.weight)
-        update = noised(update, dp.update if dp is not None else None, 1.0 / he_weight)
-        payload = encrypt_shards(
-            update,
-            routing.encrypted,
-            self._codec,
-            he_weight,
-            f"site {self.site_id} round {message.round}",
-            he_packs(routing, {sid: values.size for sid, values in update.items()}),
-        )
+        with watch.phase(Phase.SEAL):
+            update = noised(update, dp.update if dp is not None else None, 1.0 / he_weight)
+            payload = encrypt_shards(
+                update,
+                routing.encrypted,
+                self._codec,
+                he_weight,
+                f"site {self.site_id} round {message.round}",
+                he_packs(routing, {sid: values.size for sid, values in update.items()}),
+            )
         del base, update  # the values of the encrypted shards go now
         faults.point("site.train.sealed")
-        pushes = push_update(
-            payload,
-            routing,
-            message,
-            site_id=self.site_id,
-            plan_digest=model.plan.digest,
-            weight=message.weight,
-            signing_key=self._signing_key,
-            connect=self._connect,
-        )
+        with watch.phase(Phase.PUSH):
+            pushes = push_update(
+                payload,
+                routing,
+                message,
+                site_id=self.site_id,
+                plan_digest=model.plan.digest,
+                weight=message.weight,
+                signing_key=self._signing_key,
+                connect=self._connect,
+            )
         return TrainReport(
             site_id=self.site_id,
             round=message.round,
@@ -422,15 +429,18 @@ class Site:
             loss=metrics.loss,
             pushes=pushes,
             applied_round=state.applied_round,
+            timings=watch.times(),
         )
 
     def evaluate(self, message: EvaluateInstruction) -> EvaluateReport:
         """Apply the rounds the site missed, then evaluate on local test data."""
-        state = self._catch_up(message.missed, message.zones, message.apply, message.version)
+        watch = Stopwatch()
+        state = self._catch_up(message.missed, message.zones, message.apply, message.version, watch)
         stored = self._held.release()
         held = self._kept_copy() if stored is not None else None  # a task may touch what it evaluates
         try:
-            metrics = self.task.evaluate(self.model.module(), self.data)
+            with watch.phase(Phase.EVALUATE):
+                metrics = self.task.evaluate(self.model.module(), self.data)
         finally:
             self.model.tidy()
         self._put_back(held, stored)
@@ -442,4 +452,5 @@ class Site:
             loss=metrics.loss,
             accuracy=metrics.accuracy if metrics.accuracy is not None else float("nan"),
             applied_round=state.applied_round,
+            timings=watch.times(),
         )

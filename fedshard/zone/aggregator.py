@@ -35,6 +35,7 @@ only to sites the policy allows, and writes every decision to its audit log.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,8 @@ from fedshard.zone.push import (
 from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.reduce import Reduction
 from fedshard.zone.staging import StagingPool
-from fedshard.zone.state import OpenRound, ZoneStats, manifest_digest
+from fedshard.zone.state import OpenRound, manifest_digest
+from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
     from fedshard.protocol.channels import ZoneClient
@@ -209,6 +211,7 @@ class ZoneAggregator:
                 if self._journal is not None:  # on disk before anything is accepted: a restart knows it was open
                     self._journal.write(spec.round, RoundState.OPEN)
                 self._rounds[spec.round] = OpenRound(spec, plan)
+                self.stats.round = max(self.stats.round, spec.round)
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
             raise
@@ -217,7 +220,7 @@ class ZoneAggregator:
 
     def refused_call(self, call: str, caller: str, code: RefusalCode, reason: str, **fields: Any) -> None:
         """Count and audit a refused call (one the zone refused before or outside a push)."""
-        self.stats.refuse(reason)
+        self.stats.refuse(reason, code)
         self._record(Decision.REFUSED, call=call, by=caller, code=code, reason=reason, **fields)
 
     def begin_push(
@@ -261,7 +264,7 @@ class ZoneAggregator:
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
-        self.stats.refuse(reason)
+        self.stats.refuse(reason, code)
         fields = {"site": manifest.site_id, "round": manifest.round, "code": code, "reason": reason}
         self._record(Decision.REFUSED, call=Call.PUSH, by=f"site:{manifest.site_id}", **fields)
         return PushRejectedError(
@@ -282,6 +285,7 @@ class ZoneAggregator:
         bounded = bounded or {}
         scale = float(bounded.get("norm_scale", 1.0))
         with self._lock:
+            started = time.perf_counter()
             if self._rounds.get(manifest.round) is not state:
                 raise self.refused_push(manifest, RefusalCode.ROUND, "the round closed during the push")
             site = (manifest.site_id,)
@@ -295,10 +299,12 @@ class ZoneAggregator:
             state.pushing.discard(manifest.site_id)
             state.counted[manifest.site_id] = None
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
-            self.stats.count_push(manifest, origin)
+            fold_s = time.perf_counter() - started
+            self.stats.count_push(manifest, origin, fold_s)
         self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
         faults.point("zone.push.commit")  # counted; the site has not heard so yet
-        return PushReceipt(self.name, manifest.round, manifest.site_id, len(manifest.shards), manifest.total_bytes)
+        shards, nbytes = len(manifest.shards), manifest.total_bytes
+        return PushReceipt(self.name, manifest.round, manifest.site_id, shards, nbytes, fold_s)
 
     def end_push(
         self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool, freed: int | None = None
@@ -359,6 +365,7 @@ class ZoneAggregator:
             raise
 
     def _close(self, round: int, forward_to: tuple[str, str] | None, by: str) -> list[AggregateSummary]:
+        started = time.perf_counter()
         reducer = self.residency is not None and self.residency.is_reducer
         if (
             forward_to is not None
@@ -410,6 +417,7 @@ class ZoneAggregator:
         if self._journal is not None:  # every aggregate stored: only now is the round published
             self._published.sync()
             self._journal.write(round, RoundState.PUBLISHED, tuple(s.group for s in summaries))
+        self.stats.closed(time.perf_counter() - started)
         return summaries
 
     def _check_noise_shares(self, state: OpenRound, group: str) -> None:
@@ -497,6 +505,11 @@ class ZoneAggregator:
         """Close the audit log (the zone accepts nothing more)."""
         if self.audit is not None:
             self.audit.close()
+
+    @property
+    def open_rounds(self) -> int:
+        """Rounds open at the zone now."""
+        return len(self._rounds)
 
     def info(self) -> dict[str, Any]:
         """Name, region, residency role, counters and audit head (for summaries and ``Info``)."""

@@ -24,7 +24,8 @@ from fedshard.zone.forward import ForwardSession, check_partial, send_partial_su
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.push import ByteBudget
 from fedshard.zone.staging import StagingPool
-from fedshard.zone.state import OpenRound, ZoneStats
+from fedshard.zone.state import OpenRound
+from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
@@ -103,7 +104,7 @@ class Reduction:
 
     def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
-        self._stats.refuse(reason)
+        self._stats.refuse(reason, code)
         fields = {"source_zone": partial.zone, "round": partial.round, "code": code, "reason": reason}
         self._record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
         return PushRejectedError(

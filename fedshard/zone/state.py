@@ -1,8 +1,7 @@
-"""What a zone keeps per open round and over its life (sums by group, contributors, counters)."""
+"""What a zone keeps per open round (sums by group, contributors, who pushed)."""
 
 from __future__ import annotations
 
-import collections
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, RoundSpec
 from fedshard.sharding import ShardPlan
 
-__all__ = ["OpenRound", "ZoneStats", "manifest_digest"]
+__all__ = ["OpenRound", "manifest_digest"]
 
 
 def manifest_digest(manifest: Manifest) -> str:
@@ -77,44 +76,3 @@ class OpenRound:
     def group_names(self) -> list[str]:
         """Groups that received anything, sorted."""
         return sorted(set(self.groups) | set(self.encrypted))
-
-
-@dataclass
-class ZoneStats:
-    """What a zone has done since it started (shown in run summaries)."""
-
-    pushes: int = 0
-    refused: int = 0
-    bytes_received: int = 0
-    shards_by_class: collections.Counter[str] = field(default_factory=collections.Counter)  # "personal from EU"
-    forwarded_shards: int = 0
-    forwarded_bytes: int = 0
-    partials_received: int = 0
-    served: int = 0  # aggregates served to sites
-    refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
-
-    def count_push(self, manifest: Manifest, origin: str | None) -> None:
-        """Count an accepted push; ``origin`` is the pushing site's jurisdiction, where known."""
-        self.pushes += 1
-        self.bytes_received += manifest.total_bytes
-        suffix = f" from {origin}" if origin else ""
-        self.shards_by_class.update(f"{e.shard_class or 'unclassified'}{suffix}" for e in manifest.shards)
-
-    def refuse(self, reason: str) -> None:
-        """Count a refusal and remember its reason."""
-        self.refused += 1
-        self.refusals = [*self.refusals[-19:], reason]
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data."""
-        return {
-            "pushes": self.pushes,
-            "refused": self.refused,
-            "bytes_received": self.bytes_received,
-            "shards_by_class": dict(sorted(self.shards_by_class.items())),
-            "forwarded_shards": self.forwarded_shards,
-            "forwarded_bytes": self.forwarded_bytes,
-            "partials_received": self.partials_received,
-            "served": self.served,
-            "refusals": list(self.refusals),
-        }

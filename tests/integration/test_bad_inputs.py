@@ -686,6 +686,31 @@ CASES = [
             }
         ),
     ),
+    # the run report and metrics
+    case("report-no-run", "report elsewhere", "elsewhere holds no run (no events.jsonl)", files({"elsewhere/a": ""})),
+    case(
+        "report-corrupt-summary",
+        "report run",
+        "summary.json: not JSON",
+        files(
+            {
+                "run/events.jsonl": '{"event": "start", "sites": [], "rounds": 1, "genesis_version": "g"}\n',
+                "run/summary.json": "{truncated",
+            }
+        ),
+    ),
+    case(
+        "metrics-host-alone",
+        f"{SIM} --metrics-host 0.0.0.0",
+        "--metrics-host needs --metrics-port",
+        files({"fed.yaml": federation()}),
+    ),
+    case(
+        "metrics-host-not-here",
+        f"{SIM} --metrics-port 0 --metrics-host 203.0.113.7",
+        "metrics: cannot listen on 203.0.113.7:0",
+        files({"fed.yaml": federation()}),
+    ),
 ]
 
 

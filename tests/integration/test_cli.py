@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -20,14 +21,15 @@ FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
 pytestmark = pytest.mark.slow
 
 
-def _env() -> dict[str, str]:
+def _env(columns: int = 200) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS="200")
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", COLUMNS=str(columns))
     return env
 
 
-def _fedshard(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FEDSHARD, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _fedshard(*args: str, timeout: float = 600, columns: int = 200) -> subprocess.CompletedProcess[str]:
+    env = _env(columns)
+    return subprocess.run([*FEDSHARD, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 DEMO_MODEL_VERSIONS = {
@@ -59,9 +61,10 @@ HE_ROUND_ACCURACY_TOLERANCE = 0.03  # 3 test records
 
 @pytest.fixture(scope="module")
 def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    """The demo as `make demo` runs it (run once for this module): ``(process, summary.json)``."""
+    """The demo as `make demo` runs it in an 80-column terminal (run once for this module):
+    ``(process, summary.json)``."""
     out = tmp_path_factory.mktemp("demo") / "run"
-    proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(out))
+    proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(out), columns=80)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     summary["_out"] = str(out)  # for the tests that read what the run left (not part of the summary)
@@ -96,6 +99,66 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
         "EU": ["ap-hp-paris", "charite-berlin"],
         "SG+US": ["mayo-rochester", "sgh-singapore"],
     }
+
+
+def test_the_demo_output_fits_an_80_column_terminal(plain_demo: tuple[subprocess.CompletedProcess[str], dict]) -> None:
+    """One line per round, tables that fit; only the lines naming files run on (so they can be copied)."""
+    proc, summary = plain_demo
+    lines = proc.stdout.splitlines()
+    paths = ("summary:", "report:")
+    too_wide = [ln for ln in lines if len(ln.rstrip()) > 80 and not ln.startswith(paths)]
+    assert not too_wide, "\n".join(too_wide)
+    rounds = [ln for ln in lines if ln.startswith("round ")]
+    assert len(rounds) == 20 and all(" acc " in ln and "4 sites" in ln for ln in rounds)
+    table = lines[lines.index(next(ln for ln in lines if "shards by class" in ln)) :]
+    assert any(ln.split()[:1] == ["eu-central*"] for ln in table)  # the reducing zone, on one line
+    assert f"report:  fedshard report {summary['_out']}" in proc.stdout
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class _References(HTMLParser):
+    """Every src and href of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found += [v for k, v in attrs if k in ("src", "href") and v is not None]
+
+
+def test_the_report_of_the_demo_draws_every_plot_and_references_only_its_own_files(
+    plain_demo: tuple[subprocess.CompletedProcess[str], dict], tmp_path: Path
+) -> None:
+    from matplotlib.image import imread
+
+    from fedshard.report.build import FLOW_PLOT, REPORT_FILE
+    from fedshard.report.plots import PLOTS
+
+    _, summary = plain_demo
+    target = tmp_path / "report"
+    proc = _fedshard("report", summary["_out"], "--out", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert (target / REPORT_FILE).resolve().as_uri() in proc.stdout.replace("\n", "")
+    plots = sorted([*(name for name, _, _ in PLOTS), FLOW_PLOT[0]])
+    assert sorted(p.name for p in target.iterdir()) == sorted([*plots, REPORT_FILE])
+    for name in plots:
+        data = (target / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+        pixels = imread(target / name)
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 600, name
+        colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::7].round(2)}
+        assert len(colours) > 20, f"{name} is blank"  # axes, text and data drawn, not an empty canvas
+    page = (target / REPORT_FILE).read_text()
+    references = _References()
+    references.feed(page)
+    assert sorted(references.found) == plots  # each plot once, nothing else, nothing outside the folder
+    assert "://" not in page
+    assert "personal from EU: EU only" in page and "No selected site was refused" in page
+    assert all(zone in page for zone in ("eu-central", "us-east", "sg-central"))
+    assert f"{summary['final_accuracy']:.4f}" in page and summary["model_version"] in page
 
 
 def test_every_site_store_verifies_against_its_model_version_in_the_summary(
@@ -238,6 +301,12 @@ def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> 
         "rounds_participated",
         "status",
     }
+
+    report = _fedshard("report", str(out))  # the privacy officer's page: every site's ε against its budget
+    assert report.returncode == 0, report.stderr
+    page = (out / "report" / "report.html").read_text()
+    assert "ε spent / budget" in page and page.count("exhausted") >= 1
+    assert f"{sites['sgh-singapore']['epsilon_spent']:.3f} / 1.25" in page
 
     reported = _fedshard("budget", "show", "--config", "configs/demo-dp.yaml", "--run", str(out), "--json")
     assert reported.returncode == 0, reported.stderr

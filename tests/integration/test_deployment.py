@@ -8,6 +8,7 @@ warm executor, one Flower's stock executor (the fallback path)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from fedshard.config import load_federation
 from fedshard.deploy.keys import generate_supernode_key, provision
 from fedshard.deploy.loopback import free_ports, write_loopback_layout
 from tests.deploy_helpers import events, fedshard, kill_tree, start, stop, wait_for
+from tests.metrics_helpers import scrape, value
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
@@ -50,7 +52,8 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
 ) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    aggregator = start(["aggregator", "up", "--config", str(layout["aggregator"])], tmp_path, logs / "agg.log")
+    up = ["aggregator", "up", "--config", str(layout["aggregator"]), "--metrics-port", "0"]  # any free ports
+    aggregator = start(up, tmp_path, logs / "agg.log")
     procs = [aggregator]
     sites: dict[str, subprocess.Popen[bytes]] = {}
     try:
@@ -85,6 +88,7 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         kill_tree(sites["sgh-singapore"])
         sites["sgh-singapore"].wait(10)
         wait_for(lambda: any(e.get("round") == 2 for e in events(tmp_path)), 400, "round 2", procs)
+        _scrape_while_running(tmp_path / "runs" / "aggregator")
         sites["sgh-singapore"] = start(
             ["site", "up", "--config", str(layout["sgh-singapore"])], tmp_path, logs / "sgh-singapore.log"
         )
@@ -123,9 +127,32 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         assert ("fedshard warm executor: " in log) == (site != STOCK), site
         said = " ".join((logs / f"{site}.log").read_text().split())  # rich wraps long lines
         assert ("flower executor; log" if site == STOCK else "warm executor; log") in said, said
+    # the report of the deployed run: the same residency, from the zones' own counts
+    report = fedshard("report", str(run_dir), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = (run_dir / "report" / "report.html").read_text()
+    assert "personal from EU: EU only" in page and "sgh-singapore" in page
     # the status command reads the same state once
     status = fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
     assert status.returncode == 0 and "finished" in status.stdout and "round 4/4" in status.stdout
+
+
+def _scrape_while_running(state_dir: Path) -> None:
+    """The run's metrics (where status.json says) and a zone's (where its log says), once round 2 opened."""
+    status = json.loads((state_dir / "status.json").read_text())
+    run = scrape(status["metrics"])
+    assert value(run, "fedshard_round") >= 1 and value(run, "fedshard_run_finished") == 0
+    assert value(run, "fedshard_sites") == len(SITES) and value(run, "fedshard_sites_connected") >= 3
+    assert value(run, "fedshard_round_phase_seconds_count", phase="train") >= 1
+    for site in SITES:
+        assert 0 < value(run, "fedshard_site_epsilon_spent", site=site) <= 8.0
+    log = (state_dir / "logs" / "zone-eu-central.log").read_text()
+    (url,) = re.findall(r"zone metrics: (http://\S+)", log)
+    zone = scrape(url)
+    assert value(zone, "fedshard_zone_round", zone="eu-central") >= 2
+    assert value(zone, "fedshard_zone_pushes_total", zone="eu-central") >= 2  # two EU sites, round 1
+    assert value(zone, "fedshard_zone_shards_total", zone="eu-central", shard_class="personal", origin="EU") > 0
+    assert value(zone, "fedshard_zone_info", zone="eu-central", reducing="true") == 1
 
 
 def test_keys_init_writes_each_file_once_with_restrictive_modes(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -145,7 +146,8 @@ class GrpcZoneClient:
             reply = call(push_frames(header, shards, self.chunk_bytes, encrypted), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes)
+        fold_s = reply.fold_seconds if math.isfinite(reply.fold_seconds) and reply.fold_seconds >= 0 else 0.0
+        return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes, fold_s)
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
         """Close ``round``; the summaries of the aggregates it published (one per group).

@@ -197,7 +197,12 @@ class ZoneService(pb_grpc.ZoneServicer):
         except FedshardError as exc:
             self._fail(context, exc)
         return pb.PushReply(
-            zone=receipt.zone, round=receipt.round, site_id=receipt.site_id, shards=receipt.shards, bytes=receipt.bytes
+            zone=receipt.zone,
+            round=receipt.round,
+            site_id=receipt.site_id,
+            shards=receipt.shards,
+            bytes=receipt.bytes,
+            fold_seconds=receipt.fold_s,
         )
 
     def _header(self, frames: Iterator[pb.PushFrame], rule: str) -> pb.PushFrame:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65\x64shard/zone/rpc/zone.proto\x12\x10\x66\x65\x64shard.zone.v1\"\xdc\x02\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\tplan_json\x18\x03 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\t\x12\r\n\x05sites\x18\x05 \x03(\t\x12K\n\rbase_versions\x18\x06 \x03(\x0b\x32\x34.fedshard.zone.v1.OpenRoundRequest.BaseVersionsEntry\x12@\n\x07weights\x18\x07 \x03(\x0b\x32/.fedshard.zone.v1.OpenRoundRequest.WeightsEntry\x1a\x33\n\x11\x42\x61seVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x10\n\x0eOpenRoundReply\"3\n\nPushHeader\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x13\n\x0bround_token\x18\x02 \x01(\t\"Z\n\nShardChunk\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\r\"s\n\tPushFrame\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.fedshard.zone.v1.PushHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"X\n\tPushReply\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07site_id\x18\x03 \x01(\t\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"a\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05\x61\x62ort\x18\x02 \x01(\x08\x12\x14\n\x0c\x66orward_zone\x18\x03 \x01(\t\x12\x18\n\x10\x66orward_endpoint\x18\x04 \x01(\t\"H\n\x0f\x43loseRoundReply\x12\x35\n\naggregates\x18\x01 \x03(\x0b\x32!.fedshard.zone.v1.AggregateHeader\"\x1e\n\x0c\x46orwardReply\x12\x0e\n\x06shards\x18\x01 \x01(\r\"R\n\x0bShardDigest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0e\n\x06nbytes\x18\x03 \x01(\x04\x12\x11\n\tencrypted\x18\x04 \x01(\x08\"\xa6\x01\n\x0f\x41ggregateHeader\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x13\n\x0bmerkle_root\x18\x03 \x01(\t\x12\x14\n\x0ctotal_weight\x18\x04 \x01(\x01\x12\r\n\x05sites\x18\x05 \x03(\t\x12-\n\x06shards\x18\x06 \x03(\x0b\x32\x1d.fedshard.zone.v1.ShardDigest\x12\r\n\x05group\x18\x07 \x01(\t\"F\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0f\n\x07site_id\x18\x03 \x01(\t\"}\n\x0e\x41ggregateFrame\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.fedshard.zone.v1.AggregateHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"\r\n\x0bInfoRequest\"<\n\tInfoReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x11\n\tinfo_json\x18\x03 \x01(\t\"/\n\x12ReconfigureRequest\x12\x19\n\x11membership_digest\x18\x01 \x01(\t\"G\n\x10ReconfigureReply\x12\x15\n\rpolicy_digest\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x01(\r\x12\r\n\x05zones\x18\x03 \x01(\r2\xb9\x04\n\x04Zone\x12Q\n\tOpenRound\x12\".fedshard.zone.v1.OpenRoundRequest\x1a .fedshard.zone.v1.OpenRoundReply\x12\x42\n\x04Push\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1b.fedshard.zone.v1.PushReply(\x01\x12T\n\nCloseRound\x12#.fedshard.zone.v1.CloseRoundRequest\x1a!.fedshard.zone.v1.CloseRoundReply\x12H\n\x07\x46orward\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1e.fedshard.zone.v1.ForwardReply(\x01\x12]\n\x0e\x46\x65tchAggregate\x12\'.fedshard.zone.v1.FetchAggregateRequest\x1a .fedshard.zone.v1.AggregateFrame0\x01\x12\x42\n\x04Info\x12\x1d.fedshard.zone.v1.InfoRequest\x1a\x1b.fedshard.zone.v1.InfoReply\x12W\n\x0bReconfigure\x12$.fedshard.zone.v1.ReconfigureRequest\x1a\".fedshard.zone.v1.ReconfigureReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65\x64shard/zone/rpc/zone.proto\x12\x10\x66\x65\x64shard.zone.v1\"\xdc\x02\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\tplan_json\x18\x03 \x01(\t\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\t\x12\r\n\x05sites\x18\x05 \x03(\t\x12K\n\rbase_versions\x18\x06 \x03(\x0b\x32\x34.fedshard.zone.v1.OpenRoundRequest.BaseVersionsEntry\x12@\n\x07weights\x18\x07 \x03(\x0b\x32/.fedshard.zone.v1.OpenRoundRequest.WeightsEntry\x1a\x33\n\x11\x42\x61seVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x10\n\x0eOpenRoundReply\"3\n\nPushHeader\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x13\n\x0bround_token\x18\x02 \x01(\t\"Z\n\nShardChunk\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\r\"s\n\tPushFrame\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1c.fedshard.zone.v1.PushHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"n\n\tPushReply\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07site_id\x18\x03 \x01(\t\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x66old_seconds\x18\x06 \x01(\x01\"a\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05\x61\x62ort\x18\x02 \x01(\x08\x12\x14\n\x0c\x66orward_zone\x18\x03 \x01(\t\x12\x18\n\x10\x66orward_endpoint\x18\x04 \x01(\t\"H\n\x0f\x43loseRoundReply\x12\x35\n\naggregates\x18\x01 \x03(\x0b\x32!.fedshard.zone.v1.AggregateHeader\"\x1e\n\x0c\x46orwardReply\x12\x0e\n\x06shards\x18\x01 \x01(\r\"R\n\x0bShardDigest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0e\n\x06nbytes\x18\x03 \x01(\x04\x12\x11\n\tencrypted\x18\x04 \x01(\x08\"\xa6\x01\n\x0f\x41ggregateHeader\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x13\n\x0bmerkle_root\x18\x03 \x01(\t\x12\x14\n\x0ctotal_weight\x18\x04 \x01(\x01\x12\r\n\x05sites\x18\x05 \x03(\t\x12-\n\x06shards\x18\x06 \x03(\x0b\x32\x1d.fedshard.zone.v1.ShardDigest\x12\r\n\x05group\x18\x07 \x01(\t\"F\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\r\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0f\n\x07site_id\x18\x03 \x01(\t\"}\n\x0e\x41ggregateFrame\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.fedshard.zone.v1.AggregateHeaderH\x00\x12-\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1c.fedshard.zone.v1.ShardChunkH\x00\x42\x07\n\x05\x66rame\"\r\n\x0bInfoRequest\"<\n\tInfoReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x11\n\tinfo_json\x18\x03 \x01(\t\"/\n\x12ReconfigureRequest\x12\x19\n\x11membership_digest\x18\x01 \x01(\t\"G\n\x10ReconfigureReply\x12\x15\n\rpolicy_digest\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x01(\r\x12\r\n\x05zones\x18\x03 \x01(\r2\xb9\x04\n\x04Zone\x12Q\n\tOpenRound\x12\".fedshard.zone.v1.OpenRoundRequest\x1a .fedshard.zone.v1.OpenRoundReply\x12\x42\n\x04Push\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1b.fedshard.zone.v1.PushReply(\x01\x12T\n\nCloseRound\x12#.fedshard.zone.v1.CloseRoundRequest\x1a!.fedshard.zone.v1.CloseRoundReply\x12H\n\x07\x46orward\x12\x1b.fedshard.zone.v1.PushFrame\x1a\x1e.fedshard.zone.v1.ForwardReply(\x01\x12]\n\x0e\x46\x65tchAggregate\x12\'.fedshard.zone.v1.FetchAggregateRequest\x1a .fedshard.zone.v1.AggregateFrame0\x01\x12\x42\n\x04Info\x12\x1d.fedshard.zone.v1.InfoRequest\x1a\x1b.fedshard.zone.v1.InfoReply\x12W\n\x0bReconfigure\x12$.fedshard.zone.v1.ReconfigureRequest\x1a\".fedshard.zone.v1.ReconfigureReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,29 +50,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHFRAME']._serialized_start=564
   _globals['_PUSHFRAME']._serialized_end=679
   _globals['_PUSHREPLY']._serialized_start=681
-  _globals['_PUSHREPLY']._serialized_end=769
-  _globals['_CLOSEROUNDREQUEST']._serialized_start=771
-  _globals['_CLOSEROUNDREQUEST']._serialized_end=868
-  _globals['_CLOSEROUNDREPLY']._serialized_start=870
-  _globals['_CLOSEROUNDREPLY']._serialized_end=942
-  _globals['_FORWARDREPLY']._serialized_start=944
-  _globals['_FORWARDREPLY']._serialized_end=974
-  _globals['_SHARDDIGEST']._serialized_start=976
-  _globals['_SHARDDIGEST']._serialized_end=1058
-  _globals['_AGGREGATEHEADER']._serialized_start=1061
-  _globals['_AGGREGATEHEADER']._serialized_end=1227
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_start=1229
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=1299
-  _globals['_AGGREGATEFRAME']._serialized_start=1301
-  _globals['_AGGREGATEFRAME']._serialized_end=1426
-  _globals['_INFOREQUEST']._serialized_start=1428
-  _globals['_INFOREQUEST']._serialized_end=1441
-  _globals['_INFOREPLY']._serialized_start=1443
-  _globals['_INFOREPLY']._serialized_end=1503
-  _globals['_RECONFIGUREREQUEST']._serialized_start=1505
-  _globals['_RECONFIGUREREQUEST']._serialized_end=1552
-  _globals['_RECONFIGUREREPLY']._serialized_start=1554
-  _globals['_RECONFIGUREREPLY']._serialized_end=1625
-  _globals['_ZONE']._serialized_start=1628
-  _globals['_ZONE']._serialized_end=2197
+  _globals['_PUSHREPLY']._serialized_end=791
+  _globals['_CLOSEROUNDREQUEST']._serialized_start=793
+  _globals['_CLOSEROUNDREQUEST']._serialized_end=890
+  _globals['_CLOSEROUNDREPLY']._serialized_start=892
+  _globals['_CLOSEROUNDREPLY']._serialized_end=964
+  _globals['_FORWARDREPLY']._serialized_start=966
+  _globals['_FORWARDREPLY']._serialized_end=996
+  _globals['_SHARDDIGEST']._serialized_start=998
+  _globals['_SHARDDIGEST']._serialized_end=1080
+  _globals['_AGGREGATEHEADER']._serialized_start=1083
+  _globals['_AGGREGATEHEADER']._serialized_end=1249
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_start=1251
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=1321
+  _globals['_AGGREGATEFRAME']._serialized_start=1323
+  _globals['_AGGREGATEFRAME']._serialized_end=1448
+  _globals['_INFOREQUEST']._serialized_start=1450
+  _globals['_INFOREQUEST']._serialized_end=1463
+  _globals['_INFOREPLY']._serialized_start=1465
+  _globals['_INFOREPLY']._serialized_end=1525
+  _globals['_RECONFIGUREREQUEST']._serialized_start=1527
+  _globals['_RECONFIGUREREQUEST']._serialized_end=1574
+  _globals['_RECONFIGUREREPLY']._serialized_start=1576
+  _globals['_RECONFIGUREREPLY']._serialized_end=1647
+  _globals['_ZONE']._serialized_start=1650
+  _globals['_ZONE']._serialized_end=2219
 # @@protoc_insertion_point(module_scope)

@@ -73,18 +73,20 @@ class PushFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[ShardChunk, _Mapping]] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("zone", "round", "site_id", "shards", "bytes")
+    __slots__ = ("zone", "round", "site_id", "shards", "bytes", "fold_seconds")
     ZONE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     zone: str
     round: int
     site_id: str
     shards: int
     bytes: int
-    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., site_id: _Optional[str] = ..., shards: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    fold_seconds: float
+    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., site_id: _Optional[str] = ..., shards: _Optional[int] = ..., bytes: _Optional[int] = ..., fold_seconds: _Optional[float] = ...) -> None: ...
 
 class CloseRoundRequest(_message.Message):
     __slots__ = ("round", "abort", "forward_zone", "forward_endpoint")

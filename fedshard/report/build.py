@@ -1,0 +1,189 @@
+"""Build a run's report: its plots as PNGs and one HTML page showing them with the run's
+tables (sites, zones, refusals), referencing only the files written beside it."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedshard.errors import ConfigError
+from fedshard.report.flow import flows, residency_flow
+from fedshard.report.plots import PLOTS
+from fedshard.report.run import RunRecord, load_run
+
+__all__ = ["REPORT_FILE", "Report", "build_report"]
+
+REPORT_FILE = "report.html"
+FLOW_PLOT = ("residency.png", "Residency: which zones received each class of shard from where, and what they published")
+MAX_REFUSAL_ROWS = 200
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 1em 0; } img { max-width: 100%; } figcaption { color: #555; font-size: 0.9em; }
+.ok { color: #2ca02c; } .warn { color: #d62728; } code { font-size: 0.9em; }
+"""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What :func:`build_report` wrote."""
+
+    html: Path
+    images: list[Path]
+
+
+def build_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
+    """Write the report of the run in ``run_dir`` to ``out`` (default: ``run_dir/report``).
+
+    Raises
+    ------
+    ConfigError
+        ``run_dir`` holds no run (see :func:`~fedshard.report.run.load_run`), or ``out``
+        cannot be written.
+    """
+    run = load_run(run_dir)
+    target = Path(out) if out is not None else run.folder / "report"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {target}: cannot create it ({exc.strerror or exc}); choose another --out") from None
+    images = [draw(run, target / name) for name, _, draw in PLOTS]
+    images.append(residency_flow(run, target / FLOW_PLOT[0]))
+    page = target / REPORT_FILE
+    page.write_text(_page(run), encoding="utf-8")
+    return Report(page, images)
+
+
+def _page(run: RunRecord) -> str:
+    captions = {name: caption for name, caption, _ in PLOTS}
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>fedshard run {_e(run.name)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>fedshard run <code>{_e(run.name)}</code></h1>",
+        _overview(run),
+        "<h2>Learning</h2>",
+        _figure("accuracy.png", captions["accuracy.png"]),
+        "<h2>Privacy</h2>",
+        _figure("privacy.png", captions["privacy.png"]),
+        _sites_table(run),
+        "<h2>Residency</h2>",
+        _figure(*FLOW_PLOT),
+        _residency_list(run),
+        "<h2>Traffic</h2>",
+        _figure("traffic.png", captions["traffic.png"]),
+        _zones_table(run),
+        "<h2>Time</h2>",
+        _figure("round_times.png", captions["round_times.png"]),
+        "<h2>Refusals</h2>",
+        _refusals(run),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _figure(name: str, caption: str) -> str:
+    return f'<figure><img src="{_e(name)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="n">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _numeric(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _overview(run: RunRecord) -> str:
+    s, last = run.summary, (run.rounds[-1] if run.rounds else None)
+    rows: list[list[Any]] = [
+        ["rounds finished", len(run.rounds)],
+        ["sites", len(run.result.sites)],
+        ["final accuracy", f"{last.accuracy:.4f}" if last else "-"],
+        ["central baseline", f"{run.central_accuracy:.4f}" if run.central_accuracy is not None else "-"],
+        ["model version", run.result.version],
+        ["engine", s.get("engine", "-")],
+        ["elapsed", f"{s['elapsed_s']:.1f} s" if isinstance(s.get("elapsed_s"), int | float) else "-"],
+        ["stopped", run.result.stopped_reason or ("completed" if s else "no summary yet (running, or it died)")],
+    ]
+    return _table(["", ""], rows)
+
+
+def _sites_table(run: RunRecord) -> str:
+    privacy = run.result.privacy
+    rows = []
+    for site in run.result.sites:
+        p = privacy.get(site.site_id, {})
+        eps = f"{p['epsilon_spent']:.3f} / {p['epsilon_budget']:g}" if p else "-"
+        rows.append([site.site_id, site.jurisdiction, site.num_examples, eps, p.get("status", "-") if p else "-"])
+    return _table(["site", "jurisdiction", "records", "ε spent / budget", "privacy"], rows)
+
+
+def _residency_list(run: RunRecord) -> str:
+    lines = flows(run).residency_lines()
+    if not lines:
+        return "<p>No zone reported shards by class.</p>"
+    items = "".join(
+        f'<li class="{"ok" if home else ""}">{"✓" if home else "→"} {_e(line)}</li>' for _, line, home in lines
+    )
+    return f"<p>Which regions held each class of shard, by the pushing site's jurisdiction:</p><ul>{items}</ul>"
+
+
+def _zones_table(run: RunRecord) -> str:
+    if not run.zones:
+        return "<p>The zones' own counters are in summary.json, which this run has not written.</p>"
+    rows = []
+    for z in run.zones:
+        classes = ", ".join(f"{k} {v}" for k, v in z.get("shards_by_class", {}).items()) or "-"
+        rows.append(
+            [
+                z.get("name", "?") + (" (reducing)" if z.get("reducing") else ""),
+                z.get("region", ""),
+                z.get("pushes", 0),
+                f"{z.get('bytes_received', 0) / 1e6:.2f} MB",
+                classes,
+                z.get("forwarded_shards", 0),
+                z.get("refused", 0),
+            ]
+        )
+    return _table(["zone", "region", "pushes", "received", "shards by class and origin", "forwarded", "refused"], rows)
+
+
+def _refusals(run: RunRecord) -> str:
+    rows: list[list[Any]] = []
+    for r in run.rounds:
+        for site in sorted(r.refused):
+            code = r.refusal_codes.get(site)
+            rows.append([r.round, site, code.value if code is not None else "-", r.refused[site]])
+    parts = []
+    if rows:
+        shown = rows[:MAX_REFUSAL_ROWS]
+        more = f"<p>and {len(rows) - len(shown)} more (events.jsonl has them all)</p>" if len(rows) > len(shown) else ""
+        parts.append("<p>Selected sites that did not contribute:</p>" + _table(["round", "site", "code", "why"], shown))
+        parts.append(more)
+    else:
+        parts.append('<p class="ok">No selected site was refused.</p>')
+    if run.result.aborted:
+        aborted = [[a["round"], a["reason"]] for a in run.result.aborted]
+        parts.append("<p>Rounds aborted at every zone:</p>" + _table(["round", "why"], aborted))
+    zone_rows = [[z.get("name", "?"), reason] for z in run.zones for reason in z.get("refusals", [])]
+    if zone_rows:
+        parts.append("<p>What the zones refused (their latest reasons):</p>" + _table(["zone", "why"], zone_rows))
+    if run.result.stopped_reason:
+        parts.append(f'<p class="warn">The run stopped: {_e(run.result.stopped_reason)}</p>')
+    return "\n".join(parts)

@@ -1,0 +1,97 @@
+"""What a zone has done since it started: counters for run summaries (``fedshard zone``
+details, ``summary.json``) and for its Prometheus metrics (:mod:`fedshard.zone.metrics`).
+
+Every figure here is the zone's own: what it accepted, refused, forwarded and served,
+and how long it took to fold pushes and close rounds.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Histogram
+
+from fedshard.errors import RefusalCode
+from fedshard.integrity import Manifest
+
+__all__ = ["DURATION_BUCKETS", "ZoneStats"]
+
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Histogram buckets (seconds) of fold and close times: a millisecond (a small model's
+push) to minutes (a large model's round at a busy zone)."""
+
+UNCLASSIFIED = "unclassified"
+"""The class of a shard whose manifest names none (zones without a residency policy)."""
+
+
+def _histogram(name: str, doc: str) -> Histogram:
+    """A zone's own duration histogram (not in any registry: :mod:`fedshard.zone.metrics` exports it)."""
+    return Histogram(name, doc, registry=None, buckets=DURATION_BUCKETS)
+
+
+@dataclass
+class ZoneStats:
+    """What a zone has done since it started."""
+
+    pushes: int = 0
+    refused: int = 0
+    bytes_received: int = 0
+    shards: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)  # (class, origin)
+    forwarded_shards: int = 0
+    forwarded_bytes: int = 0
+    partials_received: int = 0
+    served: int = 0  # aggregates served to sites
+    refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
+    refusal_codes: collections.Counter[str] = field(default_factory=collections.Counter)  # code -> refusals
+    round: int = 0  # the latest round opened
+    rounds_closed: int = 0
+    fold_seconds: Histogram = field(
+        default_factory=lambda: _histogram("fedshard_zone_fold_seconds", "Seconds folding one push into the sums")
+    )
+    close_seconds: Histogram = field(
+        default_factory=lambda: _histogram("fedshard_zone_close_seconds", "Seconds closing one round")
+    )
+
+    def count_push(self, manifest: Manifest, origin: str | None, fold_s: float) -> None:
+        """Count an accepted push; ``origin`` is the pushing site's jurisdiction, where known;
+        ``fold_s`` the seconds folding it took."""
+        self.pushes += 1
+        self.bytes_received += manifest.total_bytes
+        self.shards.update((e.shard_class or UNCLASSIFIED, origin or "") for e in manifest.shards)
+        self.fold_seconds.observe(fold_s)
+
+    def refuse(self, reason: str, code: RefusalCode | None) -> None:
+        """Count a refusal (by its code) and remember its reason."""
+        self.refused += 1
+        self.refusal_codes[code.value if code is not None else "other"] += 1
+        self.refusals = [*self.refusals[-19:], reason]
+
+    def closed(self, seconds: float) -> None:
+        """Count a round closed (published) in ``seconds``."""
+        self.rounds_closed += 1
+        self.close_seconds.observe(seconds)
+
+    @property
+    def shards_by_class(self) -> dict[str, int]:
+        """Shards received by class and origin, ``{"personal from EU": 200, ...}``."""
+        named = ((f"{c} from {o}" if o else c, n) for (c, o), n in self.shards.items())
+        return dict(sorted(named))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "pushes": self.pushes,
+            "refused": self.refused,
+            "refusal_codes": dict(sorted(self.refusal_codes.items())),
+            "bytes_received": self.bytes_received,
+            "shards_by_class": self.shards_by_class,
+            "forwarded_shards": self.forwarded_shards,
+            "forwarded_bytes": self.forwarded_bytes,
+            "partials_received": self.partials_received,
+            "served": self.served,
+            "refusals": list(self.refusals),
+            "round": self.round,
+            "rounds_closed": self.rounds_closed,
+        }

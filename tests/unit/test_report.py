@@ -1,0 +1,158 @@
+"""`fedshard report` on run folders a real run can leave: a finished run, one that died
+before its summary (the event log only), many sites, refusals and aborted rounds; and
+the folders it refuses, in one line, writing nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedshard.coordinator.events import EventLog
+from fedshard.coordinator.results import RoundResult, RunResult
+from fedshard.errors import ConfigError, RefusalCode
+from fedshard.protocol.messages import SiteInfo
+from fedshard.report import build_report
+from fedshard.report.flow import flows
+from fedshard.report.run import RunRecord
+
+SITES = 20  # beyond the dozen a plot draws one by one
+
+
+def _site(i: int) -> SiteInfo:
+    return SiteInfo(
+        site_id=f"s{i:02d}",
+        jurisdiction="EU" if i % 2 else "US",
+        num_examples=10,
+        plan_digest="p",
+        plan_json="{}",
+        genesis_version="g" * 64,
+    )
+
+
+def _round(rnd: int, sites: list[SiteInfo]) -> RoundResult:
+    privacy = {
+        s.site_id: {"epsilon_spent": 0.4 * rnd, "epsilon_budget": 1.0, "status": "exhausted" if rnd > 2 else "active"}
+        for s in sites
+    }
+    refused = {"s03": "zone eu refused s03's push for round 2: shard w#r0c0: digest does not match"} if rnd == 2 else {}
+    return RoundResult(
+        round=rnd,
+        version=f"{rnd:064x}",
+        merkle_root="m",
+        sites=tuple(s.site_id for s in sites if s.site_id not in refused),
+        refused=refused,
+        refusal_codes={"s03": RefusalCode.DIGEST} if refused else {},
+        train_loss=1.0 / rnd,
+        accuracy=0.5 + 0.1 * rnd,
+        loss=1.0 / rnd,
+        bytes_up=1000,
+        privacy=privacy,
+        aggregates=[{"zone": "eu", "group": "global", "merkle_root": "m", "shards": 3, "sites": ["s00"]}],
+        timings={
+            "round": 2.0,
+            "coordinator": {"open": 0.1, "train": 1.2, "close": 0.2, "evaluate": 0.4},
+            "zones": {"eu": {"close": 0.2, "fold": 0.05}},
+            "sites": {s.site_id: {"train": 0.5, "push": 0.2, "fold": 0.01, "evaluate": 0.1} for s in sites},
+        },
+        traffic={
+            "eu": {"bytes": 600, "shards": {"personal from EU": 10, "public from EU": 5}},
+            "us": {"bytes": 400, "shards": {"personal from US": 10}},
+        },
+    )
+
+
+def _logged_run(folder: Path) -> Path:
+    """A run's event log as the coordinator writes it: 3 rounds, round 2 refused a site, round 4 aborted."""
+    sites = [_site(i) for i in range(SITES)]
+    log = EventLog(folder / "events.jsonl")
+    log.on_start(sites, 4, "g" * 64)
+    for rnd in (1, 2, 3):
+        log.on_opened(rnd)
+        log.on_round(_round(rnd, sites))
+    log.on_aborted(4, "round 4: zone eu could not close the round: connection refused")
+    (folder / "federation.yaml").write_text("zones:\n  - {name: eu, region: EU}\n  - {name: us, region: US}\n")
+    return folder
+
+
+def test_a_run_that_wrote_no_summary_is_reported_from_its_event_log(tmp_path: Path) -> None:
+    run = _logged_run(tmp_path / "run")
+    written = build_report(run)
+    assert written.html == run / "report" / "report.html"
+    assert {p.name for p in written.images} == {
+        "accuracy.png",
+        "privacy.png",
+        "traffic.png",
+        "round_times.png",
+        "residency.png",
+    }
+    assert all(p.stat().st_size > 10_000 for p in written.images)
+    page = written.html.read_text()
+    assert "digest" in page and "does not match" in page and "s03" in page  # the refusal, with its code
+    assert "round 4: zone eu could not close the round" in page  # the aborted round
+    assert "no summary yet" in page  # and the page says what it lacks
+    assert "personal from EU: EU only" in page and "personal from US: US only" in page  # regions from the config
+    assert not (run / "summary.json").exists()  # the report writes only under its folder
+
+
+def test_residency_lines_say_where_each_class_went() -> None:
+    sites = [_site(0), _site(1)]
+    record = RunRecord(
+        Path("."),
+        RunResult(sites, "g", "g"),
+        summary={
+            "zones": [
+                {"name": "eu", "region": "EU", "shards_by_class": {"personal from EU": 4, "public from US": 2}},
+                {"name": "us", "region": "US", "shards_by_class": {"public from US": 2, "personal from EU": 1}},
+            ]
+        },
+    )
+    lines = {name: (line, home) for name, line, home in flows(record).residency_lines()}
+    assert lines["personal from EU"] == ("personal from EU: EU, US", False)  # left its region: shown, not ticked
+    assert lines["public from US"] == ("public from US: EU, US", False)
+
+
+def test_a_folder_without_a_run_is_refused_in_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"holds no run \(no events.jsonl\)") as caught:
+        build_report(tmp_path)
+    assert "\n" not in str(caught.value) and list(tmp_path.iterdir()) == []
+
+
+def test_a_corrupt_summary_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    run = _logged_run(tmp_path / "run")
+    (run / "summary.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"summary\.json: not JSON"):
+        build_report(run)
+    assert (run / "summary.json").read_text() == "{not json" and not (run / "report").exists()
+
+
+def test_a_log_that_never_assembled_its_sites_is_refused(tmp_path: Path) -> None:
+    EventLog(tmp_path / "events.jsonl").on_stop("2 site(s) refused: plan mismatch")
+    with pytest.raises(ConfigError, match="nothing to report"):
+        build_report(tmp_path)
+
+
+def test_the_summary_adds_the_zones_own_counts_and_the_central_baseline(tmp_path: Path) -> None:
+    run = _logged_run(tmp_path / "run")
+    zones = [
+        {
+            "name": "eu",
+            "region": "EU",
+            "reducing": True,
+            "pushes": 9,
+            "bytes_received": 5000,
+            "shards_by_class": {"personal from EU": 30},
+            "forwarded_shards": 0,
+            "refused": 1,
+            "refusals": ["shard w#r0c0: digest does not match the manifest"],
+        }
+    ]
+    (run / "summary.json").write_text(
+        json.dumps(
+            {"federation": "fed", "centralized_accuracy": 0.97, "engine": "inprocess", "elapsed_s": 3.5, "zones": zones}
+        )
+    )
+    page = build_report(run, tmp_path / "elsewhere").html.read_text()
+    assert "0.9700" in page and "eu (reducing)" in page and "digest does not match the manifest" in page
+    assert "fedshard run <code>fed</code>" in page
