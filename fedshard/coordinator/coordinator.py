@@ -35,7 +35,8 @@ from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, i
 from fedshard.coordinator.reports import PrivacyReports
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
 from fedshard.coordinator.timings import RoundClock
-from fedshard.errors import FedshardError, RefusalCode, RoundAbortedError, RoundError
+from fedshard.coordinator.zone_calls import abort_everywhere, close_everywhere, open_everywhere
+from fedshard.errors import RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
@@ -50,7 +51,7 @@ from fedshard.protocol.messages import (
     TrainInstruction,
     TrainReport,
 )
-from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec, derive_seed
+from fedshard.protocol.rounds import RoundSpec, derive_seed
 from fedshard.protocol.timings import Phase
 from fedshard.sharding import ShardPlan
 
@@ -211,7 +212,7 @@ class Coordinator:
                     return result
             in_flight = recovery.in_flight
             if in_flight is not None:  # the zones hold it open (or lost, after a restart): discard it there first
-                self._abort(in_flight, list(self.zones))
+                abort_everywhere(self.zones, in_flight)
             if in_flight is not None and self.config.privacy.enabled:
                 self._aborted(result, in_flight, in_flight_reason(in_flight))
                 first = in_flight + 1
@@ -329,7 +330,7 @@ class Coordinator:
         reasons = {s: r.reason for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
         if len(reports) < min_sites:
-            self._abort(rnd, list(self.zones))
+            abort_everywhere(self.zones, rnd)
             details = "; ".join(f"{s}: {refusal_line(r, codes.get(s))}" for s, r in sorted(reasons.items()))
             message = (
                 f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
@@ -339,7 +340,7 @@ class Coordinator:
                 raise RoundAbortedError(message)
             raise RoundError(message)
         with clock.waiting(Phase.CLOSE):
-            published = self._close(rnd, clock)
+            published = close_everywhere(self.zones, rnd, self.config.reducing_zone, self.endpoints, clock)
         counted = {s for summary in published.values() for s in summary.sites}
         if not counted:
             raise RoundError(f"round {rnd}: the zones counted no update")
@@ -387,12 +388,7 @@ class Coordinator:
         versions = {self._nodes[n].site_id: self._group(n).version for n in selected}
         fixed = tuple(sorted((self._nodes[n].site_id, weights[n]) for n in selected))
         spec = RoundSpec(rnd, token, self._plan_json, version, site_ids, tuple(sorted(versions.items())), fixed)
-        for name, zone in self.zones.items():
-            try:
-                zone.open_round(spec)
-            except FedshardError as exc:
-                self._abort(rnd, list(self.zones))  # also a zone that opened it before failing to answer
-                raise RoundAbortedError(f"round {rnd}: zone {name} could not open the round: {exc}", name) from None
+        open_everywhere(self.zones, spec)
         if self.journal is not None:  # before any site reserves budget for it
             self.journal.on_opened(rnd)
         faults.point("coordinator.round.opened")
@@ -445,29 +441,6 @@ class Coordinator:
             weight=weight,
             deadline_s=min(self._timeout, 86400.0),
         )
-
-    def _abort(self, rnd: int, zones: list[str]) -> None:
-        for name in zones:
-            try:
-                self.zones[name].abort_round(rnd)
-            except FedshardError as exc:
-                log.warning("round %d: zone %s could not abort: %s", rnd, name, exc)
-
-    def _close(self, rnd: int, clock: RoundClock) -> dict[AggregateKey, AggregateSummary]:
-        """Close the round at every zone, the reducing zone last; summaries by aggregate."""
-        reducer = self.config.reducing_zone
-        forward_to = (reducer, self.endpoints[reducer]) if reducer is not None else None
-        order = sorted(self.zones, key=lambda name: (name == reducer, name))
-        published: dict[AggregateKey, AggregateSummary] = {}
-        for name in order:
-            try:
-                with clock.closing(name):
-                    summaries = self.zones[name].close_round(rnd, forward_to if name != reducer else None)
-            except FedshardError as exc:
-                self._abort(rnd, list(self.zones))
-                raise RoundAbortedError(f"round {rnd}: zone {name} could not close the round: {exc}", name) from None
-            published.update({s.key: s for s in summaries})
-        return published
 
     def _evaluate(self, rnd: int, clock: RoundClock | None = None) -> tuple[float, float]:
         """Every site applies its aggregates and evaluates; weighted accuracy and loss."""
