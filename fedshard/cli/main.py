@@ -31,6 +31,7 @@ from fedshard.transports.metrics import DEFAULT_METRICS_HOST
 if TYPE_CHECKING:
     from fedshard.config import FederationConfig
     from fedshard.crypto.tls import TlsFiles
+    from fedshard.zone.aggregator import ZoneAggregator
 
 __all__ = ["app", "main"]
 
@@ -240,6 +241,7 @@ def zone_up(
     from fedshard.assembly.reload import ZoneReload
     from fedshard.config import load_federation
     from fedshard.routing import FederationRouting
+    from fedshard.zone.metrics import ZoneCollector
     from fedshard.zone.rpc.service import serve
 
     cfg = load_federation(config)
@@ -260,7 +262,10 @@ def zone_up(
     routing = FederationRouting(cfg)
     routing.check()
     keys = load_site_keys(site_keys) if site_keys is not None else None
+    served: list[ZoneAggregator] = []  # the metrics port is bound before the store is touched
+    metrics = start_metrics([ZoneCollector(lambda: served)], metrics_port, metrics_host, console, "zone")
     aggregator = make_zone(zc, Path("runs") / "zones", routing=routing, site_keys=keys, tls=tls)
+    served.append(aggregator)
     reload = ZoneReload(aggregator, config, routing, site_keys)  # the coordinator's Reconfigure, between rounds
     server, port = serve(
         aggregator, zc.endpoint, tls=tls, limits=zc.limits, parties=streaming_parties(cfg), reload=reload
@@ -280,9 +285,6 @@ def zone_up(
             soft_wrap=True,
         )
     console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
-    from fedshard.zone.metrics import ZoneCollector
-
-    metrics = start_metrics([ZoneCollector(lambda: [aggregator])], metrics_port, metrics_host, console, "zone")
     sys.stdout.flush()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -706,6 +706,12 @@ CASES = [
         files({"fed.yaml": federation()}),
     ),
     case(
+        "zone-metrics-host-not-here",
+        f"{ZONE} --insecure --metrics-port 0 --metrics-host 203.0.113.7",
+        "metrics: cannot listen on 203.0.113.7:0",
+        files({"fed.yaml": federation()}),
+    ),
+    case(
         "metrics-host-not-here",
         f"{SIM} --metrics-port 0 --metrics-host 203.0.113.7",
         "metrics: cannot listen on 203.0.113.7:0",
