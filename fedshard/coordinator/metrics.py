@@ -74,8 +74,8 @@ class RunCollector(Collector):
         self._sites: set[str] = set()
         self._privacy: dict[str, dict[str, Any]] = {}
         self._finished = False
-        self._durations = Histogram("fedshard_round_duration_seconds", "", registry=None, buckets=_ROUND_BUCKETS)
-        self._phases = Histogram("fedshard_round_phase_seconds", "", ["phase"], registry=None, buckets=_ROUND_BUCKETS)
+        self._durations = _histogram("fedshard_round_duration_seconds")
+        self._phases = _histogram("fedshard_round_phase_seconds", "phase")
 
     def _read(self) -> None:
         if self._log is None:
@@ -125,8 +125,8 @@ class RunCollector(Collector):
             for outcome, n in self._outcomes.items():
                 outcomes.add_metric([outcome], n)
             yield outcomes
-            yield _relabelled(self._durations, "fedshard_round_duration_seconds")
-            yield _relabelled(self._phases, "fedshard_round_phase_seconds")
+            yield from self._durations.collect()
+            yield from self._phases.collect()
             yield _gauge("fedshard_round_accuracy", self._accuracy)
             yield _gauge("fedshard_round_loss", self._loss)
             yield _gauge("fedshard_round_sites", self._round_sites)
@@ -166,10 +166,6 @@ def _gauge(name: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, RUN_METRICS[name], value=value)
 
 
-def _relabelled(histogram: Histogram, name: str) -> Metric:
-    """``histogram``'s samples under the family ``name`` with its help text."""
-    family = Metric(name, RUN_METRICS[name], "histogram")
-    for metric in histogram.collect():
-        for sample in metric.samples:
-            family.add_sample(sample.name, sample.labels, sample.value)
-    return family
+def _histogram(name: str, *labels: str) -> Histogram:
+    """The run's own histogram ``name`` (in no registry: :class:`RunCollector` exports it)."""
+    return Histogram(name, RUN_METRICS[name], labels, registry=None, buckets=_ROUND_BUCKETS)

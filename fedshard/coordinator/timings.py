@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from fedshard.protocol.messages import EvaluateReport, TrainReport
@@ -27,26 +26,19 @@ class RoundClock:
     def __init__(self) -> None:
         self._started = time.perf_counter()
         self._waits = Stopwatch()  # the coordinator's own: open, train, close, evaluate
-        self._close: dict[str, float] = {}  # zone -> seconds its close took
+        self._close = Stopwatch()  # zone -> seconds its close took
         self._fold: collections.defaultdict[str, float] = collections.defaultdict(float)  # zone -> fold seconds
         self._sites: dict[str, collections.defaultdict[str, float]] = {}  # site -> phase -> seconds
         self._bytes: collections.Counter[str] = collections.Counter()  # zone -> bytes received
         self._shards: dict[str, collections.Counter[str]] = {}  # zone -> "personal from EU" -> shards
 
-    @contextmanager
-    def waiting(self, phase: Phase) -> Iterator[None]:
+    def waiting(self, phase: Phase) -> AbstractContextManager[None]:
         """Time what the coordinator waits for in ``phase``."""
-        with self._waits.phase(phase):
-            yield
+        return self._waits.phase(phase)
 
-    @contextmanager
-    def closing(self, zone: str) -> Iterator[None]:
+    def closing(self, zone: str) -> AbstractContextManager[None]:
         """Time ``zone``'s close (part of the close phase)."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._close[zone] = time.perf_counter() - start
+        return self._close.phase(zone)
 
     def trained(self, report: TrainReport, jurisdiction: str) -> None:
         """A site's train reply: its phases; for a push it made, what each zone acknowledged."""
@@ -74,11 +66,12 @@ class RoundClock:
         """What :attr:`~fedshard.coordinator.results.RoundResult.timings` holds: the round's
         seconds (``round``), the coordinator's waits by phase (``coordinator``), each zone's
         ``close`` and ``fold`` seconds (``zones``), each site's seconds by phase (``sites``)."""
-        zones = sorted(set(self._close) | set(self._fold))
+        closed = self._close.seconds
+        zones = sorted(set(closed) | set(self._fold))
         return {
             "round": _ms(time.perf_counter() - self._started),
             "coordinator": {phase: _ms(s) for phase, s in self._waits.seconds.items()},
-            "zones": {z: {"close": _ms(self._close.get(z, 0.0)), "fold": _ms(self._fold[z])} for z in zones},
+            "zones": {z: {"close": _ms(closed.get(z, 0.0)), "fold": _ms(self._fold[z])} for z in zones},
             "sites": {site: {p: _ms(s) for p, s in sorted(ph.items())} for site, ph in sorted(self._sites.items())},
         }
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterable
 from types import TracebackType
-
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING
 
 from fedshard.errors import ConfigError, DeployError
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
 
 __all__ = ["DEFAULT_METRICS_HOST", "MetricsServer"]
 
@@ -27,6 +28,8 @@ class MetricsServer:
     """An HTTP server exporting ``collectors`` on ``host:port`` (port 0: any free port) until closed."""
 
     def __init__(self, collectors: Iterable[Collector], port: int, host: str = DEFAULT_METRICS_HOST) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server  # only where metrics are served
+
         self.registry = CollectorRegistry()
         for collector in collectors:
             self.registry.register(collector)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
-
-from prometheus_client import Histogram
+from typing import TYPE_CHECKING, Any
 
 from fedshard.errors import RefusalCode
 from fedshard.integrity import Manifest
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
 
 __all__ = ["DURATION_BUCKETS", "ZoneStats"]
 
@@ -27,7 +28,10 @@ UNCLASSIFIED = "unclassified"
 
 
 def _histogram(name: str, doc: str) -> Histogram:
-    """A zone's own duration histogram (not in any registry: :mod:`fedshard.zone.metrics` exports it)."""
+    """A zone's own duration histogram (not in any registry: :mod:`fedshard.zone.metrics` exports it).
+    prometheus-client is imported here, by a zone, never by a site's process importing this module."""
+    from prometheus_client import Histogram
+
     return Histogram(name, doc, registry=None, buckets=DURATION_BUCKETS)
 
 

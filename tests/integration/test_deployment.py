@@ -127,14 +127,18 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         assert ("fedshard warm executor: " in log) == (site != STOCK), site
         said = " ".join((logs / f"{site}.log").read_text().split())  # rich wraps long lines
         assert ("flower executor; log" if site == STOCK else "warm executor; log") in said, said
-    # the report of the deployed run: the same residency, from the zones' own counts
-    report = fedshard("report", str(run_dir), cwd=tmp_path)
-    assert report.returncode == 0, report.stderr
-    page = (run_dir / "report" / "report.html").read_text()
-    assert "personal from EU: EU only" in page and "sgh-singapore" in page
+    _check_report(run_dir, tmp_path)
     # the status command reads the same state once
     status = fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
     assert status.returncode == 0 and "finished" in status.stdout and "round 4/4" in status.stdout
+
+
+def _check_report(run_dir: Path, cwd: Path) -> None:
+    """The report of the deployed run: the same residency, from the zones' own counts."""
+    report = fedshard("report", str(run_dir), cwd=cwd)
+    assert report.returncode == 0, report.stderr
+    page = (run_dir / "report" / "report.html").read_text()
+    assert "personal from EU: EU only" in page and "sgh-singapore" in page
 
 
 def _scrape_while_running(state_dir: Path) -> None:
