@@ -19,8 +19,6 @@ coordinator that died resumes from its run's event log (:mod:`fedshard.coordinat
 from __future__ import annotations
 
 import logging
-import math
-import random
 import secrets
 from collections.abc import Mapping
 
@@ -34,6 +32,7 @@ from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
 from fedshard.coordinator.reports import PrivacyReports
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
+from fedshard.coordinator.selection import fixed_weights, select_sites, weighted_evaluation
 from fedshard.coordinator.timings import RoundClock
 from fedshard.coordinator.zone_calls import abort_everywhere, close_everywhere, open_everywhere
 from fedshard.errors import RefusalCode, RoundAbortedError, RoundError
@@ -300,28 +299,11 @@ class Coordinator:
     def _privacy_plan(self, site_id: str) -> PrivacyPlan | None:
         return privacy_plan(self.config, site_id)  # (tests build a site's instruction with it)
 
-    def _select(self, rnd: int) -> list[str]:
-        """Sample the round's sites among those that can still afford a round."""
-        fed = self.config.federation
-        nodes = sorted(self._nodes, key=lambda n: self._nodes[n].site_id)
-        eligible = [n for n in nodes if self._privacy.can_afford(self._nodes[n].site_id)]
-        if len(eligible) < fed.min_sites:
-            spent = sorted(self._nodes[n].site_id for n in nodes if n not in eligible)
-            why = f"; privacy budget exhausted: {', '.join(spent)}" if spent else ""
-            raise RoundError(
-                f"round {rnd}: only {len(eligible)} site(s) can still take part, "
-                f"federation.min_sites is {fed.min_sites}{why}"
-            )
-        k = max(fed.min_sites, math.ceil(fed.sample_fraction * len(eligible)))
-        # One generator per round: a resumed run selects as the uninterrupted one would have.
-        rng = random.Random(derive_seed(fed.seed, rnd, "selection"))
-        return sorted(rng.sample(eligible, min(k, len(eligible))))
-
     def run_round(self, rnd: int, version: str) -> RoundResult:
         """Run round ``rnd``; ``version`` is the federation's version before it."""
-        selected, clock = self._select(rnd), RoundClock()
+        selected, clock = select_sites(self.config, self._nodes, self._privacy, rnd), RoundClock()
         token = secrets.token_hex(16)
-        weights = self._weights()
+        weights = fixed_weights(self.config, self._nodes)
         with clock.waiting(Phase.OPEN):
             self._open(rnd, token, version, selected, weights)
         with clock.waiting(Phase.TRAIN):
@@ -375,12 +357,6 @@ class Coordinator:
         with clock.waiting(Phase.EVALUATE):
             accuracy, loss = self._evaluate(rnd, clock)
         return evaluated(closed, accuracy, loss, clock.timings())
-
-    def _weights(self) -> dict[str, float]:
-        """Node → the aggregation weight the coordinator fixes for its site: the examples it
-        reported, capped by ``aggregation.max_site_weight`` (zones refuse any other weight)."""
-        rule = self.config.aggregation
-        return {node: rule.fixed_weight(info.num_examples) for node, info in self._nodes.items()}
 
     def _open(self, rnd: int, token: str, version: str, selected: list[str], weights: Mapping[str, float]) -> None:
         """Open the round at every zone (all or none), with each selected site's fixed weight."""
@@ -464,13 +440,4 @@ class Coordinator:
             else:
                 log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)
         expected = {self._nodes[n].site_id: self._group(n).version for n in self._nodes}
-        disagree = [r.site_id for r in reports if r.version != expected.get(r.site_id)]
-        if disagree:
-            raise RoundError(f"round {rnd}: sites {', '.join(disagree)} report a different model version")
-        n = sum(r.num_examples for r in reports)
-        if n == 0:
-            return float("nan"), float("nan")
-        return (
-            sum(r.accuracy * r.num_examples for r in reports) / n,
-            sum(r.loss * r.num_examples for r in reports) / n,
-        )
+        return weighted_evaluation(rnd, reports, expected)

@@ -48,18 +48,20 @@ import yaml
 from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
 from fedshard.config.layout import KeysLayout
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
+from fedshard.deploy.host_metrics import HostMetrics
 from fedshard.deploy.preflight import (
     LATEST_RUN,
     check_aggregator_config,
     check_public_context,
+    check_same_parties,
     he_folder,
     run_to_resume,
 )
 from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.reconfigure import effective_config
-from fedshard.deploy.status import HostState, write_state
-from fedshard.errors import ConfigError, DeployError, FedshardError
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST, MetricsServer
+from fedshard.deploy.status import HostState, write_state, zone_details
+from fedshard.errors import DeployError, FedshardError
+from fedshard.transports.metrics import DEFAULT_METRICS_HOST
 
 __all__ = [
     "LATEST_RUN",
@@ -134,8 +136,7 @@ class AggregatorHost:
         self._started = time.perf_counter()  # reset when the run is submitted: summary.json's elapsed_s
         self._zone_endpoints: dict[str, str] = {}  # child name -> endpoint, for restarts
         self._remembered = 0.0  # when the children's process trees were last noted
-        self._metrics: MetricsServer | None = None
-        self._zone_metrics = 0  # zones started with a metrics port so far
+        self._metrics = HostMetrics(self.metrics_port, self.metrics_host)
 
     # lifecycle -------------------------------------------------------------------------------
     def up(self) -> dict[str, Any]:
@@ -160,9 +161,11 @@ class AggregatorHost:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(exist_ok=self.resume is not None)
         if self.resume is not None:
-            self._check_grown()
+            check_same_parties(self._config_path, self.config, self.run_dir)
         self._update(superlink=self.dep.superlink, run_dir=str(self.run_dir))
-        self._serve_metrics()
+        url = self._metrics.serve_run(self.run_dir / "events.jsonl", connected=lambda: len(self.state.online))
+        if url is not None:
+            self._update(metrics=url)
         self._write_config()
         self._start_zones()
         self._start_superlink()
@@ -187,27 +190,7 @@ class AggregatorHost:
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
-
-    def _serve_metrics(self) -> None:
-        """The run's metrics (from its event log; sites connected as the SuperLink last said)."""
-        if self.metrics_port is None or self._metrics is not None:
-            return
-        from fedshard.coordinator.metrics import RunCollector
-
-        collector = RunCollector(self.run_dir / "events.jsonl", connected=lambda: len(self.state.online))
-        self._metrics = MetricsServer([collector], self.metrics_port, self.metrics_host)
-        self._update(metrics=self._metrics.url)
-
-    def _zone_metrics_args(self) -> list[str]:
-        """The metrics options of the next zone to start (none without ``metrics_port``)."""
-        if self.metrics_port is None:
-            return []
-        self._zone_metrics += 1
-        port = self.metrics_port + self._zone_metrics if self.metrics_port else 0
-        return ["--metrics-port", str(port), "--metrics-host", self.metrics_host]
+        self._metrics.close()
 
     # steps --------------------------------------------------------------------------------------
     def _update(self, **changes: Any) -> None:
@@ -221,24 +204,6 @@ class AggregatorHost:
         the state folder, the public CKKS context (:func:`effective_config`)."""
         he = he_folder(self.config, self.keys) if self.config.residency.encrypting else None
         _write_yaml(self._config_path, effective_config(self.config, self.run_dir, he))
-
-    def _check_grown(self) -> None:
-        """Refuse to resume a run that grew (``aggregator reconfigure``) with a config that lacks
-        its new zones or sites (they would be refused as strangers)."""
-        from fedshard.config import load_federation
-        from fedshard.config.changes import membership_digest
-
-        if not self._config_path.exists():
-            return
-        ran = load_federation(self._config_path)
-        if membership_digest(ran) != membership_digest(self.config):
-            zones = sorted({z.name for z in ran.zones} ^ {z.name for z in self.config.zones})
-            sites = sorted({s.id for s in ran.sites} ^ {s.id for s in self.config.sites})
-            differ = ", ".join([*(f"zone {z}" for z in zones), *(f"site {s}" for s in sites)]) or "zones or sites"
-            raise ConfigError(
-                f"{self.run_dir} ran with other parties than --config lists ({differ}); resume it with the config "
-                f"it grew to (its federation.yaml lists them)"
-            )
 
     def _hosted(self, config: FederationConfig) -> list[ZoneConfig]:
         """The zones of ``config`` this host runs (``deployment.zones``, default: all)."""
@@ -256,7 +221,7 @@ class AggregatorHost:
                 cmd += ["--site-keys", str(self.keys.site_keys)]
             else:
                 cmd += ["--insecure"]
-            cmd += self._zone_metrics_args()
+            cmd += self._metrics.zone_args()
             child = spawn(f"zone {zone.name}", cmd, self.state_dir / "logs" / f"zone-{zone.name}.log", self.env)
             self.children.append(child)
             started.append(child)
@@ -463,21 +428,13 @@ class AggregatorHost:
                 summary = {"rounds": 0, "stopped_reason": stop_reason(events) or ""}
             if result is not None:
                 summary = build_summary(
-                    self.config, result, "deployment", self._zone_details(), None, time.perf_counter() - self._started
+                    self.config,
+                    result,
+                    "deployment",
+                    zone_details(self.state.zones, self.keys.coordinator if self.tls else None),
+                    None,
+                    time.perf_counter() - self._started,
                 )
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self._update(phase=phase)
         return summary
-
-    def _zone_details(self) -> list[dict[str, Any]]:
-        from fedshard.zone.rpc.client import GrpcZoneClient
-
-        tls = self.keys.coordinator if self.tls else None
-        out = []
-        for name, zone in self.state.zones.items():
-            try:
-                with GrpcZoneClient(zone["endpoint"], timeout=10, tls=tls) as client:
-                    out.append({"endpoint": zone["endpoint"], **client.details()})
-            except Exception as exc:
-                out.append({"name": name, "endpoint": zone["endpoint"], "error": str(exc)})
-        return out

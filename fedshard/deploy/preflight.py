@@ -10,7 +10,14 @@ from fedshard.config import AggregatorDeployment, FederationConfig
 from fedshard.config.layout import AggregatorKeys, KeysLayout
 from fedshard.errors import ConfigError
 
-__all__ = ["LATEST_RUN", "check_aggregator_config", "check_public_context", "he_folder", "run_to_resume"]
+__all__ = [
+    "LATEST_RUN",
+    "check_aggregator_config",
+    "check_public_context",
+    "check_same_parties",
+    "he_folder",
+    "run_to_resume",
+]
 
 LATEST_RUN = Path("latest")
 """``AggregatorHost(resume=LATEST_RUN)``: resume the newest run folder under ``deployment.state_dir``."""
@@ -100,3 +107,23 @@ def check_public_context(folder: Path) -> None:
         )
     if not (folder / PUBLIC_CONTEXT_FILE).exists():
         raise ConfigError(f"{folder / PUBLIC_CONTEXT_FILE} is missing: run `fedshard keys init` (or set he.keys)")
+
+
+def check_same_parties(config_path: Path, config: FederationConfig, run_dir: Path) -> None:
+    """Refuse to resume a run that grew (``aggregator reconfigure``) with a config that lacks
+    its new zones or sites (they would be refused as strangers); ``config_path`` is the
+    config the run last ran with (none yet: nothing to compare)."""
+    from fedshard.config import load_federation
+    from fedshard.config.changes import membership_digest
+
+    if not config_path.exists():
+        return
+    ran = load_federation(config_path)
+    if membership_digest(ran) != membership_digest(config):
+        zones = sorted({z.name for z in ran.zones} ^ {z.name for z in config.zones})
+        sites = sorted({s.id for s in ran.sites} ^ {s.id for s in config.sites})
+        differ = ", ".join([*(f"zone {z}" for z in zones), *(f"site {s}" for s in sites)]) or "zones or sites"
+        raise ConfigError(
+            f"{run_dir} ran with other parties than --config lists ({differ}); resume it with the config "
+            f"it grew to (its federation.yaml lists them)"
+        )

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -21,7 +21,10 @@ from fedshard.config import FederationConfig
 from fedshard.deploy.processes import pid_alive
 from fedshard.errors import DeployError
 
-__all__ = ["STATUS_FILE", "HostState", "render_status", "read_state", "write_state"]
+if TYPE_CHECKING:
+    from fedshard.crypto.tls import TlsFiles
+
+__all__ = ["STATUS_FILE", "HostState", "read_state", "render_status", "write_state", "zone_details"]
 
 STATUS_FILE = "status.json"
 
@@ -121,3 +124,18 @@ def render_status(config: FederationConfig, state: HostState) -> RenderableType:
     if state.message:
         parts.append(state.message)
     return Group(*parts)
+
+
+def zone_details(zones: dict[str, dict[str, Any]], tls: TlsFiles | None) -> list[dict[str, Any]]:
+    """Each zone's counters, residency role and audit head as it reports them over ``Info``
+    (``zones``: :attr:`HostState.zones`); a zone that does not answer is an entry with its ``error``."""
+    from fedshard.zone.rpc.client import GrpcZoneClient
+
+    out = []
+    for name, zone in zones.items():
+        try:
+            with GrpcZoneClient(zone["endpoint"], timeout=10, tls=tls) as client:
+                out.append({"endpoint": zone["endpoint"], **client.details()})
+        except Exception as exc:
+            out.append({"name": name, "endpoint": zone["endpoint"], "error": str(exc)})
+    return out
