@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from fedshard.crypto.he import HeCodec, Pack
 
-__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "he_packs", "noised", "push_update", "update_over"]
+__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "he_packs", "noised", "push_update", "sealed", "update_over"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,24 @@ def he_packs(routing: SiteRouting, sizes: Mapping[str, int]) -> list[Pack]:
         for sid, d in routing.routes.items()
         if sid in routing.encrypted
     )
+
+
+def sealed(
+    update: dict[str, np.ndarray],
+    plan: UpdatePlan | None,
+    message: TrainInstruction,
+    routing: SiteRouting,
+    codec: Callable[[], HeCodec],
+    site_id: str,
+) -> dict[str, ShardPayload]:
+    """The payload a site pushes for ``update``: update-level DP applied (:func:`noised`,
+    ``plan``), then the shards its routes encrypt as CKKS ciphertext (:func:`encrypt_shards`).
+    The coordinator fixed the weight (zones refuse any other); ciphertext carries it over
+    the round's weight scale."""
+    he_weight = message.weight / (message.weight_scale or message.weight)
+    update = noised(update, plan, 1.0 / he_weight)
+    packs = he_packs(routing, {sid: values.size for sid, values in update.items()})
+    return encrypt_shards(update, routing.encrypted, codec, he_weight, f"site {site_id} round {message.round}", packs)
 
 
 def encrypt_shards(

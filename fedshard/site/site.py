@@ -50,7 +50,7 @@ from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
 from fedshard.site.private_round import private_round, refused
-from fedshard.site.release import encrypt_shards, he_packs, noised, push_update, update_over
+from fedshard.site.release import he_packs, push_update, sealed, update_over
 from fedshard.site.resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
 from fedshard.site.routes import RouteSource, SiteRouting, single_zone_routing
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
@@ -396,18 +396,8 @@ class Site:
         if record is not None:
             record.verify()
             faults.point("site.train.dp")
-        # The coordinator fixed the weight (zones refuse any other); ciphertext carries it over the scale.
-        he_weight = message.weight / (message.weight_scale or message.weight)
         with watch.phase(Phase.SEAL):
-            update = noised(update, dp.update if dp is not None else None, 1.0 / he_weight)
-            payload = encrypt_shards(
-                update,
-                routing.encrypted,
-                self._codec,
-                he_weight,
-                f"site {self.site_id} round {message.round}",
-                he_packs(routing, {sid: values.size for sid, values in update.items()}),
-            )
+            payload = sealed(update, dp.update if dp is not None else None, message, routing, self._codec, self.site_id)
         del base, update  # the values of the encrypted shards go now
         faults.point("site.train.sealed")
         with watch.phase(Phase.PUSH):
