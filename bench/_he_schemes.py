@@ -34,10 +34,10 @@ import _common as c
 
 from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto import he
+from fedshard.crypto.ciphertexts import EncryptedSum
 from fedshard.crypto.he import (
     SLOTS,
     VALUES_PER_SLOT,
-    EncryptedSum,
     HeCodec,
     Pack,
     he_init,

@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshard.crypto._files import CERT_MODE, KEY_MODE, write_files
-from fedshard.errors import ConfigError, IntegrityError, PkiError
+from fedshard.crypto.ciphertexts import framed, split, tenseal
+from fedshard.errors import ConfigError, IntegrityError
 
 if TYPE_CHECKING:
     import tenseal as ts
@@ -56,11 +57,9 @@ __all__ = [
     "PUBLIC_CONTEXT_FILE",
     "SECRET_CONTEXT_FILE",
     "CKKS_DTYPE",
-    "EncryptedSum",
     "HeCodec",
     "Pack",
     "he_init",
-    "load_ciphertexts",
     "encrypted_nbytes",
     "load_context",
     "pack_layout",
@@ -79,20 +78,13 @@ SLOTS = POLY_DEGREE // 2
 FIELD_BITS = 19
 VALUES_PER_SLOT = 2
 WEIGHT_BITS = 30  # fixed-point bits of the weight slot
-_LEN = 4  # bytes of each ciphertext's length prefix
 PACK_SLOTS = 256 * SLOTS
 """A pack grows to at most this many slots (256 ciphertexts, ~16.8 MB) unless one shard needs more."""
 
 
-def _tenseal() -> Any:
-    import tenseal
-
-    return tenseal
-
-
 def _context() -> Any:
     """A fresh secret context of this module's scheme (not yet serialised)."""
-    ts = _tenseal()
+    ts = tenseal()
     # Symmetric (secret-key) encryption: every site holds the secret key anyway, and it
     # encrypts twice as fast as public-key encryption; ciphertexts add the same way.
     ctx = ts.context(
@@ -132,7 +124,7 @@ def load_context(path: str | os.PathLike[str], *, secret: bool) -> ts.Context:
     except OSError as exc:
         raise ConfigError(f"cannot read CKKS context {path}: {exc.strerror or exc}") from None
     try:
-        ctx = _tenseal().context_from(data)
+        ctx = tenseal().context_from(data)
     except Exception:  # TenSEAL raises plain exceptions for malformed input
         raise ConfigError(f"{path} is not a CKKS context (make one with `fedshard keys he-init`)") from None
     if not _is_ours(ctx):
@@ -150,7 +142,7 @@ def _is_ours(ctx: Any) -> bool:
         data = ctx.seal_context().data
         parms = data.key_context_data().parms()
         return bool(
-            parms.scheme() == _tenseal().SCHEME_TYPE.CKKS.value
+            parms.scheme() == tenseal().SCHEME_TYPE.CKKS.value
             and parms.poly_modulus_degree() == POLY_DEGREE
             and data.key_context_data().total_coeff_modulus_bit_count() == sum(COEFF_BITS)
             and data.first_context_data().total_coeff_modulus_bit_count() == COEFF_BITS[0]
@@ -326,7 +318,7 @@ class HeCodec:
 
     def decrypt_mean(self, data: bytes, count: int) -> np.ndarray:
         """The weighted mean of the ``count`` values whose encrypted sum is ``data``."""
-        ts = _tenseal()
+        ts = tenseal()
         slots = np.concatenate([np.asarray(ts.ckks_vector_from(self.context, b).decrypt()) for b in split(data)])
         needed = self.slots_for(count)
         if slots.size < needed:
@@ -389,8 +381,7 @@ _POOLS: dict[tuple[int, int], Any] = {}
 
 def _encrypt_slots(context: Any, slots: np.ndarray) -> bytes:
     """One length-prefixed ciphertext of ≤ SLOTS slots."""
-    blob: bytes = _tenseal().ckks_vector(context, slots).serialize()
-    return len(blob).to_bytes(_LEN, "little") + blob
+    return framed(tenseal().ckks_vector(context, slots).serialize())
 
 
 def _pool(context: Any, workers: int) -> Any:
@@ -416,81 +407,8 @@ def _pool(context: Any, workers: int) -> Any:
 
 def _init_worker(secret: bytes) -> None:
     global _WORKER_CONTEXT
-    _WORKER_CONTEXT = _tenseal().context_from(secret)
+    _WORKER_CONTEXT = tenseal().context_from(secret)
 
 
 def _encrypt_in_worker(slots: np.ndarray) -> bytes:
     return _encrypt_slots(_WORKER_CONTEXT, slots)
-
-
-def load_ciphertexts(context: Any, shard_id: str, data: bytes | bytearray | memoryview) -> list[Any]:
-    """Parse one encrypted shard under ``context``; :class:`IntegrityError` if it is not
-    ciphertext of this federation's context."""
-    ts = _tenseal()
-    try:
-        return [ts.ckks_vector_from(context, b) for b in split(data)]
-    except IntegrityError:
-        raise
-    except Exception:
-        raise IntegrityError(f"shard {shard_id}: not a ciphertext of this federation's context") from None
-
-
-def split(data: bytes | bytearray | memoryview) -> list[bytes]:
-    """The serialized ciphertexts of an encrypted shard (any contiguous bytes-like)."""
-    out, pos = [], 0
-    view = memoryview(data).cast("B")
-    size = len(view)
-    while pos < size:
-        if pos + _LEN > size:
-            raise IntegrityError("encrypted shard ends inside a length prefix")
-        n = int.from_bytes(view[pos : pos + _LEN], "little")
-        pos += _LEN
-        if n == 0 or pos + n > size:
-            raise IntegrityError("encrypted shard has a truncated ciphertext")
-        out.append(bytes(view[pos : pos + n]))
-        pos += n
-    return out
-
-
-class EncryptedSum:
-    """Running sums of encrypted shards under a public context (what a zone keeps).
-
-    Memory is one ciphertext list per shard, whatever the number of sites.
-    """
-
-    def __init__(self, context: Any) -> None:
-        if context.has_secret_key():
-            raise PkiError("zones sum ciphertexts under the public context; refusing one with the secret key")
-        self._ctx = context
-        self._sums: dict[str, list[Any]] = {}
-
-    def add(self, shard_id: str, data: bytes | list[Any]) -> None:
-        """Fold one encrypted shard (or an encrypted partial sum, or its :meth:`load`-ed
-        ciphertexts) into ``shard_id``'s sum."""
-        vectors = load_ciphertexts(self._ctx, shard_id, data) if isinstance(data, bytes | bytearray) else data
-        current = self._sums.get(shard_id)
-        if current is None:
-            self._sums[shard_id] = vectors
-            return
-        if len(current) != len(vectors):
-            raise IntegrityError(f"shard {shard_id}: {len(vectors)} ciphertexts, earlier pushes had {len(current)}")
-        for acc, v in zip(current, vectors, strict=True):
-            acc += v
-
-    def __contains__(self, shard_id: object) -> bool:
-        return shard_id in self._sums
-
-    def __len__(self) -> int:
-        return len(self._sums)
-
-    def shard_ids(self) -> Sequence[str]:
-        """Shards summed so far."""
-        return list(self._sums)
-
-    def serialize(self, shard_id: str) -> bytes:
-        """The encrypted sum of ``shard_id`` (length-prefixed ciphertexts)."""
-        parts = []
-        for v in self._sums[shard_id]:
-            blob = v.serialize()
-            parts.append(len(blob).to_bytes(_LEN, "little") + blob)
-        return b"".join(parts)

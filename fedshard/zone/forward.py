@@ -24,7 +24,7 @@ import numpy as np
 
 from fedshard.aggregation import error_bound, extremes, fixed_weight_of, within
 from fedshard.aggregation.bounds import SUM_TOLERANCE
-from fedshard.crypto.he import load_ciphertexts
+from fedshard.crypto.ciphertexts import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import ciphertext_digest, shard_digest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload

@@ -21,7 +21,8 @@ import numpy as np
 from fedshard import faults
 from fedshard.aggregation import extremes, norm_scale, squared_norm, within
 from fedshard.config import BoundRule
-from fedshard.crypto.he import Pack, load_ciphertexts, pack_layout
+from fedshard.crypto.ciphertexts import load_ciphertexts
+from fedshard.crypto.he import Pack, pack_layout
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedshard.aggregation import ShardAccumulator
-from fedshard.crypto.he import EncryptedSum
+from fedshard.crypto.ciphertexts import EncryptedSum
 from fedshard.errors import HeldPush
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, RoundSpec

@@ -7,16 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedshard.crypto.ciphertexts import EncryptedSum, split
 from fedshard.crypto.he import (
     PACK_SLOTS,
-    EncryptedSum,
     HeCodec,
     encrypted_nbytes,
     he_init,
     load_context,
     pack_layout,
     slots_for,
-    split,
 )
 from fedshard.errors import ConfigError, IntegrityError, PkiError, ShardError, ZoneError
 from fedshard.integrity import Manifest, build_manifest, ciphertext_digest, shard_digest
