@@ -40,13 +40,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from fedshard import faults
 from fedshard.config import AggregationConfig
 from fedshard.errors import (
     FedshardError,
-    PushRejectedError,
     RefusalCode,
     ResidencyViolationError,
     ZoneError,
@@ -68,21 +65,15 @@ from fedshard.sharding import ShardPlan
 from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession
 from fedshard.zone.frames import shard_chunks
+from fedshard.zone.intake import PushIntake, lost_reason
 from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares
-from fedshard.zone.push import (
-    ByteBudget,
-    PushSession,
-    accepted_fields,
-    check_manifest,
-    check_packs,
-    check_round_weights,
-)
+from fedshard.zone.push import ByteBudget, PushSession, check_round_weights
 from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.reduce import Reduction
 from fedshard.zone.staging import StagingPool
-from fedshard.zone.state import OpenRound, manifest_digest
+from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
@@ -173,11 +164,19 @@ class ZoneAggregator:
             self._published.restore(self.recovery.summaries)
             if self.recovery.notes:
                 self._record("recovered", lost_rounds=sorted(self.recovery.lost), notes=self.recovery.notes)
-
-    def _lost(self, round: int) -> str:
-        return (
-            f"round {round} was lost: zone {self.name} stopped while it was open (its sums were in memory); "
-            "the coordinator must abort it"
+        self._intake = PushIntake(
+            name,
+            self._rounds,
+            self._closed,
+            self._lock,
+            self._budget,
+            self._staging,
+            self.stats,
+            self._record,
+            self.recovery,
+            residency=residency,
+            he_context=he_context,
+            bounds=self.bounds,
         )
 
     def _record(self, decision: str, **fields: Any) -> None:
@@ -226,97 +225,12 @@ class ZoneAggregator:
     def begin_push(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
     ) -> PushSession:
-        """Check a push's manifest and start receiving its shards.
+        """Check a push's manifest and start receiving its shards (:meth:`PushIntake.begin`).
 
         ``certified`` is the caller's jurisdiction from its mTLS certificate; the
         residency checks use it rather than anything the request says.
         """
-        groups: dict[str, str] = {}
-        with self._lock:
-            state = self._rounds.get(manifest.round)
-            try:
-                if state is None:
-                    closed = manifest.round in self._closed
-                    reason = "round is closed" if closed else "round is not open at this zone"
-                    if manifest.round in self.recovery.lost:
-                        reason = self._lost(manifest.round)
-                    raise PushRejectedError(reason, RefusalCode.ROUND)
-                check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
-                if self.residency is not None:
-                    self.residency.origin(manifest.site_id, certified)
-                    groups = self.residency.check_manifest(manifest)
-                packs = check_packs(state, manifest, groups)
-            except PushRejectedError as exc:
-                # a retry of a push that landed, or that is still arriving: say so (to that site only)
-                held = state.held(manifest) if exc.code is RefusalCode.DUPLICATE and state is not None else None
-                reason = f"{exc} (this very manifest: {held})" if held is not None else str(exc)
-                error = self.refused_push(manifest, exc.code, reason)
-                error.held = held
-                raise error from None
-            state.pushing.add(manifest.site_id)
-            state.manifests[manifest.site_id] = manifest_digest(manifest)
-        need = manifest.total_bytes
-        if not self._budget.acquire(need, timeout):
-            self.end_push(state, manifest.site_id, 0, counted=False)
-            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        faults.point("zone.push.header")
-        return PushSession(self, state, manifest, need, groups, packs, self._staging)
-
-    def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
-        """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
-        self.stats.refuse(reason, code)
-        fields = {"site": manifest.site_id, "round": manifest.round, "code": code, "reason": reason}
-        self._record(Decision.REFUSED, call=Call.PUSH, by=f"site:{manifest.site_id}", **fields)
-        return PushRejectedError(
-            f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
-        )
-
-    def fold_push(
-        self,
-        state: OpenRound,
-        manifest: Manifest,
-        staged: dict[str, np.ndarray],
-        groups: dict[str, str],
-        ciphertexts: dict[str, list[Any]],
-        bounded: dict[str, Any] | None = None,
-    ) -> PushReceipt:
-        """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`);
-        ``bounded["norm_scale"]`` scales its plaintext values (clipped to ``max_update_norm``)."""
-        bounded = bounded or {}
-        scale = float(bounded.get("norm_scale", 1.0))
-        with self._lock:
-            started = time.perf_counter()
-            if self._rounds.get(manifest.round) is not state:
-                raise self.refused_push(manifest, RefusalCode.ROUND, "the round closed during the push")
-            site = (manifest.site_id,)
-            weight = state.spec.weight_for(manifest.site_id)  # the manifest's, checked before any frame
-            for shard_id, values in staged.items():
-                group = groups.get(shard_id, DEFAULT_GROUP)
-                state.fold(group, shard_id, site).add(shard_id, values, weight, scale)
-            for shard_id, parsed in ciphertexts.items():  # the weight is inside the ciphertext (see fedshard.crypto.he)
-                group = groups.get(shard_id, DEFAULT_GROUP)
-                state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, parsed)
-            state.pushing.discard(manifest.site_id)
-            state.counted[manifest.site_id] = None
-            origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
-            fold_s = time.perf_counter() - started
-            self.stats.count_push(manifest, origin, fold_s)
-        self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
-        faults.point("zone.push.commit")  # counted; the site has not heard so yet
-        shards, nbytes = len(manifest.shards), manifest.total_bytes
-        return PushReceipt(self.name, manifest.round, manifest.site_id, shards, nbytes, fold_s)
-
-    def end_push(
-        self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool, freed: int | None = None
-    ) -> None:
-        """A push is over (see :class:`PushSession`): forget it unless counted; return its staging
-        bytes (``freed`` of them freed, the others kept in the staging pool)."""
-        if not counted:
-            with self._lock:
-                state.pushing.discard(site_id)
-                state.manifests.pop(site_id, None)
-        if budget_bytes:
-            self._budget.release(budget_bytes, freed=freed)
+        return self._intake.begin(manifest, token, timeout, certified=certified)
 
     def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
         """Push a whole update at once (in-process use; the gRPC service streams instead).
@@ -379,7 +293,7 @@ class ZoneAggregator:
             )
         with self._lock:
             if round in self.recovery.lost:
-                raise ZoneError(f"zone {self.name}: {self._lost(round)}", RefusalCode.ROUND)
+                raise ZoneError(f"zone {self.name}: {lost_reason(self.name, round)}", RefusalCode.ROUND)
             state = self._rounds.pop(round, None)
             if state is None:
                 if round in self._closed:
@@ -495,6 +409,7 @@ class ZoneAggregator:
             if open_round is None:
                 self.residency = residency
                 self._reduction.residency = residency
+                self._intake.residency = residency
         if open_round is not None:
             exc = ZoneError(f"zone {self.name}: round {open_round} is open; reconfigure between rounds")
             self.refused_call(Call.RECONFIGURE, by, refusal_code(exc), str(exc))

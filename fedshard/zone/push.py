@@ -93,7 +93,7 @@ class ByteBudget:
 
 
 class PushTarget(Protocol):
-    """What a push session needs of its zone (the :class:`~fedshard.zone.aggregator.ZoneAggregator`)."""
+    """What a push session needs of its zone (the zone's :class:`~fedshard.zone.intake.PushIntake`)."""
 
     name: str
     he_context: Any
