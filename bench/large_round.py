@@ -53,15 +53,11 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +66,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
+from _large_round_procs import Phases, ProcessSiteGateway, RoundClock, SiteProcess, ZoneProcess, reset_peak
+from _large_round_report import report
 
-SECTION = "large_round"
 QUICK_TRANSFORMER = {"vocab": 4096, "d_model": 256, "heads": 4, "layers": 2, "ffn": 1024, "max_len": 128}
 QUICK_CKKS = {"vocab": 1024, "d_model": 128, "heads": 4, "layers": 1, "ffn": 512, "max_len": 64}
 CKKS_SUBSET = {"vocab": 4096, "layers": 1}
@@ -86,7 +83,7 @@ SITE_PHASES = (
     ("fedshard.site.site", "Site._open", "load"),
     ("fedshard.site.model", "HeldModel.split", "split"),
     ("fedshard.site.site", "update_over", "update"),
-    ("fedshard.site.site", "encrypt_shards", "encrypt"),
+    ("fedshard.site.release", "encrypt_shards", "encrypt"),
     ("fedshard.site.release", "build_manifest", "digest"),
     ("fedshard.integrity", "Manifest.signed", "sign"),
     ("fedshard.zone.rpc.client", "GrpcZoneClient.push", "push"),
@@ -174,69 +171,6 @@ def _model_bytes(transformer: dict[str, int] | None) -> int:
     return int(shard_plan(TransformerConfig(**(transformer or {}))).nbytes)
 
 
-# timing the library's calls in a child process ------------------------------------------------------
-class Phases:
-    """Seconds per phase since the last :meth:`take`: the wall time during which at least one
-    call of the phase was running (nested calls and calls in parallel threads, such as a
-    site's pushes to several zones, count once)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.missing: list[str] = []
-        self._running: Counter[str] = Counter()
-        self._since: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def _enter(self, phase: str) -> None:
-        with self._lock:
-            if self._running[phase] == 0:
-                self._since[phase] = time.perf_counter()
-            self._running[phase] += 1
-
-    def _leave(self, phase: str) -> None:
-        with self._lock:
-            self._running[phase] -= 1
-            if self._running[phase] == 0:
-                self.seconds[phase] += time.perf_counter() - self._since.pop(phase)
-
-    def wrap(self, module: str, path: str, phase: str) -> None:
-        """Time every call of ``module.path`` as ``phase`` (a missing target is noted, not fatal)."""
-        import functools
-        import importlib
-
-        owner: Any = importlib.import_module(module)
-        *parents, name = path.split(".")
-        for p in parents:
-            owner = getattr(owner, p, None)
-        target = getattr(owner, name, None) if owner is not None else None
-        if target is None:
-            self.missing.append(f"{module}.{path}")
-            return
-
-        @functools.wraps(target)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self._enter(phase)
-            try:
-                return target(*args, **kwargs)
-            finally:
-                self._leave(phase)
-
-        setattr(owner, name, timed)
-
-    def take(self) -> dict[str, float]:
-        """The seconds so far, reset (between messages: no call is running)."""
-        with self._lock:
-            out = dict(self.seconds)
-            self.seconds.clear()
-        return out
-
-
-def _reset_peak() -> None:
-    # VmHWM back to the current RSS; where that is refused the peak is the process's so far (an upper bound)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
 # a site process --------------------------------------------------------------------------------------
 def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
     """Serve one site's messages from stdin (one JSON line each) until stdin closes."""
@@ -276,7 +210,7 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
         message = decode(REQUESTS[kind], request["message"])
         phases.take()
         fetched[0] = 0
-        _reset_peak()
+        reset_peak()
         t0 = time.perf_counter()
         reply = site.handle(kind, message)
         seconds = time.perf_counter() - t0
@@ -288,90 +222,6 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
             "fetched_bytes": fetched[0],
         }
         print(json.dumps(out), flush=True)
-
-
-def _child_env() -> dict[str, str]:
-    return dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONUNBUFFERED="1", PYTHONPATH=str(c.REPO))
-
-
-class SiteProcess:
-    """One site in its own process, reached through its stdin/stdout."""
-
-    def __init__(self, site_id: str, config_path: Path, state_root: Path) -> None:
-        self.site_id = site_id
-        argv = [sys.executable, __file__, "--site-child", site_id, "--config", str(config_path)]
-        argv += ["--state-root", str(state_root)]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=c.REPO, env=_child_env()
-        )
-        self.missing: list[str] = []
-        self.base_rss = 0  # its RSS once assembled, before any message
-
-    def ready(self) -> None:
-        """Wait for the site to be assembled."""
-        ready = self._read()
-        self.missing, self.base_rss = ready["missing"], int(ready["rss"])
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"site process {self.site_id} ended (exit {self.proc.wait()})")
-        return dict(json.loads(line))
-
-    def call(self, kind: str, message: bytes) -> dict[str, Any]:
-        """Send one message, return what the site process measured (and its reply)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"kind": kind, "message": message.decode()}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        """Close its stdin; wait for it."""
-        _end(self.proc)
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    """Close a child's stdin (it exits then); wait for it, killing it after a minute."""
-    if proc.stdin is not None:
-        proc.stdin.close()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-class ProcessSiteGateway:
-    """A SiteGateway over site processes, one message at a time (records what each measured)."""
-
-    def __init__(self, sites: Mapping[str, SiteProcess]) -> None:
-        self.sites = dict(sites)
-        self.records: list[dict[str, Any]] = []
-
-    def nodes(self) -> list[str]:
-        """The site ids."""
-        return list(self.sites)
-
-    def send(self, kind: Any, messages: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-        """Each message to its site, in turn."""
-        from fedshard.protocol.messages import SiteFailure, decode, encode
-        from fedshard.transports.flower.records import REPLIES
-
-        out: dict[str, Any] = {}
-        for node, message in messages.items():
-            measured = self.sites[node].call(kind.value, encode(message))
-            reply = decode(REPLIES[kind], measured.pop("reply"))
-            if getattr(reply, "ok", True) is False:
-                out[node] = SiteFailure(reason=str(reply.reason))
-                continue
-            pushed = sum(p.nbytes for p in getattr(reply, "pushes", []))
-            self.records.append(
-                {"kind": kind.value, "round": getattr(message, "round", 0), "site": node, "pushed_bytes": pushed}
-                | measured
-            )
-            out[node] = reply
-        return out
 
 
 # a zone process --------------------------------------------------------------------------------------
@@ -398,71 +248,6 @@ def zone_child(name: str, config_path: Path, store_root: Path, keys_file: Path) 
         print(json.dumps({"phases": phases.take()}), flush=True)
     server.stop(grace=1.0).wait()
     zone.close()
-
-
-class ZoneProcess:
-    """One zone in its own process."""
-
-    def __init__(self, name: str, config_path: Path, store_root: Path, keys_file: Path) -> None:
-        self.name = name
-        argv = [sys.executable, __file__, "--zone-child", name, "--config", str(config_path)]
-        argv += ["--state-root", str(store_root), "--site-keys", str(keys_file)]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=c.REPO, env=_child_env()
-        )
-        started = self._read()
-        self.endpoint = f"127.0.0.1:{started['port']}"
-        self.missing: list[str] = started["missing"]
-        self.staging_bytes = int(started["staging_bytes"])
-        self.base_rss = c.status_bytes("VmRSS", self.proc.pid)
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"zone process {self.name} ended (exit {self.proc.wait()})")
-        return dict(json.loads(line))
-
-    def phases(self) -> dict[str, float]:
-        """Its phase seconds since the last call."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("\n")
-        self.proc.stdin.flush()
-        return dict(self._read()["phases"])
-
-    def peak_rss(self) -> int:
-        """Its peak RSS so far (bytes)."""
-        return c.status_bytes("VmHWM", self.proc.pid)
-
-    def close(self) -> None:
-        """Close its stdin; wait for it."""
-        _end(self.proc)
-
-
-# one federation run ---------------------------------------------------------------------------------
-class RoundClock:
-    """A RoundObserver: the wall time of each round, and each zone's phases in it."""
-
-    def __init__(self, zones: Mapping[str, ZoneProcess]) -> None:
-        self.zones = zones
-        self.rounds: list[dict[str, Any]] = []
-        self._t = 0.0
-
-    def on_start(self, sites: Any, rounds: int, genesis_version: str) -> None:
-        """The clock starts when discovery ends."""
-        for z in self.zones.values():
-            z.phases()
-        self._t = time.perf_counter()
-
-    def on_round(self, result: Any) -> None:
-        """Record the round that just ended."""
-        now = time.perf_counter()
-        zone: dict[str, float] = defaultdict(float)
-        for z in self.zones.values():
-            for phase, s in z.phases().items():
-                zone[phase] += s
-        self.rounds.append({"round": result.round, "seconds": now - self._t, "zone": dict(zone)})
-        self._t = time.perf_counter()
 
 
 @contextlib.contextmanager
@@ -586,6 +371,8 @@ def measure(transformer: dict[str, int] | None, rounds: int, encrypt: bool) -> d
         "site_base_rss": max(run["site_base_rss"].values()),
         "staging_bytes": run["staging_bytes"],
         "missing": run["missing"],
+        "sites": len(SITES),
+        "tile": TILE,
     }
 
 
@@ -606,171 +393,8 @@ def ckks_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
     return encrypted_nbytes([p.count for p in packs]), sum(n for _, n, _ in sizes)
 
 
-# report ------------------------------------------------------------------------------------------
-def _gb_s(nbytes: float, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e9:.2f}" if seconds >= 1e-3 and nbytes else "–"  # not for a call that did nothing
-
-
-_BYTE_PHASES = {
-    "train msg: push": ("pushed", "pushed"),
-    "zone push (receive, validate, fold)": ("pushed", "pushed"),
-    "evaluate msg: fetch": ("fetched", "fetched"),
-    "train msg: digest": ("model", "pushed"),
-    "train msg: split": ("model", "model"),
-    "evaluate msg: verify": ("model", "fetched"),
-    "evaluate msg: apply": ("model", "model"),
-    "evaluate msg: save": ("model", "model"),
-    "evaluate msg: load": ("model", "model"),
-    "train msg: load": ("model", "model"),
-    "train msg: update": ("model", "model"),
-    "train msg: encrypt": ("model", "model"),
-    "evaluate msg: decrypt": ("model", "model"),
-}
 """Which bytes a phase's GB/s is taken over: (plaintext, CKKS), each ``model`` (every site's
 model), ``pushed`` or ``fetched``."""
-_MB = 1e6
-
-
-def _rows(plain: dict[str, Any], ckks: dict[str, Any]) -> list[list[str]]:
-    """The table: one row per phase, then the round, the data plane and the copy floor."""
-
-    def nbytes(run: dict[str, Any], what: str) -> float:
-        return len(SITES) * run["model_bytes"] if what == "model" else run[what]
-
-    rows = []
-    for phase in plain["phases"]:
-        p, k = plain["phases"][phase], ckks["phases"].get(phase, 0.0)
-        which = _BYTE_PHASES.get(phase)
-        rows.append(
-            [
-                phase,
-                c.fmt(p, 3),
-                _gb_s(nbytes(plain, which[0]), p) if which else "–",
-                c.fmt(k, 3),
-                _gb_s(nbytes(ckks, which[1]), k) if which else "–",
-            ]
-        )
-    rows.append(["round (wall)", c.fmt(plain["round_s"], 3), "–", c.fmt(ckks["round_s"], 3), "–"])
-    rows.append(
-        [
-            "data plane (round − training)",
-            c.fmt(plain["data_plane_s"], 3),
-            _gb_s(plain["moved"], plain["data_plane_s"]),
-            c.fmt(ckks["data_plane_s"], 3),
-            _gb_s(ckks["moved"], ckks["data_plane_s"]),
-        ]
-    )
-    rows.append(
-        [
-            "copy floor (np.copyto of the bytes moved)",
-            c.fmt(plain["copy_floor_s"], 3),
-            f"{plain['copy_gb_s']:.2f}",
-            c.fmt(ckks["copy_floor_s"], 3),
-            f"{ckks['copy_gb_s']:.2f}",
-        ]
-    )
-    return rows
-
-
-def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], quick: bool) -> list[str]:
-    """The section's notes: models, set-up, rounds, bytes, memory, CKKS bytes."""
-    mb = _MB
-    model_mb = plain["model_bytes"] / mb
-    ckks_measured = ckks["pushed"] / (len(SITES) * 4 * ckks["values"])
-    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
-    plain_model = f"{plain['values'] / 1e6:.1f} M-parameter transformer ({model_mb:.1f} MB)"
-    ckks_model = f"{ckks['values'] / 1e6:.1f} M-parameter transformer ({ckks['model_bytes'] / mb:.1f} MB)"
-    notes = [
-        f"- Plaintext: the {plain_model}; every shard CKKS-encrypted: the {ckks_model}"
-        + (
-            " (--quick: small models, a smoke test of the path)."
-            if quick
-            else " (a subset of the 118 M one: one block, "
-            "vocab 4,096, so that 4 sites' encryption and decryption fit a run on 2 cores)."
-        ),
-        "- 4 site processes (2 EU, 2 US), 2 zone processes (eu-central reducing, us-east), gRPC on loopback, plain "
-        "text; the real Coordinator, Site (sealed store, signed manifests) and zones (residency policy, signatures "
-        "checked); training replaced by a synthetic in-place update. Sites are sent their messages one at a time. "
-        f"Shard tile {TILE[0]}x{TILE[1]} ({TILE[0] * TILE[1] * 4 / 2**20:g} MiB shards; `--tile`).",
-        f"- Times are medians over rounds 2…{plain['rounds']} (plaintext) and 2…{ckks['rounds']} (CKKS); round 1 "
-        f"(model build, genesis save, CKKS pool start) took {plain['first_round_s']:.2f} s / "
-        f"{ckks['first_round_s']:.2f} s. Phase seconds are summed over the 4 sites (zone phases over both zones); "
-        "a phase is a wrapped library call, so `push` includes the zone's work on the frames.",
-        f"- Bytes moved per round: pushed {plain['pushed'] / mb:,.1f} MB + fetched {plain['fetched'] / mb:,.1f} MB "
-        f"(plaintext); CKKS {ckks['pushed'] / mb:,.1f} MB + {ckks['fetched'] / mb:,.1f} MB. The copy floor is "
-        f"`np.copyto` of that many bytes at {plain['copy_gb_s']:.2f} GB/s, measured in the same run; zone-to-zone "
-        "forwarding of partial sums is not counted in it.",
-        f"- Data plane: {plain['data_plane_s']:.2f} s = {plain['data_plane_s'] / plain['copy_floor_s']:.0f}× the "
-        f"copy floor ({plain['copy_floor_s']:.3f} s).",
-        f"- Peak RSS (VmHWM): zone {plain['zone_peak_rss'] / mb:,.0f} MB (its RSS at start "
-        f"{plain['zone_base_rss'] / mb:,.0f} MB; staging budget {plain['staging_bytes'] / mb:,.0f} MB) = "
-        f"{plain['zone_peak_rss'] / plain['model_bytes']:.2f}× the model; site during a message "
-        f"{plain['site_peak_rss'] / mb:,.0f} MB = {plain['site_peak_rss'] / plain['model_bytes']:.2f}× the model "
-        "(the median over rounds of the round's largest message peak; both include the processes' Python, gRPC and "
-        f"torch); the site's RSS once assembled, before any message, {plain['site_base_rss'] / mb:,.0f} MB, so a "
-        f"message adds {_site_added(plain):.2f}× the model.",
-        f"- CKKS bytes per float32 byte: {ckks_measured:.2f}× pushed in the measured round; "
-        f"{ckks_plan:.2f}× for the {plan_bytes[1] / 1e6:.1f} M values of the "
-        f"{'quick' if quick else '118 M'} model's plan (packed as sites pack it, bytes exact).",
-    ]
-    if plain["missing"] or ckks["missing"]:
-        notes.append(f"- Not timed (the library no longer has them): {', '.join(plain['missing'] + ckks['missing'])}.")
-    notes.append(
-        "- Zone memory with 20 sites is not run here (20 site processes of the 118 M model do not fit this machine): "
-        "`bench/zone_memory.py` pushes 20 synthetic updates into one zone."
-    )
-    return notes
-
-
-def _site_added(plain: dict[str, Any]) -> float:
-    """What a site's largest message adds to its RSS before any message, in models."""
-    return float((plain["site_peak_rss"] - plain["site_base_rss"]) / plain["model_bytes"])
-
-
-def _interpretation(plain: dict[str, Any], ckks_plan: float) -> str:
-    """The goals in words, and where the data plane's time goes."""
-    mb = _MB
-    floor_ratio = plain["data_plane_s"] / plain["copy_floor_s"]
-    site_phases = {
-        k: v for k, v in plain["phases"].items() if "msg: " in k and not k.endswith(("whole message", ": train"))
-    }
-    largest = sorted(site_phases.items(), key=lambda kv: -kv[1])[:3]
-    where = ", ".join(f"{k.split(': ')[1]} ({k.split(' msg')[0]} message) {v:.2f} s" for k, v in largest)
-    interpretation = (
-        f"Goals: data plane ≤ 3× the copy floor: {floor_ratio:.0f}× ({'met' if floor_ratio <= 3 else 'not met'}); "
-        f"the largest site phases are {where}. "
-        f"Zone peak RSS ≤ 1.5 × model + staging budget: {plain['zone_peak_rss'] / mb:,.0f} MB "
-        f"({(plain['zone_peak_rss'] - plain['zone_base_rss']) / mb:,.0f} MB over its RSS at start) against "
-        f"{(1.5 * plain['model_bytes'] + plain['staging_bytes']) / mb:,.0f} MB; site peak RSS during a message "
-        f"≤ 2.5 × model: {plain['site_peak_rss'] / plain['model_bytes']:.2f}× ({_site_added(plain):.2f}× over the "
-        "site's RSS before its first message); CKKS bytes ≤ 3× float32: "
-        f"{ckks_plan:.2f}×."
-    )
-    return interpretation
-
-
-def report(
-    plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], args: argparse.Namespace
-) -> dict[str, Any]:
-    """Print the table, write the section, print the headline JSON."""
-    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
-    headers = ["phase (4 sites, summed)", "plaintext s", "plaintext GB/s", "CKKS s", "CKKS GB/s"]
-    rows = _rows(plain, ckks)
-    headline = {
-        "data_plane_s": plain["data_plane_s"],
-        "copy_floor_s": plain["copy_floor_s"],
-        "zone_peak_rss_mb": plain["zone_peak_rss"] / _MB,
-        "site_peak_rss_mb": plain["site_peak_rss"] / _MB,
-        "site_base_rss_mb": plain["site_base_rss"] / _MB,
-        "model_mb": plain["model_bytes"] / _MB,
-        "ckks_bytes_per_f32": ckks_plan,
-    }
-    c.print_table("a large full-parameter round, 4 sites, 2 zones", headers, rows)
-    notes = _notes(plain, ckks, plan_bytes, args.quick)
-    runs = f"{plain['rounds']} plaintext rounds, {ckks['rounds']} CKKS rounds (medians of rounds ≥ 2)"
-    c.publish(args, SECTION, "A large full-parameter round", runs, None, notes, headers, rows,
-              _interpretation(plain, ckks_plan), headline=headline)  # fmt: skip
-    return headline
 
 
 def main(argv: list[str] | None = None) -> int:
