@@ -90,14 +90,10 @@ import argparse
 import contextlib
 import itertools
 import json
-import logging
 import os
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +102,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import _common as c
+import _llm_finetune_report as parts
 import llm_stream
-from _dp_runs import mean_se
+from _llm_finetune_runs import DELTA, EPSILONS, Run, Share, TaskClock, no_central, quiet
 
 SECTION = "llm_finetune"
 DEMO = c.REPO / "configs" / "demo-llm.yaml"
-DELTA = 1e-5
-EPSILONS = (8.0, 3.0)
-GAP_GOAL_PP, SHARE_GOAL = 0.3, 0.10
-TEST_GOAL = 2000
 
 
 # configurations ---------------------------------------------------------------------------------------
@@ -199,104 +192,6 @@ def test_predictions(config: Any) -> int:
 
 
 # running ---------------------------------------------------------------------------------------------
-def quiet() -> None:
-    """Errors only from logging and no warnings (the bench prints its own progress)."""
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
-
-
-@contextlib.contextmanager
-def no_central() -> Iterator[None]:
-    """``simulate`` without its central baseline (a run whose reference is another run's)."""
-    import fedshard.simulate.run as run
-    from fedshard.task import Metrics
-
-    original = vars(run)["centralized_baseline"]
-    setattr(run, "centralized_baseline", lambda config, rounds=None: Metrics(num_examples=0, loss=0.0))  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(run, "centralized_baseline", original)  # noqa: B010
-
-
-@dataclass
-class TaskClock:
-    """Wall-clock spans of every call of the LLM task's ``train`` and ``evaluate``, and the
-    streamed bases made meanwhile (their wait counters)."""
-
-    spans: list[tuple[str, float, float]] = field(default_factory=list)
-    bases: list[Any] = field(default_factory=list)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[TaskClock]:
-        from clients.tasks.llm import LlmTask
-        from fedshard.store.streamed import StreamedBase
-
-        originals = {name: getattr(LlmTask, name) for name in ("train", "evaluate")}
-        base_init = StreamedBase.__init__
-
-        def timed(name: str) -> Any:
-            def call(task: Any, *a: Any, **k: Any) -> Any:
-                t0 = time.time()
-                try:
-                    return originals[name](task, *a, **k)
-                finally:
-                    self.spans.append((name, t0, time.time()))
-
-            return call
-
-        def recording_init(base: Any, *a: Any, **k: Any) -> None:
-            base_init(base, *a, **k)
-            self.bases.append(base)
-
-        for name in originals:
-            setattr(LlmTask, name, timed(name))
-        setattr(StreamedBase, "__init__", recording_init)  # noqa: B010
-        try:
-            yield self
-        finally:
-            for name, fn in originals.items():
-                setattr(LlmTask, name, fn)
-            setattr(StreamedBase, "__init__", base_init)  # noqa: B010
-
-    def inside(self, start: float, end: float, kind: str | None = None) -> float:
-        """Seconds of [start, end] some task call (of ``kind``) was running (their union)."""
-        clipped = sorted(
-            (max(a, start), min(b, end))
-            for k, a, b in self.spans
-            if (kind is None or k == kind) and b > start and a < end
-        )
-        total, reach = 0.0, start
-        for a, b in clipped:
-            if b > reach:
-                total += b - max(a, reach)
-                reach = b
-        return total
-
-
-@dataclass
-class Run:
-    """One simulation: its summary, seconds, and the bytes it released beyond the adapters."""
-
-    kind: str
-    seed: int
-    summary: dict[str, Any]
-    seconds: float
-    adapter_bytes: int
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def accuracy(self) -> float:
-        return float(self.summary["final_accuracy"])
-
-    @property
-    def extra_bytes(self) -> int:
-        """bytes_up − participating sites × adapter bytes, over every round."""
-        return sum(h["bytes_up"] - len(h["sites"]) * self.adapter_bytes for h in self.summary["history"])
-
-    @property
-    def bytes_per_site_round(self) -> list[float]:
-        return [h["bytes_up"] / len(h["sites"]) for h in self.summary["history"] if h["sites"]]
 
 
 def simulate_run(kind: str, seed: int, config: Any, central: bool = True) -> Run:
@@ -353,28 +248,6 @@ def central_accuracy(config: Any, learning_rate: float) -> float:
     return float(metrics.accuracy)
 
 
-@dataclass(frozen=True)
-class Share:
-    """fedshard's share of the share run's last round."""
-
-    round_s: float
-    train_s: float
-    evaluate_s: float
-    wait_s: float
-    fetch_s: float
-    rounds_s: list[float]
-    shares: list[float]
-
-    @property
-    def share(self) -> float:
-        return self.shares[-1]
-
-    @property
-    def wait_share(self) -> float:
-        """The training thread's waits for streamed weights, of every round's wall time."""
-        return self.wait_s / sum(self.rounds_s)
-
-
 def share_run(args: argparse.Namespace) -> tuple[Run, Share]:
     """The short 118 M simulation, the task's calls timed."""
     config = share_config(args)
@@ -409,17 +282,6 @@ def stream_figures(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 # the report --------------------------------------------------------------------------------------------
-def gaps(runs: list[Run], kind: str, central: dict[int, float]) -> tuple[list[float], float | None, float | None]:
-    """Per-seed accuracies of ``kind``, and the mean and SE of their gap to the central run, in pp."""
-    mine = {r.seed: r.accuracy for r in runs if r.kind == kind}
-    if not mine:
-        return [], None, None
-    m, se = mean_se([100 * (mine[s] - central[s]) for s in sorted(mine)])
-    return [mine[s] for s in sorted(mine)], m, se
-
-
-def pp(m: float | None, se: float | None) -> str:
-    return "not run" if m is None or se is None else f"{m:+.2f} ± {se:.2f} pp"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -488,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     stream_s = time.perf_counter() - t0
 
     central = {r.seed: float(r.summary["centralized_accuracy"]) for r in runs if r.kind == "federated"}
-    fed, fed_m, fed_se = gaps(runs, "federated", central)
+    fed, fed_m, fed_se = parts.gaps(runs, "federated", central)
     assert fed_m is not None and fed_se is not None
-    dp = {eps: gaps(runs, f"dp_eps{eps:g}", central) for eps in EPSILONS}
-    regional = gaps(runs, "regional", central)
+    dp = {eps: parts.gaps(runs, f"dp_eps{eps:g}", central) for eps in EPSILONS}
+    regional = parts.gaps(runs, "regional", central)
     n_test = test_predictions(accuracy_config(args, 0, None))
     all_runs = [*runs, shared]
     released = sum(r.extra_bytes for r in all_runs)
@@ -521,13 +383,13 @@ def main(argv: list[str] | None = None) -> int:
         "share_adapter_bytes_per_site_round": shared.adapter_bytes,
     }
 
-    rows = _goal_rows(args, (fed_m, fed_se), dp, regional, n_test, (stream, stream_size), share, released)
-    notes = _notes(
+    rows = parts.goal_rows(args, (fed_m, fed_se), dp, regional, n_test, (stream, stream_size), share, released)
+    notes = parts.notes(
         args, runs, central, dp, regional, shared, share, stream, stream_size, (accuracy_s, share_s, stream_s)
     )
     notes.append(c.steal_note(ticks0))
     dp_runs = (", DP ε = " + " and ".join(f"{e:g}" for e in args.epsilons)) if args.epsilons else ""
-    interpretation = _interpretation(args, fed_m, fed_se, dp, regional, share, stream, released, adapters, shared)
+    interpretation = parts.interpretation(args, fed_m, fed_se, dp, regional, share, stream, released, adapters, shared)
     c.publish(
         args,
         SECTION,
@@ -543,156 +405,6 @@ def main(argv: list[str] | None = None) -> int:
         console_title="LoRA fine-tuning",
     )
     return 0
-
-
-def _met(ok: bool) -> str:
-    return "yes" if ok else "**no**"
-
-
-def _goal_rows(
-    args: argparse.Namespace,
-    gap: tuple[float, float],
-    dp: dict[float, tuple[list[float], float | None, float | None]],
-    regional: tuple[list[float], float | None, float | None],
-    n_test: int,
-    streamed: tuple[dict[str, Any], str],
-    share: Share,
-    released: int,
-) -> list[list[str]]:
-    """The report's table: each goal, what was measured, the target, whether it is met."""
-    fed_m, fed_se = gap
-    stream, stream_size = streamed
-    rows = [
-        [
-            f"federated − central accuracy ({args.size}, {args.seeds} seed{'s' * (args.seeds > 1)})",
-            pp(fed_m, fed_se),
-            f"≥ −{GAP_GOAL_PP} pp",
-            _met(fed_m >= -GAP_GOAL_PP),
-        ],
-        *[
-            [f"DP ε={eps:g} federated − non-private central", pp(m, se), "(reported)", "–"]
-            for eps, (_, m, se) in dp.items()
-        ],
-        ["regional adapters (3 EU + 3 US sites) − central", pp(regional[1], regional[2]), "(reported)", "–"],
-        ["test predictions per model", f"{n_test:,}", f"≥ {TEST_GOAL:,}", _met(n_test >= TEST_GOAL)],
-        [
-            f"base memory while training, int8 ({stream_size})",
-            f"{100 * stream['base_memory_fraction']:.1f} % of fp32",
-            "≤ 30 %",
-            _met(stream["base_memory_fraction"] <= llm_stream.MEMORY_GOAL),
-        ],
-        [
-            f"streamed int8 step / resident fp32 step ({stream_size})",
-            f"{stream['streamed_step_ratio']:.2f}×",
-            f"≤ {llm_stream.STEP_GOAL}×",
-            _met(stream["streamed_step_ratio"] <= llm_stream.STEP_GOAL),
-        ],
-        [
-            f"fedshard's share of a round ({args.share_size})",
-            f"{100 * share.share:.1f} %",
-            f"≤ {100 * SHARE_GOAL:.0f} %",
-            _met(share.share <= SHARE_GOAL),
-        ],
-        [
-            "base bytes released (every round of every run)",
-            f"{released:,} B",
-            "0",
-            _met(released == 0),
-        ],
-    ]
-    return rows
-
-
-def _notes(
-    args: argparse.Namespace,
-    runs: list[Run],
-    central: dict[int, float],
-    dp: dict[float, tuple[list[float], float | None, float | None]],
-    regional: tuple[list[float], float | None, float | None],
-    shared: Run,
-    share: Share,
-    stream: dict[str, Any],
-    stream_size: str,
-    seconds: tuple[float, float, float],
-) -> list[str]:
-    accuracy_s, share_s, stream_s = seconds
-    notes = [
-        f"- accuracy runs: `configs/demo-llm.yaml` (6 sites, 2 zones, FFA-LoRA r=8, Dirichlet(1.0) label skew) with "
-        "every site in the EU, so all six sites' adapters are averaged into one model, at "
-        f"size `{args.size}`, {args.rounds} round(s) × {args.local_epochs} local epoch(s), batch {args.batch}, Adam lr "
-        f"{args.lr:g}, {args.private_examples:,} private examples, `store.base: int8`; central: the same LoRA on the "
-        f"pooled private data, {args.rounds * args.local_epochs} epoch(s), Adam lr {args.central_lr:g}, fp32 base; "
-        f"DP: record-level DP-SGD, δ = {DELTA:g}, σ calibrated per site, clip {args.dp_clip:g}",
-        "- per seed (accuracy on the whole test set):",
-    ]
-    for i, seed in enumerate(args.seed_values):
-        fed = next(r for r in runs if r.kind == "federated" and r.seed == seed)
-        parts = [f"federated {fed.accuracy:.4f}", f"central {central[seed]:.4f}"]
-        parts += [f"DP ε={eps:g} {accs[i]:.4f}" for eps, (accs, _, _) in dp.items() if accs]
-        parts += [f"regional {regional[0][i]:.4f}"] if regional[0] else []
-        secs = [f"{r.kind} {r.seconds:.0f} s" for r in runs if r.seed == seed]
-        notes.append(f"  - seed {seed}: {', '.join(parts)} ({', '.join(secs)})")
-    for r in runs:
-        if r.kind.startswith("dp_"):
-            spent = max(site["epsilon_spent"] for site in r.summary["sites"])
-            notes.append(f"  - {r.kind} seed {r.seed}: largest ε spent by a site {spent:.3f}")
-    notes += [
-        f"- fedshard_share: {len(shared.summary['sites'])} sites, {args.share_rounds} round(s), `{args.share_size}` "
-        f"base (not pretrained), {args.share_examples} private examples, test fraction {args.share_test_fraction:g}, "
-        f"`store.base: int8`. Last round {share.round_s:.2f} s wall: the task's train {share.train_s:.2f} s and "
-        f"evaluate {share.evaluate_s:.2f} s (every site, one after the other), the rest "
-        f"{share.round_s - share.train_s - share.evaluate_s:.2f} s is fedshard's (and the machine's other load). "
-        f"Over all {len(share.rounds_s)} round(s) ({sum(share.rounds_s):.2f} s), inside the task's calls, the "
-        f"training thread waited {share.wait_s:.2f} s for streamed weights (fetching took {share.fetch_s:.2f} s, "
-        f"mostly in the background): counted as fedshard's too, that is {100 * share.wait_share:.1f} % more. "
-        f"Rounds: {', '.join(f'{s:.1f} s' for s in share.rounds_s)}; "
-        f"shares {', '.join(f'{100 * x:.1f} %' for x in share.shares)}",
-        f"- released per site per round: {runs[0].adapter_bytes:,} adapter bytes at `{args.size}`, "
-        f"{shared.adapter_bytes:,} at `{args.share_size}`; measured bytes_up per site per round: "
-        + ", ".join(sorted({f"{b:,.0f}" for r in [*runs, shared] for b in r.bytes_per_site_round})),
-        f"- streamed base (`bench/llm_stream.py`, `{stream_size}`): int8 step {stream['int8_step_s']:.3f} s vs "
-        f"resident {stream['resident_step_s']:.3f} s; fp8 {stream['fp8_step_ratio']:.2f}×, "
-        f"{100 * stream['fp8_base_memory_fraction']:.1f} % of fp32; floor of the step ratio on 2 cores "
-        f"{stream['step_ratio_floor_2_cores']:.2f}",
-        "- regional: the demo's residency as it is (3 EU + 3 US sites): EU sites' adapters are averaged into an EU "
-        "regional model, the US sites' into a global one, each from half the data; every site is scored with its "
-        "own model on its test slice (non-private; the same seed's central run)",
-        f"- wall time: accuracy runs {accuracy_s:.0f} s, share run {share_s:.0f} s, llm_stream {stream_s:.0f} s",
-    ]
-    return notes
-
-
-def _interpretation(
-    args: argparse.Namespace,
-    fed_m: float,
-    fed_se: float,
-    dp: dict[float, tuple[list[float], float | None, float | None]],
-    regional: tuple[list[float], float | None, float | None],
-    share: Share,
-    stream: dict[str, Any],
-    released: int,
-    adapters: int,
-    shared: Run,
-) -> str:
-    dp_text = "; ".join(f"with DP at ε = {eps:g}: {pp(m, se)}" for eps, (_, m, se) in dp.items() if m is not None)
-    if regional[1] is not None:
-        dp_text += f"; with the demo's EU-regional and global adapters: {pp(regional[1], regional[2])}"
-    return (
-        f"Federated LoRA over the sealed int8 base is {pp(fed_m, fed_se)} from the same LoRA trained centrally on "
-        f"the pooled data (size `{args.size}`, {args.seeds} seed(s); goal ≥ −{GAP_GOAL_PP} pp)"
-        + (f"; {dp_text}" if dp_text else "")
-        + f". The {'118 M' if not args.quick else args.share_size} base streamed from the sealed int8 store takes "
-        f"{stream['streamed_step_ratio']:.2f}× the resident step and holds "
-        f"{100 * stream['base_memory_fraction']:.1f} % of its fp32 size; fedshard's share of a round is "
-        f"{100 * share.share:.1f} %; the sites released {released:,} bytes beyond their adapters "
-        f"({adapters:,} B per site per round at `{args.size}`, {shared.adapter_bytes:,} B at `{args.share_size}`)."
-        + (
-            " --quick: one seed (SE 0), the tiny model, one round and the small base for the system figures; these "
-            "are a smoke test, not the goals' figures."
-            if args.quick
-            else ""
-        )
-    )
 
 
 if __name__ == "__main__":
