@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,15 +42,19 @@ _SITES: OrderedDict[str, Site] = OrderedDict()
 _SITES_LOCK = threading.Lock()
 
 
-def site_for(config: FederationConfig, site_id: str, state_root: str | Path) -> Site:
+def site_for(
+    config: FederationConfig, site_id: str, state_root: str | Path, endpoints: Mapping[str, str] | None = None
+) -> Site:
     """The site :func:`make_site` assembles, kept for this process's later messages.
 
-    Keyed by the config's digest, the site id and the state folder: a changed config
+    Keyed by the config's digest, the site id, the state folder and ``endpoints`` (the
+    zones' real endpoints in a simulation, see :func:`make_site`): a changed config
     assembles a new site. The sites of one process share one channel per zone
     (:class:`~fedshard.zone.rpc.shared.SharedZoneChannels`: plaintext loopback, simulation).
     """
-    key = _digest(_config_digest(config), site_id, str(Path(state_root).resolve()))
-    return _kept(key, lambda: make_site(config, site_id, state_root, connect=_shared_channels()))
+    where = json.dumps(dict(endpoints), sort_keys=True) if endpoints is not None else ""
+    key = _digest(_config_digest(config), site_id, str(Path(state_root).resolve()), where)
+    return _kept(key, lambda: make_site(config, site_id, state_root, connect=_shared_channels(), endpoints=endpoints))
 
 
 _CONFIG_DIGESTS: OrderedDict[int, tuple[FederationConfig, str]] = OrderedDict()

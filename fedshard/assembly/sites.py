@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,9 +11,10 @@ from fedshard.config import BudgetConfig, FederationConfig, LayerPolicy
 from fedshard.errors import ConfigError, PrivacyError
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
-from fedshard.site.privacy import SitePrivacy, own_shares
+from fedshard.site.privacy import SitePrivacy
 from fedshard.site.routes import CLASSES_FILE, ModelSource, RouteSource, SiteRouting, read_classes, write_classes
 from fedshard.site.site import Site
+from fedshard.site.terms import PrivacyTerms
 from fedshard.task import Partition, build_initial_model, load_task
 
 if TYPE_CHECKING:
@@ -62,14 +64,18 @@ def make_site(
     routing: FederationRouting | None = None,
     *,
     connect: ZoneConnector | None = None,
+    endpoints: Mapping[str, str] | None = None,
 ) -> Site:
     """The :class:`Site` for ``site_id``, keeping its state under ``state_root/site_id``.
 
-    The site routes by ``routing`` when given (shared by the sites of one process);
+    ``config`` is the site's own config: its privacy terms and its zones come from it. The
+    site routes by ``routing`` when given (shared by the sites of one process);
     otherwise it classifies its shards with its own model, once, and keeps the result
     in its state folder. It signs its manifests with ``state_root/site_id/signing.key``
     when that file exists. It reaches the zones through ``connect`` (default: gRPC in
-    plain text, for loopback).
+    plain text, for loopback), at ``endpoints`` (default: the config's; a simulation's
+    host, which started the zones on free ports, gives their real endpoints, possibly a
+    mapping that grows as zones are added).
     """
     state_dir = Path(state_root) / site_id
     he_dir = he_keys(config) if config.residency.encrypting else None
@@ -91,6 +97,7 @@ def make_site(
         routing=routing,
         connect=connect,
         ledger=ledger,
+        endpoints=endpoints,
     )
 
 
@@ -100,8 +107,9 @@ def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: st
     The federation config, state folder and keys (TLS certificate for the zones,
     manifest-signing key, CKKS secret context) all come from that file and the bundle
     it names; ``site_id`` and ``jurisdiction`` (from the SuperNode's node config), when
-    given, must agree with it. The site's own privacy cap and the aggregator's budget
-    both apply: the stricter wins.
+    given, must agree with it. The site's privacy terms (mechanisms; its budget: the copy's,
+    the copy's cap and its own file's cap, the stricter wins) and the zones it pushes to
+    come from those files; a coordinator's plan may only tighten them.
     """
     return deployed_site(load_deployed(site_config, site_id, jurisdiction))
 
@@ -123,9 +131,15 @@ def load_deployed(site_config: Path, site_id: str, jurisdiction: str) -> Deploye
 def deployed_site(loaded: DeployedSite) -> Site:
     from fedshard.config.layout import SiteBundle
 
-    local, config, listed = loaded
+    local, config, _ = loaded  # the copy lists the site (checked); its budget and cap are in config
     assert local.deployment is not None  # load_deployed_site checked it
     me = local.site
+    floating = next((z for z in config.zones if z.endpoint.endswith(":0")), None)
+    if floating is not None:
+        raise ConfigError(
+            f"{local.deployment.federation}: zone {floating.name}'s endpoint {floating.endpoint} has port 0; a "
+            "deployed site dials only the endpoints of its own copy of the config: give the port the zone listens on"
+        )
     bundle = SiteBundle(local.deployment.keys)
     tls = bundle.tls if local.deployment.tls else None
     he_dir = bundle.he if config.residency.encrypting else None
@@ -135,8 +149,7 @@ def deployed_site(loaded: DeployedSite) -> Site:
         if config.privacy.enabled
         else None
     )
-    cap = _stricter(listed.cap, me.cap)
-    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=cap, ledger=ledger)
+    return _site(config, me.id, me.state_dir, bundle.signing_key, he_dir, tls, store, cap=me.cap, ledger=ledger)
 
 
 def _model_store(config: FederationConfig, state_dir: Path, kek_file: Path, *, create_key: bool) -> ModelStore:
@@ -164,12 +177,6 @@ def _ledger_guard(
     return key, FileAnchor(anchor_file, key)
 
 
-def _stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
-    if a is None or b is None:
-        return a or b
-    return BudgetConfig(epsilon=min(a.epsilon, b.epsilon), delta=min(a.delta, b.delta))
-
-
 def _site(
     config: FederationConfig,
     site_id: str,
@@ -183,6 +190,7 @@ def _site(
     cap: BudgetConfig | None = None,
     connect: ZoneConnector | None = None,
     ledger: tuple[LedgerKey, AnchorStore] | None = None,
+    endpoints: Mapping[str, str] | None = None,
 ) -> Site:
     site = config.site(site_id)
     task = load_task(config.task.target, dict(config.task.options))  # one per site: a task may hold state
@@ -213,10 +221,9 @@ def _site(
         privacy=SitePrivacy(
             site.id,
             state_dir,
-            cap=cap if cap is not None else site.cap,
+            PrivacyTerms.of(config, site.id, cap=cap),
             key=ledger[0] if ledger is not None else None,
             anchor=ledger[1] if ledger is not None else None,
-            shares=own_shares(config.privacy),
         ),
         dp_layers=config.privacy.layer_policy,
         routing=_route_source(config, site_id, state_dir, routing),
@@ -224,6 +231,7 @@ def _site(
         he=he,
         store=store,
         base=_sealed_base(config, state_dir, store),
+        endpoints=endpoints if endpoints is not None else {z.name: z.endpoint for z in config.zones},
     )
 
 

@@ -31,13 +31,15 @@ def _site_privacy(site_config: Path, key_file: Path | None) -> SitePrivacy:
     from fedshard.crypto.at_rest import load_kek
     from fedshard.site.ledger_anchor import AnchorStore, CatalogAnchor, FileAnchor
     from fedshard.site.privacy import SitePrivacy, ledger_key
+    from fedshard.site.terms import PrivacyTerms
 
     local = load_site(site_config)
     site = local.site
+    terms = PrivacyTerms(budget=site.cap)  # what recovery and `show` read: the site's own cap
     if key_file is None and local.deployment is not None:
         key_file = SiteBundle(local.deployment.keys).store_kek
     if key_file is None:
-        return SitePrivacy(site.id, site.state_dir, site.cap)
+        return SitePrivacy(site.id, site.state_dir, terms)
     kek = load_kek(key_file)
     key = ledger_key(kek)
     anchor: AnchorStore
@@ -47,7 +49,7 @@ def _site_privacy(site_config: Path, key_file: Path | None) -> SitePrivacy:
         anchor = FileAnchor(key_file.with_suffix(".ledger-anchor"), key)
     else:
         anchor = FileAnchor(site.state_dir / LEDGER_ANCHOR_FILE, key)
-    return SitePrivacy(site.id, site.state_dir, site.cap, key=key, anchor=anchor)
+    return SitePrivacy(site.id, site.state_dir, terms, key=key, anchor=anchor)
 
 
 def ledger_summary(site_config: Path, key_file: Path | None = None) -> dict[str, Any]:

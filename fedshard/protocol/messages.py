@@ -184,12 +184,17 @@ class QueryRequest(_Msg):
     """Ask a site who it is and where its model stands.
 
     The coordinator does not know which node is which site before they answer, so it
-    sends every site's privacy plan; each site reads its own. ``zones`` (name →
-    endpoint) lets the site report which aggregates it will apply (its view).
+    sends every site's privacy plan; each site reads its own (and checks it against its own
+    config). ``zones`` (name → endpoint) lets the site report which aggregates it will apply
+    (its view); only the names count, a site dials the endpoints of its own config.
     """
 
     privacy: dict[str, PrivacyPlan] = {}
     zones: dict[str, str] = {}
+    # Coordinator to each site: the ledger head the federation last saw of it (this run or an
+    # earlier one, :mod:`fedshard.coordinator.ledger_book`); a site whose ledger does not
+    # contain it reports a refusal and takes part in nothing. A lie only stops that site.
+    ledger_heads: dict[str, LedgerHeadReport] = {}
 
 
 class SiteInfo(_Msg):

@@ -163,7 +163,11 @@ class RunMembership:
         for site in self.sites.values():
             site.reroute()
         root = self.out / "sites"
-        joining = {sid: make_site(new, sid, root, self.routing, connect=self.connect) for sid in change.added_sites}
+        where = self.served.endpoints
+        joining = {
+            sid: make_site(new, sid, root, self.routing, connect=self.connect, endpoints=where)
+            for sid in change.added_sites
+        }
         self.sites.update(joining)
         self.gateway.add(joining)
         self.config = new

@@ -127,7 +127,10 @@ def fetch_view(
             continue
         endpoint = zones.get(published.zone)
         if endpoint is None:
-            raise RoundError(f"site {site_id}: no endpoint for zone {published.zone!r} of round {applied.round}")
+            raise RoundError(
+                f"site {site_id}: zone {published.zone!r}, which published an aggregate of round {applied.round} it "
+                "applies, is not in this site's config; its operator adds the zone to the site's copy of the config"
+            )
 
         def attempt(n: int, zone: str = published.zone, group: str = published.group, at: str = endpoint) -> Aggregate:
             client = connect(zone, at)  # a fresh channel per attempt: no stale reconnect backoff

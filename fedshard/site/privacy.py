@@ -1,9 +1,10 @@
 """A site's side of differential privacy: which events a round costs, the ledger,
 and what the site reports.
 
-The site decides, not the aggregator: the aggregator's budget counts only where it is
-stricter than the site's own cap, and the site checks its ledger before anything is
-released, whatever the coordinator asked.
+The site decides, not the aggregator: its own terms (:mod:`fedshard.site.terms`, from the
+copy of the config its operator holds) fix its mechanisms and budget, a coordinator's plan
+may only tighten them, and the site checks its ledger before anything is released,
+whatever the coordinator asked.
 
 A site with a key (every simulated and deployed one) authenticates its ledger's rows
 with a key derived from its store key and anchors the ledger's head after every write
@@ -19,13 +20,12 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedshard import faults
-from fedshard.config import BudgetConfig, PrivacyConfig
 from fedshard.config.privacy import noise_share
 from fedshard.errors import ConfigError, PrivacyError, StoreError
 from fedshard.privacy.accountant import AccountantKind, calibrate_noise
@@ -38,11 +38,12 @@ from fedshard.privacy.ledger.spend import Snapshot
 from fedshard.privacy.update_dp import update_event
 from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus, UpdatePlan
 from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
+from fedshard.site.terms import PrivacyTerms
 
 if TYPE_CHECKING:
     from fedshard.crypto.at_rest import Kek
 
-__all__ = ["LEDGER_FILE", "RoundDP", "SitePrivacy", "ledger_key", "own_shares"]
+__all__ = ["LEDGER_FILE", "RoundDP", "SitePrivacy", "ledger_key"]
 
 LEDGER_FILE = "ledger.sqlite"
 _CALIBRATION_FILE = "privacy-calibration.json"
@@ -89,33 +90,29 @@ class SitePrivacy:
         For messages.
     state_dir:
         The site's on-prem folder; the ledger lives there.
-    cap:
-        The site's own budget cap, if its local config sets one.
+    terms:
+        The site's own mechanisms and budget (default: none, for bare library use: every
+        plan is taken as asked); plans are checked against them with
+        :meth:`admit` before anything else.
     key:
         Authenticates the ledger's rows (see :func:`ledger_key`); None for bare library
         use (an unauthenticated ledger).
     anchor:
         Where the ledger's head is anchored outside its file; None: nowhere.
-    shares:
-        The ``distributed_over`` of the site's own config per guarantee (absent: the
-        site adds all of σ): the site refuses a plan that would have it add less noise
-        than its own config allows, whoever sent it.
     """
 
     def __init__(
         self,
         site_id: str,
         state_dir: Path,
-        cap: BudgetConfig | None = None,
+        terms: PrivacyTerms | None = None,
         *,
         key: LedgerKey | None = None,
         anchor: AnchorStore | None = None,
-        shares: Mapping[Guarantee, int] | None = None,
     ) -> None:
         self.site_id = site_id
-        self.shares = dict(shares or {})
         self.state_dir = state_dir
-        self.cap = cap
+        self.terms = terms if terms is not None else PrivacyTerms()
         self.key = key
         self.anchor = anchor
         self._last_anchor: Anchor | None = None
@@ -126,14 +123,26 @@ class SitePrivacy:
         """Where the ledger file is."""
         return self.state_dir / LEDGER_FILE
 
-    def effective_budget(self, plan: PrivacyPlan) -> tuple[Budget, str]:
-        """The stricter of the aggregator's budget and the site's cap, and a note when
-        the site kept its own."""
+    def admit(
+        self, asked: PrivacyPlan | None, *, batch_size: int | None = None, epochs: int | None = None
+    ) -> PrivacyPlan | None:
+        """The plan the site runs for ``asked`` (see :meth:`PrivacyTerms.admit`); raises
+        :class:`PrivacyError` for a missing or weaker plan."""
+        return self.terms.admit(asked, self.site_id, batch_size=batch_size, epochs=epochs)
+
+    def effective_budget(self, plan: PrivacyPlan | None) -> tuple[Budget, str]:
+        """The stricter of the aggregator's budget and the site's own, and a note when
+        the site kept its own (``plan`` None: the site's own)."""
+        own = self.terms.budget
+        if plan is None:
+            if own is None:
+                raise PrivacyError(f"site {self.site_id}: no privacy budget (neither its config nor a plan sets one)")
+            return Budget(own.epsilon, own.delta), ""
         epsilon, delta, note = plan.epsilon, plan.delta, ""
-        if self.cap is not None:
-            if plan.epsilon > self.cap.epsilon:
-                note = f"aggregator asked ε={plan.epsilon:g}; {self.site_id} keeps its cap ε={self.cap.epsilon:g}"
-            epsilon, delta = min(epsilon, self.cap.epsilon), min(delta, self.cap.delta)
+        if own is not None:
+            if plan.epsilon > own.epsilon:
+                note = f"aggregator asked ε={plan.epsilon:g}; {self.site_id} keeps its own ε={own.epsilon:g}"
+            epsilon, delta = min(epsilon, own.epsilon), min(delta, own.delta)
         return Budget(epsilon, delta), note
 
     def open_ledger(
@@ -288,31 +297,18 @@ class SitePrivacy:
             f"(ε spent {max(anchor.spent.values(), default=0.0):.3g})"
         )
 
-    def check_shares(self, plan: PrivacyPlan) -> None:
-        """Refuse a plan that has this site add less noise than its own config allows.
-
-        Raises :class:`PrivacyError` naming the setting."""
-        asked = {
-            Guarantee.RECORD: (plan.record.distributed_over if plan.record else None, "record_level"),
-            Guarantee.UPDATE: (plan.update.distributed_over if plan.update else None, "update_level"),
-        }
-        for guarantee, (n, name) in asked.items():
-            own = self.shares.get(guarantee)
-            if n is not None and (own is None or n > own):
-                raise PrivacyError(
-                    f"site {self.site_id}: the aggregator asks it to share its {name} noise over {n} sites; its own "
-                    f"config allows {own or 'no sharing'} (privacy.{name}.distributed_over); nothing was released"
-                )
-
     def round_events(self, plan: PrivacyPlan, ledger: PrivacyLedger, num_examples: int) -> list[DPEvent]:
-        """What one round costs under ``plan``."""
-        self.check_shares(plan)
+        """What one round costs under ``plan`` (one :meth:`admit` returned).
+
+        Record-level σ is the largest of the plan's and the site's own fixed σ, and, where
+        either calibrates, of σ calibrated to the ledger's budget over the plan's (already
+        at least the site's own) planned rounds."""
         events: list[DPEvent] = []
         if plan.record is not None:
-            sigma = plan.record.noise_multiplier
-            if sigma is None:
-                sigma = self._calibrated_sigma(plan, ledger, num_examples)
-            events.append(planned_record_event(num_examples, plan.batch_size, plan.epochs, sigma))
+            fixed = [s for s in (plan.record.noise_multiplier, self.terms.noise_floor()) if s is not None]
+            if plan.record.noise_multiplier is None or self.terms.calibrates():
+                fixed.append(self._calibrated_sigma(plan, ledger, num_examples))
+            events.append(planned_record_event(num_examples, plan.batch_size, plan.epochs, max(fixed)))
         if plan.update is not None:
             events.append(update_event(plan.update.noise_multiplier))
         return events
@@ -368,19 +364,25 @@ class SitePrivacy:
             ledger_head=LedgerHeadReport(**ledger.head().to_dict()),
         )
 
-    def refusal_report(self, plan: PrivacyPlan, reason: str) -> PrivacyReport:
-        """The report of a site whose ledger cannot be used: it takes part in no round.
+    def refusal_report(self, plan: PrivacyPlan | None, reason: str) -> PrivacyReport:
+        """The report of a site whose ledger cannot be used, or that refused the plan: it takes
+        part in no round (``plan`` None: the aggregator sent none).
 
         The spend is the anchored one when there is an anchor (else 0: unknown).
         """
-        budget, _ = self.effective_budget(plan)
+        try:
+            budget, _ = self.effective_budget(plan)
+            epsilon, delta = budget.epsilon, budget.delta
+        except PrivacyError:  # neither side set a budget: nothing to show
+            epsilon, delta = 0.0, 0.0
         anchor = self._last_anchor
         spent = dict(anchor.spent) if anchor is not None else {}
         record, update = spent.get(Guarantee.RECORD, 0.0), spent.get(Guarantee.UPDATE, 0.0)
+        record_level = plan.record is not None if plan is not None else self.terms.config.record_level.enabled
         return PrivacyReport(
-            epsilon_budget=budget.epsilon,
-            delta=budget.delta,
-            epsilon_spent=record if plan.record is not None else update,
+            epsilon_budget=epsilon,
+            delta=delta,
+            epsilon_spent=record if record_level else update,
             epsilon_record=record,
             epsilon_update=update,
             status=PrivacyStatus.REFUSED,
@@ -395,12 +397,6 @@ def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:
     for event, eps in carried:
         spent[event.guarantee] = max(spent.get(event.guarantee, 0.0), eps)
     return spent
-
-
-def own_shares(config: PrivacyConfig) -> dict[Guarantee, int]:
-    """The ``distributed_over`` of each enabled mechanism of a site's own config (for :class:`SitePrivacy`)."""
-    guarantees = {"record_level": Guarantee.RECORD, "update_level": Guarantee.UPDATE}
-    return {guarantees[name]: n for name, n in config.shared_noise.items()}
 
 
 def ledger_key(kek: Kek) -> LedgerKey:

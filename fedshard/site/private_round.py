@@ -1,8 +1,10 @@
-"""One round of a site with DP on: open the ledger, reserve the round's cost, release, commit.
+"""One round of a site with DP on: admit the plan, open the ledger, reserve the round's cost,
+release, commit.
 
-The ledger decides before anything leaves the site: a round its DP cannot run as planned,
-or one the budget cannot afford, is refused before the reservation; a reservation that is
-never committed (crash, push refused) stays counted as spent.
+The site's own terms and its ledger decide before anything leaves the site: a plan weaker
+than the site's own config (:mod:`fedshard.site.terms`), a round its DP cannot run as
+planned, or one the budget cannot afford, is refused before the reservation; a
+reservation that is never committed (crash, push refused) stays counted as spent.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 
 from fedshard import faults
 from fedshard.errors import BudgetExhaustedError, FedshardError, PrivacyError, RoundError, StoreError
-from fedshard.protocol.messages import PrivacyReport, PrivacyStatus, TrainInstruction, TrainReport
+from fedshard.protocol.messages import PrivacyPlan, PrivacyReport, PrivacyStatus, TrainInstruction, TrainReport
 from fedshard.site.privacy import RoundDP, SitePrivacy
 
 __all__ = ["Refuse", "private_round", "refused"]
@@ -43,23 +45,24 @@ def refused(
 def private_round(
     privacy: SitePrivacy,
     message: TrainInstruction,
+    plan: PrivacyPlan,
     num_train: int,
     release: Callable[[RoundDP], TrainReport],
     refuse: Refuse,
 ) -> TrainReport:
-    """Run ``message``'s round under the site's ledger: ``release`` trains and pushes under
-    the round's DP (raising :class:`PrivacyError` or :class:`RoundError` when it cannot);
-    the returned report carries the site's privacy report."""
-    assert message.privacy is not None
+    """Run ``message``'s round under the site's ledger with ``plan`` (what :meth:`SitePrivacy.admit`
+    made of the message's plan): ``release`` trains and pushes under the round's DP (raising
+    :class:`PrivacyError` or :class:`RoundError` when it cannot); the returned report carries
+    the site's privacy report."""
     faults.point("site.ledger.open")
     try:  # checks the ledger against its anchor and the head the coordinator last saw
-        ledger, note = privacy.open_ledger(message.privacy, num_train, message.ledger_head)
+        ledger, note = privacy.open_ledger(plan, num_train, message.ledger_head)
     except StoreError as exc:
-        return refuse(exc, privacy.refusal_report(message.privacy, str(exc)))
+        return refuse(exc, privacy.refusal_report(plan, str(exc)))
     with ledger:
         try:  # a round the site's DP cannot run as planned is refused before anything is reserved
-            events = privacy.round_events(message.privacy, ledger, num_train)
-            dp = RoundDP.of(message.privacy, events, num_train / message.weight)
+            events = privacy.round_events(plan, ledger, num_train)
+            dp = RoundDP.of(plan, events, num_train / message.weight)
         except PrivacyError as exc:
             return refuse(exc, privacy.report(ledger, [], status=PrivacyStatus.REFUSED, note=note))
         faults.point("site.ledger.reserve")
@@ -69,7 +72,7 @@ def private_round(
             status = PrivacyStatus.EXHAUSTED if isinstance(exc, BudgetExhaustedError) else PrivacyStatus.REFUSED
             return refuse(exc, privacy.report(ledger, events, status=status, note=note))
         except StoreError as exc:
-            return refuse(exc, privacy.refusal_report(message.privacy, str(exc)))
+            return refuse(exc, privacy.refusal_report(plan, str(exc)))
         faults.point("site.ledger.reserved")
         try:
             report = release(dp)
@@ -80,7 +83,7 @@ def private_round(
             ledger.commit(reservation)
         except StoreError as exc:  # released and counted; the reservation stays spent
             log.warning("site %s: round %d: %s", privacy.site_id, message.round, exc)
-            return report.model_copy(update={"privacy": privacy.refusal_report(message.privacy, str(exc))})
+            return report.model_copy(update={"privacy": privacy.refusal_report(plan, str(exc))})
         faults.point("site.ledger.committed")
         hint = message.projection_hint
         shown = privacy.report(ledger, events, note=note, hint=hint)

@@ -138,6 +138,7 @@ def push_update(
     payload: Mapping[str, ShardPayload],
     routing: SiteRouting,
     message: TrainInstruction,
+    endpoints: Mapping[str, str],
     *,
     site_id: str,
     plan_digest: str,
@@ -152,6 +153,10 @@ def push_update(
     digests, signing and gRPC all release the GIL for most of their work). Every push
     runs to its end, whether or not another fails; a failed push is a refused
     transaction at its zone, so nothing of it is counted there.
+
+    ``endpoints`` are the site's own (its config's) endpoints of the zones the round
+    includes: a zone the routes use but the round does not include is refused before
+    anything is pushed; no endpoint from the message is ever dialled.
 
     ``weight`` is the one the coordinator fixed for the site this round
     (:attr:`TrainInstruction.weight`): a zone refuses a manifest with any other.
@@ -171,9 +176,10 @@ def push_update(
     """
     by_zone = routing.by_zone()
     for zone, shard_ids in by_zone.items():
-        if zone not in message.zones:
+        if zone not in endpoints:
             raise RoundError(
-                f"the round names no endpoint for zone {zone}, where residency routes {len(shard_ids)} shard(s)"
+                f"the round does not include zone {zone} of this site's config, where residency routes "
+                f"{len(shard_ids)} shard(s)"
             )
 
     push = functools.partial(
@@ -181,6 +187,7 @@ def push_update(
         payload=payload,
         routing=routing,
         message=message,
+        endpoints=endpoints,
         site_id=site_id,
         plan_digest=plan_digest,
         weight=weight,
@@ -198,6 +205,7 @@ def _push_zone(
     payload: Mapping[str, ShardPayload],
     routing: SiteRouting,
     message: TrainInstruction,
+    endpoints: Mapping[str, str],
     site_id: str,
     plan_digest: str,
     weight: float,
@@ -223,7 +231,7 @@ def _push_zone(
     faults.point("site.push.manifest")
 
     def attempt(n: int) -> PushReceipt:
-        client = connect(zone, message.zones[zone])  # a fresh channel per attempt: no stale reconnect backoff
+        client = connect(zone, endpoints[zone])  # a fresh channel per attempt: no stale reconnect backoff
         try:
             return client.push(manifest, message.token, pointed("site.push.shard", part))
         except PushRejectedError as exc:

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from fedshard import faults
 from fedshard.config import LayerPolicy
-from fedshard.errors import FedshardError, RoundError, StoreError
+from fedshard.errors import FedshardError, PrivacyError, RoundError, StoreError
 from fedshard.integrity import genesis_version
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import (
@@ -106,6 +106,12 @@ class Site:
         Where the model lives between messages (default: a plaintext snapshot in ``state_dir``).
     base:
         Where the frozen base is sealed and streamed from (``store.base``); None: resident.
+    endpoints:
+        The zones as the site's own config has them (name → endpoint): the only places it
+        pushes to and fetches from. A message's ``zones`` only say which of them take part
+        in the round; an endpoint in a message is never dialled (but for a zone left on
+        port 0 in an embedded run: see :meth:`_endpoints`). None (bare library use without
+        a config): the message's endpoints are used.
     """
 
     def __init__(
@@ -126,6 +132,7 @@ class Site:
         he: Callable[[], HeCodec] | None = None,
         store: ModelStore | None = None,
         base: SealedBase | None = None,
+        endpoints: Mapping[str, str] | None = None,
     ) -> None:
         self.site_id = site_id
         self.jurisdiction = jurisdiction
@@ -133,6 +140,7 @@ class Site:
         self.partition = partition
         self.store: ModelStore = store if store is not None else SnapshotModelStore(Path(state_dir))
         self._connect = connect
+        self._own_endpoints = endpoints
         self.privacy = privacy or SitePrivacy(site_id, Path(state_dir))
         self.dp_layers = LayerPolicy(dp_layers)
         self.model = HeldModel(lambda: build_initial_model(task, seed, self.dp_layers), tile, base)
@@ -177,6 +185,30 @@ class Site:
                 )
             self._he = self._he_factory()
         return self._he
+
+    def _endpoints(self, named: Mapping[str, str], *, every: bool = False) -> dict[str, str]:
+        """Where the site reaches the zones ``named`` by a message (``every``: all of its own
+        config's zones, for fetching published aggregates): the endpoints of its own config.
+
+        Names its config does not know are left out (the site never dials them). A zone its
+        config leaves on port 0 (an embedded run, where one host starts every party and picks
+        the ports) is reached where the message says; a deployed site's config never does
+        (:func:`fedshard.assembly.deployed_site` refuses it). Without a config of its own
+        (bare library use) the message's endpoints are used.
+        """
+        own = self._own_endpoints
+        if own is None:
+            return dict(named)
+        names = own if every else [n for n in named if n in own]
+        out = {}
+        for name in names:
+            endpoint = own[name]
+            if endpoint.endswith(":0"):
+                if name not in named:
+                    continue
+                endpoint = named[name]
+            out[name] = endpoint
+        return out
 
     def _model_source(self) -> tuple[ShardPlan, torch.nn.Module]:
         return self.model.plan, self.model.module()
@@ -285,7 +317,8 @@ class Site:
         encrypted = routing.encrypted if self._route_source is not None else None
         packs = he_packs(routing, {s.shard_id: s.size for s in self.model.plan.shards}) if encrypted else None
         model, start = self.model, state.applied_round
-        fetch = watch.timed(Phase.FETCH, lambda applied: fetch_view(self.site_id, applied, view, zones, self._connect))
+        where = self._endpoints(zones, every=True)
+        fetch = watch.timed(Phase.FETCH, lambda applied: fetch_view(self.site_id, applied, view, where, self._connect))
         with watch.phase(Phase.APPLY):  # the fetches inside count as fetch
             try:
                 apply_rounds(
@@ -312,16 +345,19 @@ class Site:
         plan_json, state = self._standing()
         plan_digest = hashlib.sha256(plan_json.encode()).hexdigest()
         report = None
-        plan_for_me = message.privacy.get(self.site_id)
-        if plan_for_me is not None:
+        asked = message.privacy.get(self.site_id)
+        if asked is not None or self.privacy.terms.required:
             try:
-                ledger, note = self.privacy.open_ledger(plan_for_me, self.data.num_train)
-            except StoreError as exc:  # deleted, rolled back or edited: the site takes part in nothing
+                plan = self.privacy.admit(asked)
+                assert plan is not None  # a plan was asked for, or its own config requires one
+                expected = message.ledger_heads.get(self.site_id)  # the federation's last view of it
+                ledger, note = self.privacy.open_ledger(plan, self.data.num_train, expected)
+            except (PrivacyError, StoreError) as exc:  # a weaker plan; a ledger deleted, rolled back or edited
                 log.warning("site %s: %s", self.site_id, exc)
-                report = self.privacy.refusal_report(plan_for_me, str(exc))
+                report = self.privacy.refusal_report(asked, str(exc))
             else:
                 with ledger:
-                    events = self.privacy.round_events(plan_for_me, ledger, self.data.num_train)
+                    events = self.privacy.round_events(plan, ledger, self.data.num_train)
                     report = self.privacy.report(ledger, events, note=note)
         return SiteInfo(
             site_id=self.site_id,
@@ -358,7 +394,11 @@ class Site:
             routing = self._routes(message.zones)  # a shard no zone may hold: refuse before anything is spent
         except FedshardError as exc:
             return refuse(exc)
-        if message.privacy is None:
+        try:  # the site's own terms: a missing or weaker plan is refused before anything is reserved
+            plan = self.privacy.admit(message.privacy, batch_size=message.batch_size, epochs=message.epochs)
+        except PrivacyError as exc:
+            return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
+        if plan is None:
             try:
                 return self._train_and_push(message, state, routing, None, watch)
             except RoundError as exc:
@@ -366,6 +406,7 @@ class Site:
         return private_round(
             self.privacy,
             message,
+            plan,
             self.data.num_train,
             lambda dp: self._train_and_push(message, state, routing, dp, watch),
             refuse,
@@ -376,7 +417,7 @@ class Site:
     ) -> TrainReport:
         """Train locally, apply update-level DP, push the shards; the report has no privacy part yet.
 
-        Raises :class:`RoundError` (push refused, no endpoint for a zone) or
+        Raises :class:`RoundError` (push refused, a routed zone not in the round) or
         :class:`PrivacyError` (training did not spend what was reserved): nothing counted.
         """
         model = self.model
@@ -405,6 +446,7 @@ class Site:
                 payload,
                 routing,
                 message,
+                self._endpoints(message.zones),
                 site_id=self.site_id,
                 plan_digest=model.plan.digest,
                 weight=message.weight,

@@ -96,22 +96,26 @@ def test_a_capped_site_adds_its_share_scaled_to_its_records_over_its_weight() ->
         RoundDP.of(plan, events, 0.5)  # a weight above the records: its records would be under-protected
 
 
-def test_a_site_refuses_to_add_less_noise_than_its_own_config_allows(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_site_refuses_to_add_less_noise_than_its_own_config_allows() -> None:
     """Whoever sends the plan (a breached coordinator included) cannot shrink a site's noise share."""
-    from fedshard.privacy.events import Guarantee
-    from fedshard.site.privacy import SitePrivacy
+    from fedshard.config import BudgetConfig, PrivacyConfig
+    from fedshard.site.terms import PrivacyTerms
 
-    alone = SitePrivacy("h1", tmp_path)
-    alone.check_shares(_plan())
+    budget = BudgetConfig(epsilon=3.0)
+    record = {"enabled": True, "max_grad_norm": 1.0}
+    update = {"enabled": True, "clip_norm": 1.0, "noise_multiplier": 1.0}
+    alone = PrivacyTerms(PrivacyConfig(record_level=record, update_level=update, budget=budget), budget)
+    alone.admit(_plan(), "h1")
     with pytest.raises(PrivacyError, match=r"h1: .* over 5 sites; its own config allows no sharing .*record_level"):
-        alone.check_shares(_plan(record_n=5))
+        alone.admit(_plan(record_n=5), "h1")
     with pytest.raises(PrivacyError, match=r"update_level\.distributed_over"):
-        alone.check_shares(_plan(update_n=2))
-    shared = SitePrivacy("h2", tmp_path, shares={Guarantee.RECORD: 3})
-    shared.check_shares(_plan(record_n=3))
-    shared.check_shares(_plan(record_n=2))  # fewer shares: each site adds more noise
+        alone.admit(_plan(update_n=2), "h1")
+    shared_config = PrivacyConfig(record_level={**record, "distributed_over": 3}, update_level=update, budget=budget)
+    shared = PrivacyTerms(shared_config, budget)
+    shared.admit(_plan(record_n=3), "h2")
+    shared.admit(_plan(record_n=2), "h2")  # fewer shares: each site adds more noise
     with pytest.raises(PrivacyError, match="its own config allows 3"):
-        shared.check_shares(_plan(record_n=4))
+        shared.admit(_plan(record_n=4), "h2")
 
 
 def test_update_level_shares_scale_to_the_rounds_largest_weight() -> None:

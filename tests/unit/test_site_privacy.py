@@ -12,6 +12,7 @@ from fedshard.privacy.accountant import AccountantKind, epsilon
 from fedshard.privacy.events import Guarantee
 from fedshard.protocol.messages import PrivacyPlan, PrivacyStatus, RecordPlan, UpdatePlan
 from fedshard.site.privacy import SitePrivacy
+from fedshard.site.terms import PrivacyTerms
 
 
 def _plan(eps: float = 3.0, delta: float = 1e-5, sigma: float | None = 1.5, update: bool = False) -> PrivacyPlan:
@@ -27,10 +28,10 @@ def _plan(eps: float = 3.0, delta: float = 1e-5, sigma: float | None = 1.5, upda
 
 
 def test_site_cap_is_stricter_and_says_so(tmp_path: Path) -> None:
-    site = SitePrivacy("s1", tmp_path, cap=BudgetConfig(epsilon=1.0, delta=1e-6))
+    site = SitePrivacy("s1", tmp_path, PrivacyTerms(budget=BudgetConfig(epsilon=1.0, delta=1e-6)))
     budget, note = site.effective_budget(_plan(eps=3.0))
     assert (budget.epsilon, budget.delta) == (1.0, 1e-6)
-    assert "keeps its cap ε=1" in note
+    assert "keeps its own ε=1" in note
     budget, note = site.effective_budget(_plan(eps=0.5))
     assert budget.epsilon == 0.5 and note == ""
 

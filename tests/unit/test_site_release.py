@@ -72,10 +72,12 @@ class _Zones:
 
 
 def _push(zones: _Zones, message: TrainInstruction | None = None, max_parallel: int = 4) -> list:
+    message = message or _message()
     return push_update(
         PAYLOAD,
         _routing(),
-        message or _message(),
+        message,
+        dict(message.zones),
         site_id="site-1",
         plan_digest="plan",
         weight=1.0,
@@ -116,6 +118,6 @@ def test_of_several_refusals_the_first_zone_in_order_is_reported() -> None:
 
 def test_a_zone_without_endpoint_is_reported_before_any_push() -> None:
     zones = _Zones()
-    with pytest.raises(RoundError, match="no endpoint for zone zone-c"):
+    with pytest.raises(RoundError, match="does not include zone zone-c"):
         _push(zones, _message(("zone-a", "zone-b")))
     assert zones.pushed == {}

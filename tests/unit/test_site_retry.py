@@ -127,10 +127,12 @@ class _Flaky:
 def _push(zone: _Flaky) -> list[ZonePush]:
     payload = {"s0": np.zeros(4, np.float32)}
     routing = SiteRouting({"s0": RouteDecision("s0", "public", "test", "test", ["*"], "zone-a")}, "policy")
+    message = _message(("zone-a",))
     return push_update(
         payload,
         routing,
-        _message(("zone-a",)),
+        message,
+        dict(message.zones),
         site_id="site-1",
         plan_digest="plan",
         weight=1.0,

@@ -19,6 +19,7 @@ defaults given to :func:`create_client_app`); the node config gives ``partition-
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,9 @@ def _site(context: Context, defaults: Mapping[str, Any]) -> Site:
     # simulation numbers the nodes, the n-th being the config's n-th site
     site_id = str(node["site-id"]) if "site-id" in node else config.sites[int(node["partition-id"])].id
     state_root = Path(str(node["state-dir"])).parent if "state-dir" in node else Path(str(settings["state-root"]))
-    return site_for(config, site_id, state_root)
+    # the zones' real endpoints: a simulation's host started them on free ports (one host, one operator)
+    zones = str(settings.get("zones", "") or "")
+    return site_for(config, site_id, state_root, endpoints=json.loads(zones) if zones else None)
 
 
 @functools.lru_cache(maxsize=4)
