@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from fedshard.config.models import FederationConfig
 from fedshard.errors import ConfigError
 
-__all__ = ["ConfigChange", "check_change", "membership_digest"]
+__all__ = ["ConfigChange", "check_change", "check_fixed", "fixed_digests", "membership_digest"]
 
 _FIXED = ("task", "training", "aggregation", "sharding", "privacy", "residency", "he", "store", "reducing_zone")
 """Top-level sections a running federation keeps as they are."""
@@ -141,6 +141,44 @@ def membership_digest(config: FederationConfig) -> str:
         "reducing_zone": config.reducing_zone,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def fixed_digests(config: FederationConfig) -> dict[str, str]:
+    """Hex SHA-256 of each part of ``config`` a running federation keeps (see :func:`check_change`):
+    every fixed section and ``federation`` field, every zone's entry (but its drain flag) and
+    every site's entry, by name (``privacy``, ``federation.seed``, ``zone eu-central``,
+    ``site charite-berlin``, …). A run records them when it starts; a resume checks them
+    (:func:`check_fixed`), so a run folder's config cannot be changed where
+    ``reconfigure`` would refuse the change."""
+
+    def digest(value: object) -> str:
+        return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+    data = config.model_dump(mode="json")
+    out = {section: digest(data[section]) for section in _FIXED}
+    out.update({f"federation.{name}": digest(data["federation"][name]) for name in _FIXED_FEDERATION})
+    out.update({f"zone {z['name']}": digest({**z, "drain": None}) for z in data["zones"]})
+    out.update({f"site {s['id']}": digest(s) for s in data["sites"]})
+    return out
+
+
+def check_fixed(recorded: dict[str, str], config: FederationConfig, source: str) -> None:
+    """Refuse ``config`` (read from ``source``) unless every part the run recorded
+    (:func:`fixed_digests`) is unchanged; zones and sites added since are allowed.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the first part that changed.
+    """
+    now = fixed_digests(config)
+    for part, value in recorded.items():
+        if now.get(part) != value:
+            what = "is missing" if part not in now else "differs from what the run started with"
+            raise ConfigError(
+                f"{source}: {part} {what}; a run resumes only with a config `reconfigure` would accept (the "
+                "sites of a run take their privacy, residency and zones from it); restore it, or start a new run"
+            )
 
 
 def _fixed(what: str, hint: str = "") -> str:

@@ -24,9 +24,11 @@ from collections.abc import Mapping
 
 from fedshard import faults
 from fedshard.config import FederationConfig
+from fedshard.config.changes import fixed_digests
 from fedshard.coordinator.discovery import agreeing_sites
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
+from fedshard.coordinator.ledger_book import LedgerBook
 from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
 from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
@@ -43,6 +45,7 @@ from fedshard.protocol.messages import (
     EvaluateReport,
     MessageKind,
     PrivacyPlan,
+    PrivacyStatus,
     PublishedAggregate,
     QueryRequest,
     SiteFailure,
@@ -90,6 +93,11 @@ class Coordinator:
     membership:
         Where the runtime offers changes between rounds (zones added or drained, sites
         joining: :mod:`fedshard.coordinator.membership`); None: the federation is fixed.
+    ledger_book:
+        Every site's ledger head and spend across runs of this federation
+        (:mod:`fedshard.coordinator.ledger_book`): sites are sent the heads it holds, a site
+        whose ledger lost spend it records is refused, and it is kept up to date. None:
+        only this run's reports count.
     """
 
     def __init__(
@@ -103,6 +111,7 @@ class Coordinator:
         journal: EventLog | None = None,
         recovery: Recovery | None = None,
         membership: Membership | None = None,
+        ledger_book: LedgerBook | None = None,
     ) -> None:
         self.config = config
         self.sites = sites
@@ -118,6 +127,9 @@ class Coordinator:
         self._group_of: dict[str, str] = {}  # site id -> group name
         self._joining = JoinQueries()
         self._privacy = PrivacyReports()
+        self._book = ledger_book
+        if ledger_book is not None:
+            self._privacy.preload(ledger_book.heads())
         self._apply_rule = apply_rule(config)
         self._plan_json = ""
 
@@ -132,8 +144,10 @@ class Coordinator:
         query = self._query()
         replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
         infos, plan_digest, genesis = agreeing_sites(replies, {s.id for s in self.config.sites})
-        self._nodes = infos
+        self._nodes = {node: self._checked_ledger(info) for node, info in infos.items()}
+        infos = self._nodes
         self._privacy.reset({i.site_id: i.privacy for i in infos.values() if i.privacy is not None})
+        self._remember_ledgers()
         # The plan (names, shapes, dtypes; no values) is what zones check frames against.
         plan_json = next(i.plan_json for i in infos.values())
         if ShardPlan.from_json(plan_json).digest != plan_digest:
@@ -152,7 +166,30 @@ class Coordinator:
         """The query sites answer with who they are: each site's privacy plan (but those of
         ``skip``) and the zones' endpoints."""
         plans = {s.id: self._privacy_plan(s.id) for s in self.config.sites if s.id not in skip}
-        return QueryRequest(privacy={s: p for s, p in plans.items() if p is not None}, zones=self.endpoints)
+        heads = {s.id: self._privacy.ledger_head(s.id) for s in self.config.sites if s.id not in skip}
+        return QueryRequest(
+            privacy={s: p for s, p in plans.items() if p is not None},
+            zones=self.endpoints,
+            ledger_heads={s: h for s, h in heads.items() if h is not None},
+        )
+
+    def _checked_ledger(self, info: SiteInfo) -> SiteInfo:
+        """``info``, its privacy report marked refused when its ledger lost spend the ledger book
+        records (the site is then never selected; the report says why)."""
+        reason = self._book.check(info.site_id, info.privacy) if self._book is not None else None
+        if reason is None or info.privacy is None:
+            return info
+        log.warning("%s", reason)
+        refused = info.privacy.model_copy(
+            update={"status": PrivacyStatus.REFUSED, "can_afford_next": False, "note": reason, "ledger_head": None}
+        )
+        return info.model_copy(update={"privacy": refused})
+
+    def _remember_ledgers(self) -> None:
+        """Keep the sites' newest ledger heads and spends in the ledger book (refused ones are not taken)."""
+        if self._book is not None:
+            reports = self._privacy.reports()
+            self._book.record({s: r for s, r in reports.items() if r.status is not PrivacyStatus.REFUSED})
 
     def _form_groups(self, genesis: str) -> None:
         """Group sites by the aggregates they apply (their views)."""
@@ -192,7 +229,11 @@ class Coordinator:
         total, recovery = self.config.federation.rounds, self.recovery
         if self.journal is not None:
             self.journal.on_start(
-                result.sites, total, result.genesis_version, resumed=recovery.last_round if recovery else 0
+                result.sites,
+                total,
+                result.genesis_version,
+                resumed=recovery.last_round if recovery else 0,
+                fixed=fixed_digests(self.config),
             )
         if self.observer is not None:
             self.observer.on_start(result.sites, total, result.genesis_version)
@@ -272,7 +313,7 @@ class Coordinator:
         admitted = admit(infos, known, self._plan_digest, self._genesis, self._groups)
         self._joining.asked(fresh, answered=infos, admitted=admitted)
         for node, name in admitted.items():
-            info = infos[node]
+            info = self._checked_ledger(infos[node])
             self._nodes[node] = info
             self._group_of[info.site_id] = name
             self._groups[name].add(info.site_id, info.applied_round)
@@ -392,6 +433,7 @@ class Coordinator:
                     reply if isinstance(reply, TrainReport | SiteFailure) else SiteFailure(reason=str(reply))
                 )
                 log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id].reason)
+        self._remember_ledgers()
         return reports, refused
 
     def _instruction(self, node: str, rnd: int, token: str, weight: float, weight_scale: float) -> TrainInstruction:

@@ -61,17 +61,27 @@ class EventLog:
             fh.write(json.dumps(event, sort_keys=True) + "\n")
             fh.flush()
 
-    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str, *, resumed: int = 0) -> None:
-        """Record the assembled federation (``resumed``: the last round recovered, when resuming)."""
-        self._write(
-            {
-                "event": EventKind.START,
-                "rounds": rounds,
-                "genesis_version": genesis_version,
-                "sites": [s.model_dump(mode="json") for s in sites],
-                "resumed": resumed,
-            }
-        )
+    def on_start(
+        self,
+        sites: list[SiteInfo],
+        rounds: int,
+        genesis_version: str,
+        *,
+        resumed: int = 0,
+        fixed: Mapping[str, str] | None = None,
+    ) -> None:
+        """Record the assembled federation (``resumed``: the last round recovered, when resuming;
+        ``fixed``: digests of the config's fixed parts, which a resume checks)."""
+        event: dict[str, Any] = {
+            "event": EventKind.START,
+            "rounds": rounds,
+            "genesis_version": genesis_version,
+            "sites": [s.model_dump(mode="json") for s in sites],
+            "resumed": resumed,
+        }
+        if fixed is not None:
+            event["fixed"] = dict(fixed)
+        self._write(event)
 
     def on_opened(self, rnd: int) -> None:
         """Record a round opened at every zone, before any site trains (or reserves budget) for it."""

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fedshard.config import FederationConfig
+from fedshard.config.changes import check_fixed
 from fedshard.coordinator.events import EventKind, EventLog, round_from_event
 from fedshard.coordinator.results import RoundResult
 from fedshard.errors import RoundError
@@ -56,6 +58,14 @@ class Recovery:
     finished: dict[int, RoundResult] = field(default_factory=dict)
     aborted: list[dict[str, object]] = field(default_factory=list)
     opened: set[int] = field(default_factory=set)
+    fixed: dict[str, str] = field(default_factory=dict)  # the config's fixed parts as the run last started
+
+    def check_config(self, config: FederationConfig, source: str) -> None:
+        """Refuse, in one line, a config to resume with that changes what the run keeps fixed (what
+        ``reconfigure`` would refuse: privacy, residency, a zone's region or endpoint, …); a
+        log of an earlier fedshard, which recorded nothing, is not checked."""
+        if self.fixed:
+            check_fixed(self.fixed, config, source)
 
     @property
     def last_round(self) -> int:
@@ -138,6 +148,9 @@ def recover(path: str | Path) -> Recovery:
         if kind == EventKind.START:
             if recovery is None or not event.get("resumed"):
                 recovery = Recovery(path, str(event["genesis_version"]))
+            fixed = event.get("fixed")
+            if isinstance(fixed, dict):
+                recovery.fixed = {str(k): str(v) for k, v in fixed.items()}
             continue
         if recovery is None or kind == EventKind.STOP:
             continue

@@ -21,6 +21,14 @@ class PrivacyReports:
         self._reports: dict[str, PrivacyReport] = {}  # site id -> last report
         self._heads: dict[str, LedgerHeadReport] = {}  # site id -> last ledger head it reported
 
+    def preload(self, heads: Mapping[str, LedgerHeadReport]) -> None:
+        """Heads known before any report of this run (from earlier runs: the ledger book)."""
+        self._heads.update(heads)
+
+    def reports(self) -> dict[str, PrivacyReport]:
+        """Each site's last report, by site id."""
+        return dict(self._reports)
+
     def reset(self, reports: Mapping[str, PrivacyReport]) -> None:
         """Start from the sites' query answers (heads already known are kept)."""
         self._reports = dict(reports)

@@ -47,6 +47,7 @@ import yaml
 
 from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
 from fedshard.config.layout import KeysLayout
+from fedshard.coordinator.ledger_book import LEDGER_BOOK_FILE
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
 from fedshard.deploy.host_metrics import HostMetrics
 from fedshard.deploy.preflight import (
@@ -162,6 +163,7 @@ class AggregatorHost:
         self.run_dir.mkdir(exist_ok=self.resume is not None)
         if self.resume is not None:
             check_same_parties(self._config_path, self.config, self.run_dir)
+            self._check_fixed()
         self._update(superlink=self.dep.superlink, run_dir=str(self.run_dir))
         url = self._metrics.serve_run(self.run_dir / "events.jsonl", connected=lambda: len(self.state.online))
         if url is not None:
@@ -198,6 +200,15 @@ class AggregatorHost:
             setattr(self.state, key, value)
         write_state(self.state_dir, self.state)
         self.on_change(self.state)
+
+    def _check_fixed(self) -> None:
+        """Refuse to resume with a config that changes what the run keeps fixed (its privacy, residency,
+        zones' regions, …: what `aggregator reconfigure` would refuse), before anything starts."""
+        from fedshard.coordinator.recovery import recover
+
+        he = he_folder(self.config, self.keys) if self.config.residency.encrypting else None
+        recovery = recover(self.run_dir / "events.jsonl")
+        recovery.check_config(effective_config(self.config, self.run_dir, he), "--config")
 
     def _write_config(self) -> None:
         """The config as the zones and the ServerApp use it: absolute paths, zone stores under
@@ -331,6 +342,7 @@ class AggregatorHost:
             "zone-tls": json.dumps({k: str(getattr(tls, k)) for k in ("cert", "key", "ca")}) if self.tls else "",
             "resume": "1" if self.resume is not None else "",
             "membership": "1",  # changes `aggregator reconfigure` leaves in the run folder, between rounds
+            "ledger-heads": str(self.state_dir / LEDGER_BOOK_FILE),  # every site's spend, across runs
         }
         run_id = self.flwr.submit(app, write_run_config(self.run_dir / "run-config.toml", settings))
         self._update(phase="running", run_id=run_id)

@@ -109,6 +109,7 @@ def simulate(
         if engine is not Engine.INPROCESS:
             raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
         recovery = recover(out / "events.jsonl")  # refuses a log it cannot resume, nothing changed
+        recovery.check_config(config, str(out / "federation.yaml"))  # what reconfigure would refuse: refused
     elif (out / "events.jsonl").exists() or (out / "sites").exists():
         raise ConfigError(
             f"{out} already holds a run (its sites' shards and ledgers); choose another --out, or resume it "
@@ -213,7 +214,11 @@ def _run_inprocess(
     routing = served.routing
     channels = SharedZoneChannels()
     reach = connect if connect is not None else channels
-    sites = {s.id: make_site(config, s.id, out / "sites", routing, connect=reach) for s in config.sites}
+    # the zones' real endpoints (this host started them on free ports), growing as zones are added
+    where = served.endpoints
+    sites = {
+        s.id: make_site(config, s.id, out / "sites", routing, connect=reach, endpoints=where) for s in config.sites
+    }
     gateway = InProcessSiteGateway(sites, max_workers=workers)
     endpoints = dict(served.endpoints)
     zones = {z.name: grpc_connector(z.name, endpoints[z.name]) for z in config.zones if not z.drain}

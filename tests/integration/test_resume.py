@@ -335,3 +335,30 @@ def test_a_zone_dead_during_pushes_aborts_the_round_not_the_federation(federatio
     assert "us-a: failed:" in str(result.aborted[0]["reason"]) and "unreachable" in str(result.aborted[0]["reason"])
     assert "zone us-1 could not open the round" in str(result.aborted[1]["reason"])
     assert result.stopped_reason.startswith("3 rounds in a row were aborted")
+
+
+def test_a_resume_with_a_config_reconfigure_would_refuse_is_refused_in_one_line(
+    federation: Path, tmp_path: Path
+) -> None:
+    """Issue 32, item 6: the run records digests of its fixed config parts; the sites of a
+    resumed simulation take their terms from the run folder's federation.yaml, so an edit
+    there that `reconfigure` would refuse (privacy, residency, a zone's region) is refused."""
+    from fedshard.config.changes import fixed_digests
+    from fedshard.errors import ConfigError
+    from fedshard.simulate.run import simulate
+
+    run = tmp_path / "run"
+    simulate(with_rounds(load_federation(federation), 1), run)
+    start = next(e for e in _events(run) if e["event"] == "start")
+    assert start["fixed"] == fixed_digests(load_federation(run / "federation.yaml"))
+    data = yaml.safe_load((run / "federation.yaml").read_text())
+    data["zones"][1]["region"] = "EU"  # us-1 would now hold EU shards
+    (run / "federation.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as refused:
+        simulate(load_federation(run / "federation.yaml"), run, resume=True)
+    line = str(refused.value)
+    assert "zone us-1 differs from what the run started with" in line and "\n" not in line
+    data["zones"][1]["region"] = "US"
+    data["federation"]["rounds"] = 2  # what reconfigure takes is taken
+    (run / "federation.yaml").write_text(yaml.safe_dump(data))
+    assert simulate(load_federation(run / "federation.yaml"), run, resume=True)["rounds"] == 2

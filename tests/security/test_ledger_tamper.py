@@ -227,6 +227,41 @@ def test_rolling_back_the_ledger_and_its_store_together_is_caught_by_the_coordin
     assert federation.train(HONEST, ledger_head=None).ok  # (without the coordinator's head it could not tell)
 
 
+# -- issue 32, item 11: the ledger and the sealed store deleted together ---------------------
+
+
+@pytest.mark.slow
+def test_a_site_wiped_with_its_store_is_refused_by_the_federations_ledger_book(federation: Federation) -> None:
+    """The site's own checks have nothing left to compare with; the aggregator host's ledger book,
+    kept across runs, still knows what it spent."""
+    from fedshard.coordinator.ledger_book import LedgerBook
+    from fedshard.protocol.messages import PrivacyStatus
+
+    book_file = federation.root / "aggregator" / "ledger-heads.json"
+    name = federation.config.federation.name
+
+    def discover(site: Site) -> Any:
+        gateway = InProcessSiteGateway({SMALL: site})
+        book = LedgerBook(book_file, name)  # a new coordinator process reads the book again
+        coordinator = Coordinator(federation.config, gateway, {}, federation.endpoints, ledger_book=book)
+        try:
+            return coordinator.discover().sites[0]
+        finally:
+            gateway.close()
+
+    seen = federation.site(SMALL).query(QueryRequest(privacy={SMALL: report_plan(federation, SMALL)}))
+    assert seen.privacy is not None and seen.privacy.epsilon_spent > 0
+    LedgerBook(book_file, name).record({SMALL: seen.privacy})  # what a run's coordinator keeps of its reports
+    shutil.rmtree(federation.root / "sites" / SMALL)  # its ledger, its sealed store and the anchor in it
+    (federation.root / STORE_KEYS_DIR / f"{SMALL}.kek").unlink()  # even its store key
+
+    after = discover(federation.site(SMALL))  # a new run: the wiped site comes back with nothing
+    assert after.privacy is not None and after.privacy.status is PrivacyStatus.REFUSED
+    assert not after.privacy.can_afford_next  # never selected
+    assert "\n" not in after.privacy.note and "recorded" in after.privacy.note, after.privacy.note
+    assert not (federation.root / "sites" / SMALL / LEDGER_FILE).exists()  # it started no new ledger
+
+
 # -- 6: editing stored event values ------------------------------------------------------------
 
 

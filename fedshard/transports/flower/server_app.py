@@ -11,6 +11,8 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
 ``resume``      non-empty: resume the run recorded in ``events`` from its last completed round
 ``membership``  non-empty: take, between rounds, the changes the aggregator host prepares in
                 the run folder (the folder of ``config``; :mod:`fedshard.assembly.membership`)
+``ledger-heads`` path of the aggregator host's ledger book: every site's ledger head and spend
+                across runs (:mod:`fedshard.coordinator.ledger_book`); empty: none
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def create_server_app(
         from fedshard.config import load_federation
         from fedshard.coordinator.coordinator import Coordinator
         from fedshard.coordinator.events import EventLog
+        from fedshard.coordinator.ledger_book import LedgerBook
         from fedshard.coordinator.recovery import recover
         from fedshard.crypto.tls import TlsFiles
         from fedshard.transports.flower.grid import FlowerSiteGateway
@@ -71,8 +74,20 @@ def create_server_app(
             membership = FolderMembership(config, run_dir, zones, tls, journal=events)
         try:
             recovery = recover(events.path) if settings.get("resume") else None
+            book = (
+                LedgerBook(str(settings["ledger-heads"]), config.federation.name)
+                if settings.get("ledger-heads")
+                else None
+            )
             coordinator = Coordinator(
-                config, gateway, zones, endpoints, journal=events, recovery=recovery, membership=membership
+                config,
+                gateway,
+                zones,
+                endpoints,
+                journal=events,
+                recovery=recovery,
+                membership=membership,
+                ledger_book=book,
             )
             result = coordinator.run()
             events.on_stop(result.stopped_reason)
