@@ -54,9 +54,11 @@ def load_model(model: type[M], path: str | Path) -> M:
     """Read a YAML file and validate it against ``model``."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a YAML config file (not UTF-8 text); give the federation's YAML file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -220,6 +220,12 @@ CASES = [
     case("unknown-key", SIM, "federation.roundz: unknown key", files({"fed.yaml": federation(federation__roundz=3)})),
     case("top-level-not-mapping", SIM, "expected a mapping", files({"fed.yaml": "- just\n- a list\n"})),
     case(
+        "config-binary",
+        SIM,
+        "fed.yaml: not a YAML config file (not UTF-8 text)",
+        files({"fed.yaml": bytes(range(128, 256)) * 4}),
+    ),
+    case(
         "wrong-type",
         SIM,
         "federation.rounds: Input should be a valid integer",
