@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -51,7 +52,11 @@ def parse_model(model: type[M], data: object, source: str) -> M:
 
 
 def load_model(model: type[M], path: str | Path) -> M:
-    """Read a YAML file and validate it against ``model``."""
+    """Read a YAML file and validate it against ``model``.
+
+    The file is read every time; what it says is parsed once per content (a deployed
+    site reads its configs for every message, and parsing YAML costs milliseconds). The
+    models are frozen, so callers share the parsed one."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -59,13 +64,19 @@ def load_model(model: type[M], path: str | Path) -> M:
         raise ConfigError(f"{p}: cannot read config file ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a YAML config file (not UTF-8 text); give the federation's YAML file") from None
+    return cast(M, _parsed(model, text, str(p)))  # the cache's wrapper loses the type variable
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(model: type[M], text: str, source: str) -> M:
+    """``text`` (a YAML file's content, read from ``source``) validated against ``model``."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    return parse_model(model, data, str(p))
+        raise ConfigError(f"{source}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse_model(model, data, source)
 
 
 def load_federation(path: str | Path) -> FederationConfig:

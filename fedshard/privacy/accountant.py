@@ -139,7 +139,10 @@ def _compose(merged: Merged, delta: float, kind: AccountantKind) -> float:
 
                 accountant = PRVAccountant()
                 accountant.history = list(merged)
-                value = float(accountant.get_epsilon(delta=delta))
+                try:
+                    value = float(accountant.get_epsilon(delta=delta))
+                except MemoryError:  # PRV's grid for so small a σ does not fit: RDP's bound, looser but valid
+                    value = _rdp_epsilon(merged, delta)
     except (ArithmeticError, ValueError, RuntimeError, MemoryError) as exc:
         raise PrivacyError(f"the {kind.value} accountant failed on {list(merged)} at δ={delta}: {exc}") from exc
     # A NaN bound is no bound: report inf so the ledger refuses rather than guesses.

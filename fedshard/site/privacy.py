@@ -16,6 +16,7 @@ how to recover (:meth:`SitePrivacy.recover`, ``fedshard budget recover``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -342,8 +343,13 @@ class SitePrivacy:
         note: str = "",
         hint: int | None = None,
     ) -> PrivacyReport:
-        """The site's privacy report for the coordinator (``hint``: where the rounds-left search starts)."""
-        st = ledger.status(next_events, hint)
+        """The site's privacy report for the coordinator (``hint``: where the rounds-left search starts).
+
+        A next round the accountant cannot bound (a σ far too small) cannot be afforded."""
+        try:
+            st = ledger.status(next_events, hint)
+        except PrivacyError:
+            st = dataclasses.replace(ledger.status([], hint), can_afford_next=False, projected_rounds_left=0)
         record = st.spent.get(Guarantee.RECORD, 0.0)
         update = st.spent.get(Guarantee.UPDATE, 0.0)
         binding = Guarantee.RECORD if any(e.guarantee is Guarantee.RECORD for e in next_events) else Guarantee.UPDATE

@@ -307,8 +307,12 @@ class Site:
         """
         state = self._open()
         pending = sorted((a for a in missed if a.round > state.applied_round), key=lambda a: a.round)
-        optimizer = optimizer_for(rule, state, bool(pending), self.site_id)
-        check_chain(self.site_id, state, pending, head)
+        try:
+            optimizer = optimizer_for(rule, state, bool(pending), self.site_id)
+            check_chain(self.site_id, state, pending, head)
+        except FedshardError:
+            self._held.hold(state)  # nothing was applied: the held model is still the store's
+            raise
         if not pending:
             self._held.hold(state)
             return state
