@@ -142,7 +142,7 @@ class SitePrivacy:
         epsilon, delta, note = plan.epsilon, plan.delta, ""
         if own is not None:
             if plan.epsilon > own.epsilon:
-                note = f"aggregator asked ε={plan.epsilon:g}; {self.site_id} keeps its own ε={own.epsilon:g}"
+                note = f"aggregator asked ε={plan.epsilon:g}; {self.site_id} keeps its cap ε={own.epsilon:g}"
             epsilon, delta = min(epsilon, own.epsilon), min(delta, own.delta)
         return Budget(epsilon, delta), note
 

@@ -360,7 +360,7 @@ def test_item_2_a_coordinator_cannot_raise_a_budget(deployment: Deployment) -> N
         site_id, MessageKind.QUERY, QueryRequest(privacy={site_id: plan.model_copy(update={"epsilon": 1000.0})})
     )
     assert isinstance(reply, SiteInfo) and reply.privacy is not None
-    assert reply.privacy.epsilon_budget == OWN_EPSILON and "keeps its own ε=8" in reply.privacy.note
+    assert reply.privacy.epsilon_budget == OWN_EPSILON and "keeps its cap ε=8" in reply.privacy.note
     with d.ledger(site_id) as ledger:
         assert ledger.budget.epsilon == OWN_EPSILON
 

@@ -31,7 +31,7 @@ def test_site_cap_is_stricter_and_says_so(tmp_path: Path) -> None:
     site = SitePrivacy("s1", tmp_path, PrivacyTerms(budget=BudgetConfig(epsilon=1.0, delta=1e-6)))
     budget, note = site.effective_budget(_plan(eps=3.0))
     assert (budget.epsilon, budget.delta) == (1.0, 1e-6)
-    assert "keeps its own ε=1" in note
+    assert "keeps its cap ε=1" in note
     budget, note = site.effective_budget(_plan(eps=0.5))
     assert budget.epsilon == 0.5 and note == ""
 

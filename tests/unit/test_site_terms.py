@@ -96,7 +96,7 @@ def test_the_coordinator_cannot_raise_a_budget_the_ledger_is_created_with(tmp_pa
     ledger, note = site.open_ledger(plan, num_examples=1000)
     with ledger:
         assert ledger.budget.epsilon == 3.0
-    assert "aggregator asked ε=1000; s keeps its own ε=3" in note
+    assert "aggregator asked ε=1000; s keeps its cap ε=3" in note
 
 
 def test_sigma_is_the_largest_of_the_plans_the_sites_and_the_calibrated_one(tmp_path: Path) -> None:
