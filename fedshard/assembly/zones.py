@@ -44,13 +44,15 @@ def make_zone(
     With ``routing`` the zone enforces the federation's residency policy and its
     ``aggregation`` bounds (without: the default bounds); with
     ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
-    presents when it forwards partial sums to the reducing zone, and its key signs
+    presents when it forwards partial sums to the reducing zone (whose certificate it
+    checks names that zone, in the region of the zone's own config), and its key signs
     the audit log's head.
     """
     from fedshard.residency.audit import AuditLog, HeadSigner
     from fedshard.zone.recovery import repair_audit_tail
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
+    config_zones = routing.config.zones if routing is not None else [zone]
     he_context = None
     if routing is not None and routing.config.residency.encrypting:
         from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
@@ -69,7 +71,7 @@ def make_zone(
         staging_bytes=zone.staging_mb << 20,
         residency=routing.zone_policy(zone.name, site_keys) if routing is not None else None,
         audit=audit,
-        connect=tls_connector(tls),
+        connect=tls_connector(tls, {z.name: z.region for z in config_zones}),
         he_context=he_context,
         bounds=routing.config.aggregation if routing is not None else None,
     )

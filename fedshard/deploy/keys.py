@@ -69,7 +69,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
     if add:
         return _provision_added(config, Path(out))
     from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, he_init
-    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_zone
+    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_superlink, issue_zone
 
     if config.deployment is None:
         raise ConfigError("the config has no `deployment` section; see configs/aggregator.yaml")
@@ -95,7 +95,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
     ca_pem = ca.cert.read_bytes()
     write_files([(agg.ca, ca_pem, CERT_MODE)], force)
     region = next(z.region for z in config.zones if z.name == (config.reducing_zone or config.zones[0].name))
-    issue_zone(layout.ca_dir, "superlink", region, agg.root, hosts=_superlink_hosts(config), force=force)
+    issue_superlink(layout.ca_dir, region, agg.root, hosts=_superlink_hosts(config), force=force)
     issue_coordinator(layout.ca_dir, region, agg.root, name=agg.coordinator.cert.stem, force=force)
     for zone in config.zones:
         issue_zone(

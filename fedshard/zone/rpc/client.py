@@ -1,5 +1,12 @@
-"""Client of a zone's gRPC service, used by sites (push, fetch) and the coordinator
-(open, close). Implements :class:`fedshard.protocol.channels.ZoneClient`."""
+"""Client of a zone's gRPC service, used by sites (push, fetch), the coordinator (open,
+close) and zones (forward). Implements :class:`fedshard.protocol.channels.ZoneClient`.
+
+With mutual TLS and the zone it expects (``zone``: name and region from the caller's own
+config) the client completes a handshake only with that zone's certificate
+(:func:`~fedshard.crypto.tls.zone_channel_options`), so nothing is sent to anyone else,
+whatever endpoint it was given; a failed handshake is one line naming the zone expected
+and what answered instead (:class:`~fedshard.errors.PeerIdentityError`).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from fedshard.crypto.tls import TlsFiles
-from fedshard.errors import FedshardError, FrameError, IntegrityError, RefusalCode, ZoneError
+from fedshard.crypto.identity import ZoneId
+from fedshard.crypto.tls import TlsFiles, channel_credentials, describe_peer, zone_channel_options
+from fedshard.errors import FedshardError, FrameError, IntegrityError, PeerIdentityError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest, merkle_root
 from fedshard.protocol.rounds import (
     DEFAULT_GROUP,
@@ -32,6 +40,8 @@ from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
 
+_NO_CONNECTION = "Failed to connect to remote host"  # gRPC's words when no TCP connection was made: no peer to ask
+
 
 class GrpcZoneClient:
     """Talks to one zone over gRPC.
@@ -44,18 +54,32 @@ class GrpcZoneClient:
         Seconds allowed for each call.
     tls:
         This party's certificate, key and the federation CA, for mutual TLS.
+    zone:
+        With ``tls``: the zone expected at ``endpoint`` (name and region, from this
+        party's own config); the handshake fails against any other certificate.
+        None: any certificate the CA issued for the host dialled (tools, tests).
     """
 
     def __init__(
-        self, endpoint: str, timeout: float = 300.0, chunk_bytes: int = CHUNK_BYTES, tls: TlsFiles | None = None
+        self,
+        endpoint: str,
+        timeout: float = 300.0,
+        chunk_bytes: int = CHUNK_BYTES,
+        tls: TlsFiles | None = None,
+        zone: ZoneId | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
+        self.zone = zone
+        self._tls = tls
+        self._ca: bytes | None = None
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
         else:
-            self._channel = grpc.secure_channel(endpoint, tls.channel(), options=GRPC_OPTIONS)
+            cert, key, self._ca = tls.read()
+            options = [*GRPC_OPTIONS, *(zone_channel_options(zone) if zone is not None else [])]
+            self._channel = grpc.secure_channel(endpoint, channel_credentials(self._ca, cert, key), options=options)
         self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
@@ -77,6 +101,16 @@ class GrpcZoneClient:
         )
 
     def _error(self, exc: grpc.RpcError) -> FedshardError:
+        if (
+            exc.code() == grpc.StatusCode.UNAVAILABLE
+            and self._tls is not None
+            and self.zone is not None
+            and _NO_CONNECTION not in (exc.details() or "")
+        ):
+            # a failed handshake looks like a zone that is down: ask the peer what it holds
+            wrong = describe_peer(self.endpoint, self._tls, self.zone)
+            if wrong is not None:
+                return PeerIdentityError(wrong)
         return error_from_rpc(exc, self.endpoint)
 
     def info(self) -> tuple[str, str]:
