@@ -38,6 +38,7 @@ def make_zone(
     routing: FederationRouting | None = None,
     site_keys: Mapping[str, bytes] | None = None,
     tls: TlsFiles | None = None,
+    peers: Mapping[str, str] | None = None,
 ) -> ZoneAggregator:
     """The aggregator for ``zone``; its store (and audit log) is ``zone.store`` or ``store_root/name``.
 
@@ -46,7 +47,10 @@ def make_zone(
     ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
     presents when it forwards partial sums to the reducing zone (whose certificate it
     checks names that zone, in the region of the zone's own config), and its key signs
-    the audit log's head.
+    the audit log's head. Partial sums go to the
+    reducing zone at its endpoint in ``peers`` (zone name → endpoint; default: the
+    endpoints of ``routing``'s config, the zone's own; a serving host that picked the
+    ports passes its own, possibly still filling, mapping).
     """
     from fedshard.residency.audit import AuditLog, HeadSigner
     from fedshard.zone.recovery import repair_audit_tail
@@ -74,7 +78,13 @@ def make_zone(
         connect=tls_connector(tls, {z.name: z.region for z in config_zones}),
         he_context=he_context,
         bounds=routing.config.aggregation if routing is not None else None,
+        peers=peers if peers is not None else {z.name: z.endpoint for z in config_zones if _dialable(z.endpoint)},
     )
+
+
+def _dialable(endpoint: str) -> bool:
+    """Whether ``endpoint`` can be dialled as it is (port 0 asks the serving host for a free port)."""
+    return not endpoint.endswith(":0")
 
 
 def streaming_parties(config: FederationConfig) -> int:
@@ -94,7 +104,7 @@ class ServedZones:
         self.routing = routing
         self.store_root = store_root
         self.site_keys = site_keys
-        self.endpoints: dict[str, str] = {}
+        self.endpoints: dict[str, str] = {}  # the zones' peers too: only this host knows the ports it picked
         self.zones: dict[str, ZoneAggregator] = {}
         self._servers: list[grpc.Server] = []
 
@@ -103,7 +113,9 @@ class ServedZones:
         from fedshard.zone.rpc.service import serve
 
         host = zc.endpoint.rsplit(":", 1)[0]
-        zone = self.zones[zc.name] = make_zone(zc, self.store_root, routing=self.routing, site_keys=self.site_keys)
+        zone = self.zones[zc.name] = make_zone(
+            zc, self.store_root, routing=self.routing, site_keys=self.site_keys, peers=self.endpoints
+        )
         server, port = serve(zone, zc.endpoint, limits=zc.limits, parties=streaming_parties(self.routing.config))
         self._servers.append(server)
         self.endpoints[zc.name] = f"{host}:{port}"

@@ -30,6 +30,10 @@ region may not hold), keeps one running mean per aggregate group (``global``,
 ``regional/EU``…), forwards the partial sums of ``global`` shards to the reducing zone
 when it closes a round (or reduces them, if it is that zone), serves an aggregate
 only to sites the policy allows, and writes every decision to its audit log.
+
+The zone takes its peers from its own config: it forwards only to the reducing zone its
+policy names, at the endpoint ``peers`` gives (its config's, or in simulation its serving
+host's), and refuses a close that names any other target.
 """
 
 from __future__ import annotations
@@ -104,7 +108,12 @@ class ZoneAggregator:
         Where decisions are recorded (append-only, hash-chained).
     connect:
         Makes a client to another zone from ``(name, endpoint)``, for forwarding
-        partial sums to the reducing zone.
+        partial sums to the reducing zone (under mutual TLS: one that checks the peer
+        is that zone, see :func:`fedshard.assembly.tls_connector`).
+    peers:
+        Zone name → endpoint, from the zone's own config (in simulation: its serving
+        host's, who knows the ports; read when a round closes). Partial sums go to the
+        reducing zone at this endpoint, and nowhere else.
     he_context:
         The federation's *public* CKKS context, to sum encrypted shards (None: the
         zone refuses encrypted shards). A context holding the secret key is refused.
@@ -125,6 +134,7 @@ class ZoneAggregator:
         connect: Callable[[str, str], ZoneClient] | None = None,
         he_context: Any = None,
         bounds: AggregationConfig | None = None,
+        peers: Mapping[str, str] | None = None,
     ) -> None:
         if he_context is not None and he_context.has_secret_key():
             raise ZoneError(f"zone {name}: refusing a CKKS context with the secret key; zones get the public context")
@@ -135,6 +145,7 @@ class ZoneAggregator:
         self.residency = residency
         self.audit = audit
         self._connect = connect
+        self._peers: Mapping[str, str] = peers if peers is not None else {}
         self._published = Publications(name, store_dir)
         self._rounds: dict[int, OpenRound] = {}
         self._closed: set[int] = set()
@@ -267,10 +278,14 @@ class ZoneAggregator:
     ) -> list[AggregateSummary]:
         """Stop accepting pushes for ``round`` and publish its aggregates, one per group.
 
-        The partial sums of ``global`` shards go to ``forward_to`` (the reducing
-        zone's ``(name, endpoint)``) unless this zone is the reducing zone; close the
-        other zones first, so that their partial sums have arrived. If forwarding
-        fails the round stays open, so closing it can be retried.
+        The partial sums of ``global`` shards go to the reducing zone of this zone's own
+        config, at the endpoint of its ``peers``, unless this zone is the reducing zone;
+        close the other zones first, so that their partial sums have arrived. If
+        forwarding fails the round stays open, so closing it can be retried.
+
+        ``forward_to`` is where the caller (the coordinator) believes they go: None says
+        nothing; any other target than the zone's own is refused (code ``authority``,
+        audited) and nothing is forwarded.
         """
         try:
             return self._close(round, forward_to, by)
@@ -281,15 +296,13 @@ class ZoneAggregator:
     def _close(self, round: int, forward_to: tuple[str, str] | None, by: str) -> list[AggregateSummary]:
         started = time.perf_counter()
         reducer = self.residency is not None and self.residency.is_reducer
-        if (
-            forward_to is not None
-            and self.residency is not None
-            and forward_to[0] != self.residency.router.reducing_zone
-        ):
+        target = None if reducer else self._forward_target()
+        if forward_to is not None and tuple(forward_to) != target:
+            own = f"{target[0]} at {target[1]}" if target is not None else "nowhere"
             raise ZoneError(
-                f"zone {self.name}: round {round}: partial sums go to the reducing zone "
-                f"{self.residency.router.reducing_zone}, not {forward_to[0]}",
-                RefusalCode.INVALID,
+                f"zone {self.name}: round {round}: partial sums go to the reducing zone of this zone's own config "
+                f"({own}), not {forward_to[0]} at {forward_to[1]}; nothing was forwarded",
+                RefusalCode.AUTHORITY,
             )
         with self._lock:
             if round in self.recovery.lost:
@@ -303,7 +316,7 @@ class ZoneAggregator:
         faults.point("zone.close.start")
         if not reducer:
             try:
-                self._reduction.send(state, forward_to)
+                self._reduction.send(state, target)
             except FedshardError:
                 with self._lock:  # the round is not lost: closing it again retries the forward
                     self._closed.discard(round)
@@ -333,6 +346,13 @@ class ZoneAggregator:
             self._journal.write(round, RoundState.PUBLISHED, tuple(s.group for s in summaries))
         self.stats.closed(time.perf_counter() - started)
         return summaries
+
+    def _forward_target(self) -> tuple[str, str] | None:
+        """The reducing zone of this zone's own config and its endpoint (None: no reducing
+        zone, or no endpoint for it)."""
+        reducing = self.residency.router.reducing_zone if self.residency is not None else None
+        endpoint = self._peers.get(reducing) if reducing is not None else None
+        return (reducing, endpoint) if reducing is not None and endpoint else None
 
     def _check_noise_shares(self, state: OpenRound, group: str) -> None:
         """Refuse to publish an encrypted shard that holds fewer sites' noise shares than accounted."""

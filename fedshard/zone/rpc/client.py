@@ -186,7 +186,8 @@ class GrpcZoneClient:
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
         """Close ``round``; the summaries of the aggregates it published (one per group).
 
-        ``forward_to`` is the reducing zone's ``(name, endpoint)``.
+        ``forward_to``: the reducing zone's ``(name, endpoint)`` as the caller sees it; the
+        zone forwards to its own config's and refuses a close naming another.
         """
         zone, endpoint = forward_to or ("", "")
         request = pb.CloseRoundRequest(round=round, forward_zone=zone, forward_endpoint=endpoint)
