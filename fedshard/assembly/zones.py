@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 from fedshard.assembly.connectors import tls_connector
 from fedshard.assembly.sites import he_keys
 from fedshard.config import FederationConfig, ZoneConfig
+from fedshard.errors import PkiError
 from fedshard.zone.aggregator import ZoneAggregator
 
 if TYPE_CHECKING:
     import grpc
 
     from fedshard.crypto.tls import TlsFiles
+    from fedshard.integrity.aggregate_signature import AggregateSigner
     from fedshard.routing import FederationRouting
 
 __all__ = [
@@ -47,10 +49,15 @@ def make_zone(
     ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
     presents when it forwards partial sums to the reducing zone (whose certificate it
     checks names that zone, in the region of the zone's own config), and its key signs
-    the audit log's head. Partial sums go to the
+    the audit log's head and every aggregate the zone publishes. Partial sums go to the
     reducing zone at its endpoint in ``peers`` (zone name → endpoint; default: the
     endpoints of ``routing``'s config, the zone's own; a serving host that picked the
     ports passes its own, possibly still filling, mapping).
+
+    Raises
+    ------
+    PkiError
+        ``tls`` holds the certificate of another party than this zone (name and region).
     """
     from fedshard.residency.audit import AuditLog, HeadSigner
     from fedshard.zone.recovery import repair_audit_tail
@@ -62,6 +69,7 @@ def make_zone(
         from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
 
         he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)
+    aggregate_signer = _aggregate_signer(zone, tls) if tls is not None else None
     audit = None
     if store is not None:
         Path(store).mkdir(parents=True, exist_ok=True)
@@ -79,12 +87,28 @@ def make_zone(
         he_context=he_context,
         bounds=routing.config.aggregation if routing is not None else None,
         peers=peers if peers is not None else {z.name: z.endpoint for z in config_zones if _dialable(z.endpoint)},
+        signer=aggregate_signer,
     )
 
 
 def _dialable(endpoint: str) -> bool:
     """Whether ``endpoint`` can be dialled as it is (port 0 asks the serving host for a free port)."""
     return not endpoint.endswith(":0")
+
+
+def _aggregate_signer(zone: ZoneConfig, tls: TlsFiles) -> AggregateSigner:
+    """The zone's aggregate signer, from its TLS files; refuses a certificate of another party."""
+    from fedshard.crypto.identity import Role, read_identity
+    from fedshard.integrity.aggregate_signature import AggregateSigner
+
+    cert, key, ca = tls.read()
+    holder = read_identity(cert, ca)
+    if holder.role is not Role.ZONE or (holder.name, holder.jurisdiction_or_region) != (zone.name, zone.region):
+        raise PkiError(
+            f"zone {zone.name} ({zone.region}) was given the certificate of {holder} ({tls.cert}); "
+            f"pass the certificate `fedshard keys init` issued to zone {zone.name}"
+        )
+    return AggregateSigner(key, cert)
 
 
 def streaming_parties(config: FederationConfig) -> int:

@@ -33,7 +33,8 @@ only to sites the policy allows, and writes every decision to its audit log.
 
 The zone takes its peers from its own config: it forwards only to the reducing zone its
 policy names, at the endpoint ``peers`` gives (its config's, or in simulation its serving
-host's), and refuses a close that names any other target.
+host's), and refuses a close that names any other target. With a ``signer`` (its TLS
+key) every aggregate it publishes carries its signature (:func:`~fedshard.zone.publish.signed`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from fedshard.zone.frames import shard_chunks
 from fedshard.zone.intake import PushIntake, lost_reason
 from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares
+from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
 from fedshard.zone.push import ByteBudget, PushSession, check_round_weights
 from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.reduce import Reduction
@@ -81,6 +82,7 @@ from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
+    from fedshard.integrity.aggregate_signature import AggregateSigner
     from fedshard.protocol.channels import ZoneClient
 
 __all__ = ["ZoneAggregator"]
@@ -114,6 +116,9 @@ class ZoneAggregator:
         Zone name → endpoint, from the zone's own config (in simulation: its serving
         host's, who knows the ports; read when a round closes). Partial sums go to the
         reducing zone at this endpoint, and nowhere else.
+    signer:
+        Signs every published aggregate with the zone's TLS key (None: unsigned, as
+        without mutual TLS).
     he_context:
         The federation's *public* CKKS context, to sum encrypted shards (None: the
         zone refuses encrypted shards). A context holding the secret key is refused.
@@ -135,6 +140,7 @@ class ZoneAggregator:
         he_context: Any = None,
         bounds: AggregationConfig | None = None,
         peers: Mapping[str, str] | None = None,
+        signer: AggregateSigner | None = None,
     ) -> None:
         if he_context is not None and he_context.has_secret_key():
             raise ZoneError(f"zone {name}: refusing a CKKS context with the secret key; zones get the public context")
@@ -146,6 +152,7 @@ class ZoneAggregator:
         self.audit = audit
         self._connect = connect
         self._peers: Mapping[str, str] = peers if peers is not None else {}
+        self._signer = signer
         self._published = Publications(name, store_dir)
         self._rounds: dict[int, OpenRound] = {}
         self._closed: set[int] = set()
@@ -329,6 +336,8 @@ class ZoneAggregator:
                 continue
             self._check_noise_shares(state, group)
             aggregate, contributors = build_aggregate(self.name, state, group)
+            if self._signer is not None:
+                aggregate = signed(aggregate, self._signer, self.region, state)
             self._published.publish(aggregate, contributors)
             faults.point("zone.publish.written")
             summary = aggregate.summary

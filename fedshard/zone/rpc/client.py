@@ -5,7 +5,9 @@ With mutual TLS and the zone it expects (``zone``: name and region from the call
 config) the client completes a handshake only with that zone's certificate
 (:func:`~fedshard.crypto.tls.zone_channel_options`), so nothing is sent to anyone else,
 whatever endpoint it was given; a failed handshake is one line naming the zone expected
-and what answered instead (:class:`~fedshard.errors.PeerIdentityError`).
+and what answered instead (:class:`~fedshard.errors.PeerIdentityError`). Every aggregate
+it fetches must then carry that zone's signature over exactly what was fetched
+(:func:`~fedshard.integrity.aggregate_signature.check_aggregate`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fedshard.crypto.identity import ZoneId
 from fedshard.crypto.tls import TlsFiles, channel_credentials, describe_peer, zone_channel_options
 from fedshard.errors import FedshardError, FrameError, IntegrityError, PeerIdentityError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest, merkle_root
+from fedshard.integrity.aggregate_signature import check_aggregate
 from fedshard.protocol.rounds import (
     DEFAULT_GROUP,
     Aggregate,
@@ -56,8 +59,9 @@ class GrpcZoneClient:
         This party's certificate, key and the federation CA, for mutual TLS.
     zone:
         With ``tls``: the zone expected at ``endpoint`` (name and region, from this
-        party's own config); the handshake fails against any other certificate.
-        None: any certificate the CA issued for the host dialled (tools, tests).
+        party's own config); the handshake fails against any other certificate, and
+        every fetched aggregate must be signed by it. None: any certificate the CA
+        issued for the host dialled (tools, tests), and aggregates are not checked.
     """
 
     def __init__(
@@ -184,7 +188,8 @@ class GrpcZoneClient:
         return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes, fold_s)
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
-        """Close ``round``; the summaries of the aggregates it published (one per group).
+        """Close ``round``; the summaries of the aggregates it published (one per group), each
+        with the zone's signature when it has a key.
 
         ``forward_to``: the reducing zone's ``(name, endpoint)`` as the caller sees it; the
         zone forwards to its own config's and refuses a close naming another.
@@ -220,7 +225,8 @@ class GrpcZoneClient:
         """Download aggregate ``group`` of ``round``: means, and encrypted sums as ``bytes``.
 
         Every shard is held to the aggregate's summary (offsets, sizes, digests, its
-        ``encrypted`` flag) and the summary to its Merkle root. ``site_id`` says who
+        ``encrypted`` flag) and the summary to its Merkle root; with mutual TLS and an
+        expected zone, the summary to the zone's signature. ``site_id`` says who
         asks (the zone checks that the policy lets that site's jurisdiction receive
         it; under mTLS the certificate says who asks).
 
@@ -229,7 +235,8 @@ class GrpcZoneClient:
         FrameError
             The stream breaks what its summary declares, with the code of the check.
         IntegrityError
-            The summary's own Merkle root does not match its shard list.
+            The summary's own Merkle root does not match its shard list, or the aggregate
+            is not signed by the expected zone exactly as fetched.
         """
         request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
         try:
@@ -244,6 +251,19 @@ class GrpcZoneClient:
             means, ciphertexts = _assemble(frames, summary, where)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        if self._ca is not None and self.zone is not None:
+            if summary.zone != self.zone.name:
+                raise IntegrityError(f"{where}: asked {self.zone}, the aggregate names zone {summary.zone}")
+            check_aggregate(
+                summary.signature,
+                self._ca,
+                self.zone,
+                round=round,
+                group=group,
+                merkle_root=summary.merkle_root,
+                total_weight=summary.total_weight,
+                sites=summary.sites,
+            )
         return Aggregate(summary, means, ciphertexts)
 
 
