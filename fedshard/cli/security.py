@@ -131,6 +131,25 @@ def audit_verify(
         )
 
 
+@keys_app.command("upgrade")
+def keys_upgrade(
+    keys: Annotated[Path, typer.Option("--keys", help="The folder `fedshard keys init --out` wrote (with ca/ca.key)")],
+) -> None:
+    """Re-issue the certificates of an earlier release: each then names its role (site, zone,
+    coordinator, SuperLink) and a zone's its identity, so that parties dialling it can check it.
+
+    Every party keeps its key pair; only certificate files change, one line each. Restart the
+    zones and the SuperLink on their new certificates; hand each site its new
+    ``sites/<id>/<id>.pem`` when convenient (zones still accept the old one). Running it
+    again changes nothing.
+    """
+    from fedshard.deploy.keys import upgrade
+
+    for done in upgrade(keys):
+        state = "re-issued" if done.changed else "current  "
+        console.print(f"{state} {done.path}: {done.holder}", highlight=False)
+
+
 @keys_app.command("he-init")
 def keys_he_init(
     out: Annotated[Path, typer.Option("--out", help="Folder for secret.ctx (sites) and public.ctx (zones)")],
