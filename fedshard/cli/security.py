@@ -98,17 +98,21 @@ def audit_verify(
         bool,
         typer.Option("--allow-adopted", help="Accept lines the zone adopted unsigned on restart, once checked"),
     ] = False,
+    zone: Annotated[
+        str | None, typer.Option("--zone", help="The zone whose log this must be (its records and its signer)")
+    ] = None,
 ) -> None:
     """Check the audit log's hash chain and the zone's signed head (``audit.head.json`` beside it).
 
     Exit 2 with one line naming the first bad record: an altered, removed or moved
     line, lines appended after the signed head, a cut tail, or a bad signature.
-    With --cert or --ca the log must be signed.
+    With --cert or --ca the log must be signed, by a zone certificate naming the zone
+    (and region) the log's records name; --zone says which zone that must be.
     """
     from fedshard.residency.audit import HeadVerifier, verify_audit_log
 
     verifier = HeadVerifier.from_files(cert, ca) if cert is not None or ca is not None else None
-    verdict = verify_audit_log(log, expected_head=head, verifier=verifier, allow_adopted=allow_adopted)
+    verdict = verify_audit_log(log, expected_head=head, verifier=verifier, allow_adopted=allow_adopted, zone=zone)
     if not verdict.ok:
         raise FedshardError(f"audit log {log} fails verification: {verdict.reason}")
     summary = f"audit log {log}: {verdict.lines} lines, chain intact, head {verdict.head}"
