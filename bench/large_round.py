@@ -63,6 +63,8 @@ from typing import Any
 
 import numpy as np
 
+from fedshard.deploy.loopback import free_ports
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
@@ -142,6 +144,7 @@ class SyntheticUpdateTask:
 
 
 def _config(transformer: dict[str, int] | None, rounds: int, encrypt: bool, keys: Path | None) -> dict[str, Any]:
+    staging_mb = (_model_bytes(transformer) >> 20) + 64
     data: dict[str, Any] = {
         "federation": {"name": "large-round", "seed": 7, "rounds": rounds, "min_sites": 4, "round_timeout_s": 7200},
         "task": {"target": "__main__:SyntheticUpdateTask", "options": {"transformer": transformer}},
@@ -152,10 +155,11 @@ def _config(transformer: dict[str, int] | None, rounds: int, encrypt: bool, keys
             "rules": [{"class": "*", "allow_regions": "*", "serve_to": "*"}],
             "encrypt": "all" if encrypt else "none",
         },
-        # a push is staged whole until it commits: a budget of one update (+ 64 MiB) keeps it in reused buffers
+        # a push is staged whole until it commits: a budget of one update (+ 64 MiB) keeps it in reused buffers;
+        # fixed free ports: each zone process takes its peers (the reducing zone) from the config, as deployed
         "zones": [
-            {"name": n, "region": r, "endpoint": "127.0.0.1:0", "staging_mb": (_model_bytes(transformer) >> 20) + 64}
-            for n, r in ZONES
+            {"name": n, "region": r, "endpoint": f"127.0.0.1:{port}", "staging_mb": staging_mb}
+            for (n, r), port in zip(ZONES, free_ports(len(ZONES)), strict=True)
         ],
         "reducing_zone": REDUCER,
         "sites": [{"id": s, "jurisdiction": j} for s, j in SITES],

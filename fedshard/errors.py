@@ -23,6 +23,7 @@ builtin exception that matches it, so callers can catch either::
     │   ├── ShardNotFoundError(LookupError)  the store holds no shard of that id
     │   └── StoreKeyError(PermissionError)   the store's key-encryption key is missing, wrong or retired
     └── PkiError(PermissionError)            a certificate or key is missing, invalid, untrusted or expired
+        └── PeerIdentityError                the party at an endpoint is not the one expected there (nothing sent)
 
 Messages name the bad value and say how to fix it; they are one line, because the
 CLI prints ``str(error)`` and nothing else. An error a zone sends over the wire also
@@ -43,6 +44,7 @@ __all__ = [
     "FrameError",
     "HeldPush",
     "IntegrityError",
+    "PeerIdentityError",
     "PkiError",
     "PrivacyError",
     "PushRejectedError",
@@ -316,6 +318,12 @@ class StoreError(FedshardError, OSError):
 
 class PkiError(FedshardError, PermissionError):
     """A certificate or key is missing, invalid, not issued by the federation CA, or expired."""
+
+
+class PeerIdentityError(PkiError):
+    """The server at an endpoint holds a certificate of another party than the one the caller's
+    own config expects there (another zone, region or role): the TLS handshake failed and
+    nothing was sent. Not retried: the message names who was expected and who answered."""
 
 
 class ShardIntegrityError(StoreError, IntegrityError):

@@ -97,7 +97,7 @@ def zones_up(config: FederationConfig, store_root: Path) -> Iterator[tuple[dict[
     endpoints: dict[str, str] = {}
     try:
         for zc in config.zones:
-            zones[zc.name] = make_zone(zc, store_root, routing=routing)
+            zones[zc.name] = make_zone(zc, store_root, routing=routing, peers=endpoints)
             server, port = serve(zones[zc.name], zc.endpoint, limits=zc.limits, parties=streaming_parties(config))
             servers.append(server)
             endpoints[zc.name] = f"127.0.0.1:{port}"

@@ -22,10 +22,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from fedshard.config import FederationConfig
+from fedshard.config import FederationConfig, ZoneConfig
 from fedshard.config.changes import membership_digest
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.membership import Reconfiguration, read_change
+from fedshard.crypto.identity import ZoneId
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import FedshardError
 from fedshard.protocol.channels import ZoneClient
@@ -82,14 +83,14 @@ class FolderMembership:
         digest = membership_digest(new)
         for zone in new.zones:  # the coordinator takes it once every zone has (taking it again is harmless)
             try:
-                with GrpcZoneClient(zone.endpoint, timeout=30.0, tls=self.tls) as client:
+                with GrpcZoneClient(zone.endpoint, timeout=30.0, tls=self.tls, zone=_zone_id(zone)) as client:
                     client.reconfigure(digest)
             except FedshardError as exc:
                 self._wait(rnd, ready, f"zone {zone.name} did not take it: {exc}")
                 return None
         os.replace(ready, self.run_dir / f"reconfigure.applied-{rnd}.yaml")
         self.config = new
-        zones = {z.name: self._client(z.name, z.endpoint) for z in new.zones if not z.drain}
+        zones = {z.name: self._client(z) for z in new.zones if not z.drain}
         return Reconfiguration(new, zones, {z.name: z.endpoint for z in new.zones}, change.describe())
 
     def _wait(self, rnd: int, ready: Path, reason: str) -> None:
@@ -99,14 +100,19 @@ class FolderMembership:
             log.warning("before round %d: the prepared change waits (tried again before each round): %s", rnd, reason)
             self._waiting = key
 
-    def _client(self, name: str, endpoint: str) -> ZoneClient:
-        if name not in self._clients:
-            client = GrpcZoneClient(endpoint, tls=self.tls)
-            self._clients[name] = client
+    def _client(self, zone: ZoneConfig) -> ZoneClient:
+        if zone.name not in self._clients:
+            client = GrpcZoneClient(zone.endpoint, tls=self.tls, zone=_zone_id(zone))
+            self._clients[zone.name] = client
             self._made.append(client)
-        return self._clients[name]
+        return self._clients[zone.name]
 
     def close(self) -> None:
         """Close the zone clients made for zones added during the run."""
         for client in self._made:
             client.close()
+
+
+def _zone_id(zone: ZoneConfig) -> ZoneId:
+    """The zone a coordinator's client checks it reaches (with mutual TLS)."""
+    return ZoneId(zone.name, zone.region)

@@ -217,7 +217,7 @@ def _site(
         tile=config.sharding.tile,
         seed=config.federation.seed,
         state_dir=state_dir,
-        connect=connect if connect is not None else tls_connector(tls),
+        connect=connect if connect is not None else tls_connector(tls, {z.name: z.region for z in config.zones}),
         privacy=SitePrivacy(
             site.id,
             state_dir,

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 from fedshard.assembly.connectors import tls_connector
 from fedshard.assembly.sites import he_keys
 from fedshard.config import FederationConfig, ZoneConfig
+from fedshard.errors import PkiError
 from fedshard.zone.aggregator import ZoneAggregator
 
 if TYPE_CHECKING:
     import grpc
 
     from fedshard.crypto.tls import TlsFiles
+    from fedshard.integrity.aggregate_signature import AggregateSigner
     from fedshard.routing import FederationRouting
 
 __all__ = [
@@ -38,24 +40,36 @@ def make_zone(
     routing: FederationRouting | None = None,
     site_keys: Mapping[str, bytes] | None = None,
     tls: TlsFiles | None = None,
+    peers: Mapping[str, str] | None = None,
 ) -> ZoneAggregator:
     """The aggregator for ``zone``; its store (and audit log) is ``zone.store`` or ``store_root/name``.
 
     With ``routing`` the zone enforces the federation's residency policy and its
     ``aggregation`` bounds (without: the default bounds); with
     ``site_keys`` it accepts only manifests signed by their site; ``tls`` is what it
-    presents when it forwards partial sums to the reducing zone, and its key signs
-    the audit log's head.
+    presents when it forwards partial sums to the reducing zone (whose certificate it
+    checks names that zone, in the region of the zone's own config), and its key signs
+    the audit log's head and every aggregate the zone publishes. Partial sums go to the
+    reducing zone at its endpoint in ``peers`` (zone name → endpoint; default: the
+    endpoints of ``routing``'s config, the zone's own; a serving host that picked the
+    ports passes its own, possibly still filling, mapping).
+
+    Raises
+    ------
+    PkiError
+        ``tls`` holds the certificate of another party than this zone (name and region).
     """
     from fedshard.residency.audit import AuditLog, HeadSigner
     from fedshard.zone.recovery import repair_audit_tail
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)
+    config_zones = routing.config.zones if routing is not None else [zone]
     he_context = None
     if routing is not None and routing.config.residency.encrypting:
         from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
 
         he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)
+    aggregate_signer = _aggregate_signer(zone, tls) if tls is not None else None
     audit = None
     if store is not None:
         Path(store).mkdir(parents=True, exist_ok=True)
@@ -69,10 +83,32 @@ def make_zone(
         staging_bytes=zone.staging_mb << 20,
         residency=routing.zone_policy(zone.name, site_keys) if routing is not None else None,
         audit=audit,
-        connect=tls_connector(tls),
+        connect=tls_connector(tls, {z.name: z.region for z in config_zones}),
         he_context=he_context,
         bounds=routing.config.aggregation if routing is not None else None,
+        peers=peers if peers is not None else {z.name: z.endpoint for z in config_zones if _dialable(z.endpoint)},
+        signer=aggregate_signer,
     )
+
+
+def _dialable(endpoint: str) -> bool:
+    """Whether ``endpoint`` can be dialled as it is (port 0 asks the serving host for a free port)."""
+    return not endpoint.endswith(":0")
+
+
+def _aggregate_signer(zone: ZoneConfig, tls: TlsFiles) -> AggregateSigner:
+    """The zone's aggregate signer, from its TLS files; refuses a certificate of another party."""
+    from fedshard.crypto.identity import Role, read_identity
+    from fedshard.integrity.aggregate_signature import AggregateSigner
+
+    cert, key, ca = tls.read()
+    holder = read_identity(cert, ca)
+    if holder.role is not Role.ZONE or (holder.name, holder.jurisdiction_or_region) != (zone.name, zone.region):
+        raise PkiError(
+            f"zone {zone.name} ({zone.region}) was given the certificate of {holder} ({tls.cert}); "
+            f"pass the certificate `fedshard keys init` issued to zone {zone.name}"
+        )
+    return AggregateSigner(key, cert)
 
 
 def streaming_parties(config: FederationConfig) -> int:
@@ -92,7 +128,7 @@ class ServedZones:
         self.routing = routing
         self.store_root = store_root
         self.site_keys = site_keys
-        self.endpoints: dict[str, str] = {}
+        self.endpoints: dict[str, str] = {}  # the zones' peers too: only this host knows the ports it picked
         self.zones: dict[str, ZoneAggregator] = {}
         self._servers: list[grpc.Server] = []
 
@@ -101,7 +137,9 @@ class ServedZones:
         from fedshard.zone.rpc.service import serve
 
         host = zc.endpoint.rsplit(":", 1)[0]
-        zone = self.zones[zc.name] = make_zone(zc, self.store_root, routing=self.routing, site_keys=self.site_keys)
+        zone = self.zones[zc.name] = make_zone(
+            zc, self.store_root, routing=self.routing, site_keys=self.site_keys, peers=self.endpoints
+        )
         server, port = serve(zone, zc.endpoint, limits=zc.limits, parties=streaming_parties(self.routing.config))
         self._servers.append(server)
         self.endpoints[zc.name] = f"{host}:{port}"

@@ -98,17 +98,21 @@ def audit_verify(
         bool,
         typer.Option("--allow-adopted", help="Accept lines the zone adopted unsigned on restart, once checked"),
     ] = False,
+    zone: Annotated[
+        str | None, typer.Option("--zone", help="The zone whose log this must be (its records and its signer)")
+    ] = None,
 ) -> None:
     """Check the audit log's hash chain and the zone's signed head (``audit.head.json`` beside it).
 
     Exit 2 with one line naming the first bad record: an altered, removed or moved
     line, lines appended after the signed head, a cut tail, or a bad signature.
-    With --cert or --ca the log must be signed.
+    With --cert or --ca the log must be signed, by a zone certificate naming the zone
+    (and region) the log's records name; --zone says which zone that must be.
     """
     from fedshard.residency.audit import HeadVerifier, verify_audit_log
 
     verifier = HeadVerifier.from_files(cert, ca) if cert is not None or ca is not None else None
-    verdict = verify_audit_log(log, expected_head=head, verifier=verifier, allow_adopted=allow_adopted)
+    verdict = verify_audit_log(log, expected_head=head, verifier=verifier, allow_adopted=allow_adopted, zone=zone)
     if not verdict.ok:
         raise FedshardError(f"audit log {log} fails verification: {verdict.reason}")
     summary = f"audit log {log}: {verdict.lines} lines, chain intact, head {verdict.head}"
@@ -129,6 +133,25 @@ def audit_verify(
             f"accepted: lines {a.first}-{a.last} were unsigned ({a.cause}), adopted by the zone at line {a.at}",
             highlight=False,
         )
+
+
+@keys_app.command("upgrade")
+def keys_upgrade(
+    keys: Annotated[Path, typer.Option("--keys", help="The folder `fedshard keys init --out` wrote (with ca/ca.key)")],
+) -> None:
+    """Re-issue the certificates of an earlier release: each then names its role (site, zone,
+    coordinator, SuperLink) and a zone's its identity, so that parties dialling it can check it.
+
+    Every party keeps its key pair; only certificate files change, one line each. Restart the
+    zones and the SuperLink on their new certificates; hand each site its new
+    ``sites/<id>/<id>.pem`` when convenient (zones still accept the old one). Running it
+    again changes nothing.
+    """
+    from fedshard.deploy.keys import upgrade
+
+    for done in upgrade(keys):
+        state = "re-issued" if done.changed else "current  "
+        console.print(f"{state} {done.path}: {done.holder}", highlight=False)
 
 
 @keys_app.command("he-init")

@@ -367,9 +367,7 @@ class Coordinator:
         counted = {s for summary in published.values() for s in summary.sites}
         if not counted:
             raise RoundError(f"round {rnd}: the zones counted no update")
-        announced = [
-            PublishedAggregate(zone=s.zone, group=s.group, merkle_root=s.merkle_root) for s in published.values()
-        ]
+        announced = [PublishedAggregate.of(s) for s in published.values()]  # the zones' signatures relayed
         roots = {name: group.extend(rnd, published, announced) for name, group in sorted(self._groups.items())}
         ok = [r for r in reports if r.site_id in counted]
         weight = sum(r.num_examples for r in ok) or 1

@@ -1,13 +1,23 @@
-"""Who holds a federation certificate: reading and checking site and zone certificates.
+"""Who holds a federation certificate: reading and checking the certificates of every party.
 
-A site's certificate carries its **jurisdiction** and a zone's (or the coordinator's)
-its **region**, each in a non-critical extension under fedshard's private OID
-(:data:`JURISDICTION_OID`, :data:`REGION_OID`) whose value is a DER ``UTF8String``.
-The coordinator's certificate also says so in :data:`ROLE_OID`: it is the only
-identity a zone lets open, close or abort a round. :func:`read_identity`
-trusts that value only after checking the certificate against the federation CA,
-so a zone learns where a shard comes from from what the CA signed, never from what
-a request claims. Issuing lives in :mod:`fedshard.crypto.pki`.
+Every certificate names its holder's **role** in :data:`ROLE_OID` (``site``, ``zone``,
+``coordinator``, ``superlink``); a site's also carries its **jurisdiction** and every
+other party's its **region**, each in a non-critical extension under fedshard's private
+OID (:data:`JURISDICTION_OID`, :data:`REGION_OID`) whose value is a DER ``UTF8String``.
+:func:`read_identity` trusts those values only after checking the certificate against
+the federation CA, so a zone learns where a shard comes from from what the CA signed,
+never from what a request claims.
+
+A zone's certificate also holds a DNS name derived from its name and region
+(:func:`zone_host`, under the reserved suffix :data:`ZONE_HOST_SUFFIX`). A party that
+dials a zone asks TLS for exactly that name (:class:`ZoneId`), so the handshake itself
+fails against any other holder of a certificate of the CA: another zone, the same zone
+name in another region, the SuperLink, a site.
+
+Certificates from before roles were written (no :data:`ROLE_OID`) are still read, their
+role told from the key usages (:attr:`Identity.legacy`); a zone certificate of that age
+holds no :func:`zone_host` name, so nobody can dial it as a zone until ``fedshard keys
+upgrade`` re-issues it. Issuing lives in :mod:`fedshard.crypto.pki`.
 """
 
 from __future__ import annotations
@@ -27,15 +37,30 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedshard.errors import PkiError
 
-__all__ = ["JURISDICTION_OID", "REGION_OID", "ROLE_OID", "Identity", "Role", "read_identity", "read_pem"]
+__all__ = [
+    "JURISDICTION_OID",
+    "REGION_OID",
+    "ROLE_OID",
+    "ZONE_HOST_SUFFIX",
+    "Identity",
+    "Role",
+    "ZoneId",
+    "claimed_identity",
+    "read_identity",
+    "read_pem",
+    "zone_host",
+]
 
 JURISDICTION_OID = x509.ObjectIdentifier("1.3.6.1.4.1.59999.1.1")
 """Extension holding a site's jurisdiction (``UTF8String``, non-critical)."""
 REGION_OID = x509.ObjectIdentifier("1.3.6.1.4.1.59999.1.2")
 """Extension holding a zone's or the coordinator's region (``UTF8String``, non-critical)."""
 ROLE_OID = x509.ObjectIdentifier("1.3.6.1.4.1.59999.1.3")
-"""Extension naming a role the key usages cannot tell apart (``UTF8String``, non-critical):
-``"coordinator"`` on the coordinator's client certificate."""
+"""Extension naming the holder's :class:`Role` (``UTF8String``, non-critical), on every
+certificate fedshard issues (before roles were written: on the coordinator's only)."""
+ZONE_HOST_SUFFIX = "zone.fedshard.invalid"
+"""Parent of the DNS names zone certificates hold for their identity (:func:`zone_host`);
+``.invalid`` never resolves, so the name can only ever be asked for, never dialled."""
 
 # The same shapes as the config's ``Name`` and ``Jurisdiction`` (fedshard.config.models).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -44,11 +69,52 @@ PLACE_PATTERN = re.compile(r"^[A-Z]{2,8}$")
 
 class Role(StrEnum):
     """What a certificate lets its holder be: a site (TLS client), a zone (TLS server, and
-    client of the reducing zone) or the coordinator (TLS client that drives rounds)."""
+    client of the reducing zone), the coordinator (TLS client that drives rounds) or the
+    SuperLink (Flower's TLS server for the sites' SuperNodes; zones refuse it every call)."""
 
     SITE = "site"
     ZONE = "zone"
     COORDINATOR = "coordinator"
+    SUPERLINK = "superlink"
+
+
+_SERVER_ROLES = frozenset({Role.ZONE, Role.SUPERLINK})
+"""Roles whose certificates are TLS server certificates (``serverAuth``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneId:
+    """A zone as the party dialling it knows it from its own config: name and region.
+
+    Attributes
+    ----------
+    name, region:
+        E.g. ``"eu-central"``, ``"EU"``.
+    """
+
+    name: str
+    region: str
+
+    @property
+    def host(self) -> str:
+        """The DNS name only this zone's certificate holds (:func:`zone_host`)."""
+        return zone_host(self.name, self.region)
+
+    def __str__(self) -> str:
+        return f"zone {self.name} ({self.region})"
+
+
+def zone_host(name: str, region: str) -> str:
+    """The DNS name a certificate of zone ``name`` in ``region`` holds for its identity.
+
+    One label under :data:`ZONE_HOST_SUFFIX`: the zone's name and region made DNS-safe
+    for people reading the certificate, then 20 hex digits of SHA-256 over the exact
+    name and region, so two zones (or one name in two regions, or names that differ
+    only in case or in characters DNS has not) never share it.
+    """
+    readable = re.sub(r"[^a-z0-9-]", "-", name.lower())[:24].strip("-") or "zone"
+    digest = hashlib.sha256(f"fedshard zone\0{name}\0{region}".encode()).hexdigest()[:20]
+    return f"{readable}-{region.lower()}-{digest}.{ZONE_HOST_SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -60,18 +126,25 @@ class Identity:
     name:
         ``site_id`` of a site or name of a zone (the subject's CN).
     role:
-        :attr:`Role.SITE`, :attr:`Role.ZONE` or :attr:`Role.COORDINATOR`, from the
-        extended key usage and :data:`ROLE_OID`.
+        The holder's :class:`Role`, from :data:`ROLE_OID` (checked against the
+        extended key usage), or from the key usage alone for a :attr:`legacy` one.
     jurisdiction_or_region:
-        A site's jurisdiction or a zone's (coordinator's) region (e.g. ``"EU"``).
+        A site's jurisdiction or another party's region (e.g. ``"EU"``).
     fingerprint:
         SHA-256 of the certificate (DER), hex; names the certificate in audit records.
+    legacy:
+        Issued before roles were written (no :data:`ROLE_OID`): ``fedshard keys upgrade``
+        re-issues it; a zone's of that age cannot be dialled as the zone.
     """
 
     name: str
     role: Role
     jurisdiction_or_region: str
     fingerprint: str
+    legacy: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.role.value} {self.name} ({self.jurisdiction_or_region})"
 
 
 def read_identity(cert_pem: bytes, ca_pem: bytes, *, now: datetime | None = None) -> Identity:
@@ -116,21 +189,48 @@ def read_identity(cert_pem: bytes, ca_pem: bytes, *, now: datetime | None = None
     check_validity(cert, when, f"certificate of {subject!r}")
     if is_ca(cert):
         raise PkiError(f"{subject!r} is a CA certificate, not a site or zone certificate")
-    role = _role(cert, subject)
+    return _identity(cert, subject)
+
+
+def claimed_identity(cert_pem: bytes) -> Identity:
+    """Whom a certificate names, *without* checking who issued it or when it is valid.
+
+    For messages (what a peer that failed a check holds instead) and for tools that
+    check the chain otherwise; never for a decision on its own.
+
+    Raises
+    ------
+    PkiError
+        It is not a certificate, or names no role, name and place fedshard writes.
+    """
+    cert = load_cert(cert_pem, "certificate")
+    return _identity(cert, _common_name(cert) or cert.subject.rfc4514_string())
+
+
+def _identity(cert: x509.Certificate, subject: str) -> Identity:
+    role, legacy = _role(cert, subject)
     name = _common_name(cert)
     if name is None or not NAME_PATTERN.match(name):
         raise PkiError(f"certificate of {subject!r} has no valid CN naming the {role.value}")
     oid = JURISDICTION_OID if role is Role.SITE else REGION_OID
     what = "jurisdiction" if role is Role.SITE else "region"
-    try:
-        raw = cert.extensions.get_extension_for_oid(oid).value
-    except x509.ExtensionNotFound:
-        raise PkiError(f"certificate of {role.value} {name!r} carries no {what}: re-issue it with fedshard") from None
-    place = utf8_string_decode(raw.value) if isinstance(raw, x509.UnrecognizedExtension) else None
-    if place is None or not PLACE_PATTERN.match(place):
+    place = _text_extension(cert, oid)
+    if place is None:
+        raise PkiError(f"certificate of {role.value} {name!r} carries no {what}: re-issue it with fedshard")
+    if not PLACE_PATTERN.match(place):
         raise PkiError(f"certificate of {role.value} {name!r} carries a malformed {what}")
     fingerprint = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
-    return Identity(name, role, place, fingerprint)
+    return Identity(name, role, place, fingerprint, legacy)
+
+
+def dns_names(cert: x509.Certificate) -> list[str]:
+    """The DNS names among a certificate's subject alternative names."""
+    try:
+        return list(
+            cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        )
+    except x509.ExtensionNotFound:
+        return []
 
 
 def read_pem(path: str | os.PathLike[str]) -> bytes:
@@ -168,27 +268,42 @@ def _common_name(cert: x509.Certificate) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _role(cert: x509.Certificate, subject: str) -> Role:
+def _role(cert: x509.Certificate, subject: str) -> tuple[Role, bool]:
+    """The holder's role, and whether it was told from the key usages alone (legacy)."""
     try:
         usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
         usages = set()
+    server = ExtendedKeyUsageOID.SERVER_AUTH in usages
+    client = ExtendedKeyUsageOID.CLIENT_AUTH in usages
     try:
         raw = cert.extensions.get_extension_for_oid(ROLE_OID).value
     except x509.ExtensionNotFound:
         raw = None
-    if raw is not None:
-        named = utf8_string_decode(raw.value) if isinstance(raw, x509.UnrecognizedExtension) else None
-        if named != Role.COORDINATOR.value or ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
-            raise PkiError(f"certificate of {subject!r} names an unknown role {named!r}")
-        if ExtendedKeyUsageOID.SERVER_AUTH in usages:
-            raise PkiError(f"certificate of {subject!r} claims the coordinator role and a zone's key usage")
-        return Role.COORDINATOR
-    if ExtendedKeyUsageOID.SERVER_AUTH in usages:
-        return Role.ZONE  # zones may also be TLS clients (of the reducing zone)
-    if ExtendedKeyUsageOID.CLIENT_AUTH in usages:
-        return Role.SITE
-    raise PkiError(f"certificate of {subject!r} is neither a site (clientAuth) nor a zone (serverAuth) certificate")
+    if raw is None:  # issued before roles were written (the coordinator's always named it)
+        if server:
+            return Role.ZONE, True  # zones may also be TLS clients (of the reducing zone)
+        if client:
+            return Role.SITE, True
+        raise PkiError(f"certificate of {subject!r} is neither a site (clientAuth) nor a zone (serverAuth) certificate")
+    named = utf8_string_decode(raw.value) if isinstance(raw, x509.UnrecognizedExtension) else None
+    try:
+        role = Role(named or "")
+    except ValueError:
+        raise PkiError(f"certificate of {subject!r} names an unknown role {named!r}") from None
+    if role in _SERVER_ROLES and not server:
+        raise PkiError(f"certificate of {subject!r} claims the {role.value} role without a server key usage")
+    if role not in _SERVER_ROLES and (server or not client):
+        raise PkiError(f"certificate of {subject!r} claims the {role.value} role with another party's key usage")
+    return role, False
+
+
+def _text_extension(cert: x509.Certificate, oid: x509.ObjectIdentifier) -> str | None:
+    try:
+        raw = cert.extensions.get_extension_for_oid(oid).value
+    except x509.ExtensionNotFound:
+        return None
+    return (utf8_string_decode(raw.value) if isinstance(raw, x509.UnrecognizedExtension) else None) or ""
 
 
 def check_validity(cert: x509.Certificate, when: datetime, what: str) -> None:

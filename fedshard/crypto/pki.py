@@ -1,12 +1,17 @@
-"""The federation PKI: one CA, server certificates for zones, client certificates for sites
-and for the coordinator (the one identity zones let drive rounds).
+"""The federation PKI: one CA, server certificates for zones and the SuperLink, client
+certificates for sites and for the coordinator (the one identity zones let drive rounds).
 
 Every key is ECDSA P-256 (what gRPC's BoringSSL handles best) and every certificate
-is signed with SHA-256. A site's certificate carries its **jurisdiction** and a
-zone's its **region** in an extension under fedshard's private OID (see
+is signed with SHA-256. Every certificate names its holder's role; a site's carries
+its **jurisdiction** and every other party's its **region** in an extension under
+fedshard's private OID, and a zone's also holds the DNS name of its identity (see
 :mod:`fedshard.crypto.identity`, re-exported here with :func:`read_identity`); the
-subject's ``OU`` repeats it (``jurisdiction=EU``) for humans reading
+subject's ``OU`` repeats the place (``jurisdiction=EU``) for humans reading
 ``openssl x509 -text``.
+
+:func:`reissue` brings a certificate from before roles were written up to date, from
+the CA's key and the certificate alone: its holder keeps its key pair, so nothing
+secret moves (``fedshard keys upgrade``).
 
 Files are written once, atomically, keys ``0600`` and certificates ``0644``;
 issuing again refuses to overwrite them unless ``force=True`` (``--force``).
@@ -37,15 +42,19 @@ from fedshard.crypto.identity import (
     PLACE_PATTERN,
     REGION_OID,
     ROLE_OID,
+    ZONE_HOST_SUFFIX,
     Identity,
     Role,
     aware_now,
     check_validity,
+    claimed_identity,
+    dns_names,
     is_ca,
     load_cert,
     read_identity,
     read_pem,
     utf8_string,
+    zone_host,
 )
 from fedshard.errors import ConfigError, PkiError
 
@@ -61,9 +70,11 @@ __all__ = [
     "init_ca",
     "issue_coordinator",
     "issue_site",
+    "issue_superlink",
     "issue_zone",
     "read_identity",
     "read_pem",
+    "reissue",
 ]
 
 CA_CERT_FILE = "ca.pem"
@@ -197,7 +208,52 @@ def issue_zone(
     _check_name(zone, "zone name")
     _check_place(region, "region")
     sans = _sans((hosts,) if isinstance(hosts, str) else hosts)  # one host given as a plain string
+    sans.append(x509.DNSName(zone_host(zone, region)))  # the name a dialling party asks TLS for
     return _issue(ca_dir, out_dir, zone, Role.ZONE, region, sans, now=now, days=days, force=force)
+
+
+def issue_superlink(
+    ca_dir: str | os.PathLike[str],
+    region: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    name: str = "superlink",
+    hosts: Sequence[str] = ("localhost", "127.0.0.1"),
+    now: datetime | None = None,
+    days: int = 825,
+    force: bool = False,
+) -> CertPaths:
+    """Issue the SuperLink's TLS server certificate: ``<name>.pem`` and ``<name>.key`` in ``out_dir``.
+
+    Its role is ``superlink``: sites' SuperNodes dial it, and zones refuse it every call.
+    It holds no zone's identity name, so no party dialling a zone accepts it.
+
+    Parameters
+    ----------
+    ca_dir:
+        Folder holding ``ca.pem`` and ``ca.key``.
+    region:
+        Region the SuperLink runs in, e.g. ``"EU"``; recorded in the certificate.
+    out_dir:
+        Folder to write into (created if missing).
+    name:
+        The certificate's CN.
+    hosts:
+        DNS names and IP addresses sites dial the SuperLink at.
+    now, days, force:
+        Issue time (default: now), validity in days (cut to the CA's), overwrite existing files.
+
+    Raises
+    ------
+    PkiError
+        The CA is missing, invalid or expired, or a file exists and ``force`` is false.
+    ConfigError
+        ``name``, ``region`` or a host is malformed.
+    """
+    _check_name(name, "SuperLink name")
+    _check_place(region, "region")
+    sans = _sans((hosts,) if isinstance(hosts, str) else hosts)
+    return _issue(ca_dir, out_dir, name, Role.SUPERLINK, region, sans, now=now, days=days, force=force)
 
 
 def issue_site(
@@ -307,14 +363,35 @@ def _issue(
     refuse_existing((paths.cert, paths.key), force)
     ca, ca_key = _load_ca(Path(ca_dir), when)
     key = ec.generate_private_key(ec.SECP256R1())
+    not_after = min(when + timedelta(days=days), ca.not_valid_after_utc)
+    cert = _certificate(ca, ca_key, key.public_key(), name, role, place, sans, when, not_after)
+    write_files([(paths.key, _key_pem(key), KEY_MODE), (paths.cert, _cert_pem(cert), CERT_MODE)], force)
+    return paths
+
+
+_USAGES = {
     # A zone is a TLS server to sites and the coordinator, and a TLS client of the
-    # reducing zone when it forwards partial sums.
-    # The coordinator is a TLS client only; its role is named in ROLE_OID.
-    label, oid, eku = {
-        Role.SITE: ("jurisdiction", JURISDICTION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH]),
-        Role.ZONE: ("region", REGION_OID, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-        Role.COORDINATOR: ("region", REGION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH]),
-    }[role]
+    # reducing zone when it forwards partial sums; the SuperLink is a server only.
+    Role.SITE: ("jurisdiction", JURISDICTION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH]),
+    Role.ZONE: ("region", REGION_OID, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+    Role.COORDINATOR: ("region", REGION_OID, [ExtendedKeyUsageOID.CLIENT_AUTH]),
+    Role.SUPERLINK: ("region", REGION_OID, [ExtendedKeyUsageOID.SERVER_AUTH]),
+}
+
+
+def _certificate(
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    public_key: ec.EllipticCurvePublicKey,
+    name: str,
+    role: Role,
+    place: str,
+    sans: list[x509.GeneralName],
+    not_before: datetime,
+    not_after: datetime,
+) -> x509.Certificate:
+    """A certificate of ``role`` for ``public_key``, signed by the CA."""
+    label, oid, eku = _USAGES[role]
     subject = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedshard"),
@@ -327,24 +404,67 @@ def _issue(
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(ca.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(when - _CLOCK_SKEW)
-        .not_valid_after(min(when + timedelta(days=days), ca.not_valid_after_utc))
+        .not_valid_before(not_before - _CLOCK_SKEW)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(eku), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .add_extension(x509.UnrecognizedExtension(oid, utf8_string(place)), critical=False)
+        .add_extension(x509.UnrecognizedExtension(ROLE_OID, utf8_string(role.value)), critical=False)
     )
-    if role is Role.COORDINATOR:
-        builder = builder.add_extension(x509.UnrecognizedExtension(ROLE_OID, utf8_string(role.value)), critical=False)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    write_files([(paths.key, _key_pem(key), KEY_MODE), (paths.cert, _cert_pem(cert), CERT_MODE)], force)
-    return paths
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def reissue(
+    ca_dir: str | os.PathLike[str], cert_path: str | os.PathLike[str], role: Role, *, now: datetime | None = None
+) -> Identity | None:
+    """Bring the certificate in ``cert_path`` up to date for ``role``, keeping its key pair.
+
+    A certificate that already names ``role`` (and, for a zone, holds its identity name)
+    is left as it is: None. Otherwise the CA issues a new one for the same public key,
+    name, place and hosts, valid until the old one expired, and it replaces the file
+    atomically (the private key is neither read nor moved); its identity is returned.
+    ``role`` may differ from the old certificate's only to make the SuperLink's
+    certificate (issued as a zone's before roles were written) a SuperLink's.
+
+    Raises
+    ------
+    PkiError
+        The certificate was not issued by this CA, has expired, or holds another role.
+    """
+    when = aware_now(now)
+    path = Path(cert_path)
+    pem = read_pem(path)
+    ca, ca_key = _load_ca(Path(ca_dir), when)
+    identity = read_identity(pem, _cert_pem(ca), now=when)
+    cert = load_cert(pem, f"certificate {path}")
+    if identity.role is not role and not (identity.legacy and identity.role is Role.ZONE and role is Role.SUPERLINK):
+        raise PkiError(f"{path} is the certificate of {identity}, not of a {role.value}: leave it, or re-issue it")
+    hosts = dns_names(cert)
+    wanted = zone_host(identity.name, identity.jurisdiction_or_region)
+    current = not identity.legacy and identity.role is role and (role is not Role.ZONE or wanted in hosts)
+    if current:
+        return None
+    try:
+        old_sans = list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        old_sans = []
+    sans = [n for n in old_sans if not (isinstance(n, x509.DNSName) and n.value.endswith(ZONE_HOST_SUFFIX))]
+    if role is Role.ZONE:
+        sans.append(x509.DNSName(wanted))
+    public_key = cert.public_key()
+    if not isinstance(public_key, ec.EllipticCurvePublicKey):
+        raise PkiError(f"{path} holds no elliptic-curve key: issue a new certificate and key instead")
+    place = identity.jurisdiction_or_region
+    fresh = _certificate(ca, ca_key, public_key, identity.name, role, place, sans, when, cert.not_valid_after_utc)
+    write_files([(path, _cert_pem(fresh), CERT_MODE)], True)
+    return claimed_identity(_cert_pem(fresh))
 
 
 def _load_ca(ca_dir: Path, when: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:

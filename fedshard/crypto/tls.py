@@ -1,9 +1,14 @@
 """Mutual TLS for the zone data plane (gRPC), from the federation PKI's files.
 
 Both ends authenticate: a zone only completes a handshake with a client whose
-certificate the federation CA signed, and a site only talks to a zone whose
-certificate the CA signed for the host it dialled. A zone then asks
-:func:`peer_identity` who is calling, and gets the site's jurisdiction from the
+certificate the federation CA signed, and a party that dials a zone completes one only
+with the zone it expects: :func:`zone_channel_options` asks TLS for the name only that
+zone's certificate holds (:func:`~fedshard.crypto.identity.zone_host`, from the zone's
+name and region as the dialling party's own config has them), so a certificate the CA
+issued to anyone else (another zone, the same zone name in another region, the
+SuperLink) fails the handshake, and nothing is sent. When it fails,
+:func:`describe_peer` reads what the peer holds instead, for a one-line error. A zone
+asks :func:`peer_identity` who is calling, and gets the site's jurisdiction from the
 certificate rather than from the request.
 
 Running without TLS is an explicit, loud opt-out (``--insecure``); print
@@ -12,13 +17,15 @@ Running without TLS is an explicit, loud opt-out (``--insecure``); print
 
 from __future__ import annotations
 
+import socket
+import ssl
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import grpc
 
-from fedshard.crypto.identity import Identity, Role, read_identity
+from fedshard.crypto.identity import Identity, Role, ZoneId, claimed_identity, dns_names, load_cert, read_identity
 from fedshard.errors import PkiError
 
 __all__ = [
@@ -26,8 +33,10 @@ __all__ = [
     "PEER_CERT_KEY",
     "TlsFiles",
     "channel_credentials",
+    "describe_peer",
     "peer_identity",
     "server_credentials",
+    "zone_channel_options",
 ]
 
 INSECURE_WARNING = (
@@ -81,6 +90,65 @@ def channel_credentials(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> grpc.
     _check_pem(cert_pem, "certificate")
     _check_pem(key_pem, "private key")
     return grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem)
+
+
+def zone_channel_options(zone: ZoneId) -> list[tuple[str, str]]:
+    """Channel options that make TLS accept only ``zone``'s certificate.
+
+    gRPC then checks the server's certificate against :attr:`ZoneId.host` instead of the
+    host dialled (and sends it as SNI): only a certificate the CA issued to that zone
+    name in that region holds it.
+    """
+    return [("grpc.ssl_target_name_override", zone.host)]
+
+
+def describe_peer(endpoint: str, tls: TlsFiles, zone: ZoneId, *, timeout: float = 5.0) -> str | None:
+    """Why the server at ``endpoint`` is not ``zone``, read from the certificate it presents
+    (a TLS handshake of Python's :mod:`ssl`, showing this party's own certificate); None if
+    no handshake completes (the zone is down or unreachable) or it *is* ``zone``.
+
+    For the one line a party prints when gRPC's handshake failed: it names the zone
+    expected and what the peer is instead.
+    """
+    pem = _peer_certificate(endpoint, tls, timeout)
+    if pem is None:
+        return None
+    where = f"the server at {endpoint} is not {zone}"
+    try:
+        held = read_identity(pem, tls.read()[2])
+    except PkiError as exc:
+        try:
+            claimed = f"; it claims to be {claimed_identity(pem)}"
+        except PkiError:
+            claimed = ""
+        return f"{where}: its certificate fails the federation's checks ({exc}){claimed}"
+    if held.role is Role.ZONE and (held.name, held.jurisdiction_or_region) == (zone.name, zone.region):
+        if zone.host in dns_names(load_cert(pem, "peer certificate")):
+            return None
+        return (
+            f"{where}: it holds {held}'s certificate from before zone identities; "
+            "run `fedshard keys upgrade` where the federation's keys are kept, then restart the zone"
+        )
+    return f"{where}: it holds the certificate of {held}; refusing to send it anything"
+
+
+def _peer_certificate(endpoint: str, tls: TlsFiles, timeout: float) -> bytes | None:
+    """The certificate (PEM) the server at ``endpoint`` shows this party; None if no TLS handshake completes."""
+    host, _, port = endpoint.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # read what it holds; the caller checks it against the CA
+    context.set_alpn_protocols(["h2"])
+    try:
+        context.load_cert_chain(tls.cert, tls.key)
+        with (
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname=host.strip("[]")) as conn,
+        ):
+            der = conn.getpeercert(binary_form=True)
+    except (OSError, ValueError):
+        return None
+    return ssl.DER_cert_to_PEM_cert(der).encode("ascii") if der else None
 
 
 def peer_identity(

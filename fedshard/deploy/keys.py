@@ -1,4 +1,5 @@
-"""``fedshard keys init``: every key a deployed federation needs, in one step.
+"""``fedshard keys init``: every key a deployed federation needs, in one step; ``fedshard keys
+upgrade``: a folder of an earlier release brought up to date.
 
 Reuses the PKI (:mod:`fedshard.crypto.pki`), signing and CKKS helpers; adds the
 SuperNode authentication keys Flower's SuperLink checks. Every file is written once,
@@ -16,7 +17,7 @@ from fedshard.config.layout import KeysLayout
 from fedshard.crypto._files import CERT_MODE, KEY_MODE, refuse_existing, write_files
 from fedshard.errors import ConfigError
 
-__all__ = ["ProvisionReport", "generate_supernode_key", "provision"]
+__all__ = ["ProvisionReport", "Upgraded", "generate_supernode_key", "provision", "upgrade"]
 
 
 @dataclass
@@ -69,7 +70,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
     if add:
         return _provision_added(config, Path(out))
     from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, he_init
-    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_zone
+    from fedshard.crypto.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca, issue_coordinator, issue_superlink, issue_zone
 
     if config.deployment is None:
         raise ConfigError("the config has no `deployment` section; see configs/aggregator.yaml")
@@ -95,7 +96,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
     ca_pem = ca.cert.read_bytes()
     write_files([(agg.ca, ca_pem, CERT_MODE)], force)
     region = next(z.region for z in config.zones if z.name == (config.reducing_zone or config.zones[0].name))
-    issue_zone(layout.ca_dir, "superlink", region, agg.root, hosts=_superlink_hosts(config), force=force)
+    issue_superlink(layout.ca_dir, region, agg.root, hosts=_superlink_hosts(config), force=force)
     issue_coordinator(layout.ca_dir, region, agg.root, name=agg.coordinator.cert.stem, force=force)
     for zone in config.zones:
         issue_zone(
@@ -175,3 +176,66 @@ def _provision_added(config: FederationConfig, out: Path) -> ProvisionReport:
     report = ProvisionReport(layout)
     report.files = sorted(p for p in layout.root.rglob("*") if p.is_file() and p not in before)
     return report
+
+
+@dataclass(frozen=True)
+class Upgraded:
+    """One certificate :func:`upgrade` looked at.
+
+    Attributes
+    ----------
+    path:
+        The certificate file.
+    holder:
+        Whom it names, after the upgrade (e.g. ``zone eu-central (EU)``).
+    changed:
+        Whether it was re-issued (False: it was already current, and left as it was).
+    """
+
+    path: Path
+    holder: str
+    changed: bool
+
+
+def upgrade(out: Path) -> list[Upgraded]:
+    """Re-issue, from the CA key under ``out``, every certificate of the folder that ``fedshard
+    keys init`` wrote whose role (or, for a zone, identity name) is missing; one entry per
+    certificate.
+
+    Each keeps its key pair, name, place, hosts and expiry (:func:`fedshard.crypto.pki.reissue`);
+    the SuperLink's, issued as a zone's before, becomes a SuperLink's. Nothing else is
+    rewritten, and running it again changes nothing.
+
+    Raises
+    ------
+    ConfigError
+        ``out`` holds no CA key (or no certificate at all).
+    PkiError
+        A certificate was not issued by this CA, or has expired (nothing after it is changed).
+    """
+    from fedshard.crypto.identity import claimed_identity, read_pem
+    from fedshard.crypto.pki import CA_KEY_FILE, Role, reissue
+
+    layout = KeysLayout(Path(out))
+    agg = layout.aggregator
+    if not (layout.ca_dir / CA_KEY_FILE).exists():
+        raise ConfigError(
+            f"{layout.ca_dir / CA_KEY_FILE} is missing: `keys upgrade` re-issues certificates from the federation's "
+            "CA; bring its key back from where it is kept offline, or point --keys at the folder `keys init` wrote"
+        )
+    found: list[tuple[Path, Role]] = [(agg.superlink.cert, Role.SUPERLINK), (agg.coordinator.cert, Role.COORDINATOR)]
+    found += [(p, Role.ZONE) for p in sorted((agg.root / "zones").glob("*.pem"))]
+    found += [
+        (layout.site(d.name).tls.cert, Role.SITE) for d in sorted((layout.root / "sites").glob("*")) if d.is_dir()
+    ]
+    found = [(path, role) for path, role in found if path.exists()]
+    if not found:
+        raise ConfigError(f"{out} holds no certificate `fedshard keys init` writes; point --keys at that folder")
+    done = []
+    for path, role in found:
+        identity = reissue(layout.ca_dir, path, role)
+        if identity is None:
+            done.append(Upgraded(path, str(claimed_identity(read_pem(path))), changed=False))
+        else:
+            done.append(Upgraded(path, str(identity), changed=True))
+    return done

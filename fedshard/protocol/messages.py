@@ -14,9 +14,16 @@ from typing import Annotated, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr
 
 from fedshard.aggregation import ServerOptimizerKind
-from fedshard.errors import RefusalCode
+from fedshard.errors import IntegrityError, RefusalCode
+from fedshard.integrity.aggregate_signature import (
+    MAX_CERTIFICATE_BYTES,
+    MAX_SIGNATURE_BYTES,
+    MAX_STATEMENT_BYTES,
+    AggregateSignature,
+)
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
+from fedshard.protocol.rounds import AggregateSummary
 from fedshard.protocol.timings import PhaseSeconds, PhaseTimes
 from fedshard.residency.router import AggregateKey
 
@@ -36,6 +43,7 @@ __all__ = [
     "QueryRequest",
     "RecordPlan",
     "SiteFailure",
+    "SignedStatement",
     "SiteInfo",
     "TrainInstruction",
     "TrainReport",
@@ -82,17 +90,55 @@ class PrivacyStatus(StrEnum):
     """The site refused this round's release (its reservation stays counted as spent)."""
 
 
+class SignedStatement(_Msg):
+    """A zone's signed statement of an aggregate it published, as the coordinator relays it
+    (:class:`~fedshard.integrity.aggregate_signature.AggregateSignature`, in text).
+
+    Sent by the coordinator, as the zone's ``CloseRound`` reply gave it; bounded by the
+    sizes a zone writes; checked by the site, which applies an aggregate only when the
+    zone served it this very statement, and the zone's signature over it verifies.
+    """
+
+    statement: str = Field(max_length=MAX_STATEMENT_BYTES)  # canonical JSON
+    signature: str = Field(max_length=2 * MAX_SIGNATURE_BYTES)  # hex
+    certificate: str = Field(max_length=MAX_CERTIFICATE_BYTES)  # PEM
+
+    @classmethod
+    def of(cls, signed: AggregateSignature | None) -> SignedStatement | None:
+        """The relay of a zone's signature (None: the zone signed nothing)."""
+        return cls(**signed.to_json()) if signed is not None else None
+
+    def signature_bytes(self) -> AggregateSignature:
+        """Back to the zone's :class:`AggregateSignature`; :class:`IntegrityError` if malformed."""
+        try:
+            return AggregateSignature.from_json(self.model_dump())
+        except IntegrityError:
+            raise IntegrityError("the relayed statement of an aggregate is malformed") from None
+
+
 class PublishedAggregate(_Msg):
-    """One aggregate a zone published in a round: the zone, its group and Merkle root."""
+    """One aggregate a zone published in a round: the zone, its group and Merkle root, and
+    the zone's signed statement of it (``signed``; None from a zone without a key)."""
 
     zone: str
     group: str
     merkle_root: str
+    signed: SignedStatement | None = None
 
     @property
     def key(self) -> AggregateKey:
         """``(zone, group)``: which aggregate this is."""
         return AggregateKey(self.zone, self.group)
+
+    @classmethod
+    def of(cls, summary: AggregateSummary) -> PublishedAggregate:
+        """What the coordinator announces of a zone's summary: it relays the zone's signature as it is."""
+        return cls(
+            zone=summary.zone,
+            group=summary.group,
+            merkle_root=summary.merkle_root,
+            signed=SignedStatement.of(summary.signature),
+        )
 
 
 class AppliedRound(_Msg):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedshard.errors import IntegrityError, RefusalCode
+from fedshard.integrity.aggregate_signature import AggregateSignature
 from fedshard.integrity.digest import HASH_NAME
 from fedshard.integrity.manifest import ShardEntry
 from fedshard.residency.router import DEFAULT_GROUP, GLOBAL_GROUP, AggregateKey
@@ -101,7 +102,9 @@ class AggregateSummary:
     """What a zone published when it closed a round.
 
     ``shards`` lists the aggregate shards with their digests; ``merkle_root`` is the
-    root over them, which feeds the model-version chain.
+    root over them, which feeds the model-version chain. ``signature`` is the publishing
+    zone's signed statement of it (None from a zone without a key; see
+    :mod:`fedshard.integrity.aggregate_signature`).
     """
 
     zone: str
@@ -111,6 +114,7 @@ class AggregateSummary:
     sites: tuple[str, ...]
     shards: tuple[ShardEntry, ...]
     group: str = DEFAULT_GROUP
+    signature: AggregateSignature | None = None
 
     @property
     def key(self) -> AggregateKey:

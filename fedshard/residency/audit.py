@@ -329,6 +329,7 @@ def verify_audit_log(
     expected_head: str | None = None,
     verifier: HeadVerifier | None = None,
     allow_adopted: bool = False,
+    zone: str | None = None,
 ) -> AuditVerdict:
     """Check an audit log's chain line by line, and its signed head.
 
@@ -347,6 +348,11 @@ def verify_audit_log(
     allow_adopted:
         Accept lines the zone adopted on reopening (see :class:`Adoption`);
         by default they fail verification, since they may have been appended by anyone.
+    zone:
+        The zone whose log this should be: its records must name it. With a
+        ``verifier``, the signing certificate must in any case be a zone certificate
+        naming the zone (and region) the log's records name, so one zone's log (or one
+        signed with the SuperLink's or another party's key) does not pass for another's.
 
     Returns
     -------
@@ -373,6 +379,10 @@ def verify_audit_log(
     verdict = scan.verdict
     if not verdict.ok:
         return verdict
+    named = sorted(scan.zones)
+    if len({z for z, _ in named}) > 1 or (zone is not None and any(z != zone for z, _ in named)):
+        listed = ", ".join(f"{z} ({r})" for z, r in named)
+        return replace(verdict, ok=False, reason=f"the log's records name zone(s) {listed}, not {zone or 'one zone'}")
     try:
         signed_raw = read_head(hp)
     except ValueError as exc:
@@ -387,7 +397,27 @@ def verify_audit_log(
         signature = (verifier or HeadVerifier()).check(signed_raw)
     except PkiError as exc:
         return replace(verdict, ok=False, reason=f"head file {hp}: {exc}")
+    problem = _signer_problem(signature, named, zone)
+    if problem is not None:
+        return replace(verdict, ok=False, reason=f"head file {hp}: {problem}", signed=signature)
     return _against_head(p, verdict, scan.adoptions, signed_raw, signature, allow_adopted=allow_adopted)
+
+
+def _signer_problem(signature: HeadSignature, named: list[tuple[str, str]], zone: str | None) -> str | None:
+    """Why the certificate that signed the head is not the zone whose log it is (None: it is).
+
+    ``named``: the (zone, region) the log's records name (at most one zone); ``zone``:
+    the one the auditor expects. Unchecked when no pinned certificate or CA vouches for
+    the signer (``holder`` is None)."""
+    holder = signature.holder
+    if holder is None:
+        return None
+    owner = named[0] if named else None
+    if owner is not None and (holder.name, holder.jurisdiction_or_region) != owner:
+        return f"the log is zone {owner[0]} ({owner[1]})'s, but its head is signed with the certificate of {holder}"
+    if zone is not None and holder.name != zone:
+        return f"the head is signed with the certificate of {holder}, not zone {zone}'s"
+    return None
 
 
 def _against_head(

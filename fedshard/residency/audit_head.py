@@ -38,7 +38,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedshard.crypto.identity import Role, load_cert, read_identity, read_pem
+from fedshard.crypto.identity import Identity, Role, claimed_identity, load_cert, read_identity, read_pem
 from fedshard.errors import PkiError
 
 __all__ = [
@@ -195,6 +195,10 @@ class HeadSignature:
         Whether the certificate was checked against a pinned certificate or the
         federation CA; ``False`` means only that the head file is self-consistent
         (anyone can make such a file with a key of their own).
+    holder:
+        Whom the signing certificate names (role, name, region): as the CA vouched for
+        it when a CA was given, as the pinned certificate says otherwise; None when
+        neither was given.
     """
 
     zone: str
@@ -202,6 +206,7 @@ class HeadSignature:
     lines: int
     time: float
     trusted: bool
+    holder: Identity | None = None
 
 
 class HeadVerifier:
@@ -263,11 +268,14 @@ class HeadVerifier:
                 )
         if _common_name(cert) != head.zone:
             raise PkiError(f"the head names zone {head.zone!r} but its certificate is {_common_name(cert)!r}'s")
+        pem = cert.public_bytes(serialization.Encoding.PEM)
+        holder = None
         if self._ca_pem is not None:
-            pem = cert.public_bytes(serialization.Encoding.PEM)
-            identity = read_identity(pem, self._ca_pem, now=datetime.fromtimestamp(head.time, UTC))
-            if identity.role is not Role.ZONE:
-                raise PkiError(f"the head is signed by {identity.role.value} {identity.name!r}, not by a zone")
+            holder = read_identity(pem, self._ca_pem, now=datetime.fromtimestamp(head.time, UTC))
+        elif self._cert is not None:
+            holder = claimed_identity(pem)
+        if holder is not None and holder.role is not Role.ZONE:
+            raise PkiError(f"the head is signed with the certificate of {holder}, not a zone's")
         public = cert.public_key()
         if not isinstance(public, ec.EllipticCurvePublicKey):
             raise PkiError("the signing certificate does not hold an elliptic-curve key")
@@ -278,7 +286,7 @@ class HeadVerifier:
                 f"the head's signature does not verify under zone {head.zone!r}'s certificate: "
                 "the head file was altered or signed with another key"
             ) from None
-        return HeadSignature(head.zone, head.fingerprint, head.lines, head.time, self.anchored)
+        return HeadSignature(head.zone, head.fingerprint, head.lines, head.time, self.anchored, holder)
 
 
 def read_head(path: Path) -> SignedHead | None:

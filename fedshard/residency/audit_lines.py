@@ -149,29 +149,34 @@ def render(record: Mapping[str, Any]) -> bytes:
 class Scan:
     verdict: AuditVerdict
     adoptions: tuple[Adoption, ...]
+    zones: frozenset[tuple[str, str]] = frozenset()  # (zone, region) named by the verified records
 
 
 def scan(fh: BinaryIO, path: Path, expected_head: str | None = None) -> Scan:
     head, count, seen = GENESIS, 0, expected_head is None
     decisions: Counter[str] = Counter()
     adoptions: list[Adoption] = []
+    zones: set[tuple[str, str]] = set()
     for number, raw in enumerate(_lines(fh), start=1):
         try:
             head, record = _check_line(raw, number, head)
         except _BadLineError as bad:
             verdict = AuditVerdict(False, count, head, number, f"line {number} {bad}", decisions=dict(decisions))
-            return Scan(verdict, tuple(adoptions))
+            return Scan(verdict, tuple(adoptions), frozenset(zones))
         count = number
         seen = seen or head == expected_head
         decisions[record["decision"]] += 1
+        if "zone" in record:
+            zones.add((str(record["zone"]), str(record.get("region", ""))))
         if record["decision"] == Decision.ADOPTED:
             first, last = record.get("unsigned_from"), record.get("unsigned_to")
             if isinstance(first, int) and isinstance(last, int):
                 adoptions.append(Adoption(first, last, number, str(record.get("cause", ""))))
     if not seen:
         reason = f"head {expected_head} is not in the log: lines were removed from its end"
-        return Scan(AuditVerdict(False, count, head, count + 1, reason, decisions=dict(decisions)), tuple(adoptions))
-    return Scan(AuditVerdict(True, count, head, decisions=dict(decisions)), tuple(adoptions))
+        verdict = AuditVerdict(False, count, head, count + 1, reason, decisions=dict(decisions))
+        return Scan(verdict, tuple(adoptions), frozenset(zones))
+    return Scan(AuditVerdict(True, count, head, decisions=dict(decisions)), tuple(adoptions), frozenset(zones))
 
 
 def _lines(fh: BinaryIO) -> Iterator[bytes]:

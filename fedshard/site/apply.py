@@ -22,7 +22,7 @@ from fedshard.aggregation import ServerOptimizer
 from fedshard.errors import IntegrityError, RoundError
 from fedshard.integrity import ciphertext_digest, merkle_root, next_version, shard_digest
 from fedshard.protocol.channels import ZoneConnector
-from fedshard.protocol.messages import AppliedRound, ApplyRule
+from fedshard.protocol.messages import AppliedRound, ApplyRule, PublishedAggregate
 from fedshard.protocol.rounds import Aggregate, AggregateKey
 from fedshard.site.retry import FETCH_RETRY
 
@@ -141,6 +141,7 @@ def fetch_view(
 
         what = f"site {site_id}: fetch of aggregate {published.group} of round {applied.round}"
         aggregate = FETCH_RETRY.call(attempt, deadline=deadline, what=what)
+        _check_relayed(site_id, applied.round, published, aggregate)
         if aggregate.summary.merkle_root != published.merkle_root:
             raise IntegrityError(
                 f"site {site_id}: aggregate {published.group} of round {applied.round} from zone "
@@ -151,6 +152,20 @@ def fetch_view(
         out.ciphertexts.update({sid: aggregate.ciphertexts[sid] for sid in wanted if sid in aggregate.ciphertexts})
         del aggregate  # shards this site does not apply go now
     return out
+
+
+def _check_relayed(site_id: str, rnd: int, published: PublishedAggregate, aggregate: Aggregate) -> None:
+    """Refuse an aggregate whose signed statement, as the coordinator relayed it, is not the
+    one its zone served (the zone's signature itself is checked by the site's zone client,
+    under mutual TLS, as it fetches)."""
+    if published.signed is None:
+        return
+    served = aggregate.summary.signature
+    if served is None or published.signed.signature_bytes() != served:
+        raise IntegrityError(
+            f"site {site_id}: the coordinator relayed a statement of aggregate {published.group} of round {rnd} "
+            f"that zone {published.zone} did not serve: refusing to apply it"
+        )
 
 
 def decrypt_aggregate(

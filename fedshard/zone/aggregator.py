@@ -30,6 +30,11 @@ region may not hold), keeps one running mean per aggregate group (``global``,
 ``regional/EU``…), forwards the partial sums of ``global`` shards to the reducing zone
 when it closes a round (or reduces them, if it is that zone), serves an aggregate
 only to sites the policy allows, and writes every decision to its audit log.
+
+The zone takes its peers from its own config: it forwards only to the reducing zone its
+policy names, at the endpoint ``peers`` gives (its config's, or in simulation its serving
+host's), and refuses a close that names any other target. With a ``signer`` (its TLS
+key) every aggregate it publishes carries its signature (:func:`~fedshard.zone.publish.signed`).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ from fedshard.zone.frames import shard_chunks
 from fedshard.zone.intake import PushIntake, lost_reason
 from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares
+from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
 from fedshard.zone.push import ByteBudget, PushSession, check_round_weights
 from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.reduce import Reduction
@@ -77,6 +82,7 @@ from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
+    from fedshard.integrity.aggregate_signature import AggregateSigner
     from fedshard.protocol.channels import ZoneClient
 
 __all__ = ["ZoneAggregator"]
@@ -104,7 +110,15 @@ class ZoneAggregator:
         Where decisions are recorded (append-only, hash-chained).
     connect:
         Makes a client to another zone from ``(name, endpoint)``, for forwarding
-        partial sums to the reducing zone.
+        partial sums to the reducing zone (under mutual TLS: one that checks the peer
+        is that zone, see :func:`fedshard.assembly.tls_connector`).
+    peers:
+        Zone name → endpoint, from the zone's own config (in simulation: its serving
+        host's, who knows the ports; read when a round closes). Partial sums go to the
+        reducing zone at this endpoint, and nowhere else.
+    signer:
+        Signs every published aggregate with the zone's TLS key (None: unsigned, as
+        without mutual TLS).
     he_context:
         The federation's *public* CKKS context, to sum encrypted shards (None: the
         zone refuses encrypted shards). A context holding the secret key is refused.
@@ -125,6 +139,8 @@ class ZoneAggregator:
         connect: Callable[[str, str], ZoneClient] | None = None,
         he_context: Any = None,
         bounds: AggregationConfig | None = None,
+        peers: Mapping[str, str] | None = None,
+        signer: AggregateSigner | None = None,
     ) -> None:
         if he_context is not None and he_context.has_secret_key():
             raise ZoneError(f"zone {name}: refusing a CKKS context with the secret key; zones get the public context")
@@ -135,6 +151,8 @@ class ZoneAggregator:
         self.residency = residency
         self.audit = audit
         self._connect = connect
+        self._peers: Mapping[str, str] = peers if peers is not None else {}
+        self._signer = signer
         self._published = Publications(name, store_dir)
         self._rounds: dict[int, OpenRound] = {}
         self._closed: set[int] = set()
@@ -267,10 +285,14 @@ class ZoneAggregator:
     ) -> list[AggregateSummary]:
         """Stop accepting pushes for ``round`` and publish its aggregates, one per group.
 
-        The partial sums of ``global`` shards go to ``forward_to`` (the reducing
-        zone's ``(name, endpoint)``) unless this zone is the reducing zone; close the
-        other zones first, so that their partial sums have arrived. If forwarding
-        fails the round stays open, so closing it can be retried.
+        The partial sums of ``global`` shards go to the reducing zone of this zone's own
+        config, at the endpoint of its ``peers``, unless this zone is the reducing zone;
+        close the other zones first, so that their partial sums have arrived. If
+        forwarding fails the round stays open, so closing it can be retried.
+
+        ``forward_to`` is where the caller (the coordinator) believes they go: None says
+        nothing; any other target than the zone's own is refused (code ``authority``,
+        audited) and nothing is forwarded.
         """
         try:
             return self._close(round, forward_to, by)
@@ -281,15 +303,13 @@ class ZoneAggregator:
     def _close(self, round: int, forward_to: tuple[str, str] | None, by: str) -> list[AggregateSummary]:
         started = time.perf_counter()
         reducer = self.residency is not None and self.residency.is_reducer
-        if (
-            forward_to is not None
-            and self.residency is not None
-            and forward_to[0] != self.residency.router.reducing_zone
-        ):
+        target = None if reducer else self._forward_target()
+        if forward_to is not None and tuple(forward_to) != target:
+            own = f"{target[0]} at {target[1]}" if target is not None else "nowhere"
             raise ZoneError(
-                f"zone {self.name}: round {round}: partial sums go to the reducing zone "
-                f"{self.residency.router.reducing_zone}, not {forward_to[0]}",
-                RefusalCode.INVALID,
+                f"zone {self.name}: round {round}: partial sums go to the reducing zone of this zone's own config "
+                f"({own}), not {forward_to[0]} at {forward_to[1]}; nothing was forwarded",
+                RefusalCode.AUTHORITY,
             )
         with self._lock:
             if round in self.recovery.lost:
@@ -303,7 +323,7 @@ class ZoneAggregator:
         faults.point("zone.close.start")
         if not reducer:
             try:
-                self._reduction.send(state, forward_to)
+                self._reduction.send(state, target)
             except FedshardError:
                 with self._lock:  # the round is not lost: closing it again retries the forward
                     self._closed.discard(round)
@@ -316,6 +336,8 @@ class ZoneAggregator:
                 continue
             self._check_noise_shares(state, group)
             aggregate, contributors = build_aggregate(self.name, state, group)
+            if self._signer is not None:
+                aggregate = signed(aggregate, self._signer, self.region, state)
             self._published.publish(aggregate, contributors)
             faults.point("zone.publish.written")
             summary = aggregate.summary
@@ -333,6 +355,13 @@ class ZoneAggregator:
             self._journal.write(round, RoundState.PUBLISHED, tuple(s.group for s in summaries))
         self.stats.closed(time.perf_counter() - started)
         return summaries
+
+    def _forward_target(self) -> tuple[str, str] | None:
+        """The reducing zone of this zone's own config and its endpoint (None: no reducing
+        zone, or no endpoint for it)."""
+        reducing = self.residency.router.reducing_zone if self.residency is not None else None
+        endpoint = self._peers.get(reducing) if reducing is not None else None
+        return (reducing, endpoint) if reducing is not None and endpoint else None
 
     def _check_noise_shares(self, state: OpenRound, group: str) -> None:
         """Refuse to publish an encrypted shard that holds fewer sites' noise shares than accounted."""

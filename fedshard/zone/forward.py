@@ -65,20 +65,25 @@ def send_partial_sums(
     state: OpenRound, zone: str, connect: ZoneConnector | None, forward_to: tuple[str, str] | None
 ) -> PartialSum | None:
     """Forward ``state``'s ``global`` partial sums to ``forward_to`` = the reducing zone's
-    ``(name, endpoint)``; what was sent (None: nothing to send).
+    ``(name, endpoint)`` from the zone's own config, through ``connect`` (under mutual
+    TLS it checks the peer's certificate names that zone); what was sent (None: nothing
+    to send).
 
     Raises
     ------
     ZoneError
-        There are global sums but no reducing zone to send them to (code
-        :attr:`~RefusalCode.LIFECYCLE`), or the reducing zone refused them.
+        There are global sums but no reducing zone (with an endpoint) to send them to
+        (code :attr:`~RefusalCode.LIFECYCLE`), or the reducing zone refused them.
+    PeerIdentityError
+        The server at the reducing zone's endpoint is not that zone; nothing was sent.
     """
     partial, sums = partial_sums(state, zone)
     if not partial.entries:
         return None
     if forward_to is None or connect is None:
         raise ZoneError(
-            f"zone {zone}: round {state.spec.round} has global shards but no reducing zone to forward them to",
+            f"zone {zone}: round {state.spec.round} has global shards but no reducing zone to forward them to "
+            "(its config names none, or no endpoint for it)",
             RefusalCode.LIFECYCLE,
         )
     client = connect(*forward_to)

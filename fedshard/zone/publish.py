@@ -8,6 +8,11 @@ model; the means are within the bound stated in
 are (sites divide after decrypting), listed in a summary with every shard's digest, its ``encrypted`` flag and
 the Merkle root over them (which feeds the model-version chain).
 
+A zone with a key signs each aggregate it publishes (:func:`signed`): a statement of its
+round, group, Merkle root, total weight and contributors with their weights, under the
+zone's TLS key (:mod:`fedshard.integrity.aggregate_signature`); sites apply nothing
+else.
+
 A zone with a store keeps every published aggregate (:class:`AggregateStore`), so it
 serves older rounds and survives a restart; what it reads back is checked against its
 Merkle root.
@@ -16,7 +21,11 @@ Stored format and its contract (``format`` in each snapshot's metadata): a store
 aggregate never changes meaning.
 
 * **3**: clear shards as arrays, ciphertexts as ``(1, n)`` uint8 arrays, and the
-  metadata lists the ``encrypted`` shard ids; the root is over BLAKE3 digests.
+  metadata lists the ``encrypted`` shard ids; the root is over BLAKE3 digests. From a
+  zone with a key the metadata also holds ``signature``, the zone's signed statement
+  (:meth:`AggregateSignature.to_json`), served with the aggregate; one stored without it
+  (by a zone without a key, or before zones signed) is served unsigned, and sites under
+  mutual TLS refuse to apply it.
 * **2** (the same, with SHA-256 digests) and **1** (no ``format`` key, no list):
   written before BLAKE3 (manifest format 3); this version cannot check their roots, so
   it refuses to serve them, in one line (code ``corrupt``), and leaves them as they are.
@@ -26,12 +35,14 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from fedshard.errors import AggregateNotFoundError, IntegrityError, RefusalCode
 from fedshard.integrity import ShardEntry, ciphertext_digest, merkle_root, shard_digest
+from fedshard.integrity.aggregate_signature import AggregateSignature, AggregateSigner, AggregateStatement
 from fedshard.protocol.rounds import Aggregate, AggregateSummary
 from fedshard.store import LocalShardStore
 from fedshard.zone.state import OpenRound
@@ -43,6 +54,7 @@ __all__ = [
     "Publications",
     "build_aggregate",
     "missing_noise_shares",
+    "signed",
     "summarize",
 ]
 
@@ -88,6 +100,16 @@ def build_aggregate(zone: str, state: OpenRound, group: str) -> tuple[Aggregate,
     return Aggregate(summary, means, ciphertexts), contributors
 
 
+def signed(aggregate: Aggregate, signer: AggregateSigner, region: str, state: OpenRound) -> Aggregate:
+    """``aggregate`` with the zone's signature over its statement: the zone (in ``region``),
+    round, group, Merkle root, total weight and every contributor with the weight ``state``'s
+    round fixed for it."""
+    s = aggregate.summary
+    weights = {site: state.spec.weight_for(site) for site in s.sites}
+    statement = AggregateStatement.of(s.zone, region, s.round, s.group, s.merkle_root, s.total_weight, weights)
+    return replace(aggregate, summary=replace(s, signature=signer.sign(statement)))
+
+
 def missing_noise_shares(state: OpenRound, group: str, needed: int) -> str | None:
     """An encrypted shard of ``group`` that holds fewer than ``needed`` sites' noise shares
     (with distributed DP noise it carries less noise than the sites accounted), if any."""
@@ -129,6 +151,8 @@ class AggregateStore:
             "contributors": contributors,
             "encrypted": sorted(aggregate.ciphertexts),
         }
+        if summary.signature is not None:
+            meta["signature"] = summary.signature.to_json()
         self._store.save(self.key(summary.round, summary.group), arrays, meta)
 
     def sync(self) -> None:
@@ -175,6 +199,14 @@ class AggregateStore:
                 f"zone {zone}: stored aggregate {group} of round {round} fails its Merkle root",
                 code=RefusalCode.CORRUPT,
             )
+        if "signature" in meta:
+            try:
+                summary = replace(summary, signature=AggregateSignature.from_json(meta["signature"]))
+            except IntegrityError:
+                raise IntegrityError(
+                    f"zone {zone}: stored aggregate {group} of round {round} has a malformed signature",
+                    code=RefusalCode.CORRUPT,
+                ) from None
         contributors = {sid: list(v) for sid, v in meta.get("contributors", {}).items()}
         return Aggregate(summary, means, ciphertexts), contributors
 

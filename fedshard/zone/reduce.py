@@ -161,7 +161,8 @@ class Reduction:
 
     def send(self, state: OpenRound, forward_to: tuple[str, str] | None) -> None:
         """Forward ``state``'s partial sums of ``global`` shards to ``forward_to``, the
-        reducing zone's ``(name, endpoint)`` (nothing to send: nothing done); counted and audited."""
+        reducing zone's ``(name, endpoint)`` from this zone's own config (nothing to send:
+        nothing done); counted and audited."""
         partial = send_partial_sums(state, self.zone, self._connect, forward_to)
         if partial is None or forward_to is None:
             return

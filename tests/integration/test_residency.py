@@ -341,7 +341,7 @@ def test_mtls_origin_comes_from_the_certificate_and_zones_forward_over_mtls(tmp_
     servers, endpoints, made = [], {}, {}
     try:
         for zc in config.zones:
-            made[zc.name] = make_zone(zc, tmp_path / "store", routing=routing, tls=tls[zc.name])
+            made[zc.name] = make_zone(zc, tmp_path / "store", routing=routing, tls=tls[zc.name], peers=endpoints)
             server, port = serve(made[zc.name], "127.0.0.1:0", tls=tls[zc.name])
             servers.append(server)
             endpoints[zc.name] = f"localhost:{port}"

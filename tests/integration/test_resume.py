@@ -313,7 +313,7 @@ def test_a_zone_dead_during_pushes_aborts_the_round_not_the_federation(federatio
     routing = FederationRouting(config)
     servers, endpoints = {}, {}
     for zc in config.zones:
-        zone = make_zone(zc, tmp_path / "zones", routing=routing, site_keys=keys)
+        zone = make_zone(zc, tmp_path / "zones", routing=routing, site_keys=keys, peers=endpoints)
         servers[zc.name], port = serve(zone, "127.0.0.1:0", parties=streaming_parties(config))
         endpoints[zc.name] = f"127.0.0.1:{port}"
     sites = {s.id: make_site(config, s.id, tmp_path / "sites", routing) for s in config.sites}

@@ -79,10 +79,12 @@ class LiveFederation:
         return [s.id for s in self.config.sites]
 
     def tls(self, who: str) -> TlsFiles:
-        """Certificate of ``who``: ``"coordinator"``, a zone name, a site id or :data:`OUTSIDER`."""
+        """Certificate of ``who``: ``"coordinator"``, ``"superlink"``, a zone name, a site id or :data:`OUTSIDER`."""
         agg = self.keys.aggregator
         if who == "coordinator":
             return agg.coordinator
+        if who == "superlink":
+            return agg.superlink
         if who in self.endpoints:
             return agg.zone(who)
         if who == OUTSIDER:

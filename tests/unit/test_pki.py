@@ -1,4 +1,5 @@
-"""Federation PKI: CA, zone and site certificates, identities read back, files written once."""
+"""Federation PKI: CA, zone, site, coordinator and SuperLink certificates, identities read back,
+files written once; certificates of an earlier release read and re-issued (``keys upgrade``)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedshard.crypto.identity import REGION_OID, ROLE_OID, ZoneId, claimed_identity, utf8_string, zone_host
 from fedshard.crypto.pki import (
     JURISDICTION_OID,
     CaPaths,
     Identity,
     Role,
     init_ca,
+    issue_coordinator,
     issue_site,
+    issue_superlink,
     issue_zone,
     read_identity,
     read_pem,
+    reissue,
 )
 from fedshard.errors import ConfigError, FedshardError, PkiError
 
@@ -65,7 +70,7 @@ def test_zone_identity_carries_region_and_hosts(ca: CaPaths, tmp_path: Path) -> 
 
     cert = x509.load_pem_x509_certificate(zone.cert.read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.DNSName) == ["zone.example"]
+    assert sans.get_values_for_type(x509.DNSName) == ["zone.example", zone_host("eu-central", "EU")]
     assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("::1")]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -75,7 +80,7 @@ def test_default_zone_hosts_are_loopback(ca: CaPaths, tmp_path: Path) -> None:
     zone = issue_zone(ca.cert.parent, "eu-1", "EU", tmp_path, now=T0)
     sans = x509.load_pem_x509_certificate(zone.cert.read_bytes()).extensions
     names = sans.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost", zone_host("eu-1", "EU")]
     assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
 
 
@@ -214,3 +219,141 @@ def test_mismatched_ca_key_is_refused(ca: CaPaths, tmp_path: Path) -> None:
 def test_naive_now_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         init_ca(tmp_path, now=datetime(2030, 1, 1))
+
+
+# -- roles and zone identities -----------------------------------------------------------------------------
+
+
+def _role_of(path: Path) -> str | None:
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    try:
+        value = cert.extensions.get_extension_for_oid(ROLE_OID).value
+    except x509.ExtensionNotFound:
+        return None
+    assert isinstance(value, x509.UnrecognizedExtension)
+    return value.value[2:].decode()
+
+
+def test_every_certificate_names_its_role(ca: CaPaths, tmp_path: Path) -> None:
+    issued = {
+        Role.SITE: issue_site(ca.cert.parent, "s1", "EU", tmp_path, now=T0),
+        Role.ZONE: issue_zone(ca.cert.parent, "eu-1", "EU", tmp_path, now=T0),
+        Role.COORDINATOR: issue_coordinator(ca.cert.parent, "EU", tmp_path, now=T0),
+        Role.SUPERLINK: issue_superlink(ca.cert.parent, "EU", tmp_path, hosts=("link.example",), now=T0),
+    }
+    for role, paths in issued.items():
+        assert _role_of(paths.cert) == role.value
+        identity = read_identity(paths.cert.read_bytes(), ca.cert.read_bytes(), now=T0)
+        assert identity.role is role and not identity.legacy
+    superlink = x509.load_pem_x509_certificate(issued[Role.SUPERLINK].cert.read_bytes())
+    names = superlink.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["link.example"]  # no zone's identity name
+    assert list(superlink.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH
+    ]
+
+
+def test_zone_hosts_differ_by_name_region_and_case() -> None:
+    hosts = {
+        zone_host(n, r) for n, r in [("eu-1", "EU"), ("eu-1", "US"), ("EU-1", "EU"), ("eu_1", "EU"), ("eu.1", "EU")]
+    }
+    assert len(hosts) == 5
+    assert all(h.endswith(".zone.fedshard.invalid") and h.count(".") == 3 for h in hosts)
+    assert ZoneId("eu-1", "EU").host == zone_host("eu-1", "EU")
+    long = zone_host("z" * 63, "ABCDEFGH")
+    assert len(long.split(".")[0]) <= 63
+
+
+def _legacy(ca: CaPaths, tmp_path: Path, name: str, place: str, *, server: bool) -> Path:
+    """A certificate as fedshard issued it before roles were written (no ROLE_OID, no zone host)."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    eku = (
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server
+        else [ExtendedKeyUsageOID.CLIENT_AUTH]
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(T0 - timedelta(days=1))
+        .not_valid_after(T0 + timedelta(days=100))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(eku), critical=False)
+        .add_extension(
+            x509.UnrecognizedExtension(REGION_OID if server else JURISDICTION_OID, utf8_string(place)), critical=False
+        )
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+    )
+    path = tmp_path / f"{name}.pem"
+    path.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    path.with_suffix(".key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return path
+
+
+def test_legacy_certificates_are_read_by_their_key_usage(ca: CaPaths, tmp_path: Path) -> None:
+    site = read_identity(_legacy(ca, tmp_path, "s1", "EU", server=False).read_bytes(), ca.cert.read_bytes(), now=T0)
+    zone = read_identity(_legacy(ca, tmp_path, "eu-1", "EU", server=True).read_bytes(), ca.cert.read_bytes(), now=T0)
+    assert (site.role, site.legacy) == (Role.SITE, True)
+    assert (zone.role, zone.legacy) == (Role.ZONE, True)
+
+
+def test_reissue_keeps_the_key_adds_role_and_zone_host_and_is_idempotent(ca: CaPaths, tmp_path: Path) -> None:
+    path = _legacy(ca, tmp_path, "eu-1", "EU", server=True)
+    old = x509.load_pem_x509_certificate(path.read_bytes())
+    identity = reissue(ca.cert.parent, path, Role.ZONE, now=T0)
+    assert identity is not None and (identity.name, identity.jurisdiction_or_region) == ("eu-1", "EU")
+    new = x509.load_pem_x509_certificate(path.read_bytes())
+    assert new.public_key() == old.public_key()  # the zone keeps its key: nothing secret moves
+    assert new.not_valid_after_utc == old.not_valid_after_utc
+    dns = new.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert dns == ["localhost", zone_host("eu-1", "EU")]
+    assert _role_of(path) == "zone"
+    assert not read_identity(path.read_bytes(), ca.cert.read_bytes(), now=T0).legacy
+    before = path.read_bytes()
+    assert reissue(ca.cert.parent, path, Role.ZONE, now=T0) is None  # current: left as it is
+    assert path.read_bytes() == before
+
+
+def test_reissue_makes_the_old_superlink_zone_certificate_a_superlink_one(ca: CaPaths, tmp_path: Path) -> None:
+    path = _legacy(ca, tmp_path, "superlink", "EU", server=True)
+    identity = reissue(ca.cert.parent, path, Role.SUPERLINK, now=T0)
+    assert identity is not None and identity.role is Role.SUPERLINK
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    dns = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert dns == ["localhost"]
+    site = issue_site(ca.cert.parent, "s1", "EU", tmp_path / "s", now=T0)
+    with pytest.raises(PkiError, match="not of a zone"):
+        reissue(ca.cert.parent, site.cert, Role.ZONE, now=T0)
+
+
+def test_a_certificate_claiming_a_role_against_its_key_usage_is_refused(ca: CaPaths, tmp_path: Path) -> None:
+    path = _legacy(ca, tmp_path, "s1", "EU", server=False)
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    for role in ("zone", "superlink", "emperor"):
+        builder = x509.CertificateBuilder(
+            cert.issuer,
+            cert.subject,
+            cert.public_key(),
+            x509.random_serial_number(),
+            cert.not_valid_before_utc,
+            cert.not_valid_after_utc,
+            [
+                *cert.extensions,
+                x509.Extension(ROLE_OID, False, x509.UnrecognizedExtension(ROLE_OID, utf8_string(role))),
+            ],
+        )
+        pem = builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+        with pytest.raises(PkiError, match="role"):
+            read_identity(pem, ca.cert.read_bytes(), now=T0)
+        with pytest.raises(PkiError, match="role"):
+            claimed_identity(pem)

@@ -1,12 +1,18 @@
-"""Push frames serialised by hand (``convert.push_frames``) are the bytes protobuf writes."""
+"""Push frames serialised by hand (``convert.push_frames``) are the bytes protobuf writes; summaries
+keep their zone signature on the wire."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fedshard.integrity import ShardEntry
+from fedshard.integrity.aggregate_signature import AggregateSignature
+from fedshard.protocol.rounds import AggregateSummary
 from fedshard.zone.frames import Chunk
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc.convert import (
@@ -14,9 +20,11 @@ from fedshard.zone.rpc.convert import (
     STREAM_WINDOW,
     chunks,
     encode_chunk_frame,
+    header_to_summary,
     push_frames,
     receive_limit,
     server_options,
+    summary_to_header,
 )
 
 HEADER = pb.PushHeader(manifest=b"manifest", round_token="token")
@@ -62,3 +70,13 @@ def test_a_stream_window_holds_several_whole_chunk_frames() -> None:
     assert options["grpc.max_receive_message_length"] == receive_limit(16 << 20)
     assert options["grpc.http2.lookahead_bytes"] == STREAM_WINDOW == dict(GRPC_OPTIONS)["grpc.http2.lookahead_bytes"]
     assert 2 * receive_limit(0) <= STREAM_WINDOW  # the next frame streams while the handler checks one
+
+
+def test_an_aggregate_summary_keeps_its_zone_signature_on_the_wire() -> None:
+    entries = (ShardEntry("w#r0c0", "d" * 64, 48),)
+    unsigned = AggregateSummary("eu-1", 3, "r" * 64, 6.0, ("a", "b"), entries, "global")
+    signature = AggregateSignature(b'{"format":1}', b"\x30\x45" + bytes(69), b"-----BEGIN CERTIFICATE-----\n")
+    for summary in (unsigned, replace(unsigned, signature=signature)):
+        wire = summary_to_header(summary).SerializeToString()
+        assert header_to_summary(pb.AggregateHeader.FromString(wire)) == summary
+    assert not summary_to_header(unsigned).HasField("signature")

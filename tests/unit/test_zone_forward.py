@@ -375,12 +375,19 @@ class _Link:
 
 def test_a_close_whose_forward_fails_keeps_the_round_for_a_retry(zone: ZoneAggregator) -> None:
     assert zone.residency is not None
-    links: dict[str, _Link] = {}
+    link = _Link(zone, up=False)
+    dialled: list[tuple[str, str]] = []
+
+    def connect(name: str, endpoint: str) -> _Link:
+        dialled.append((name, endpoint))
+        return link
+
     us = ZoneAggregator(
         "us-1",
         "US",
         residency=replace(zone.residency, zone="us-1", region="US"),
-        connect=lambda name, endpoint: links.setdefault(endpoint, _Link(zone, endpoint != "dead")),  # type: ignore[arg-type,return-value]
+        connect=connect,  # type: ignore[arg-type]
+        peers={"eu-1": "10.0.0.1:9201", "us-1": "10.0.0.2:9201"},  # the zone's own config
     )
     us.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=FORWARD_WEIGHTS))
     update = random_update(3, PLAN)
@@ -398,10 +405,16 @@ def test_a_close_whose_forward_fails_keeps_the_round_for_a_retry(zone: ZoneAggre
     us.push(manifest, TOKEN, update)
 
     with pytest.raises(ZoneError, match="unreachable"):
-        us.close_round(1, forward_to=("eu-1", "dead"))
-    with pytest.raises(ZoneError, match="go to the reducing zone eu-1, not us-2"):
-        us.close_round(1, forward_to=("us-2", "live"))
-    assert us.close_round(1, forward_to=("eu-1", "live")) == []  # the round was kept: the retry forwards it
+        us.close_round(1)
+    # a coordinator naming another zone, or another endpoint for the reducing zone, is refused: nothing dialled
+    for target in (("us-2", "10.0.0.1:9201"), ("eu-1", "127.0.0.1:9"), ("us-1", "10.0.0.2:9201")):
+        with pytest.raises(ZoneError, match=r"own config \(eu-1 at 10.0.0.1:9201\)") as info:
+            us.close_round(1, forward_to=target)
+        assert info.value.code is RefusalCode.AUTHORITY
+    assert dialled == [("eu-1", "10.0.0.1:9201")]
+    link.up = True
+    assert us.close_round(1, forward_to=("eu-1", "10.0.0.1:9201")) == []  # the round was kept: the retry forwards it
+    assert dialled == [("eu-1", "10.0.0.1:9201")] * 2
     (summary,) = zone.close_round(1)
     assert summary.sites == ("site-a",) and summary.total_weight == 4.0
     aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="US").means

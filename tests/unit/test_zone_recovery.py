@@ -224,6 +224,7 @@ def test_a_reducing_zone_that_restarts_has_lost_the_forwarded_sums_and_refuses_t
         "US",
         residency=replace(policy, zone="us-1", region="US"),
         connect=lambda n, e: Link(),  # type: ignore[arg-type,return-value]
+        peers={"eu-1": "live"},
     )
     for zone in (reducer["eu-1"], us):
         zone.open_round(spec)

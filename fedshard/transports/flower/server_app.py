@@ -62,7 +62,7 @@ def create_server_app(
             grid, min_nodes=len(config.sites), wait_s=config.federation.round_timeout_s, engine_alive=alive
         )
         tls = TlsFiles(**json.loads(str(settings["zone-tls"]))) if settings.get("zone-tls") else None
-        connect = tls_connector(tls)
+        connect = tls_connector(tls, {z.name: z.region for z in config.zones})  # each zone's identity checked
         zones = {name: connect(name, ep) for name, ep in endpoints.items()}
         membership = None
         if settings.get("membership"):

@@ -11,8 +11,10 @@ CloseRound     the coordinator (closing and aborting alike)
 Push           a site of the federation, for itself (the manifest's ``site_id``)
 Forward        a zone of the federation, for itself, and only to the reducing zone
 FetchAggregate a site of the federation (residency then decides what it is served)
-Info           any holder of a certificate the federation CA signed
+Info           any party of the federation
 =============  ===================================================================
+
+The SuperLink's certificate (role ``superlink``) may make no call at all.
 
 A certificate the CA signed for a party the federation config does not list (a
 leaked or mistakenly issued one) is refused with :attr:`~RefusalCode.MEMBER`; a member
@@ -47,11 +49,11 @@ ALLOWED: MappingProxyType[Call, frozenset[Role]] = MappingProxyType(
         Call.PUSH: frozenset({Role.SITE}),
         Call.FORWARD: frozenset({Role.ZONE}),
         Call.FETCH: frozenset({Role.SITE}),
-        Call.INFO: frozenset(Role),
+        Call.INFO: frozenset({Role.SITE, Role.ZONE, Role.COORDINATOR}),
         Call.RECONFIGURE: frozenset({Role.COORDINATOR}),
     }
 )
-"""The roles that may make each call."""
+"""The roles that may make each call (the SuperLink: none)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class Members:
             return identity.name in self.sites
         if identity.role is Role.ZONE:
             return identity.name in self.zones
-        return identity.role is Role.COORDINATOR
+        return identity.role is Role.COORDINATOR  # the SuperLink is no member of the data plane
 
 
 class Authority:
@@ -127,6 +129,11 @@ class Authority:
         if identity is None:
             return
         who = f"{identity.role.value} {identity.name!r}"
+        if identity.role is Role.SUPERLINK:
+            raise PushRejectedError(
+                f"zone {self.zone}: {who} holds the SuperLink's certificate, which may make no call at a zone",
+                RefusalCode.AUTHORITY,
+            )
         if self.members is not None and not self.members.admits(identity):
             raise PushRejectedError(
                 f"zone {self.zone}: {who} holds a certificate of the federation CA but is not a member of the "

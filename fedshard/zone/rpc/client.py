@@ -1,5 +1,14 @@
-"""Client of a zone's gRPC service, used by sites (push, fetch) and the coordinator
-(open, close). Implements :class:`fedshard.protocol.channels.ZoneClient`."""
+"""Client of a zone's gRPC service, used by sites (push, fetch), the coordinator (open,
+close) and zones (forward). Implements :class:`fedshard.protocol.channels.ZoneClient`.
+
+With mutual TLS and the zone it expects (``zone``: name and region from the caller's own
+config) the client completes a handshake only with that zone's certificate
+(:func:`~fedshard.crypto.tls.zone_channel_options`), so nothing is sent to anyone else,
+whatever endpoint it was given; a failed handshake is one line naming the zone expected
+and what answered instead (:class:`~fedshard.errors.PeerIdentityError`). Every aggregate
+it fetches must then carry that zone's signature over exactly what was fetched
+(:func:`~fedshard.integrity.aggregate_signature.check_aggregate`).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +21,11 @@ from typing import Any
 import grpc
 import numpy as np
 
-from fedshard.crypto.tls import TlsFiles
-from fedshard.errors import FedshardError, FrameError, IntegrityError, RefusalCode, ZoneError
+from fedshard.crypto.identity import ZoneId
+from fedshard.crypto.tls import TlsFiles, channel_credentials, describe_peer, zone_channel_options
+from fedshard.errors import FedshardError, FrameError, IntegrityError, PeerIdentityError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest, merkle_root
+from fedshard.integrity.aggregate_signature import check_aggregate
 from fedshard.protocol.rounds import (
     DEFAULT_GROUP,
     Aggregate,
@@ -32,6 +43,8 @@ from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
 
+_NO_CONNECTION = "Failed to connect to remote host"  # gRPC's words when no TCP connection was made: no peer to ask
+
 
 class GrpcZoneClient:
     """Talks to one zone over gRPC.
@@ -44,18 +57,33 @@ class GrpcZoneClient:
         Seconds allowed for each call.
     tls:
         This party's certificate, key and the federation CA, for mutual TLS.
+    zone:
+        With ``tls``: the zone expected at ``endpoint`` (name and region, from this
+        party's own config); the handshake fails against any other certificate, and
+        every fetched aggregate must be signed by it. None: any certificate the CA
+        issued for the host dialled (tools, tests), and aggregates are not checked.
     """
 
     def __init__(
-        self, endpoint: str, timeout: float = 300.0, chunk_bytes: int = CHUNK_BYTES, tls: TlsFiles | None = None
+        self,
+        endpoint: str,
+        timeout: float = 300.0,
+        chunk_bytes: int = CHUNK_BYTES,
+        tls: TlsFiles | None = None,
+        zone: ZoneId | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
+        self.zone = zone
+        self._tls = tls
+        self._ca: bytes | None = None
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint, options=GRPC_OPTIONS)
         else:
-            self._channel = grpc.secure_channel(endpoint, tls.channel(), options=GRPC_OPTIONS)
+            cert, key, self._ca = tls.read()
+            options = [*GRPC_OPTIONS, *(zone_channel_options(zone) if zone is not None else [])]
+            self._channel = grpc.secure_channel(endpoint, channel_credentials(self._ca, cert, key), options=options)
         self._stub = pb_grpc.ZoneStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
@@ -77,6 +105,16 @@ class GrpcZoneClient:
         )
 
     def _error(self, exc: grpc.RpcError) -> FedshardError:
+        if (
+            exc.code() == grpc.StatusCode.UNAVAILABLE
+            and self._tls is not None
+            and self.zone is not None
+            and _NO_CONNECTION not in (exc.details() or "")
+        ):
+            # a failed handshake looks like a zone that is down: ask the peer what it holds
+            wrong = describe_peer(self.endpoint, self._tls, self.zone)
+            if wrong is not None:
+                return PeerIdentityError(wrong)
         return error_from_rpc(exc, self.endpoint)
 
     def info(self) -> tuple[str, str]:
@@ -150,9 +188,11 @@ class GrpcZoneClient:
         return PushReceipt(reply.zone, reply.round, reply.site_id, reply.shards, reply.bytes, fold_s)
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
-        """Close ``round``; the summaries of the aggregates it published (one per group).
+        """Close ``round``; the summaries of the aggregates it published (one per group), each
+        with the zone's signature when it has a key.
 
-        ``forward_to`` is the reducing zone's ``(name, endpoint)``.
+        ``forward_to``: the reducing zone's ``(name, endpoint)`` as the caller sees it; the
+        zone forwards to its own config's and refuses a close naming another.
         """
         zone, endpoint = forward_to or ("", "")
         request = pb.CloseRoundRequest(round=round, forward_zone=zone, forward_endpoint=endpoint)
@@ -185,7 +225,8 @@ class GrpcZoneClient:
         """Download aggregate ``group`` of ``round``: means, and encrypted sums as ``bytes``.
 
         Every shard is held to the aggregate's summary (offsets, sizes, digests, its
-        ``encrypted`` flag) and the summary to its Merkle root. ``site_id`` says who
+        ``encrypted`` flag) and the summary to its Merkle root; with mutual TLS and an
+        expected zone, the summary to the zone's signature. ``site_id`` says who
         asks (the zone checks that the policy lets that site's jurisdiction receive
         it; under mTLS the certificate says who asks).
 
@@ -194,7 +235,8 @@ class GrpcZoneClient:
         FrameError
             The stream breaks what its summary declares, with the code of the check.
         IntegrityError
-            The summary's own Merkle root does not match its shard list.
+            The summary's own Merkle root does not match its shard list, or the aggregate
+            is not signed by the expected zone exactly as fetched.
         """
         request = pb.FetchAggregateRequest(round=round, group=group, site_id=site_id)
         try:
@@ -209,6 +251,19 @@ class GrpcZoneClient:
             means, ciphertexts = _assemble(frames, summary, where)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        if self._ca is not None and self.zone is not None:
+            if summary.zone != self.zone.name:
+                raise IntegrityError(f"{where}: asked {self.zone}, the aggregate names zone {summary.zone}")
+            check_aggregate(
+                summary.signature,
+                self._ca,
+                self.zone,
+                round=round,
+                group=group,
+                merkle_root=summary.merkle_root,
+                total_weight=summary.total_weight,
+                sites=summary.sites,
+            )
         return Aggregate(summary, means, ciphertexts)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping
 
 from fedshard.integrity import ShardEntry
+from fedshard.integrity.aggregate_signature import AggregateSignature
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, ShardPayload
 from fedshard.zone.frames import Buffer, Chunk, shard_chunks
 from fedshard.zone.rpc import zone_pb2 as pb
@@ -141,6 +142,7 @@ def chunk_of(message: pb.ShardChunk) -> Chunk:
 
 def summary_to_header(summary: AggregateSummary) -> pb.AggregateHeader:
     """AggregateSummary → protobuf."""
+    signed = summary.signature
     return pb.AggregateHeader(
         zone=summary.zone,
         round=summary.round,
@@ -152,6 +154,11 @@ def summary_to_header(summary: AggregateSummary) -> pb.AggregateHeader:
             for e in summary.shards
         ],
         group=summary.group,
+        signature=(
+            pb.ZoneSignature(statement=signed.statement, signature=signed.signature, certificate=signed.certificate)
+            if signed is not None
+            else None
+        ),
     )
 
 
@@ -165,4 +172,9 @@ def header_to_summary(header: pb.AggregateHeader) -> AggregateSummary:
         sites=tuple(header.sites),
         shards=tuple(ShardEntry(s.shard_id, s.digest, s.nbytes, encrypted=s.encrypted) for s in header.shards),
         group=header.group or DEFAULT_GROUP,
+        signature=(
+            AggregateSignature(header.signature.statement, header.signature.signature, header.signature.certificate)
+            if header.HasField("signature")
+            else None
+        ),
     )

@@ -125,7 +125,7 @@ class ShardDigest(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., encrypted: _Optional[bool] = ...) -> None: ...
 
 class AggregateHeader(_message.Message):
-    __slots__ = ("zone", "round", "merkle_root", "total_weight", "sites", "shards", "group")
+    __slots__ = ("zone", "round", "merkle_root", "total_weight", "sites", "shards", "group", "signature")
     ZONE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MERKLE_ROOT_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class AggregateHeader(_message.Message):
     SITES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     zone: str
     round: int
     merkle_root: str
@@ -140,7 +141,18 @@ class AggregateHeader(_message.Message):
     sites: _containers.RepeatedScalarFieldContainer[str]
     shards: _containers.RepeatedCompositeFieldContainer[ShardDigest]
     group: str
-    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., merkle_root: _Optional[str] = ..., total_weight: _Optional[float] = ..., sites: _Optional[_Iterable[str]] = ..., shards: _Optional[_Iterable[_Union[ShardDigest, _Mapping]]] = ..., group: _Optional[str] = ...) -> None: ...
+    signature: ZoneSignature
+    def __init__(self, zone: _Optional[str] = ..., round: _Optional[int] = ..., merkle_root: _Optional[str] = ..., total_weight: _Optional[float] = ..., sites: _Optional[_Iterable[str]] = ..., shards: _Optional[_Iterable[_Union[ShardDigest, _Mapping]]] = ..., group: _Optional[str] = ..., signature: _Optional[_Union[ZoneSignature, _Mapping]] = ...) -> None: ...
+
+class ZoneSignature(_message.Message):
+    __slots__ = ("statement", "signature", "certificate")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    certificate: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
 
 class FetchAggregateRequest(_message.Message):
     __slots__ = ("round", "group", "site_id")
