@@ -62,6 +62,7 @@ from fedshard.protocol.messages import (
     PrivacyPlan,
     PublishedAggregate,
     QueryRequest,
+    SignedStatement,
     SiteInfo,
     TrainInstruction,
     TrainReport,
@@ -252,7 +253,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
         mp.setattr(GrpcZoneClient, "push", dialled)
         sites = {s: deployed_site_for(paths[s]) for s in SITES}
-        connect = tls_connector(keys.coordinator)
+        connect = tls_connector(keys.coordinator, {z.name: z.region for z in config.zones})
         endpoints = {z.name: z.endpoint for z in config.zones}
         clients = {name: connect(name, ep) for name, ep in endpoints.items()}
         d = Deployment(
@@ -319,17 +320,26 @@ def test_item_3_endpoints_the_coordinator_names_reach_no_other_party(deployment:
 
 
 def test_item_4_roots_the_coordinator_invents_are_never_applied(deployment: Deployment) -> None:
-    """Invented roots are refused (the site's chain would not reach the head); an aggregate announced
-    at a zone the site's routes do not name is never fetched: the site applies what it verified."""
+    """Invented roots are refused (the site's chain would not reach the head), and so is a relayed
+    zone statement other than the one the zone serves; an aggregate announced at a zone the
+    site's routes do not name is never fetched, and a relay without statements changes nothing
+    (the site checks the signature the zone serves): the site applies what it verified."""
     d, site_id = deployment, "mayo-rochester"
-    for how in ("root invented", "aggregate roots invented"):
+    for how in (
+        "root invented",
+        "aggregate roots invented",
+        "signatures swapped",
+        "signature of another zone's statement",
+    ):
         message = _honest(d, site_id).model_copy(update={"missed": _missed(d, site_id, how)})
         dp_before, pushes_before = len(d.dp_runs), len(d.pushes)
         reply = d.send(site_id, MessageKind.TRAIN, message)
         assert isinstance(reply, TrainReport) and not reply.ok, how
         _check_reply(d, site_id, reply, dp_before, pushes_before)
         assert str(d.sites[site_id].store.meta()["version"]) == d.genesis, how
-    message = _honest(d, site_id).model_copy(update={"missed": _missed(d, site_id, "aggregate from an unknown zone")})
+    both = _missed(d, site_id, "aggregate from an unknown zone")[0]
+    unsigned = both.model_copy(update={"aggregates": [a.model_copy(update={"signed": None}) for a in both.aggregates]})
+    message = _honest(d, site_id).model_copy(update={"missed": [unsigned]})
     dp_before, pushes_before = len(d.dp_runs), len(d.pushes)
     reply = d.send(site_id, MessageKind.TRAIN, message)
     assert _check_reply(d, site_id, reply, dp_before, pushes_before) == "released"
@@ -430,8 +440,40 @@ def _missed(d: Deployment, site_id: str, how: str) -> list[AppliedRound]:
             genuine.model_copy(update={"aggregates": [*genuine.aggregates, rogue_zone]})
         ],
         "a round never run": [genuine.model_copy(update={"round": 7})],
+        "signatures stripped": [
+            genuine.model_copy(
+                update={"aggregates": [a.model_copy(update={"signed": None}) for a in genuine.aggregates]}
+            )
+        ],
+        "signatures swapped": [
+            genuine.model_copy(
+                update={
+                    "aggregates": [
+                        a.model_copy(update={"signed": b.signed})
+                        for a, b in zip(genuine.aggregates, reversed(genuine.aggregates), strict=True)
+                    ]
+                }
+            )
+        ],
+        "signature of another zone's statement": [
+            genuine.model_copy(
+                update={
+                    "aggregates": [
+                        a.model_copy(update={"signed": _forged(a.signed)}) if a.signed else a
+                        for a in genuine.aggregates
+                    ]
+                }
+            )
+        ],
         "the round twice": [genuine, genuine],
     }[how]
+
+
+def _forged(signed: SignedStatement) -> SignedStatement:
+    """The zone's statement with its root changed, under the zone's own signature (which then fails)."""
+    statement = json.loads(signed.statement)
+    statement["merkle_root"] = secrets.token_hex(32)
+    return signed.model_copy(update={"statement": json.dumps(statement, sort_keys=True, separators=(",", ":"))})
 
 
 def _fake_head() -> LedgerHeadReport:
@@ -457,6 +499,9 @@ def attacks(draw: st.DrawFn) -> tuple[str, str, dict[str, Any]]:
                     "aggregate from an unknown zone",
                     "a round never run",
                     "the round twice",
+                    "signatures stripped",
+                    "signatures swapped",
+                    "signature of another zone's statement",
                 ]
             )
         ),
