@@ -115,6 +115,24 @@ class Authority:
         except PkiError as exc:
             raise PushRejectedError(f"zone {self.zone}: {exc}", RefusalCode.IDENTITY) from None
 
+    def check_member(self, identity: Identity | None) -> None:
+        """Check ``identity`` is a party of the federation (anyone is without mTLS: None).
+
+        The zone checks this for every call before it reads the call's request, so a
+        non-member never holds a worker.
+
+        Raises
+        ------
+        PushRejectedError
+            With code :attr:`~RefusalCode.MEMBER`.
+        """
+        if identity is not None and self.members is not None and not self.members.admits(identity):
+            raise PushRejectedError(
+                f"zone {self.zone}: {identity.role.value} {identity.name!r} holds a certificate of the federation CA "
+                "but is not a member of the federation (not in its config)",
+                RefusalCode.MEMBER,
+            )
+
     def permit(self, identity: Identity | None, call: Call) -> None:
         """Check ``identity`` may make ``call`` (anyone may without mTLS: ``identity`` None).
 
@@ -126,13 +144,8 @@ class Authority:
         """
         if identity is None:
             return
+        self.check_member(identity)
         who = f"{identity.role.value} {identity.name!r}"
-        if self.members is not None and not self.members.admits(identity):
-            raise PushRejectedError(
-                f"zone {self.zone}: {who} holds a certificate of the federation CA but is not a member of the "
-                "federation (not in its config)",
-                RefusalCode.MEMBER,
-            )
         if identity.role not in ALLOWED[call]:
             allowed = " or ".join(sorted(r.value for r in ALLOWED[call]))
             raise PushRejectedError(
