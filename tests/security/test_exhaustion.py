@@ -7,24 +7,29 @@ The surplus streams are refused with RESOURCE_EXHAUSTED (code ``limit``), the ad
 ones ended with DEADLINE_EXCEEDED (``idle``), and every refusal is in the zone's audit
 log and its ``refused`` counter.
 
-Issue 32, item 9: unary calls (OpenRound, CloseRound, Info, Reconfigure) that never
-send their request, from a member and from a certificate of no member. The test times
-the honest work with and without the attack and prints both; it asserts only that the
-work completed.
+Issue 32, items 9 and 10: unary calls (OpenRound, CloseRound, Info, Reconfigure) that
+never send their request, from a member and from a certificate of no member, and a
+thousand idle connections to the zone's metrics port. Each test times the honest work
+with and without the attack and prints both; it asserts only that the work completed.
 """
 
 from __future__ import annotations
 
+import re
+import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 
 from fedshard.errors import RefusalCode
+from fedshard.transports.bounded_http import MAX_CONNECTIONS
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.convert import GRPC_OPTIONS
@@ -120,6 +125,7 @@ def test_idle_streams_of_one_site_are_refused_and_ended_while_honest_calls_compl
 HELD = 60  # held unary calls from each attacker
 UNARY = ("OpenRound", "CloseRound", "Info", "Reconfigure")
 CALL_LIMITS = {"streams_per_party": 2, "calls_per_party": 2, "idle_s": 5.0, "grace_s": 8.0}
+IDLE_CONNECTIONS = 1000
 
 
 def _outcome(error: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
@@ -129,13 +135,14 @@ def _outcome(error: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
 
 @pytest.fixture(scope="module")
 def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveFederation]:
-    """The federation with small call limits."""
+    """The federation with small call limits, every zone serving metrics on a free port."""
 
     def small_limits(data: dict[str, Any]) -> None:
         for zone in data["zones"]:
             zone["limits"] = dict(CALL_LIMITS)
 
     fed = live_federation(tmp_path_factory.mktemp("crowded"), edit=small_limits)
+    fed.zone_args = ["--metrics-port", "0"]
     fed.start()
     try:
         _honest_round(fed, 1)  # warm-up (first connections, imports), so that the rounds timed compare
@@ -224,3 +231,54 @@ def test_held_unary_calls_of_a_member_and_of_a_non_member_do_not_freeze_a_zone(c
     calls = {"open-round", "close-round", "info", "reconfigure"}
     assert {r["call"] for r in member} <= calls and {r["call"] for r in outsider} == calls
     assert fed.info(ZONE)["refused"] - refused_before == 2 * HELD
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return str(reply.read().decode())
+
+
+def test_a_thousand_idle_metrics_connections_cost_the_zone_no_threads_and_its_pushes_complete(
+    crowded: LiveFederation,
+) -> None:
+    fed = crowded
+    found = re.search(r"zone metrics: (http://\S+/metrics)", fed.log(ZONE))
+    assert found, fed.log(ZONE)
+    url = found.group(1)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    zone = psutil.Process(fed.procs[ZONE].pid)
+    assert "fedshard_zone_round" in _scrape(url)
+    quiet = _honest_round(fed, 4)
+    threads_before, fds_before = zone.num_threads(), zone.num_fds()
+
+    idle: list[socket.socket] = []
+    reset = 0  # connections the zone closed before connect() returned
+    for _ in range(IDLE_CONNECTIONS):
+        try:
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        except ConnectionResetError:
+            reset += 1
+    try:
+        time.sleep(0.5)  # the zone accepted what it serves and closed the rest
+        threads_during, fds_during = zone.num_threads(), zone.num_fds()
+        attacked = _honest_round(fed, 5)
+        started = time.perf_counter()
+        scraped = ""
+        while not scraped and time.perf_counter() - started < 60:
+            try:
+                scraped = _scrape(url)
+            except OSError:  # closed at once while the idle connections held every slot
+                time.sleep(0.2)
+        waited = time.perf_counter() - started
+    finally:
+        for sock in idle:
+            sock.close()
+    print(
+        f"\nhonest round without the attack {quiet:.2f}s, with {IDLE_CONNECTIONS} idle metrics connections "
+        f"({reset} reset at connect) "
+        f"{attacked:.2f}s; zone threads {threads_before} -> {threads_during}, descriptors {fds_before} -> "
+        f"{fds_during}; a scrape answered after {waited:.2f}s"
+    )
+    assert "fedshard_zone_pushes_total" in scraped
+    assert threads_during <= threads_before + 4  # one server thread in all, whatever the connections
+    assert fds_during <= fds_before + MAX_CONNECTIONS + 8
