@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -26,6 +27,7 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import GRPC_OPTIONS
+from fedshard.zone.rpc.guard import RESERVE_WORKERS, pool_size
 from fedshard.zone.rpc.service import SERVICE, ZoneService, serve
 from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests.zone_helpers import BASE, TOKEN, manifest_for, random_update
@@ -177,6 +179,16 @@ def test_every_method_of_the_service_is_registered_to_be_admitted_before_its_req
     handlers = ZoneService(ZoneAggregator("eu-1", "EU")).handlers()
     assert set(handlers) == set(pb.DESCRIPTOR.services_by_name["Zone"].methods_by_name)
     assert all(h.request_streaming for h in handlers.values())  # gRPC reads nothing before the handler runs
+
+
+def test_a_pool_sized_for_the_membership_grows_with_it_and_never_shrinks() -> None:
+    pool = futures.ThreadPoolExecutor(max_workers=pool_size(LIMITS, 2))
+    service = ZoneService(ZoneAggregator("eu-1", "EU"), limits=LIMITS, pool=pool)
+    service._fit_pool(10)  # what a Reconfigure that brings 10 sites and zones does
+    assert pool._max_workers == pool_size(LIMITS, 10) == 10 * 4 + 2 + RESERVE_WORKERS
+    service._fit_pool(3)
+    assert pool._max_workers == pool_size(LIMITS, 10)
+    pool.shutdown()
 
 
 def test_calls_whose_request_never_comes_are_refused_beyond_the_allowance_and_ended_when_idle(
