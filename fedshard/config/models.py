@@ -176,15 +176,30 @@ class ShardingConfig(_Model):
 class ZoneLimits(_Model):
     """What one caller may hold of a zone's gRPC server (see :mod:`fedshard.zone.rpc.guard`).
 
-    Anyone who reaches the port may open streams and never finish them; these bound
+    Anyone who reaches the port may open calls and never finish them; these bound
     what that costs the zone, so that the other parties' calls still find a worker.
+    Every call is admitted by its caller's certificate before its request is read:
+    streams (Push, Forward, FetchAggregate) within ``streams_per_party``, unary calls
+    (OpenRound, CloseRound, Info, Reconfigure) within ``calls_per_party``; the
+    ``connection_*``, ``keepalive_s`` and ``handshake_s`` settings bound the
+    connections under them.
     """
 
     streams_per_party: int = Field(
         4, ge=1, le=64, description="concurrent Push/Forward/FetchAggregate streams one certificate may hold"
     )
+    calls_per_party: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="concurrent OpenRound/CloseRound/Info/Reconfigure calls one certificate may hold (their "
+        "request is read under the idle_s watchdog)",
+    )
     idle_s: float = Field(
-        30.0, gt=0, le=3600, description="longest wait for a stream's next frame (or for the peer to take one)"
+        30.0,
+        gt=0,
+        le=3600,
+        description="longest wait for a call's request or a stream's next frame (or for the peer to take one)",
     )
     grace_s: float = Field(60.0, ge=0, le=3600, description="waiting every stream may spend before min_rate applies")
     min_rate_kib_s: float = Field(
@@ -197,7 +212,31 @@ class ZoneLimits(_Model):
         16, ge=1, le=256, description="largest message received (a manifest: ~140 bytes a shard; 16 MiB ≈ 110k shards)"
     )
     workers: int | None = Field(
-        None, ge=4, le=4096, description="gRPC worker threads; default: every site and zone's streams, plus 16"
+        None,
+        ge=4,
+        le=4096,
+        description="gRPC worker threads; default: every site and zone's streams and calls, the coordinator's "
+        "calls, plus 16",
+    )
+    connection_idle_s: float = Field(
+        300.0, ge=1, le=86400, description="a connection without a call for this long is closed (GOAWAY)"
+    )
+    connection_age_s: float = Field(
+        3600.0,
+        ge=10,
+        le=604800,
+        description="a connection older than this takes no new call (GOAWAY; the client reconnects); its calls in "
+        "flight have as long again to finish",
+    )
+    keepalive_s: float = Field(
+        60.0,
+        ge=10,
+        le=7200,
+        description="the zone pings a connection silent for this long, and closes it if the ping is not answered "
+        "within as long again",
+    )
+    handshake_s: float = Field(
+        10.0, gt=0, le=300, description="a connection must complete its TLS handshake within this long"
     )
 
 

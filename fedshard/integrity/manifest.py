@@ -126,7 +126,7 @@ class Manifest:
             raise
         except RecursionError:
             raise IntegrityError("malformed manifest: JSON nested too deeply") from None
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(1e999)
             raise IntegrityError(f"malformed manifest: {exc}") from None
         manifest.check()
         return manifest

@@ -204,7 +204,7 @@ class PartialSum:
             raise
         except RecursionError:
             raise IntegrityError("malformed partial sum header: JSON nested too deeply") from None
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(1e999)
             raise IntegrityError(f"malformed partial sum header: {exc}") from None
 
 

@@ -2,45 +2,97 @@
 simulation runs (``--metrics-port``); see README, "Metrics".
 
 The endpoint is plain, unauthenticated HTTP: it binds to loopback unless told otherwise
-(``--metrics-host``). The series name sites, zones and each site's ε spent, no
-parameters or records (SECURITY.md, "Metrics").
+(``--metrics-host``), and says so in one warning line when it does not. The series name
+sites, zones and each site's ε spent, no parameters or records (SECURITY.md, "Metrics").
+``prometheus-client`` writes the exposition (``make_wsgi_app``); the connections are
+served by :class:`~fedshard.transports.bounded_http.BoundedHttpServer`, so that idle
+connections cost no thread and at most ``max_connections`` file descriptors (SECURITY.md,
+"Resource exhaustion").
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
+import logging
 from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from fedshard.errors import ConfigError, DeployError
+from fedshard.transports.bounded_http import MAX_CONNECTIONS, REQUEST_S, TIMEOUT_S, BoundedHttpServer
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-__all__ = ["DEFAULT_METRICS_HOST", "MetricsServer"]
+__all__ = ["DEFAULT_METRICS_HOST", "MetricsServer", "is_loopback"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_HOST = "127.0.0.1"
 """Where ``--metrics-port`` listens unless ``--metrics-host`` says otherwise."""
 
 
-class MetricsServer:
-    """An HTTP server exporting ``collectors`` on ``host:port`` (port 0: any free port) until closed."""
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is this machine's loopback only."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
-    def __init__(self, collectors: Iterable[Collector], port: int, host: str = DEFAULT_METRICS_HOST) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server  # only where metrics are served
+
+class MetricsServer:
+    """An HTTP server exporting ``collectors`` on ``host:port`` (port 0: any free port) until closed.
+
+    At most ``max_connections`` connections at once (one more is closed at once); each
+    must send its request within ``request_s`` and be done within ``timeout_s``
+    (:mod:`fedshard.transports.bounded_http`). Bound off loopback, it warns once on
+    stderr: the port is plain, unauthenticated HTTP.
+    """
+
+    def __init__(
+        self,
+        collectors: Iterable[Collector],
+        port: int,
+        host: str = DEFAULT_METRICS_HOST,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        request_s: float = REQUEST_S,
+        timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        from prometheus_client import CollectorRegistry, make_wsgi_app  # only where metrics are served
 
         self.registry = CollectorRegistry()
         for collector in collectors:
             self.registry.register(collector)
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            self._server = BoundedHttpServer(
+                make_wsgi_app(self.registry),
+                host,
+                port,
+                max_connections=max_connections,
+                request_s=request_s,
+                timeout_s=timeout_s,
+            )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise DeployError(f"metrics: port {port} on {host} is in use; choose another --metrics-port") from None
             raise ConfigError(f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         self.host = host
-        self.port = int(self._server.server_port)
+        self.port = self._server.port
+        if not is_loopback(host):  # one line on stderr (logging's last resort prints it if nothing is set up)
+            log.warning(
+                "metrics on %s are plain, unauthenticated HTTP reachable from other machines; keep the port on a "
+                "private network or behind an authenticating proxy (SECURITY.md, Metrics)",
+                self.url,
+            )
+
+    @property
+    def refused(self) -> int:
+        """Connections closed at once because ``max_connections`` were open."""
+        return self._server.refused
 
     @property
     def url(self) -> str:
@@ -50,9 +102,7 @@ class MetricsServer:
 
     def close(self) -> None:
         """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.close()
 
     def __enter__(self) -> MetricsServer:
         return self

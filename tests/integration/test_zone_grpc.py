@@ -7,6 +7,7 @@ refusal test ends with :func:`assert_only_good_counted`.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -390,6 +391,26 @@ def test_garbage_manifest_is_refused(client: GrpcZoneClient, zone_stub: zone_pb2
 
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed manifest" in error.details()
+    assert_only_good_counted(client)
+
+
+def test_a_manifest_with_a_number_too_large_is_a_counted_malformed_refusal(
+    client: GrpcZoneClient, zone_stub: zone_pb2_grpc.ZoneStub, grpc_zone: tuple[ZoneAggregator, str]
+) -> None:
+    """Issue 32, item 12: ``nbytes`` 1e999 came back UNKNOWN with exception text, uncounted."""
+    manifest, frames = _frames()
+    body = json.loads(manifest.to_bytes())
+    body["shards"][0][2] = "HUGE"  # nbytes
+    huge = json.dumps(body).encode().replace(b'"HUGE"', b"1e999")
+    frames[0] = pb.PushFrame(header=pb.PushHeader(manifest=huge, round_token=TOKEN))
+    refused = grpc_zone[0].stats.refused
+
+    error = raw_push(zone_stub, frames)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(error.trailing_metadata())[REFUSAL_CODE_KEY] == RefusalCode.MALFORMED.value
+    assert "malformed manifest" in error.details() and "infinity" in error.details()
+    assert grpc_zone[0].stats.refused == refused + 1
     assert_only_good_counted(client)
 
 

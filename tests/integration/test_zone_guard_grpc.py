@@ -1,5 +1,6 @@
-"""The stream guard on a real gRPC zone over mutual TLS, in this process: one site holding
-idle and trickling streams is refused and ended while another site's calls complete."""
+"""The call guard on a real gRPC zone over mutual TLS, in this process: one site holding
+idle and trickling streams, or unary and fetch calls whose request never comes, is refused
+and ended while another site's calls complete."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -25,12 +27,13 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import GRPC_OPTIONS
-from fedshard.zone.rpc.service import serve
+from fedshard.zone.rpc.guard import RESERVE_WORKERS, pool_size
+from fedshard.zone.rpc.service import SERVICE, ZoneService, serve
 from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests.zone_helpers import BASE, TOKEN, manifest_for, random_update
 
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32)}, tile=(4, 4))
-LIMITS = ZoneLimits(streams_per_party=2, idle_s=1.0, grace_s=2.0, min_rate_kib_s=64)
+LIMITS = ZoneLimits(streams_per_party=2, calls_per_party=2, idle_s=1.0, grace_s=2.0, min_rate_kib_s=64)
 ATTACK = 40  # idle streams one site opens: well beyond its limit and the pool (2 parties x 2 + 16 workers)
 
 
@@ -170,3 +173,74 @@ def test_a_trickling_push_is_ended_its_staging_returned_and_the_site_can_push_ag
     assert (record["code"], record["by"]) == ("idle", "site:site-b")
     with GrpcZoneClient(endpoint, timeout=30, tls=pki["site-b"]) as client:  # nothing of the push is left behind
         assert client.push(manifest, TOKEN, update).site_id == "site-b"
+
+
+def test_every_method_of_the_service_is_registered_to_be_admitted_before_its_request_is_read() -> None:
+    handlers = ZoneService(ZoneAggregator("eu-1", "EU")).handlers()
+    assert set(handlers) == set(pb.DESCRIPTOR.services_by_name["Zone"].methods_by_name)
+    assert all(h.request_streaming for h in handlers.values())  # gRPC reads nothing before the handler runs
+
+
+def test_a_pool_sized_for_the_membership_grows_with_it_and_never_shrinks() -> None:
+    pool = futures.ThreadPoolExecutor(max_workers=pool_size(LIMITS, 2))
+    service = ZoneService(ZoneAggregator("eu-1", "EU"), limits=LIMITS, pool=pool)
+    service._fit_pool(10)  # what a Reconfigure that brings 10 sites and zones does
+    assert pool._max_workers == pool_size(LIMITS, 10) == 10 * 4 + 2 + RESERVE_WORKERS
+    service._fit_pool(3)
+    assert pool._max_workers == pool_size(LIMITS, 10)
+    pool.shutdown()
+
+
+def test_calls_whose_request_never_comes_are_refused_beyond_the_allowance_and_ended_when_idle(
+    zone: tuple[ZoneAggregator, str], pki: dict[str, TlsFiles], tmp_path: Path
+) -> None:
+    aggregator, endpoint = zone
+    hang_up = threading.Event()
+    outcomes: dict[str, list[tuple[grpc.StatusCode, str]]] = {}
+
+    def held() -> Iterator[bytes]:
+        hang_up.wait(60)
+        yield from ()
+
+    channel = grpc.secure_channel(endpoint, pki["site-b"].channel(), options=GRPC_OPTIONS)
+
+    def attack(method: str) -> None:
+        path = f"/{SERVICE}/{method}"
+        try:
+            if method == "FetchAggregate":  # server-streaming: the reply iterator waits on the zone
+                list(
+                    channel.stream_stream(path, request_serializer=bytes, response_deserializer=bytes)(
+                        held(), timeout=60
+                    )
+                )
+            else:
+                channel.stream_unary(path, request_serializer=bytes, response_deserializer=bytes)(held(), timeout=60)
+        except grpc.RpcError as exc:
+            outcomes.setdefault(method, []).append(_outcome(exc))
+
+    methods = ["OpenRound", "CloseRound", "Info", "Reconfigure"] * 3 + ["FetchAggregate"] * 6
+    threads = [threading.Thread(target=attack, args=(m,)) for m in methods]
+    try:
+        for t in threads:
+            t.start()
+        with GrpcZoneClient(endpoint, timeout=30, tls=pki["coordinator"]) as coordinator:
+            coordinator.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, ("site-a", "site-b")))
+            update = random_update(1, PLAN)
+            with GrpcZoneClient(endpoint, timeout=30, tls=pki["site-a"]) as honest:
+                assert honest.push(manifest_for("site-a", update, plan=PLAN), TOKEN, update).site_id == "site-a"
+            assert coordinator.close_round(1)[0].sites == ("site-a",)
+        for t in threads:
+            t.join(30)
+    finally:
+        hang_up.set()
+        channel.close()
+
+    limited = (grpc.StatusCode.RESOURCE_EXHAUSTED, RefusalCode.LIMIT.value)
+    idle = (grpc.StatusCode.DEADLINE_EXCEEDED, "")
+    unary = [o for m, found in outcomes.items() if m != "FetchAggregate" for o in found]
+    assert sorted(unary, key=str) == sorted([idle] * 2 + [limited] * 10, key=str)
+    assert sorted(outcomes["FetchAggregate"], key=str) == sorted([idle] * 2 + [limited] * 4, key=str)
+    refused = _refused(tmp_path)
+    assert {r["by"] for r in refused} == {"site:site-b"}
+    assert sorted(r["code"] for r in refused) == ["idle"] * 4 + ["limit"] * 14
+    assert aggregator.stats.refused == 18

@@ -66,6 +66,7 @@ class LiveFederation:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     stores: dict[str, Path] = field(default_factory=dict)
     edit: Callable[[dict[str, Any]], None] | None = None
+    zone_args: list[str] = field(default_factory=list)  # more options for every ``zone up``
 
     # -- who is who ------------------------------------------------------------------------------
     @property
@@ -187,7 +188,7 @@ class LiveFederation:
             tls = agg.zone(zone.name)
             cmd = [*FEDSHARD, "zone", "up", "--config", str(self.config_path), "--zone", zone.name]
             cmd += ["--cert", str(tls.cert), "--key", str(tls.key), "--ca", str(tls.ca)]
-            cmd += ["--site-keys", str(agg.site_keys), "--store", str(store)]
+            cmd += ["--site-keys", str(agg.site_keys), "--store", str(store), *self.zone_args]
             log = self.root / f"zone-{zone.name}.log"
             with log.open("ab") as out:
                 self.procs[zone.name] = subprocess.Popen(
@@ -206,6 +207,10 @@ class LiveFederation:
                 break
             time.sleep(0.2)
         raise AssertionError(f"zone {zone} did not start: {log.read_text(errors='replace')[-2000:]}")
+
+    def log(self, zone: str) -> str:
+        """What ``zone``'s process printed so far."""
+        return (self.root / f"zone-{zone}.log").read_text(errors="replace")
 
     def stop(self) -> None:
         """Stop every zone (SIGTERM, then SIGKILL)."""

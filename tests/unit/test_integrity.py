@@ -24,6 +24,8 @@ from fedshard.integrity import (
     next_version,
     shard_digest,
 )
+from fedshard.protocol.codes import refusal_code
+from fedshard.protocol.rounds import PartialEntry, PartialSum
 
 PLAN_DIGEST = hashlib.sha256(b"plan").hexdigest()
 BASE_VERSION = hashlib.sha256(b"v0").hexdigest()
@@ -330,6 +332,35 @@ def test_from_bytes_refuses_a_format_2_manifest_of_sha256_digests() -> None:
 def test_from_bytes_rejects_malformed_fields(change: dict[str, object]) -> None:
     with pytest.raises(IntegrityError, match="malformed manifest"):
         Manifest.from_bytes(_edited(_manifest(), **change))
+
+
+@pytest.mark.parametrize("field", ["nbytes", "round", "weight"])
+def test_a_number_too_large_for_its_field_is_malformed_in_one_line(field: str) -> None:
+    """Issue 32, item 12: ``nbytes`` 1e999 reached the zone's gRPC layer as an OverflowError
+    (status UNKNOWN, exception text, no audit record); it is a refusal like any other."""
+    body = json.loads(_manifest().to_bytes())
+    huge = b"1e999" if field != "weight" else b"1" + b"0" * 400  # an integer too large for a float
+    if field == "nbytes":
+        body["shards"][0][2] = "HUGE"
+    else:
+        body[field] = "HUGE"
+    data = json.dumps(body).encode().replace(b'"HUGE"', huge)
+
+    with pytest.raises(IntegrityError, match="malformed manifest") as info:
+        Manifest.from_bytes(data)
+
+    assert refusal_code(info.value) is RefusalCode.MALFORMED
+    assert "\n" not in str(info.value)
+
+
+def test_a_partial_sum_header_with_a_number_too_large_is_malformed() -> None:
+    header = PartialSum("eu-1", 3, "token", (PartialEntry("w#r0c0", "d" * 64, 64, 1.0, ("site-a",)),))
+    data = header.to_bytes().replace(b",64,", b",1e999,")
+
+    with pytest.raises(IntegrityError, match="malformed partial sum header") as info:
+        PartialSum.from_bytes(data)
+
+    assert refusal_code(info.value) is RefusalCode.MALFORMED
 
 
 def test_from_bytes_rejects_missing_field() -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fedshard.config import ZoneLimits
 from fedshard.integrity import ShardEntry
 from fedshard.integrity.aggregate_signature import AggregateSignature
 from fedshard.protocol.rounds import AggregateSummary
@@ -66,7 +67,7 @@ def test_any_chunk_encodes_as_protobuf_does(
 
 
 def test_a_stream_window_holds_several_whole_chunk_frames() -> None:
-    options = dict(server_options(16 << 20))
+    options = dict(server_options(ZoneLimits(header_mb=16)))
     assert options["grpc.max_receive_message_length"] == receive_limit(16 << 20)
     assert options["grpc.http2.lookahead_bytes"] == STREAM_WINDOW == dict(GRPC_OPTIONS)["grpc.http2.lookahead_bytes"]
     assert 2 * receive_limit(0) <= STREAM_WINDOW  # the next frame streams while the handler checks one
@@ -80,3 +81,12 @@ def test_an_aggregate_summary_keeps_its_zone_signature_on_the_wire() -> None:
         wire = summary_to_header(summary).SerializeToString()
         assert header_to_summary(pb.AggregateHeader.FromString(wire)) == summary
     assert not summary_to_header(unsigned).HasField("signature")
+
+
+def test_a_zone_server_bounds_its_connections_by_its_limits() -> None:
+    limits = ZoneLimits(connection_idle_s=120, connection_age_s=600, keepalive_s=30, handshake_s=5)
+    options = dict(server_options(limits))
+    assert options["grpc.server_handshake_timeout_ms"] == 5_000
+    assert options["grpc.max_connection_idle_ms"] == 120_000
+    assert options["grpc.max_connection_age_ms"] == options["grpc.max_connection_age_grace_ms"] == 600_000
+    assert options["grpc.keepalive_time_ms"] == options["grpc.keepalive_timeout_ms"] == 30_000

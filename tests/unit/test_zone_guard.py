@@ -12,9 +12,10 @@ import pytest
 
 from fedshard.config import ZoneLimits
 from fedshard.errors import RefusalCode, ZoneError
-from fedshard.zone.rpc.guard import RESERVE_WORKERS, StreamGuard, end_call, pool_size
+from fedshard.zone.calls import Call
+from fedshard.zone.rpc.guard import COORDINATORS, RESERVE_WORKERS, STREAMS, StreamGuard, end_call, pool_size
 
-LIMITS = ZoneLimits(streams_per_party=2, idle_s=5, grace_s=10, min_rate_kib_s=1)
+LIMITS = ZoneLimits(streams_per_party=2, calls_per_party=3, idle_s=5, grace_s=10, min_rate_kib_s=1)
 
 
 @dataclass
@@ -96,6 +97,47 @@ def test_a_party_holds_at_most_its_limit_and_the_next_stream_is_refused_and_reco
     assert guard.held("site:a") == 1
     guard.admit("push", FakeContext(), "site:a")  # type: ignore[arg-type]  # the slot came back
     assert guard.held("site:a") == 2 and guard.open_streams == 3
+
+
+def test_unary_calls_have_their_own_allowance_beside_the_streams(guard: StreamGuard, refusals: list[Any]) -> None:
+    for _ in range(LIMITS.streams_per_party):
+        guard.admit(Call.PUSH, FakeContext(), "site:a")  # type: ignore[arg-type]
+    calls = [guard.admit(call, FakeContext(), "site:a") for call in (Call.INFO, Call.OPEN, Call.CLOSE)]  # type: ignore[arg-type]
+    with pytest.raises(ZoneError, match=r"site:a already holds 3 unary calls .*limits.calls_per_party") as info:
+        guard.admit(Call.RECONFIGURE, FakeContext(), "site:a")  # type: ignore[arg-type]
+    assert info.value.code is RefusalCode.LIMIT
+    assert [(r[0], r[1], r[2]) for r in refusals] == [(Call.RECONFIGURE, "site:a", RefusalCode.LIMIT)]
+    assert guard.held("site:a", Call.INFO) == 3 and guard.held("site:a") == LIMITS.streams_per_party
+    with calls[0]:
+        pass
+    guard.admit(Call.INFO, FakeContext(), "site:a")  # type: ignore[arg-type]  # the slot came back
+    assert {Call.PUSH, Call.FORWARD, Call.FETCH} == STREAMS
+
+
+def test_a_unary_call_gets_its_request_or_is_ended_when_it_never_comes(
+    guard: StreamGuard, clock: Clock, refusals: list[Any]
+) -> None:
+    served = guard.admit(Call.INFO, FakeContext(), "coordinator:c")  # type: ignore[arg-type]
+    assert served.request(iter([Frame(3), Frame(4)])).size == 3
+    with pytest.raises(ZoneError, match="the info call ended before its request") as info:
+        guard.admit(Call.INFO, FakeContext(), "coordinator:c").request(iter([]))  # type: ignore[arg-type]
+    assert info.value.code is RefusalCode.PROTOCOL and refusals == []  # the service records it
+
+    context = FakeContext()
+    held = guard.admit(Call.OPEN, context, "site:a")  # type: ignore[arg-type]
+
+    def never() -> Iterator[Frame]:  # the request does not come before the watchdog fires
+        clock.now += LIMITS.idle_s + 1
+        guard.check()
+        raise grpc.RpcError()  # what grpc's request iterator raises once the call is cancelled
+        yield Frame(1)  # pragma: no cover
+
+    with pytest.raises(ZoneError) as ended:
+        held.request(never())
+    assert ended.value.code is RefusalCode.IDLE
+    [(code, details)] = context.call.cancelled
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and "open-round call of site:a sent nothing" in details
+    assert [(r[0], r[1], r[2]) for r in refusals] == [(Call.OPEN, "site:a", RefusalCode.IDLE)]
 
 
 def test_without_a_party_there_is_no_limit_and_the_peer_address_is_the_caller(guard: StreamGuard) -> None:
@@ -202,13 +244,18 @@ def test_end_call_falls_back_to_a_plain_cancel() -> None:
 
 
 def test_the_pool_holds_every_partys_allowance_plus_a_reserve() -> None:
-    assert pool_size(LIMITS, 10) == 10 * 2 + RESERVE_WORKERS
+    assert COORDINATORS == 1
+    assert pool_size(LIMITS, 10) == 10 * (2 + 3) + 3 + RESERVE_WORKERS
     assert pool_size(ZoneLimits(workers=8), 10) == 8
 
 
 def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="streams_per_party"):
         ZoneLimits(streams_per_party=0)
+    with pytest.raises(ValueError, match="calls_per_party"):
+        ZoneLimits(calls_per_party=0)
+    with pytest.raises(ValueError, match="connection_age_s"):
+        ZoneLimits(connection_age_s=1)
     with pytest.raises(ValueError, match="idle_s"):
         ZoneLimits(idle_s=0)
     with pytest.raises(ValueError, match="extra"):

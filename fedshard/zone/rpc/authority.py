@@ -117,6 +117,30 @@ class Authority:
         except PkiError as exc:
             raise PushRejectedError(f"zone {self.zone}: {exc}", RefusalCode.IDENTITY) from None
 
+    def check_member(self, identity: Identity | None) -> None:
+        """Check ``identity`` is a party of the federation (anyone is without mTLS: None).
+
+        The zone checks this for every call before it reads the call's request, so a
+        non-member (or the SuperLink, which may make no call at a zone) never holds a worker.
+
+        Raises
+        ------
+        PushRejectedError
+            With code :attr:`~RefusalCode.MEMBER`, or :attr:`~RefusalCode.AUTHORITY` for the SuperLink.
+        """
+        if identity is not None and identity.role is Role.SUPERLINK:
+            raise PushRejectedError(
+                f"zone {self.zone}: {identity.role.value} {identity.name!r} holds the SuperLink's certificate, which "
+                "may make no call at a zone",
+                RefusalCode.AUTHORITY,
+            )
+        if identity is not None and self.members is not None and not self.members.admits(identity):
+            raise PushRejectedError(
+                f"zone {self.zone}: {identity.role.value} {identity.name!r} holds a certificate of the federation CA "
+                "but is not a member of the federation (not in its config)",
+                RefusalCode.MEMBER,
+            )
+
     def permit(self, identity: Identity | None, call: Call) -> None:
         """Check ``identity`` may make ``call`` (anyone may without mTLS: ``identity`` None).
 
@@ -128,18 +152,8 @@ class Authority:
         """
         if identity is None:
             return
+        self.check_member(identity)
         who = f"{identity.role.value} {identity.name!r}"
-        if identity.role is Role.SUPERLINK:
-            raise PushRejectedError(
-                f"zone {self.zone}: {who} holds the SuperLink's certificate, which may make no call at a zone",
-                RefusalCode.AUTHORITY,
-            )
-        if self.members is not None and not self.members.admits(identity):
-            raise PushRejectedError(
-                f"zone {self.zone}: {who} holds a certificate of the federation CA but is not a member of the "
-                "federation (not in its config)",
-                RefusalCode.MEMBER,
-            )
         if identity.role not in ALLOWED[call]:
             allowed = " or ".join(sorted(r.value for r in ALLOWED[call]))
             raise PushRejectedError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 
+from fedshard.config import ZoneLimits
 from fedshard.integrity import ShardEntry
 from fedshard.integrity.aggregate_signature import AggregateSignature
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateSummary, ShardPayload
@@ -52,14 +53,28 @@ def receive_limit(header_bytes: int) -> int:
     return max(CHUNK_BYTES + _CHUNK_FIELDS, header_bytes)
 
 
-def server_options(header_bytes: int) -> list[tuple[str, int]]:
-    """A zone server's options: it receives no message over :func:`receive_limit`, opens
-    each stream's window to :data:`STREAM_WINDOW`, and owns its port alone."""
+def server_options(limits: ZoneLimits) -> list[tuple[str, int]]:
+    """A zone server's options: it receives no message over :func:`receive_limit` of
+    ``limits.header_mb``, opens each stream's window to :data:`STREAM_WINDOW`, owns its
+    port alone, and bounds its connections by ``limits``: the TLS handshake
+    (``handshake_s``), time without a call (``connection_idle_s``), age (``connection_age_s``,
+    then as long again for the calls in flight) and keepalive pings (``keepalive_s``,
+    unanswered for as long again: closed)."""
+
+    def ms(seconds: float) -> int:
+        return round(seconds * 1000)
+
     return [
         ("grpc.so_reuseport", 0),  # gRPC's default would let a second zone share the port of a running one
         ("grpc.max_send_message_length", _MAX_SEND),
-        ("grpc.max_receive_message_length", receive_limit(header_bytes)),
+        ("grpc.max_receive_message_length", receive_limit(limits.header_mb << 20)),
         ("grpc.http2.lookahead_bytes", STREAM_WINDOW),
+        ("grpc.server_handshake_timeout_ms", ms(limits.handshake_s)),
+        ("grpc.max_connection_idle_ms", ms(limits.connection_idle_s)),
+        ("grpc.max_connection_age_ms", ms(limits.connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", ms(limits.connection_age_s)),
+        ("grpc.keepalive_time_ms", ms(limits.keepalive_s)),
+        ("grpc.keepalive_timeout_ms", ms(limits.keepalive_s)),
     ]
 
 

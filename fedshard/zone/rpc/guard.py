@@ -1,68 +1,85 @@
-"""Stream admission and the watchdog: what one caller may hold of a zone's gRPC server.
+"""Call admission and the watchdog: what one caller may hold of a zone's gRPC server.
 
 The zone's gRPC server is synchronous: every call runs on a worker thread for as long
-as it lasts, and a stream whose peer sends nothing holds its worker until it ends.
-Anyone who reaches the port may open streams and never finish them, so the guard
-bounds what a stream may hold (:class:`~fedshard.config.ZoneLimits`):
+as it lasts, and a call whose peer sends nothing holds its worker until it ends. gRPC
+Python reads a unary request inside the worker, before any handler runs, so the zone
+registers every method as client-streaming (identical on the wire: clients keep their
+unary stubs) and the guard admits each call *before* its request is read. Anyone who
+reaches the port may open calls and never finish them, so the guard bounds what a call
+may hold (:class:`~fedshard.config.ZoneLimits`):
 
 * **admission** — one party (the caller's certificate) holds at most
-  ``streams_per_party`` Push, Forward and FetchAggregate streams at once; one more is
-  refused at once with :attr:`~fedshard.errors.RefusalCode.LIMIT`, which frees its
-  worker. Without mutual TLS there is no party to hold to (every channel of a process
-  shares one connection), and no limit: the watchdog still applies;
-* **the watchdog** — the zone charges a stream only for the time it *waits on the
-  peer* (for the peer's next frame, or for the peer to take the zone's next frame).
-  A stream waited on for ``idle_s`` in one go, or for longer in all than
+  ``streams_per_party`` Push, Forward and FetchAggregate streams and at most
+  ``calls_per_party`` OpenRound, CloseRound, Info and Reconfigure calls at once
+  (:func:`allowance`); one more is refused at once with
+  :attr:`~fedshard.errors.RefusalCode.LIMIT`, which frees its worker. A caller whose
+  certificate fails its checks or names no member is refused by the service before
+  the guard (:mod:`fedshard.zone.rpc.authority`). Without mutual TLS there is no
+  party to hold to (every channel of a process shares one connection), and no limit:
+  the watchdog still applies;
+* **the watchdog** — the zone charges a call only for the time it *waits on the
+  peer* (for its request or the peer's next frame, or for the peer to take the zone's
+  next frame). A call waited on for ``idle_s`` in one go, or for longer in all than
   ``grace_s + bytes moved / min_rate``, is ended with
   :attr:`~fedshard.errors.RefusalCode.IDLE`. A stream of N bytes from a peer that
-  keeps up ``min_rate`` therefore always completes, and an idle or trickling one is
-  ended within ``idle_s`` (or ``grace_s``) plus one tick.
+  keeps up ``min_rate`` therefore always completes, and an idle or trickling one (a
+  unary call whose request never comes among them) is ended within ``idle_s`` (or
+  ``grace_s``) plus one tick.
 
 Every refusal goes to the zone's recorder (counted and audited), with the call and
-the party. A stream the watchdog ended leaves its handler with
+the party. A call the watchdog ended leaves its handler with
 :class:`StreamEndedError` (a :class:`~fedshard.errors.ZoneError`, code ``idle``; already
 recorded), so its push or forward session is
 aborted and its staging bytes returned; its peer sees ``DEADLINE_EXCEEDED`` and the
 reason, without the refusal-code metadata (a cancelled call carries no trailers).
 
 :func:`pool_size` sizes the worker pool so that every party may hold its full
-allowance and unary calls (Info, OpenRound, CloseRound) still find a worker.
+allowance at once and refusals still find a worker.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import grpc
 
 from fedshard.config import ZoneLimits
-from fedshard.crypto.tls import PEER_CERT_KEY, peer_identity
-from fedshard.errors import PkiError, RefusalCode, ZoneError
+from fedshard.errors import RefusalCode, ZoneError
 from fedshard.protocol.codes import one_line
+from fedshard.zone.calls import Call
 from fedshard.zone.rpc.status import GRPC_STATUS
 
 __all__ = [
+    "COORDINATORS",
     "RESERVE_WORKERS",
+    "STREAMS",
+    "Allowance",
     "Recorder",
     "Stream",
     "StreamEndedError",
     "StreamGuard",
+    "allowance",
     "end_call",
-    "party_of",
     "pool_size",
 ]
 
 log = logging.getLogger(__name__)
 
 RESERVE_WORKERS = 16
-"""Workers beyond the parties' stream allowance: unary calls (Info, OpenRound,
-CloseRound) and refusing the streams over a party's limit."""
+"""Workers beyond the parties' allowances: refusing the calls over a party's limit (each
+holds a worker for milliseconds) and the calls of a zone without mutual TLS."""
+
+COORDINATORS = 1
+"""Parties that make unary calls only, beyond the sites and zones: the coordinator."""
+
+STREAMS = frozenset({Call.PUSH, Call.FORWARD, Call.FETCH})
+"""The streaming calls; every other call is unary (``calls_per_party``)."""
 
 Recorder = Callable[[str, str, RefusalCode, str], None]
 """Counts and audits a refusal: ``(call, caller, code, reason)``
@@ -81,27 +98,33 @@ class StreamEndedError(ZoneError):
     watchdog already counted and audited it: handlers must not record it again."""
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """How many calls of one kind a party may hold at once, and the setting that says so."""
+
+    kind: str  # "streams" or "unary calls", for reasons
+    noun: str  # one of them: "stream" or "call"
+    setting: str  # the ZoneLimits field
+    limit: int
+
+
+def allowance(call: Call, limits: ZoneLimits) -> Allowance:
+    """The allowance ``call`` is admitted under: streams (:data:`STREAMS`) or unary calls."""
+    if call in STREAMS:
+        return Allowance("streams", "stream", "streams_per_party", limits.streams_per_party)
+    return Allowance("unary calls", "call", "calls_per_party", limits.calls_per_party)
+
+
 def pool_size(limits: ZoneLimits, parties: int) -> int:
-    """Worker threads for a zone that ``parties`` (sites and zones) may stream to:
-    ``limits.workers`` if set, else each party's full allowance plus :data:`RESERVE_WORKERS`."""
+    """Worker threads for a zone that ``parties`` (sites and zones) may call:
+    ``limits.workers`` if set, else every party's full allowance (streams and unary
+    calls), the coordinator's unary calls (:data:`COORDINATORS`) and
+    :data:`RESERVE_WORKERS`. Even if every member holds all it may, a refusal and
+    every honest call still find a worker."""
     if limits.workers is not None:
         return limits.workers
-    return max(parties, 1) * limits.streams_per_party + RESERVE_WORKERS
-
-
-def party_of(context: grpc.ServicerContext, ca_pem: bytes | None) -> str | None:
-    """Who holds a call's streams: ``role:name`` from its client certificate; the
-    certificate's fingerprint if it names no identity the CA issued; None without mTLS."""
-    if ca_pem is None:
-        return None
-    try:
-        identity = peer_identity(context, ca_pem, role=None)
-    except PkiError:
-        certs = context.auth_context().get(PEER_CERT_KEY) or []
-        if not certs:
-            return None
-        return "cert:" + hashlib.sha256(certs[0]).hexdigest()[:16]
-    return f"{identity.role.value}:{identity.name}"
+    per_party = limits.streams_per_party + limits.calls_per_party
+    return max(parties, 1) * per_party + COORDINATORS * limits.calls_per_party + RESERVE_WORKERS
 
 
 def end_call(context: grpc.ServicerContext, code: RefusalCode, reason: str) -> None:
@@ -125,16 +148,26 @@ def end_call(context: grpc.ServicerContext, code: RefusalCode, reason: str) -> N
 
 
 class Stream:
-    """One admitted stream: the guard watches how long it waits on its peer.
+    """One admitted call (a stream, or a unary call): the guard watches how long it waits on its peer.
 
     Use it as a context manager (leaving it gives the party's slot back), and read
-    the peer's frames through :meth:`frames` or send the zone's through :meth:`replies`.
+    the peer's frames through :meth:`frames` (a unary call's one request through
+    :meth:`request`) or send the zone's through :meth:`replies`.
     """
 
-    def __init__(self, guard: StreamGuard, call: str, caller: str, party: str | None, context: grpc.ServicerContext):
+    def __init__(
+        self,
+        guard: StreamGuard,
+        call: str,
+        caller: str,
+        slot: tuple[str, str] | None,
+        context: grpc.ServicerContext,
+        noun: str = "stream",
+    ) -> None:
         self.call = call
+        self.noun = noun  # for reasons: "stream" or "call"
         self.caller = caller
-        self.party = party
+        self.slot = slot  # (party, allowance kind) whose count it holds; None: no limit
         self.context = context
         self.moved = 0
         self.ended: str | None = None  # why the watchdog ended it
@@ -163,6 +196,23 @@ class Stream:
             self._resume()
             self.moved += frame.ByteSize()
             yield frame
+
+    def request(self, requests: Iterator[M]) -> M:
+        """A unary call's request: the peer's first frame, waited for as any other.
+
+        Raises
+        ------
+        StreamEndedError
+            The watchdog ended the call while its request did not come (already recorded).
+        ZoneError
+            With code :attr:`~RefusalCode.PROTOCOL`: the peer closed without a request
+            (not recorded: the caller records it).
+        """
+        for frame in self.frames(requests):
+            return frame
+        raise ZoneError(
+            f"zone {self._guard.zone}: the {self.call} call ended before its request message", RefusalCode.PROTOCOL
+        )
 
     def replies(self, frames: Iterator[M]) -> Iterator[M]:
         """Yield the zone's frames, charging the time until the peer has taken each."""
@@ -195,21 +245,21 @@ class Stream:
         waiting = now - self._since
         if waiting > limits.idle_s:
             return (
-                f"{self.call} stream of {self.caller} sent nothing for {waiting:.0f}s "
+                f"{self.call} {self.noun} of {self.caller} sent nothing for {waiting:.0f}s "
                 f"(limits.idle_s is {limits.idle_s:g})"
             )
         waited = self._waited + waiting
         allowed = limits.grace_s + self.moved / (limits.min_rate_kib_s * 1024)
         if waited > allowed:
             return (
-                f"{self.call} stream of {self.caller} moved {self.moved} bytes in {waited:.0f}s of waiting; a "
+                f"{self.call} {self.noun} of {self.caller} moved {self.moved} bytes in {waited:.0f}s of waiting; a "
                 f"stream must keep up {limits.min_rate_kib_s:g} KiB/s after {limits.grace_s:g}s (limits.min_rate_kib_s)"
             )
         return None
 
 
 class StreamGuard:
-    """Admits streams within each party's limit and ends the ones overdue (see the module docstring).
+    """Admits calls within each party's allowance and ends the ones overdue (see the module docstring).
 
     Parameters
     ----------
@@ -242,45 +292,46 @@ class StreamGuard:
         self._tick = min(limits.idle_s / 4, 1.0)
         self._lock = threading.Lock()
         self._streams: set[Stream] = set()
-        self._held: collections.Counter[str] = collections.Counter()
+        self._held: collections.Counter[tuple[str, str]] = collections.Counter()  # (party, kind) → calls
         self._watcher: threading.Thread | None = None
 
-    def held(self, party: str) -> int:
-        """Streams ``party`` holds now."""
+    def held(self, party: str, call: Call = Call.PUSH) -> int:
+        """Calls of ``call``'s allowance (streams by default) ``party`` holds now."""
         with self._lock:
-            return self._held[party]
+            return self._held[party, allowance(call, self.limits).kind]
 
     @property
     def open_streams(self) -> int:
-        """Streams admitted and not yet ended."""
+        """Calls (streams and unary calls) admitted and not yet ended."""
         with self._lock:
             return len(self._streams)
 
-    def admit(self, call: str, context: grpc.ServicerContext, party: str | None) -> Stream:
-        """Admit a ``call`` stream of ``party`` (None: no limit), or refuse it.
+    def admit(self, call: Call, context: grpc.ServicerContext, party: str | None) -> Stream:
+        """Admit a ``call`` of ``party`` (``role:name``; None: no limit) within its allowance, or refuse it.
 
         Raises
         ------
         ZoneError
-            With code :attr:`~RefusalCode.LIMIT`: the party already holds
-            ``streams_per_party`` streams (the refusal is recorded).
+            With code :attr:`~RefusalCode.LIMIT`: the party already holds its
+            :func:`allowance` of such calls (the refusal is recorded).
         """
         caller = party if party is not None else context.peer()
-        limit = self.limits.streams_per_party
+        rule = allowance(call, self.limits)
+        slot = (party, rule.kind) if party is not None else None
         with self._lock:
-            held = self._held[party] if party is not None else 0
-            if held < limit or party is None:
-                stream = Stream(self, call, caller, party, context)
+            held = self._held[slot] if slot is not None else 0
+            if slot is None or held < rule.limit:
+                stream = Stream(self, call, caller, slot, context, rule.noun)
                 self._streams.add(stream)
-                if party is not None:
-                    self._held[party] += 1
+                if slot is not None:
+                    self._held[slot] += 1
                 if self._watch and self._watcher is None:
                     self._watcher = threading.Thread(target=self._run, name=f"zone-{self.zone}-watchdog", daemon=True)
                     self._watcher.start()
                 return stream
         reason = (
-            f"{caller} already holds {held} streams at this zone; at most {limit} at once "
-            "(limits.streams_per_party): finish or cancel one first"
+            f"{caller} already holds {held} {rule.kind} at this zone; at most {rule.limit} at once "
+            f"(limits.{rule.setting}): finish or cancel one first"
         )
         self._record(call, caller, RefusalCode.LIMIT, reason)
         raise ZoneError(f"zone {self.zone}: {reason}", RefusalCode.LIMIT)
@@ -289,10 +340,10 @@ class StreamGuard:
         with self._lock:
             if stream in self._streams:
                 self._streams.discard(stream)
-                if stream.party is not None:
-                    self._held[stream.party] -= 1
-                    if not self._held[stream.party]:
-                        del self._held[stream.party]
+                if stream.slot is not None:
+                    self._held[stream.slot] -= 1
+                    if not self._held[stream.slot]:
+                        del self._held[stream.slot]
 
     def check(self) -> list[Stream]:
         """End every stream overdue now; the streams ended."""

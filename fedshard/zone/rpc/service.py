@@ -5,20 +5,26 @@ Errors leave as a refusal: a gRPC status chosen from the error's
 one-line reason as details (:mod:`fedshard.zone.rpc.status`); nothing else (no
 traceback, no internal state) leaves the zone.
 
-The streaming calls (Push, Forward, FetchAggregate) run under the zone's
-:class:`~fedshard.zone.rpc.guard.StreamGuard`: a party holds at most
-``limits.streams_per_party`` of them, and one that waits on its peer too long is ended
-(:mod:`fedshard.zone.rpc.guard`).
+Every call is admitted before its request is read (:meth:`ZoneService.handlers`): gRPC
+Python reads a unary request inside the worker thread, so a call whose request never
+came used to hold a worker before any of this code ran. Each method is therefore
+registered at the server as client-streaming (identical on the wire: clients keep their
+plain unary and server-streaming stubs); its caller's certificate is checked first (a
+non-member is refused at once and audited; the handler checks the role), then the
+zone's :class:`~fedshard.zone.rpc.guard.StreamGuard` admits it within its party's
+allowance (``limits.streams_per_party`` streams, ``limits.calls_per_party`` unary
+calls) and its watchdog ends a call that waits on its peer too long, a request that
+never comes among them (:mod:`fedshard.zone.rpc.guard`). The handler bodies below
+then see the request as for any unary call.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
@@ -37,13 +43,13 @@ from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc.authority import Authority, Members, caller_name
 from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_to_header
-from fedshard.zone.rpc.guard import StreamEndedError, StreamGuard, party_of, pool_size
+from fedshard.zone.rpc.guard import Stream, StreamEndedError, StreamGuard, pool_size
 from fedshard.zone.rpc.status import abort_with
 
 if TYPE_CHECKING:
     from fedshard.zone.policy import ZonePolicy
 
-__all__ = ["MEMBERSHIP_DIGEST_CHARS", "Reload", "SERVED_FRAMES_MEMO", "ZoneService", "serve"]
+__all__ = ["MEMBERSHIP_DIGEST_CHARS", "Reload", "SERVED_FRAMES_MEMO", "SERVICE", "ZoneService", "serve"]
 
 MEMBERSHIP_DIGEST_CHARS = 64
 """A ``Reconfigure`` request's membership digest: hex SHA-256, exactly this long."""
@@ -58,46 +64,27 @@ SERVED_FRAMES_MEMO = 8
 
 log = logging.getLogger(__name__)
 
+SERVICE = pb.DESCRIPTOR.services_by_name["Zone"].full_name
+"""The gRPC service a zone serves (``fedshard.zone.v1.Zone``)."""
+
 _Reply = TypeVar("_Reply")
-_Fetch = Callable[["ZoneService", pb.FetchAggregateRequest, grpc.ServicerContext], Iterator[pb.AggregateFrame]]
+_Message = Any  # a protobuf message of zone.proto (its classes are generated)
+_Body = Callable[[_Message, grpc.ServicerContext], _Reply]
 
-
-def _streaming(call: Call) -> Callable[[Callable[..., _Reply]], Callable[..., _Reply]]:
-    """A client-streaming handler admitted by the guard, reading its frames through it."""
-
-    def wrap(handler: Callable[..., _Reply]) -> Callable[..., _Reply]:
-        @functools.wraps(handler)
-        def run(self: ZoneService, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> _Reply:
-            try:
-                stream = self.guard.admit(call, context, party_of(context, self.ca_pem))
-            except FedshardError as exc:
-                self._fail(context, exc)
-            with stream:
-                return handler(self, stream.frames(request_iterator), context)
-
-        return run
-
-    return wrap
-
-
-def _replying(call: Call) -> Callable[[_Fetch], _Fetch]:
-    """A server-streaming handler admitted by the guard, sending its frames through it."""
-
-    def wrap(handler: _Fetch) -> _Fetch:
-        @functools.wraps(handler)
-        def run(
-            self: ZoneService, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
-        ) -> Iterator[pb.AggregateFrame]:
-            try:
-                stream = self.guard.admit(call, context, party_of(context, self.ca_pem))
-            except FedshardError as exc:
-                self._fail(context, exc)
-            with stream:
-                yield from stream.replies(handler(self, request, context))
-
-        return run
-
-    return wrap
+_UNARY = (
+    ("OpenRound", Call.OPEN, pb.OpenRoundRequest, pb.OpenRoundReply),
+    ("CloseRound", Call.CLOSE, pb.CloseRoundRequest, pb.CloseRoundReply),  # an abort: checked again as such
+    ("Info", Call.INFO, pb.InfoRequest, pb.InfoReply),
+    ("Reconfigure", Call.RECONFIGURE, pb.ReconfigureRequest, pb.ReconfigureReply),
+)
+"""Unary methods: name, the call they are admitted (and refused) as, request, reply."""
+_STREAMING_IN = (
+    ("Push", Call.PUSH, pb.PushFrame, pb.PushReply),
+    ("Forward", Call.FORWARD, pb.PushFrame, pb.ForwardReply),
+)
+"""Client-streaming methods (the peer sends frames)."""
+_STREAMING_OUT = (("FetchAggregate", Call.FETCH, pb.FetchAggregateRequest, pb.AggregateFrame),)
+"""Server-streaming methods (one request, the zone sends frames)."""
 
 
 class ZoneService(pb_grpc.ZoneServicer):
@@ -109,7 +96,9 @@ class ZoneService(pb_grpc.ZoneServicer):
     names, a forward only from a member zone to the reducing zone, a fetch only from a
     member site, a reconfiguration only from the coordinator. Every refusal is counted
     and audited. ``limits`` bound what one caller may hold (:mod:`fedshard.zone.rpc.guard`);
-    ``reload`` takes a new membership between rounds (None: the zone refuses to).
+    ``reload`` takes a new membership between rounds (None: the zone refuses to);
+    ``pool``, the server's worker pool where it was sized for the membership, grows
+    with a reconfiguration that adds parties.
     """
 
     def __init__(
@@ -119,9 +108,11 @@ class ZoneService(pb_grpc.ZoneServicer):
         members: Members | None = None,
         limits: ZoneLimits | None = None,
         reload: Reload | None = None,
+        pool: futures.ThreadPoolExecutor | None = None,
     ) -> None:
         self.zone = zone
         self.reload = reload
+        self._pool = pool
         self.ca_pem = ca_pem
         self.limits = limits if limits is not None else ZoneLimits()
         self.guard = StreamGuard(zone.name, self.limits, zone.refused_call)
@@ -133,6 +124,72 @@ class ZoneService(pb_grpc.ZoneServicer):
         self.authority = Authority(zone.name, ca_pem, members, reducing=reducing)
         self._served: dict[tuple[int, str], tuple[Aggregate, list[pb.AggregateFrame]]] = {}
 
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The service's methods as the server runs them, each admitted before its request is read.
+
+        Every method is registered as client-streaming (the wire is the same: a unary
+        call is a stream of one message), so that :meth:`_admit` runs before gRPC reads
+        anything of the request; the handler bodies then get the request as for any
+        unary call.
+        """
+        out: dict[str, grpc.RpcMethodHandler] = {}
+        for name, call, request, reply in _UNARY:
+            out[name] = grpc.stream_unary_rpc_method_handler(
+                self._unary(call, getattr(self, name)), request.FromString, reply.SerializeToString
+            )
+        for name, call, request, reply in _STREAMING_IN:
+            out[name] = grpc.stream_unary_rpc_method_handler(
+                self._streaming(call, getattr(self, name)), request.FromString, reply.SerializeToString
+            )
+        for name, call, request, reply in _STREAMING_OUT:
+            out[name] = grpc.stream_stream_rpc_method_handler(
+                self._replying(call, getattr(self, name)), request.FromString, reply.SerializeToString
+            )
+        return out
+
+    def _admit(self, call: Call, context: grpc.ServicerContext) -> Stream:
+        """Admit ``call`` before its request is read: the caller's certificate first (one
+        that fails its checks, or a non-member's, is refused at once, audited), then its
+        party's allowance (a refusal is audited by the guard). The handler checks the
+        caller's role (an abort's is known only from its request)."""
+        identity = self._member(context, call)
+        try:
+            return self.guard.admit(call, context, caller_name(identity) if identity is not None else None)
+        except FedshardError as exc:
+            self._fail(context, exc)
+
+    def _request(self, stream: Stream, requests: Iterator[_Message], context: grpc.ServicerContext) -> _Message:
+        """The one request of an admitted unary (or server-streaming) call, read under the watchdog."""
+        try:
+            return stream.request(requests)
+        except FedshardError as exc:
+            self._refuse(context, Call(stream.call), stream.caller, exc)
+
+    def _unary(self, call: Call, body: _Body[_Reply]) -> Callable[[Iterator[_Message], grpc.ServicerContext], _Reply]:
+        def run(requests: Iterator[_Message], context: grpc.ServicerContext) -> _Reply:
+            with self._admit(call, context) as stream:
+                return body(self._request(stream, requests, context), context)
+
+        return run
+
+    def _streaming(
+        self, call: Call, body: Callable[[Iterator[_Message], grpc.ServicerContext], _Reply]
+    ) -> Callable[[Iterator[_Message], grpc.ServicerContext], _Reply]:
+        def run(requests: Iterator[_Message], context: grpc.ServicerContext) -> _Reply:
+            with self._admit(call, context) as stream:
+                return body(stream.frames(requests), context)
+
+        return run
+
+    def _replying(
+        self, call: Call, body: _Body[Iterator[_Message]]
+    ) -> Callable[[Iterator[_Message], grpc.ServicerContext], Iterator[_Message]]:
+        def run(requests: Iterator[_Message], context: grpc.ServicerContext) -> Iterator[_Message]:
+            with self._admit(call, context) as stream:
+                yield from stream.replies(body(self._request(stream, requests, context), context))
+
+        return run
+
     def _fail(self, context: grpc.ServicerContext, error: FedshardError) -> NoReturn:
         log.info("zone %s refused (%s): %s", self.zone.name, error.code or "-", error)
         abort_with(context, error)
@@ -143,12 +200,21 @@ class ZoneService(pb_grpc.ZoneServicer):
             self.zone.refused_call(call, caller, refusal_code(error), str(error))
         self._fail(context, error)
 
-    def _authorize(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
-        """The caller, if it may make ``call``; else the call is refused (audited)."""
+    def _member(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
+        """The caller, if it is a party of the federation; else ``call`` is refused (audited)."""
         try:
             identity = self.authority.identify(context)
         except FedshardError as exc:
             self._refuse(context, call, _peer(context), exc)
+        try:
+            self.authority.check_member(identity)
+        except FedshardError as exc:
+            self._refuse(context, call, caller_name(identity), exc)
+        return identity
+
+    def _authorize(self, context: grpc.ServicerContext, call: Call) -> Identity | None:
+        """The caller, if it may make ``call``; else the call is refused (audited)."""
+        identity = self._member(context, call)
         try:
             self.authority.permit(identity, call)
         except FedshardError as exc:
@@ -172,7 +238,6 @@ class ZoneService(pb_grpc.ZoneServicer):
             self._fail(context, exc)
         return pb.OpenRoundReply()
 
-    @_streaming(Call.PUSH)
     def Push(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.PushReply:  # noqa: N802
         identity = self._authorize(context, Call.PUSH)
         caller = caller_name(identity)
@@ -218,7 +283,6 @@ class ZoneService(pb_grpc.ZoneServicer):
                 raise session.refuse(RefusalCode.PROTOCOL, twice)
             session.take(chunk_of(frame.chunk))
 
-    @_streaming(Call.FORWARD)
     def Forward(self, request_iterator: Iterator[pb.PushFrame], context: grpc.ServicerContext) -> pb.ForwardReply:  # noqa: N802
         identity = self._authorize(context, Call.FORWARD)
         try:
@@ -247,7 +311,6 @@ class ZoneService(pb_grpc.ZoneServicer):
         except FedshardError as exc:
             self._fail(context, exc)
 
-    @_replying(Call.FETCH)
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AggregateFrame]:
@@ -300,6 +363,7 @@ class ZoneService(pb_grpc.ZoneServicer):
         zones = [z.name for z in policy.router.zones]
         if self._members_follow_policy:
             self.authority.members = Members.of(policy.jurisdictions, zones)
+        self._fit_pool(len(policy.jurisdictions) + len(zones))
         log.info(
             "zone %s reconfigured by %s: %d sites, %d zones",
             self.zone.name,
@@ -310,6 +374,16 @@ class ZoneService(pb_grpc.ZoneServicer):
         return pb.ReconfigureReply(
             policy_digest=policy.policy.digest, sites=len(policy.jurisdictions), zones=len(zones)
         )
+
+    def _fit_pool(self, parties: int) -> None:
+        """Grow the worker pool so that ``parties`` (sites and zones) each fit their full
+        allowance (:func:`~fedshard.zone.rpc.guard.pool_size`); it never shrinks."""
+        if self._pool is None:
+            return
+        need = pool_size(self.limits, parties)
+        if need > self._pool._max_workers:  # read at every submit: new workers start as calls come
+            log.info("zone %s: %d workers for %d parties", self.zone.name, need, parties)
+            self._pool._max_workers = need
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -343,18 +417,25 @@ def serve(
     federation CA) and authorises every call from the caller's certificate; ``members``
     are the federation's parties (default: from the zone's residency policy). Without
     ``tls`` the data plane is plain text and nothing is authorised: loopback only.
-    ``limits`` bound what each caller may hold; the worker pool is ``max_workers``,
-    else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties`` (the sites and
-    zones that may stream to it). ``reload`` lets the coordinator hand the zone a new
-    membership between rounds (see :class:`ZoneService`).
+    ``limits`` bound what each caller may hold and how long connections last
+    (:func:`~fedshard.zone.rpc.convert.server_options`); the worker pool is
+    ``max_workers``, else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties``
+    (the sites and zones that may call it; a reconfiguration that adds parties grows
+    it). ``reload`` lets the coordinator hand the zone a new membership between rounds
+    (see :class:`ZoneService`).
     """
     limits = limits if limits is not None else ZoneLimits()
+    sized = max_workers is None and limits.workers is None  # sized for the membership: grows with it
     workers = max_workers if max_workers is not None else pool_size(limits, parties)
-    options = server_options(limits.header_mb << 20)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options)
+    pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"zone-{zone.name}")
+    server = grpc.server(pool, options=server_options(limits))
     ca_pem = tls.read()[2] if tls is not None else None
-    service = ZoneService(zone, ca_pem=ca_pem, members=members, limits=limits, reload=reload)
-    pb_grpc.add_ZoneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    service = ZoneService(
+        zone, ca_pem=ca_pem, members=members, limits=limits, reload=reload, pool=pool if sized else None
+    )
+    handlers = service.handlers()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)  # the fast path of clients' registered methods
     try:
         port = server.add_secure_port(address, tls.server()) if tls is not None else server.add_insecure_port(address)
     except RuntimeError:  # recent grpcio raises where older releases returned 0
