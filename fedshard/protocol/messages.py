@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr
 
 from fedshard.aggregation import ServerOptimizerKind
+from fedshard.crypto.signing import SIGNATURE_HEX_LENGTH
 from fedshard.errors import RefusalCode
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
@@ -27,6 +28,7 @@ __all__ = [
     "EvaluateInstruction",
     "EvaluateReport",
     "LedgerHeadReport",
+    "MAX_CHALLENGE_BYTES",
     "MAX_SHARD_CLASSES",
     "MessageKind",
     "PrivacyPlan",
@@ -39,6 +41,7 @@ __all__ = [
     "SiteInfo",
     "TrainInstruction",
     "TrainReport",
+    "UNCLASSIFIED",
     "UpdatePlan",
     "ZonePush",
     "decode",
@@ -57,6 +60,10 @@ def _aggregate_key(value: object) -> AggregateKey:
 AggregateKeyField = Annotated[AggregateKey, BeforeValidator(_aggregate_key), PlainSerializer(str, return_type=str)]
 """An :class:`~fedshard.residency.AggregateKey` in a message: ``zone|group`` on the wire
 (a JSON object key), the typed key in Python; a malformed one is refused on decode."""
+
+
+MAX_CHALLENGE_BYTES = 64
+"""The longest challenge a query may carry, in bytes (hex: twice as many characters)."""
 
 
 class _Msg(BaseModel):
@@ -186,10 +193,15 @@ class QueryRequest(_Msg):
     The coordinator does not know which node is which site before they answer, so it
     sends every site's privacy plan; each site reads its own. ``zones`` (name →
     endpoint) lets the site report which aggregates it will apply (its view).
+
+    ``challenge`` (coordinator to site: fresh random hex, one per node and query; empty:
+    no proof asked) is what the site signs, with its manifest-signing key, to prove which
+    site it is (:mod:`fedshard.protocol.binding`); the coordinator checks the proof.
     """
 
     privacy: dict[str, PrivacyPlan] = {}
     zones: dict[str, str] = {}
+    challenge: str = Field("", max_length=2 * MAX_CHALLENGE_BYTES, pattern=r"^[0-9a-f]*$")
 
 
 class SiteInfo(_Msg):
@@ -205,6 +217,9 @@ class SiteInfo(_Msg):
     view: dict[AggregateKeyField, list[str]] = Field(default_factory=dict)  # aggregate -> shard ids the site applies
     version: str = ""  # the site's model version now (its genesis until it applies a round)
     applied_round: int = 0  # the last round the site applied
+    # Site to coordinator: Ed25519 signature (hex) over the query's challenge and who the site is
+    # (fedshard.protocol.binding); the coordinator checks it with the site's public key.
+    proof: str = Field("", max_length=SIGNATURE_HEX_LENGTH)
 
 
 class TrainInstruction(_Msg):
@@ -247,6 +262,9 @@ class TrainInstruction(_Msg):
         message was received (decoded), less a tenth for the reply to travel; ``inf`` if not said."""
         return self._received + 0.9 * self.deadline_s if self.deadline_s else math.inf
 
+
+UNCLASSIFIED = "unclassified"
+"""What a push counts shards without a class under (:attr:`ZonePush.classes`)."""
 
 MAX_SHARD_CLASSES = 64
 """Shard classes a push may count (the residency policy's classes are far fewer)."""

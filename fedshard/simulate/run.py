@@ -223,7 +223,15 @@ def _run_inprocess(
 
     membership = RunMembership(config, out, served, routing, gateway, sites, reach, keys, events)
     coordinator = Coordinator(
-        config, gateway, zones, endpoints, observer, journal=events, recovery=recovery, membership=membership
+        config,
+        gateway,
+        zones,
+        endpoints,
+        observer,
+        journal=events,
+        recovery=recovery,
+        membership=membership,
+        site_keys=lambda: served.site_keys or {},  # each node proves which site it is (sites added too)
     )
     try:
         return coordinator.run()

@@ -31,6 +31,7 @@ from fedshard import faults
 from fedshard.config import LayerPolicy
 from fedshard.errors import FedshardError, RoundError, StoreError
 from fedshard.integrity import genesis_version
+from fedshard.protocol.binding import with_proof
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import (
     AppliedRound,
@@ -323,7 +324,7 @@ class Site:
                 with ledger:
                     events = self.privacy.round_events(plan_for_me, ledger, self.data.num_train)
                     report = self.privacy.report(ledger, events, note=note)
-        return SiteInfo(
+        info = SiteInfo(
             site_id=self.site_id,
             jurisdiction=self.jurisdiction,
             num_examples=self.data.num_train,
@@ -335,6 +336,7 @@ class Site:
             version=state.version,
             applied_round=state.applied_round,
         )
+        return with_proof(info, message.challenge, self._signing_key)  # binds this node to its site id
 
     def train(self, message: TrainInstruction) -> TrainReport:
         """Catch up, check the privacy budget, train, push the update's shards, report.
