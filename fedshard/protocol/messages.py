@@ -289,7 +289,9 @@ class ZonePush(_Msg):
 
 
 class TrainReport(_Msg):
-    """What a site did with a train instruction.
+    """What a site did with a train instruction. Sent by: the site; the coordinator checks every
+    field against what it knows and leaves a reply that disagrees or is out of bounds out of
+    the round (:mod:`fedshard.coordinator.replies`, SECURITY.md "Malicious sites").
 
     ``pushes`` lists each zone's acknowledgement (zones by name) when ``ok``; otherwise
     ``reason`` says why in one line and ``code`` is the :class:`~fedshard.errors.RefusalCode`
@@ -332,7 +334,8 @@ class EvaluateInstruction(_Msg):
 
 
 class EvaluateReport(_Msg):
-    """A site's local evaluation."""
+    """A site's local evaluation. Sent by: the site; checked by the coordinator as a
+    :class:`TrainReport` is, against the model version it computed for the site's group."""
 
     site_id: str
     round: int

@@ -14,8 +14,9 @@ and counters live in :mod:`fedshard.zone.state`.
 
 What is folded is bounded by the federation (``bounds``, ``aggregation`` in the config):
 each site's weight is the one the coordinator fixed when it opened the round, each
-plaintext value lies within ``±max_value`` and, optionally, each site's update at this
-zone within an L2 norm; so every sum (float32, of ``(w/unit)·x``: see
+plaintext value lies within ``±max_value`` and each site's update at this zone within an
+L2 norm (``max_update_norm``, and by default 10× the median of the zone's earlier rounds:
+:mod:`fedshard.zone.norms`); so every sum (float32, of ``(w/unit)·x``: see
 :mod:`fedshard.aggregation.accumulator` for its error bound) stays finite (see
 :class:`~fedshard.config.AggregationConfig`). Encrypted shards cannot be checked.
 
