@@ -168,3 +168,17 @@ def test_a_torn_last_line_is_ignored_and_cut_before_the_next_event(tmp_path: Pat
     events = [json.loads(line) for line in log.path.read_bytes().splitlines()]  # every line whole
     assert [e["event"] for e in events[-2:]] == ["round", "start"] and len(events) == 8
     assert recover(log.path).last_round == 2  # and the log resumes again
+
+
+def test_aggregator_up_resume_refuses_a_log_it_cannot_resume_before_starting_anything(tmp_path: Path) -> None:
+    from fedshard.deploy.preflight import LATEST_RUN, run_to_resume
+    from fedshard.errors import ConfigError
+
+    run = tmp_path / "run-1"
+    log = _two_rounds(run / "events.jsonl")
+    assert run_to_resume(tmp_path, LATEST_RUN) == run.resolve()
+    with log.path.open("a") as fh:
+        fh.write("garbage {\n")
+    with pytest.raises(ConfigError, match="line 8: not JSON") as info:
+        run_to_resume(tmp_path, run)
+    assert "\n" not in str(info.value)
