@@ -74,7 +74,12 @@ class TrainSettings:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Result of local training or evaluation."""
+    """Result of local training or evaluation.
+
+    ``loss`` is finite and non-negative and ``accuracy`` (None: the task measures none) lies
+    in [0, 1]: the coordinator leaves a site's reply outside these bounds out of the round's
+    metrics, as it would a lying site's (:mod:`fedshard.coordinator.replies`).
+    """
 
     num_examples: int
     loss: float

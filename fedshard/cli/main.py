@@ -186,6 +186,10 @@ def report(
     from fedshard.report import build_report
 
     written = build_report(run_dir, out)
+    if written.skipped:
+        first = written.skipped[0]
+        more = f" and {len(written.skipped) - 1} more (listed in the report)" if len(written.skipped) > 1 else ""
+        console.print(f"left out as malformed: {first}{more}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {len(written.images)} plots and {written.html}", highlight=False, soft_wrap=True)
     console.print(f"open it: {written.html.resolve().as_uri()}", highlight=False, soft_wrap=True)
 

@@ -136,6 +136,12 @@ class RoundProgress:
             self._progress.console.print(Padding(reason, (0, 0, 0, INDENT)), highlight=False)
         if len(refused_sites) > SHOWN_SITES:
             self._print(" " * INDENT + f"[yellow]and {len(refused_sites) - SHOWN_SITES} more[/]")
+        left_out = sorted(result.excluded)
+        for site in left_out[:SHOWN_SITES]:  # replies the coordinator did not take (a lying or broken site)
+            why = Text.from_markup(f"[red]{escape(site)}[/] reply left out: ") + Text(result.excluded[site])
+            self._progress.console.print(Padding(why, (0, 0, 0, INDENT)), highlight=False)
+        if len(left_out) > SHOWN_SITES:
+            self._print(" " * INDENT + f"[red]and {len(left_out) - SHOWN_SITES} more replies left out[/]")
         if result.privacy and len(result.privacy) <= SHOWN_SITES:
             items = [_epsilon(site, p) for site, p in result.privacy.items()]
             for line in packed_lines(["ε", *items], width):

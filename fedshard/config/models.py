@@ -103,19 +103,24 @@ class AggregationConfig(_Model):
 
     * **Weights.** The coordinator fixes each selected site's aggregation weight when it
       opens a round: the number of training examples the site reported, capped at
-      ``max_site_weight``. Zones receive the weights with the round (``OpenRound``),
-      refuse a round with a weight above their own cap, and refuse (code ``weight``) a
-      manifest whose weight differs from the round's.
+      ``max_weight_over_median`` times the federation's median site (the lower median of
+      what every site reported: one site cannot move it) and at ``max_site_weight``. Zones
+      receive the weights with the round (``OpenRound``), refuse a round with a weight
+      above their own cap, and refuse (code ``weight``) a manifest whose weight differs
+      from the round's.
     * **Values.** Every plaintext update value must satisfy ``|x| ≤ max_value``; a larger
       one is refused (code ``bound``) or clipped to ``±max_value``, by ``value_rule``.
       A forwarded partial sum ``S = Σ (w/unit)·x`` is refused (never clipped: it is another
       zone's sum) unless every ``|S| ≤ Σ w / unit · max_value`` (``unit``: the round's
       largest fixed weight), and its ``Σ w`` must be the sum of the round's weights of the
       sites it names.
-    * **Norm.** With ``max_update_norm`` set, the L2 norm of a site's plaintext shards at
-      one zone (a zone sees only its own shards) must not exceed it: ``norm_rule``
-      scales the update down to the bound (``clip``, the standard defence against scaled
-      poisoning) or refuses the push (``refuse``).
+    * **Norm.** The L2 norm of a site's plaintext shards at one zone (a zone sees only its
+      own shards) must not exceed ``max_update_norm`` (when set) nor, from the zone's second
+      round on, ``max_norm_over_median`` times the lower median of the norms the zone
+      accepted in its last three rounds from the sites that push the same shards there:
+      ``norm_rule`` scales the update down to the bound (``clip``, the standard defence
+      against scaled poisoning) or refuses the push (``refuse``). A zone's first round
+      (after it starts) has no such reference: only ``max_update_norm`` bounds it.
 
     **Sums stay finite by construction.** A zone folds each term as ``(w/unit)·x`` with
     ``unit`` the largest of the round's fixed weights, so every factor is at most 1 and
@@ -146,9 +151,31 @@ class AggregationConfig(_Model):
     )
     norm_rule: BoundRule = Field(BoundRule.CLIP, description="an update above max_update_norm: clip (scale), or refuse")
 
-    def fixed_weight(self, num_examples: int) -> float:
-        """The weight a site that reports ``num_examples`` gets: at least 1, at most ``max_site_weight``."""
-        return float(min(max(num_examples, 1), self.max_site_weight))
+    max_weight_over_median: float | None = Field(
+        4.0,
+        ge=1,
+        description="cap on a site's weight relative to the federation's median site: this many times the lower "
+        "median of the examples the sites reported (None: only max_site_weight)",
+    )
+    max_norm_over_median: float | None = Field(
+        10.0,
+        gt=1,
+        description="bound on a site's update norm at a zone relative to the lower median of the norms the zone "
+        "accepted in its last 3 rounds from sites pushing the same shards there (None: only max_update_norm)",
+    )
+
+    def fixed_weight(self, num_examples: int, median: float | None = None) -> float:
+        """The weight a site that reports ``num_examples`` gets: at least 1, at most ``max_site_weight``
+        and, given the federation's ``median`` site (:meth:`weight_cap`), at most its cap."""
+        cap = self.max_site_weight if median is None else self.weight_cap(median)
+        return float(min(max(num_examples, 1), cap))
+
+    def weight_cap(self, median: float) -> float:
+        """The largest weight any site gets when the federation's median site reported ``median``
+        examples: ``max_weight_over_median`` × it (at least 1), within ``max_site_weight``."""
+        if self.max_weight_over_median is None:
+            return self.max_site_weight
+        return min(max(self.max_weight_over_median * median, 1.0), self.max_site_weight)
 
 
 class TrainingConfig(_Model):

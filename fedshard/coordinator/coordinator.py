@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from fedshard import faults
 from fedshard.config import FederationConfig
 from fedshard.config.changes import fixed_digests
+from fedshard.coordinator.binding import Binding, NodeRefusal, SiteKeys, bind_nodes
 from fedshard.coordinator.discovery import agreeing_sites
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.groups import Group, combine_versions, residency_groups
@@ -32,13 +33,24 @@ from fedshard.coordinator.ledger_book import LedgerBook
 from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
 from fedshard.coordinator.plans import apply_rule, privacy_plan
 from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
+from fedshard.coordinator.replies import (
+    Excluded,
+    ReplyBounds,
+    check_evaluate,
+    check_train,
+    clean_privacy,
+    left_out,
+    one_line,
+    weighted_mean,
+)
 from fedshard.coordinator.reports import PrivacyReports
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
-from fedshard.coordinator.selection import fixed_weights, select_sites, weighted_evaluation
+from fedshard.coordinator.selection import fixed_weights, select_sites
 from fedshard.coordinator.timings import RoundClock
 from fedshard.coordinator.zone_calls import abort_everywhere, close_everywhere, open_everywhere
 from fedshard.errors import RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
+from fedshard.protocol.binding import new_challenge
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 from fedshard.protocol.messages import (
     EvaluateInstruction,
@@ -98,6 +110,10 @@ class Coordinator:
         (:mod:`fedshard.coordinator.ledger_book`): sites are sent the heads it holds, a site
         whose ledger lost spend it records is refused, and it is kept up to date. None:
         only this run's reports count.
+    site_keys:
+        Returns the sites' manifest-signing public keys by site id: each node must prove,
+        with its site's key, which site it is (:mod:`fedshard.coordinator.binding`). None:
+        no proof is asked and the first node per site id is kept (bare library use).
     """
 
     def __init__(
@@ -112,6 +128,7 @@ class Coordinator:
         recovery: Recovery | None = None,
         membership: Membership | None = None,
         ledger_book: LedgerBook | None = None,
+        site_keys: SiteKeys | None = None,
     ) -> None:
         self.config = config
         self.sites = sites
@@ -121,6 +138,9 @@ class Coordinator:
         self.journal = journal
         self.recovery = recovery
         self.membership = membership
+        self.site_keys = site_keys
+        self._refused_nodes: list[NodeRefusal] = []  # refused since the journal last recorded them
+        self._bounds: ReplyBounds | None = None  # what replies are held to (from the plan, at discovery)
         self._genesis = self._plan_digest = ""
         self._nodes: dict[str, SiteInfo] = {}  # node key -> site info
         self._groups: dict[str, Group] = {}  # residency group name -> group
@@ -140,19 +160,20 @@ class Coordinator:
     # assembly --------------------------------------------------------------------------------
     def discover(self) -> RunResult:
         """Ask every connected site who it is; keep those that share the plan and genesis."""
-        nodes = self.sites.nodes()
-        query = self._query()
-        replies = self.sites.send(MessageKind.QUERY, {n: query for n in nodes}, self._timeout)
-        infos, plan_digest, genesis = agreeing_sites(replies, {s.id for s in self.config.sites})
+        binding = self._ask(self.sites.nodes(), self._query())
+        infos, plan_digest, genesis = agreeing_sites(binding)
+        self._refused_nodes += binding.refused
         self._nodes = {node: self._checked_ledger(info) for node, info in infos.items()}
         infos = self._nodes
         self._privacy.reset({i.site_id: i.privacy for i in infos.values() if i.privacy is not None})
         self._remember_ledgers()
         # The plan (names, shapes, dtypes; no values) is what zones check frames against.
         plan_json = next(i.plan_json for i in infos.values())
-        if ShardPlan.from_json(plan_json).digest != plan_digest:
+        plan = ShardPlan.from_json(plan_json)
+        if plan.digest != plan_digest:
             raise RoundError("the sites' shard plan does not match its digest")
         self._plan_json, self._plan_digest, self._genesis = plan_json, plan_digest, genesis
+        self._bounds = ReplyBounds.of(self.config, plan)
         self._form_groups(genesis)
         self._recover_groups(genesis)
         return RunResult(
@@ -160,7 +181,25 @@ class Coordinator:
             genesis_version=genesis,
             version=genesis,
             groups={name: list(g.sites) for name, g in sorted(self._groups.items())},
+            refused_nodes=[r.as_event() for r in binding.refused],
         )
+
+    def _ask(self, nodes: list[str], query: QueryRequest, taken: dict[str, str] | None = None) -> Binding:
+        """Send ``query`` to ``nodes``, each with a challenge of its own; bind those that prove
+        which site they are (:func:`~fedshard.coordinator.binding.bind_nodes`; ``taken``: site
+        id → node of the sites already bound)."""
+        challenges = {n: new_challenge() for n in nodes}
+        messages = {n: query.model_copy(update={"challenge": challenges[n]}) for n in nodes}
+        replies = self.sites.send(MessageKind.QUERY, messages, self._timeout)
+        keys = self.site_keys() if self.site_keys is not None else None
+        return bind_nodes(replies, challenges, self.config, keys, taken)
+
+    def _journal_refusals(self, rnd: int) -> None:
+        """Record the nodes refused since the last call (``rnd``: the round they were refused before)."""
+        if self.journal is not None:
+            for refusal in self._refused_nodes:
+                self.journal.on_node_refused(rnd, refusal)
+        self._refused_nodes = []
 
     def _query(self, skip: set[str] | frozenset[str] = frozenset()) -> QueryRequest:
         """The query sites answer with who they are: each site's privacy plan (but those of
@@ -235,6 +274,7 @@ class Coordinator:
                 resumed=recovery.last_round if recovery else 0,
                 fixed=fixed_digests(self.config),
             )
+        self._journal_refusals(recovery.next_round if recovery else 1)
         if self.observer is not None:
             self.observer.on_start(result.sites, total, result.genesis_version)
         first = 1
@@ -246,7 +286,8 @@ class Coordinator:
             pending = recovery.unfinished
             if pending is not None:  # closed, not evaluated: the sites apply it now
                 try:
-                    self._finished(result, evaluated(pending, *self._evaluate(pending.round)))
+                    accuracy, loss, not_taken = self._evaluate(pending.round)
+                    self._finished(result, evaluated(pending, accuracy, loss, excluded=not_taken))
                 except RoundError as exc:
                     result.stopped_reason = str(exc)
                     return result
@@ -287,6 +328,8 @@ class Coordinator:
             self._apply_rule = apply_rule(change.config)
         if change is not None or len(self._nodes) < len(self.config.sites):
             joined = self._join()  # also sites of the config that connected since an earlier change
+            result.refused_nodes += [r.as_event() for r in self._refused_nodes]
+            self._journal_refusals(rnd)
         if change is not None or joined:
             if change is not None:
                 line = change.description + (f"; {len(joined)} site(s) admitted" if joined else "")
@@ -305,13 +348,14 @@ class Coordinator:
         fresh = self._joining.to_ask(self.sites.nodes(), self._nodes)
         if not fresh:
             return []
-        taken = {info.site_id for info in self._nodes.values()}
-        query = self._query(skip=taken)
-        replies = self.sites.send(MessageKind.QUERY, {n: query for n in fresh}, self._timeout)
-        infos = {n: r for n, r in replies.items() if isinstance(r, SiteInfo) and r.site_id not in taken}
+        taken = {info.site_id: node for node, info in self._nodes.items()}
+        binding = self._ask(fresh, self._query(skip=set(taken)), taken)
+        self._refused_nodes += binding.refused
+        infos = binding.infos
         known = {s.id for s in self.config.sites}
         admitted = admit(infos, known, self._plan_digest, self._genesis, self._groups)
-        self._joining.asked(fresh, answered=infos, admitted=admitted)
+        answered = {**infos, **{r.node: r for r in binding.refused}}  # a refused node is not asked again
+        self._joining.asked(fresh, answered=answered, admitted=admitted)
         for node, name in admitted.items():
             info = self._checked_ledger(infos[node])
             self._nodes[node] = info
@@ -348,15 +392,16 @@ class Coordinator:
         with clock.waiting(Phase.OPEN):
             self._open(rnd, token, version, selected, weights)
         with clock.waiting(Phase.TRAIN):
-            reports, refused = self._train(rnd, token, selected, weights, clock)
+            reports, refused, excluded = self._train(rnd, token, selected, weights, clock)
         codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
-        reasons = {s: r.reason for s, r in refused.items()}
+        reasons = {s: one_line(r.reason) for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
-        if len(reports) < min_sites:
+        pushed = len(reports) + sum(1 for s in excluded if s not in refused)  # the zones will say which counted
+        if pushed < min_sites:
             abort_everywhere(self.zones, rnd)
             details = "; ".join(f"{s}: {refusal_line(r, codes.get(s))}" for s, r in sorted(reasons.items()))
             message = (
-                f"round {rnd}: only {len(reports)} of {len(selected)} sites pushed an update "
+                f"round {rnd}: only {pushed} of {len(selected)} sites pushed an update "
                 f"(federation.min_sites is {min_sites}). {details}"
             )
             if _ZONE_FAILED & set(codes.values()):  # a zone lost the round, or failed the pushes
@@ -369,9 +414,10 @@ class Coordinator:
             raise RoundError(f"round {rnd}: the zones counted no update")
         announced = [PublishedAggregate.of(s) for s in published.values()]  # the zones' signatures relayed
         roots = {name: group.extend(rnd, published, announced) for name, group in sorted(self._groups.items())}
-        ok = [r for r in reports if r.site_id in counted]
-        weight = sum(r.num_examples for r in ok) or 1
+        ok = {site: r for site, r in reports.items() if site in counted}
+        site_weights = {self._nodes[n].site_id: w for n, w in weights.items()}
         group_versions = {name: g.version for name, g in sorted(self._groups.items())}
+        excluded_lines, excluded_codes = left_out({}, {}, excluded)  # the train replies left out
         closed = RoundResult(
             round=rnd,
             version=combine_versions(group_versions),
@@ -379,23 +425,25 @@ class Coordinator:
             sites=tuple(sorted(counted)),
             refused=reasons,
             refusal_codes=codes,
-            train_loss=sum(r.loss * r.num_examples for r in ok) / weight,
+            train_loss=weighted_mean({site: r.loss for site, r in ok.items()}, site_weights),
             accuracy=float("nan"),
             loss=float("nan"),
-            bytes_up=sum(r.bytes_up for r in ok),
+            bytes_up=sum(r.bytes_up for r in ok.values()),
             privacy=self._privacy.as_json(),
             versions=group_versions,
             roots=roots,
             aggregates=aggregate_entries(published.values()),
             timings=clock.timings(),
             traffic=clock.traffic(),
+            excluded=excluded_lines,
+            excluded_codes=excluded_codes,
         )
         if self.journal is not None:  # logged before any site learns of the round: resumable
             self.journal.on_closed(closed)
         faults.point("coordinator.round.closed")
         with clock.waiting(Phase.EVALUATE):
-            accuracy, loss = self._evaluate(rnd, clock)
-        return evaluated(closed, accuracy, loss, clock.timings())
+            accuracy, loss, not_taken = self._evaluate(rnd, clock)
+        return evaluated(closed, accuracy, loss, clock.timings(), not_taken)
 
     def _open(self, rnd: int, token: str, version: str, selected: list[str], weights: Mapping[str, float]) -> None:
         """Open the round at every zone (all or none), with each selected site's fixed weight."""
@@ -410,29 +458,43 @@ class Coordinator:
 
     def _train(
         self, rnd: int, token: str, selected: list[str], weights: Mapping[str, float], clock: RoundClock
-    ) -> tuple[list[TrainReport], dict[str, TrainReport | SiteFailure]]:
-        """Send the train messages; the reports of sites that pushed, and the refusals or failures of the others."""
+    ) -> tuple[dict[str, TrainReport], dict[str, TrainReport | SiteFailure], dict[str, Excluded]]:
+        """Send the train messages; by site id: the reports of sites that pushed, the refusals or
+        failures of the others, and the replies left out of the round's metrics (checked by
+        :func:`~fedshard.coordinator.replies.check_train`; a site whose reply is left out but
+        says it pushed is in neither of the first two: the zones say whether it counted)."""
         weight_scale = max(weights.values())  # encrypted shards carry weight / scale ≤ 1
         instructions = {node: self._instruction(node, rnd, token, weights[node], weight_scale) for node in selected}
         replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
-        reports: list[TrainReport] = []
+        assert self._bounds is not None  # set at discovery
+        reports: dict[str, TrainReport] = {}
         refused: dict[str, TrainReport | SiteFailure] = {}
+        excluded: dict[str, Excluded] = {}
         for node, reply in replies.items():
             site_id = self._nodes[node].site_id
             if isinstance(reply, TrainReport):
-                clock.trained(reply, self._nodes[node].jurisdiction)
+                why = check_train(reply, site_id, rnd, self._bounds)
+                if why is not None:
+                    excluded[site_id] = why
+                    log.warning("round %d: site %s's train reply is left out: %s", rnd, site_id, why.line())
+                    if not reply.ok:
+                        refused[site_id] = SiteFailure(reason=f"its reply is left out: {why.line()}")
+                    continue
+                clock.trained(site_id, reply, self._nodes[node].jurisdiction)
                 self._group(node).record(site_id, reply.applied_round)
                 if reply.privacy is not None:
-                    self._privacy.record(site_id, reply.privacy)
+                    self._privacy.record(site_id, clean_privacy(reply.privacy))
             if isinstance(reply, TrainReport) and reply.ok:
-                reports.append(reply)
+                reports[site_id] = reply
             else:
                 refused[site_id] = (
-                    reply if isinstance(reply, TrainReport | SiteFailure) else SiteFailure(reason=str(reply))
+                    reply
+                    if isinstance(reply, TrainReport | SiteFailure)
+                    else SiteFailure(reason=f"answered a train message with a {type(reply).__name__}")
                 )
-                log.info("round %d: site %s did not contribute: %s", rnd, site_id, refused[site_id].reason)
+                log.info("round %d: site %s did not contribute: %s", rnd, site_id, one_line(refused[site_id].reason))
         self._remember_ledgers()
-        return reports, refused
+        return reports, refused, excluded
 
     def _instruction(self, node: str, rnd: int, token: str, weight: float, weight_scale: float) -> TrainInstruction:
         """What one site needs for round ``rnd``: its group's head and the rounds it has not applied."""
@@ -458,8 +520,11 @@ class Coordinator:
             deadline_s=min(self._timeout, 86400.0),
         )
 
-    def _evaluate(self, rnd: int, clock: RoundClock | None = None) -> tuple[float, float]:
-        """Every site applies its aggregates and evaluates; weighted accuracy and loss."""
+    def _evaluate(self, rnd: int, clock: RoundClock | None = None) -> tuple[float, float, dict[str, Excluded]]:
+        """Every site applies its aggregates and evaluates; accuracy and loss weighted by the
+        coordinator's fixed weights over the replies it takes, and those it leaves out
+        (:func:`~fedshard.coordinator.replies.check_evaluate`: another model version than the
+        one the coordinator computed for the site's group, figures out of bounds), by site id."""
         messages = {
             node: EvaluateInstruction(
                 round=rnd,
@@ -471,13 +536,24 @@ class Coordinator:
             for node in self._nodes
         }
         replies = self.sites.send(MessageKind.EVALUATE, messages, self._timeout)
-        reports = [r for r in replies.values() if isinstance(r, EvaluateReport)]
+        taken: dict[str, EvaluateReport] = {}
+        excluded: dict[str, Excluded] = {}
         for node, reply in replies.items():
-            if isinstance(reply, EvaluateReport):
-                if clock is not None:
-                    clock.evaluated(reply)
-                self._group(node).record(self._nodes[node].site_id, reply.applied_round)
-            else:
-                log.warning("round %d: site %s did not evaluate: %s", rnd, self._nodes[node].site_id, reply)
-        expected = {self._nodes[n].site_id: self._group(n).version for n in self._nodes}
-        return weighted_evaluation(rnd, reports, expected)
+            site_id = self._nodes[node].site_id
+            if isinstance(reply, SiteFailure):
+                log.warning("round %d: site %s did not evaluate: %s", rnd, site_id, one_line(reply.reason))
+                continue
+            why = check_evaluate(reply, site_id, rnd, self._group(node).version)
+            if why is not None:
+                excluded[site_id] = why
+                log.warning("round %d: site %s's evaluation is left out: %s", rnd, site_id, why.line())
+                continue
+            assert isinstance(reply, EvaluateReport)  # check_evaluate said so
+            if clock is not None:
+                clock.evaluated(site_id, reply)
+            self._group(node).record(site_id, reply.applied_round)
+            taken[site_id] = reply
+        weights = {self._nodes[n].site_id: w for n, w in fixed_weights(self.config, self._nodes).items()}
+        accuracy = weighted_mean({s: r.accuracy for s, r in taken.items()}, weights)
+        loss = weighted_mean({s: r.loss for s, r in taken.items()}, weights)
+        return accuracy, loss, excluded

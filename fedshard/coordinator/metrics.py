@@ -21,9 +21,11 @@ from typing import Any
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from pydantic import ValidationError
 
-from fedshard.coordinator.events import EventKind, EventLog
-from fedshard.protocol.messages import PrivacyStatus
+from fedshard.coordinator.events import EventKind, EventLog, round_from_event
+from fedshard.errors import RefusalCode
+from fedshard.protocol.messages import PrivacyStatus, SiteInfo
 from fedshard.protocol.timings import Phase
 
 __all__ = ["RUN_METRICS", "RunCollector"]
@@ -34,11 +36,15 @@ RUN_METRICS: dict[str, str] = {
     "fedshard_round_duration_seconds": "Seconds from opening a round to its evaluation",
     "fedshard_round_phase_seconds": "Seconds the coordinator waited for one phase of a round (open, train, close, "
     "evaluate)",
-    "fedshard_round_accuracy": "Accuracy of the last round's model, weighted over the sites' test records",
-    "fedshard_round_loss": "Loss of the last round's model, weighted over the sites' test records",
+    "fedshard_round_accuracy": "Accuracy of the last round's model, weighted by the sites' fixed weights",
+    "fedshard_round_loss": "Loss of the last round's model, weighted by the sites' fixed weights",
     "fedshard_round_sites": "Sites counted in the last round's aggregates",
     "fedshard_uploaded_bytes_total": "Bytes the zones acknowledged from sites",
     "fedshard_site_refusals_total": "Selected sites that did not contribute to a round, by refusal code",
+    "fedshard_site_replies_excluded_total": "Site replies the coordinator left out of a round's metrics (they "
+    "disagreed with what it knows, or were out of bounds), by code",
+    "fedshard_nodes_refused_total": "Nodes refused for the run (no valid proof of their site id, or an id "
+    "another node holds), by code",
     "fedshard_sites": "Sites taking part in the federation",
     "fedshard_sites_connected": "Sites connected to the control plane now",
     "fedshard_site_epsilon_spent": "ε a site's ledger reported spent",
@@ -71,6 +77,8 @@ class RunCollector(Collector):
         self._round_sites = 0
         self._bytes = 0
         self._refusals: dict[str, int] = {}
+        self._excluded: dict[str, int] = {}
+        self._nodes_refused: dict[str, int] = {}
         self._sites: set[str] = set()
         self._privacy: dict[str, dict[str, Any]] = {}
         self._finished = False
@@ -86,29 +94,40 @@ class RunCollector(Collector):
         for event in events:
             kind = event.get("event")
             if kind == EventKind.START:
-                self._sites = {s["site_id"] for s in event.get("sites", [])}
-                self._privacy.update({s["site_id"]: s["privacy"] for s in event.get("sites", []) if s.get("privacy")})
+                sites = _sites(event.get("sites"))
+                self._sites = {s.site_id for s in sites}
+                self._privacy.update({s.site_id: s.privacy.model_dump(mode="json") for s in sites if s.privacy})
                 self._finished = False
             elif kind == EventKind.RECONFIGURED:
-                self._sites |= set(event.get("joined", []))
+                self._sites |= {s.site_id for s in _sites(event.get("sites"))}
             elif kind == EventKind.ROUND:
                 self._on_round(event)
             elif kind == EventKind.ABORTED:
                 self._outcomes["aborted"] += 1
             elif kind == EventKind.STOP:
                 self._finished = True
+            elif kind == EventKind.NODE_REFUSED:
+                code = str(event.get("code") or "other")[:32]
+                self._nodes_refused[code] = self._nodes_refused.get(code, 0) + 1
 
     def _on_round(self, event: dict[str, Any]) -> None:
-        self._round = int(event["round"])
+        try:
+            result = round_from_event(event)
+        except ValidationError:  # not what fedshard writes: left out (fedshard report lists it)
+            return
+        self._round = result.round
         self._outcomes["completed"] += 1
-        self._accuracy, self._loss = float(event["accuracy"]), float(event["loss"])
-        self._round_sites = len(event.get("sites", []))
-        self._bytes += int(event.get("bytes_up", 0))
-        for site in event.get("refused", {}):
-            code = event.get("refusal_codes", {}).get(site) or "other"
+        self._accuracy, self._loss = result.accuracy, result.loss
+        self._round_sites = len(result.sites)
+        self._bytes += result.bytes_up
+        for site in result.refused:
+            code = _code(result.refusal_codes.get(site))
             self._refusals[code] = self._refusals.get(code, 0) + 1
-        self._privacy.update(event.get("privacy", {}))
-        timings = event.get("timings", {})
+        for codes in result.excluded_codes.values():
+            for code in codes:
+                self._excluded[code.value] = self._excluded.get(code.value, 0) + 1
+        self._privacy.update(result.privacy)
+        timings = result.timings
         if "round" in timings:
             self._durations.observe(float(timings["round"]))
         for phase in _PHASES:
@@ -139,6 +158,8 @@ class RunCollector(Collector):
             for code, n in sorted(self._refusals.items()):
                 refusals.add_metric([code], n)
             yield refusals
+            yield _by_code("fedshard_site_replies_excluded", self._excluded)
+            yield _by_code("fedshard_nodes_refused", self._nodes_refused)
             yield _gauge("fedshard_sites", len(self._sites))
             connected = self._connected() if self._connected is not None else len(self._sites)
             yield _gauge("fedshard_sites_connected", math.nan if connected is None else connected)
@@ -160,6 +181,29 @@ class RunCollector(Collector):
             budget.add_metric([site], float(report.get("epsilon_budget", math.nan)))
             stopped.add_metric([site], int(report.get("status", PrivacyStatus.ACTIVE) != PrivacyStatus.ACTIVE))
         yield from (spent, budget, stopped)
+
+
+def _sites(entries: object) -> list[SiteInfo]:
+    """The well-formed site entries of a start or reconfigured event (the others are left out)."""
+    out = []
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            out.append(SiteInfo.model_validate(entry))
+        except ValidationError:
+            continue
+    return out
+
+
+def _code(code: RefusalCode | None) -> str:
+    return code.value if code is not None else "other"
+
+
+def _by_code(family: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """Counter ``family`` (``_total`` in :data:`RUN_METRICS`) with one series per code."""
+    metric = CounterMetricFamily(family, RUN_METRICS[f"{family}_total"], labels=["code"])
+    for code, n in sorted(counts.items()):
+        metric.add_metric([code], n)
+    return metric
 
 
 def _gauge(name: str, value: float) -> GaugeMetricFamily:

@@ -24,13 +24,17 @@ applied. A fresh run on sites that hold a later model is refused in one line.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from fedshard.config import FederationConfig
 from fedshard.config.changes import check_fixed
-from fedshard.coordinator.events import EventKind, EventLog, round_from_event
+from fedshard.coordinator.events import EventKind, EventLog, first_error, round_from_event
+from fedshard.coordinator.replies import Excluded, left_out
 from fedshard.coordinator.results import RoundResult
 from fedshard.errors import RoundError
 from fedshard.integrity import next_version
@@ -141,33 +145,63 @@ def recover(path: str | Path) -> Recovery:
     path = Path(path)
     if not path.exists():
         raise RoundError(f"{path} does not exist: there is no run to resume in that folder")
-    events, _ = EventLog(path).read()
+    reader = EventLog(path)
+    events, _ = reader.read()
+    if reader.skipped:
+        raise RoundError(f"{path}: {reader.skipped[0]}; {_UNTRUSTED}")
     recovery: Recovery | None = None
     for event in events:
-        kind = event["event"]
-        if kind == EventKind.START:
-            if recovery is None or not event.get("resumed"):
-                recovery = Recovery(path, str(event["genesis_version"]))
-            fixed = event.get("fixed")
-            if isinstance(fixed, dict):
-                recovery.fixed = {str(k): str(v) for k, v in fixed.items()}
-            continue
-        if recovery is None or kind == EventKind.STOP:
-            continue
-        rnd = int(event.get("round", 0))
-        if kind == EventKind.OPENED:
-            recovery.opened.add(rnd)
-        elif kind == EventKind.CLOSED:
-            result = round_from_event(event)
-            if any("merkle_root" not in a for a in result.aggregates):
-                raise RoundError(f"{path}: round {rnd} was logged without its aggregates' roots; it cannot be resumed")
-            recovery.closed = [r for r in recovery.closed if r.round != rnd] + [result]
-        elif kind == EventKind.ROUND:
-            recovery.finished[rnd] = round_from_event(event)
-        elif kind == EventKind.ABORTED:
-            recovery.aborted.append({"round": rnd, "reason": event["reason"]})
+        try:
+            recovery = _recover(recovery, event, path)
+        except (ValidationError, TypeError, ValueError) as exc:
+            why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)[:120]
+            raise RoundError(
+                f"{path}: a {event['event'][:32]!r} event does not hold what fedshard writes ({why}); {_UNTRUSTED}"
+            ) from None
     if recovery is None:
         raise RoundError(f"{path}: the run never assembled its sites (no start event); start a fresh run instead")
+    return recovery
+
+
+_UNTRUSTED = (
+    "this log cannot be resumed from (fedshard never writes such a line; a crash leaves at most a torn last "
+    "line, which is ignored): restore events.jsonl from a backup, or start a fresh run; nothing was changed"
+)
+
+
+def _recover(recovery: Recovery | None, event: dict[str, Any], path: Path) -> Recovery | None:
+    """``recovery`` with ``event`` taken in (raises ValidationError, TypeError or ValueError for a malformed one)."""
+    kind = event["event"]
+    if kind == EventKind.START:
+        if recovery is None or not event.get("resumed"):
+            genesis = event.get("genesis_version")
+            if not isinstance(genesis, str):
+                raise ValueError("a start event without its genesis version")
+            recovery = Recovery(path, genesis)
+        fixed = event.get("fixed")
+        if fixed is not None:
+            if not isinstance(fixed, dict):
+                raise ValueError("a start event whose fixed config digests are not a mapping")
+            recovery.fixed = {str(k): str(v) for k, v in fixed.items()}
+        return recovery
+    if recovery is None or kind == EventKind.STOP:
+        return recovery
+    rnd = event.get("round", 0)
+    if not isinstance(rnd, int):
+        raise ValueError(f"round {str(rnd)[:20]!r} is not a number")
+    if kind == EventKind.OPENED:
+        recovery.opened.add(rnd)
+    elif kind == EventKind.CLOSED:
+        result = round_from_event(event)
+        if any("merkle_root" not in a for a in result.aggregates):
+            raise RoundError(f"{path}: round {rnd} was logged without its aggregates' roots; it cannot be resumed")
+        recovery.closed = [r for r in recovery.closed if r.round != rnd] + [result]
+    elif kind == EventKind.ROUND:
+        recovery.finished[rnd] = round_from_event(event)
+    elif kind == EventKind.ABORTED:
+        if not isinstance(event.get("reason"), str):
+            raise ValueError("an aborted event without its reason")
+        recovery.aborted.append({"round": rnd, "reason": event["reason"]})
     return recovery
 
 
@@ -179,9 +213,24 @@ def in_flight_reason(rnd: int) -> str:
     )
 
 
-def evaluated(result: RoundResult, accuracy: float, loss: float, timings: dict[str, Any] | None = None) -> RoundResult:
-    """``result`` (logged at close) with the sites' evaluation (and the round's timings, with it)."""
-    return replace(result, accuracy=accuracy, loss=loss, timings=result.timings if timings is None else timings)
+def evaluated(
+    result: RoundResult,
+    accuracy: float,
+    loss: float,
+    timings: dict[str, Any] | None = None,
+    excluded: Mapping[str, Excluded] | None = None,
+) -> RoundResult:
+    """``result`` (logged at close) with the sites' evaluation (and the round's timings, and the
+    evaluate replies left out, with it)."""
+    lines, codes = left_out(result.excluded, result.excluded_codes, excluded or {})
+    return replace(
+        result,
+        accuracy=accuracy,
+        loss=loss,
+        timings=result.timings if timings is None else timings,
+        excluded=lines,
+        excluded_codes=codes,
+    )
 
 
 def unevaluated(result: RoundResult) -> bool:

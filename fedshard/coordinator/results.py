@@ -47,6 +47,10 @@ class RoundResult:
     ``refused`` says, in one line per site, why a selected site did not contribute;
     ``refusal_codes`` holds the :class:`~fedshard.errors.RefusalCode` of those refusals
     that have one (a zone refused the site's push, or refused to serve it an aggregate).
+    ``excluded`` says, in one line per site, why the coordinator left the site's train or
+    evaluate reply (or both) out of the round's metrics (it disagreed with what the
+    coordinator knows, or was out of bounds: :mod:`fedshard.coordinator.replies`), with their
+    codes in ``excluded_codes``; whether its update counted is ``sites`` (the zones' word).
     """
 
     round: int
@@ -65,6 +69,8 @@ class RoundResult:
     refusal_codes: dict[str, RefusalCode] = field(default_factory=dict)  # site id -> code of its refusal
     timings: dict[str, Any] = field(default_factory=dict)  # where the round's time went (coordinator.timings)
     traffic: dict[str, Any] = field(default_factory=dict)  # zone -> bytes and shards by class and origin
+    excluded: dict[str, str] = field(default_factory=dict)  # site id -> why its reply was left out
+    excluded_codes: dict[str, tuple[RefusalCode, ...]] = field(default_factory=dict)  # site id -> their codes
 
     def refusal(self, site_id: str) -> str:
         """Why ``site_id`` did not contribute, as shown to people (see :func:`refusal_line`)."""
@@ -82,6 +88,7 @@ class RunResult:
     stopped_reason: str = ""
     groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
     aborted: list[dict[str, Any]] = field(default_factory=list)  # rounds a zone's failure aborted: round, reason
+    refused_nodes: list[dict[str, Any]] = field(default_factory=list)  # nodes refused (NodeRefusal.as_event)
 
     @property
     def privacy(self) -> dict[str, dict[str, Any]]:

@@ -1,18 +1,19 @@
-"""Which sites take part in a round, with what weight, and what their evaluations add up to."""
+"""Which sites take part in a round, and with what weight."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Mapping
 
 from fedshard.config import FederationConfig
 from fedshard.coordinator.reports import PrivacyReports
 from fedshard.errors import RoundError
-from fedshard.protocol.messages import EvaluateReport, SiteInfo
+from fedshard.protocol.messages import SiteInfo
 from fedshard.protocol.rounds import derive_seed
 
-__all__ = ["fixed_weights", "select_sites", "weighted_evaluation"]
+__all__ = ["fixed_weights", "select_sites"]
 
 
 def select_sites(
@@ -43,28 +44,10 @@ def select_sites(
 
 def fixed_weights(config: FederationConfig, nodes: Mapping[str, SiteInfo]) -> dict[str, float]:
     """Node → the aggregation weight the coordinator fixes for its site: the examples it
-    reported, capped by ``aggregation.max_site_weight`` (zones refuse any other weight)."""
+    reported, capped at ``aggregation.max_weight_over_median`` times the lower median of
+    what all the federation's sites reported (a site that over-reports moves that median by
+    one place at most) and at ``aggregation.max_site_weight`` (zones refuse any other weight)."""
     rule = config.aggregation
-    return {node: rule.fixed_weight(info.num_examples) for node, info in nodes.items()}
-
-
-def weighted_evaluation(
-    rnd: int, reports: Sequence[EvaluateReport], expected: Mapping[str, str]
-) -> tuple[float, float]:
-    """Accuracy and loss weighted over the sites' test records (NaN when none reported).
-
-    Raises
-    ------
-    RoundError
-        A site reports another model version than ``expected`` (site id → version).
-    """
-    disagree = [r.site_id for r in reports if r.version != expected.get(r.site_id)]
-    if disagree:
-        raise RoundError(f"round {rnd}: sites {', '.join(disagree)} report a different model version")
-    n = sum(r.num_examples for r in reports)
-    if n == 0:
-        return float("nan"), float("nan")
-    return (
-        sum(r.accuracy * r.num_examples for r in reports) / n,
-        sum(r.loss * r.num_examples for r in reports) / n,
-    )
+    reported = [max(info.num_examples, 1) for info in nodes.values()]
+    median = float(statistics.median_low(reported)) if reported else None
+    return {node: rule.fixed_weight(info.num_examples, median) for node, info in nodes.items()}

@@ -40,9 +40,10 @@ class RoundClock:
         """Time ``zone``'s close (part of the close phase)."""
         return self._close.phase(zone)
 
-    def trained(self, report: TrainReport, jurisdiction: str) -> None:
-        """A site's train reply: its phases; for a push it made, what each zone acknowledged."""
-        phases = self._site(report.site_id, report.timings.as_dict())
+    def trained(self, site_id: str, report: TrainReport, jurisdiction: str) -> None:
+        """``site_id``'s train reply (checked: :mod:`fedshard.coordinator.replies`): its phases;
+        for a push it made, what each zone acknowledged."""
+        phases = self._site(site_id, report.timings.as_dict())
         if not report.ok:
             return
         for push in report.pushes:
@@ -52,9 +53,9 @@ class RoundClock:
             by_class = self._shards.setdefault(push.zone, collections.Counter())
             by_class.update({f"{c} from {jurisdiction}": n for c, n in push.classes.items()})
 
-    def evaluated(self, report: EvaluateReport) -> None:
-        """A site's evaluate reply: its phases (fetch and apply add to those of its train reply)."""
-        self._site(report.site_id, report.timings.as_dict())
+    def evaluated(self, site_id: str, report: EvaluateReport) -> None:
+        """``site_id``'s evaluate reply: its phases (fetch and apply add to those of its train reply)."""
+        self._site(site_id, report.timings.as_dict())
 
     def _site(self, site_id: str, seconds: dict[str, float]) -> collections.defaultdict[str, float]:
         phases = self._sites.setdefault(site_id, collections.defaultdict(float))

@@ -343,6 +343,8 @@ class AggregatorHost:
             "resume": "1" if self.resume is not None else "",
             "membership": "1",  # changes `aggregator reconfigure` leaves in the run folder, between rounds
             "ledger-heads": str(self.state_dir / LEDGER_BOOK_FILE),  # every site's spend, across runs
+            # each SuperNode proves which site it is with its site's key (as zones check manifests: under TLS)
+            "site-keys": str(self.keys.site_keys) if self.tls else "",
         }
         run_id = self.flwr.submit(app, write_run_config(self.run_dir / "run-config.toml", settings))
         self._update(phase="running", run_id=run_id)

@@ -39,7 +39,17 @@ clientapp = "clients.client_app:app"
 {config}
 """
 
-RUN_CONFIG_KEYS = ("config", "zones", "events", "zone-tls", "state-root", "resume", "membership", "ledger-heads")
+RUN_CONFIG_KEYS = (
+    "config",
+    "zones",
+    "events",
+    "zone-tls",
+    "state-root",
+    "resume",
+    "membership",
+    "ledger-heads",
+    "site-keys",
+)
 """Settings the ServerApp and ClientApp read (see server/server_app.py, clients/client_app.py)."""
 
 

@@ -73,8 +73,22 @@ def run_to_resume(state_dir: Path, resume: Path) -> Path:
     Raises
     ------
     ConfigError
-        No such run folder, or it holds no ``events.jsonl`` (nothing to resume).
+        No such run folder, or it holds no ``events.jsonl`` (nothing to resume), or one that
+        cannot be resumed (:func:`~fedshard.coordinator.recovery.recover`: checked here, before
+        anything starts).
     """
+    folder = _run_folder(state_dir, resume)
+    from fedshard.coordinator.recovery import recover
+    from fedshard.errors import RoundError
+
+    try:
+        recover(folder / "events.jsonl")
+    except RoundError as exc:
+        raise ConfigError(str(exc)) from None
+    return folder
+
+
+def _run_folder(state_dir: Path, resume: Path) -> Path:
     if resume == LATEST_RUN:
         from fedshard.coordinator.events import EventKind, EventLog
 

@@ -6,6 +6,7 @@
 ``channels``   the channel protocols the roles depend on: :class:`SiteGateway`, :class:`ZoneClient`
 ``codes``      refusal codes: an error's code, a code's error class, one-line reasons
 ``codes``      refusals across the wire: a typed code, the error it raises, one line of reason
+``binding``    a node's proof that it speaks for its site (the payload it signs, the check)
 
 Transports (in-process, Flower, gRPC) implement the channels; the coordinator, sites
 and zones only ever see these types.

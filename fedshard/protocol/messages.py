@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr
 
 from fedshard.aggregation import ServerOptimizerKind
+from fedshard.crypto.signing import SIGNATURE_HEX_LENGTH
 from fedshard.errors import IntegrityError, RefusalCode
 from fedshard.integrity.aggregate_signature import (
     MAX_CERTIFICATE_BYTES,
@@ -34,6 +35,7 @@ __all__ = [
     "EvaluateInstruction",
     "EvaluateReport",
     "LedgerHeadReport",
+    "MAX_CHALLENGE_BYTES",
     "MAX_SHARD_CLASSES",
     "MessageKind",
     "PrivacyPlan",
@@ -47,6 +49,7 @@ __all__ = [
     "SiteInfo",
     "TrainInstruction",
     "TrainReport",
+    "UNCLASSIFIED",
     "UpdatePlan",
     "ZonePush",
     "decode",
@@ -65,6 +68,10 @@ def _aggregate_key(value: object) -> AggregateKey:
 AggregateKeyField = Annotated[AggregateKey, BeforeValidator(_aggregate_key), PlainSerializer(str, return_type=str)]
 """An :class:`~fedshard.residency.AggregateKey` in a message: ``zone|group`` on the wire
 (a JSON object key), the typed key in Python; a malformed one is refused on decode."""
+
+
+MAX_CHALLENGE_BYTES = 64
+"""The longest challenge a query may carry, in bytes (hex: twice as many characters)."""
 
 
 class _Msg(BaseModel):
@@ -233,6 +240,10 @@ class QueryRequest(_Msg):
     sends every site's privacy plan; each site reads its own (and checks it against its own
     config). ``zones`` (name → endpoint) lets the site report which aggregates it will apply
     (its view); only the names count, a site dials the endpoints of its own config.
+
+    ``challenge`` (coordinator to site: fresh random hex, one per node and query; empty:
+    no proof asked) is what the site signs, with its manifest-signing key, to prove which
+    site it is (:mod:`fedshard.protocol.binding`); the coordinator checks the proof.
     """
 
     privacy: dict[str, PrivacyPlan] = {}
@@ -241,6 +252,7 @@ class QueryRequest(_Msg):
     # earlier one, :mod:`fedshard.coordinator.ledger_book`); a site whose ledger does not
     # contain it reports a refusal and takes part in nothing. A lie only stops that site.
     ledger_heads: dict[str, LedgerHeadReport] = {}
+    challenge: str = Field("", max_length=2 * MAX_CHALLENGE_BYTES, pattern=r"^[0-9a-f]*$")
 
 
 class SiteInfo(_Msg):
@@ -256,6 +268,9 @@ class SiteInfo(_Msg):
     view: dict[AggregateKeyField, list[str]] = Field(default_factory=dict)  # aggregate -> shard ids the site applies
     version: str = ""  # the site's model version now (its genesis until it applies a round)
     applied_round: int = 0  # the last round the site applied
+    # Site to coordinator: Ed25519 signature (hex) over the query's challenge and who the site is
+    # (fedshard.protocol.binding); the coordinator checks it with the site's public key.
+    proof: str = Field("", max_length=SIGNATURE_HEX_LENGTH)
 
 
 class TrainInstruction(_Msg):
@@ -299,6 +314,9 @@ class TrainInstruction(_Msg):
         return self._received + 0.9 * self.deadline_s if self.deadline_s else math.inf
 
 
+UNCLASSIFIED = "unclassified"
+"""What a push counts shards without a class under (:attr:`ZonePush.classes`)."""
+
 MAX_SHARD_CLASSES = 64
 """Shard classes a push may count (the residency policy's classes are far fewer)."""
 
@@ -322,7 +340,9 @@ class ZonePush(_Msg):
 
 
 class TrainReport(_Msg):
-    """What a site did with a train instruction.
+    """What a site did with a train instruction. Sent by: the site; the coordinator checks every
+    field against what it knows and leaves a reply that disagrees or is out of bounds out of
+    the round (:mod:`fedshard.coordinator.replies`, SECURITY.md "Malicious sites").
 
     ``pushes`` lists each zone's acknowledgement (zones by name) when ``ok``; otherwise
     ``reason`` says why in one line and ``code`` is the :class:`~fedshard.errors.RefusalCode`
@@ -365,7 +385,8 @@ class EvaluateInstruction(_Msg):
 
 
 class EvaluateReport(_Msg):
-    """A site's local evaluation."""
+    """A site's local evaluation. Sent by: the site; checked by the coordinator as a
+    :class:`TrainReport` is, against the model version it computed for the site's group."""
 
     site_id: str
     round: int

@@ -1,10 +1,14 @@
 """Build a run's report: its plots as PNGs and one HTML page showing them with the run's
-tables (sites, zones, refusals), referencing only the files written beside it."""
+tables (sites, zones, refusals), referencing only the files written beside it.
+
+Names and reasons in a run's records may come from sites (a refusal's reason, the ids a
+lying site claimed): the page escapes every one, and the plots never interpret text
+(matplotlib's mathtext and TeX are off while they are drawn), so ``$…$`` is drawn as it is."""
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,7 @@ class Report:
 
     html: Path
     images: list[Path]
+    skipped: list[str] = field(default_factory=list)  # what was left out as malformed (RunRecord.skipped)
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
@@ -53,11 +58,14 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {target}: cannot create it ({exc.strerror or exc}); choose another --out") from None
-    images = [draw(run, target / name) for name, _, draw in PLOTS]
-    images.append(residency_flow(run, target / FLOW_PLOT[0]))
+    from matplotlib import rc_context
+
+    with rc_context({"text.parse_math": False, "text.usetex": False}):  # text from a run is drawn as it is
+        images = [draw(run, target / name) for name, _, draw in PLOTS]
+        images.append(residency_flow(run, target / FLOW_PLOT[0]))
     page = target / REPORT_FILE
     page.write_text(_page(run), encoding="utf-8")
-    return Report(page, images)
+    return Report(page, images, list(run.skipped))
 
 
 def _page(run: RunRecord) -> str:
@@ -178,6 +186,24 @@ def _refusals(run: RunRecord) -> str:
         parts.append(more)
     else:
         parts.append('<p class="ok">No selected site was refused.</p>')
+    left_out = [[r.round, site, r.excluded[site]] for r in run.rounds for site in sorted(r.excluded)]  # one per site
+    if left_out:
+        shown = left_out[:MAX_REFUSAL_ROWS]
+        parts.append(
+            "<p>Replies the coordinator left out of a round's metrics (they disagreed with what it knows, "
+            "or were out of bounds):</p>" + _table(["round", "site", "why"], shown)
+        )
+        if len(left_out) > len(shown):
+            parts.append(f"<p>and {len(left_out) - len(shown)} more (events.jsonl has them all)</p>")
+    if run.result.refused_nodes:
+        nodes = [
+            [n.get("node", "?"), n.get("site_id", "?"), n.get("code", "-"), n.get("reason", "")]
+            for n in run.result.refused_nodes[:MAX_REFUSAL_ROWS]
+        ]
+        parts.append(
+            "<p>Nodes refused for the run (they could not prove which site they are, or claimed a site "
+            "another node holds):</p>" + _table(["node", "claimed site", "code", "why"], nodes)
+        )
     if run.result.aborted:
         aborted = [[a["round"], a["reason"]] for a in run.result.aborted]
         parts.append("<p>Rounds aborted at every zone:</p>" + _table(["round", "why"], aborted))
@@ -186,4 +212,7 @@ def _refusals(run: RunRecord) -> str:
         parts.append("<p>What the zones refused (their latest reasons):</p>" + _table(["zone", "why"], zone_rows))
     if run.result.stopped_reason:
         parts.append(f'<p class="warn">The run stopped: {_e(run.result.stopped_reason)}</p>')
+    if run.skipped:
+        items = "".join(f"<li>{_e(note)}</li>" for note in run.skipped[:MAX_REFUSAL_ROWS])
+        parts.append(f'<p class="warn">Left out of this report as malformed:</p><ul>{items}</ul>')
     return "\n".join(parts)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedshard.report.plots import class_colour, empty_note, figure, save
+from fedshard.report.plots import class_colour, empty_note, figure, save, wrapped_text
 from fedshard.report.run import RunRecord
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def residency_flow(run: RunRecord, path: Path) -> Path:
                 ax.text(1.5, (y_zone[zone] + target) / 2, f"{n} partial sums", fontsize=7, ha="center", color="#555555")
     lines = data.residency_lines()
     text = "   ".join(f"{'✓' if home else '→'} {line}" for _, line, home in lines)
-    ax.text(1.05, -0.45, f"Shards received, by region: {text}", ha="center", va="center", fontsize=8, wrap=True)
+    wrapped_text(ax, 1.05, -0.45, f"Shards received, by region: {text}", ha="center", va="center", fontsize=8)
     return save(fig, path)
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["PLOTS", "SHOWN_SITES", "Plot", "class_colour", "empty_note", "figure", "save"]
+__all__ = ["PLOTS", "SHOWN_SITES", "Plot", "class_colour", "empty_note", "figure", "save", "wrapped_text"]
 
 SHOWN_SITES = 12
 """Sites a plot draws one by one; beyond, it draws their spread (least, median, most)."""
@@ -59,8 +59,14 @@ def save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def wrapped_text(ax: Axes, x: float, y: float, text: str, **kw: Any) -> None:
+    """``text`` wrapped to the figure, drawn as it is: matplotlib measures wrapped lines as
+    mathtext whatever ``text.parse_math`` says, so every ``$`` is escaped (and shown as ``$``)."""
+    ax.text(x, y, text.replace("$", r"\$"), wrap=True, parse_math=True, **kw)
+
+
 def empty_note(ax: Axes, message: str) -> None:
-    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True, color="#555555")
+    wrapped_text(ax, 0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#555555")
     ax.set_xticks([])
     ax.set_yticks([])
 

@@ -1,16 +1,27 @@
 """What a run folder says about its run, as the report reads it: the event log (every
 run has one, finished or not), and ``summary.json`` where the run wrote it (the zones'
-own counters, the central baseline)."""
+own counters, the central baseline).
+
+Nothing read is trusted to have the shape fedshard writes: a line of the event log that is
+not an event, an event whose fields have other types, a zone entry of ``summary.json``
+that is not one, and traffic reported for a zone the run's config does not have are left
+out, each noted in :attr:`RunRecord.skipped` (the report lists them; ``fedshard report``
+says how many in one line)."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import (
+    Any,
+    NotRequired,  # pydantic reads TypedDicts from here before Python 3.12
+)
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from fedshard.coordinator.events import replay
 from fedshard.coordinator.results import RoundResult, RunResult
@@ -27,6 +38,7 @@ class RunRecord:
     result: RunResult
     summary: dict[str, Any] = field(default_factory=dict)  # empty: the run wrote none (yet)
     configured_regions: dict[str, str] = field(default_factory=dict)  # zone -> region, from federation.yaml
+    skipped: list[str] = field(default_factory=list)  # what was left out as malformed, one line each
 
     @property
     def name(self) -> str:
@@ -46,9 +58,9 @@ class RunRecord:
 
     @property
     def zones(self) -> list[dict[str, Any]]:
-        """Each zone's own counters at the end of the run (summary.json), where known."""
+        """Each zone's own counters at the end of the run (summary.json), where known and well-formed."""
         zones = self.summary.get("zones")
-        return [z for z in zones if isinstance(z, dict) and "error" not in z] if isinstance(zones, list) else []
+        return [z for z in zones if _zone_entry(z) and "error" not in z] if isinstance(zones, list) else []
 
     @property
     def regions(self) -> dict[str, str]:
@@ -85,12 +97,14 @@ def load_run(folder: str | Path) -> RunRecord:
             f"{folder} holds no run (no events.jsonl); give the folder of a `fedshard simulate` run "
             "(its --out) or of a deployed run (`fedshard aggregator up` prints it)"
         )
+    skipped: list[str] = []
     try:
-        result = replay(events)
+        result = replay(events, skipped)
     except FedshardError as exc:
         raise ConfigError(f"{folder}: nothing to report: {exc}") from None
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(f"{events}: not an event log fedshard wrote ({exc}); nothing was changed") from None
+    except OSError as exc:
+        raise ConfigError(f"{events}: cannot be read ({exc.strerror or exc}); nothing was changed") from None
+    skipped = [f"events.jsonl: {note}" for note in skipped]
     summary: dict[str, Any] = {}
     path = folder / "summary.json"
     if path.is_file():
@@ -99,7 +113,55 @@ def load_run(folder: str | Path) -> RunRecord:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not JSON ({exc}); move it away to report from the event log alone") from None
         summary = loaded if isinstance(loaded, dict) else {}
-    return RunRecord(folder, result, summary, _configured_regions(folder / "federation.yaml"))
+        zones = summary.get("zones")
+        bad = [z for z in zones if not _zone_entry(z)] if isinstance(zones, list) else []
+        skipped += [f"summary.json: a zone entry that is not one ({str(z)[:60]})" for z in bad]
+    run = RunRecord(folder, result, summary, _configured_regions(folder / "federation.yaml"), skipped)
+    _drop_unknown_zones(run)
+    return run
+
+
+class _ZoneEntry(TypedDict):
+    """What the report reads of a zone's entry in ``summary.json``."""
+
+    name: str
+    region: NotRequired[str]
+    reducing: NotRequired[bool]
+    pushes: NotRequired[int]
+    bytes_received: NotRequired[int]
+    shards_by_class: NotRequired[dict[str, int]]
+    forwarded_shards: NotRequired[int]
+    refused: NotRequired[int]
+    refusals: NotRequired[list[str]]
+
+
+_ZONE_ENTRY = TypeAdapter(_ZoneEntry)
+
+
+def _zone_entry(entry: object) -> bool:
+    """Whether ``entry`` is a zone entry the report can show (the types fedshard writes)."""
+    if isinstance(entry, dict) and "error" in entry and isinstance(entry.get("name", ""), str):
+        return True  # a zone that could not be asked: left out of the tables, not malformed
+    try:
+        _ZONE_ENTRY.validate_python(entry, strict=True)
+    except ValidationError:
+        return False
+    return True
+
+
+def _drop_unknown_zones(run: RunRecord) -> None:
+    """Leave out the traffic a round reports for zones the run's config does not have (the
+    coordinator refuses such replies; an older or edited log may still hold some)."""
+    known = set(run.configured_regions) | {str(z.get("name")) for z in run.zones}
+    if not known:
+        return
+    for i, r in enumerate(run.result.rounds):
+        unknown = sorted(set(r.traffic) - known)
+        if unknown:
+            names = ", ".join(repr(z[:40]) for z in unknown[:3])
+            run.skipped.append(f"round {r.round}: traffic for {len(unknown)} zone(s) not in the run's config ({names})")
+            traffic = {z: t for z, t in r.traffic.items() if z in known}
+            run.result.rounds[i] = replace(r, traffic=traffic)
 
 
 def _configured_regions(path: Path) -> dict[str, str]:

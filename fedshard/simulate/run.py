@@ -228,7 +228,15 @@ def _run_inprocess(
 
     membership = RunMembership(config, out, served, routing, gateway, sites, reach, keys, events)
     coordinator = Coordinator(
-        config, gateway, zones, endpoints, observer, journal=events, recovery=recovery, membership=membership
+        config,
+        gateway,
+        zones,
+        endpoints,
+        observer,
+        journal=events,
+        recovery=recovery,
+        membership=membership,
+        site_keys=lambda: served.site_keys or {},  # each node proves which site it is (sites added too)
     )
     try:
         return coordinator.run()
@@ -301,6 +309,8 @@ def build_summary(
                 "sites": list(r.sites),
                 "refused": {site: r.refusal(site) for site in sorted(r.refused)},
                 "refusal_codes": {site: code.value for site, code in sorted(r.refusal_codes.items())},
+                "excluded": r.excluded,  # replies the coordinator left out (coordinator/replies.py)
+                "excluded_codes": {site: [c.value for c in codes] for site, codes in r.excluded_codes.items()},
                 "merkle_root": r.merkle_root,
                 "model_version": r.version,
                 "group_versions": r.versions,
@@ -313,5 +323,6 @@ def build_summary(
         "residency_groups": result.groups,
         "zones": zones,
         "aborted_rounds": result.aborted,
+        "refused_nodes": result.refused_nodes,  # nodes that could not prove their site id (coordinator/binding.py)
         "stopped_reason": result.stopped_reason,
     }

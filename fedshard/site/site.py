@@ -31,6 +31,7 @@ from fedshard import faults
 from fedshard.config import LayerPolicy
 from fedshard.errors import FedshardError, PrivacyError, RoundError, StoreError
 from fedshard.integrity import genesis_version
+from fedshard.protocol.binding import with_proof
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import (
     AppliedRound,
@@ -363,7 +364,7 @@ class Site:
                 with ledger:
                     events = self.privacy.round_events(plan, ledger, self.data.num_train)
                     report = self.privacy.report(ledger, events, note=note)
-        return SiteInfo(
+        info = SiteInfo(
             site_id=self.site_id,
             jurisdiction=self.jurisdiction,
             num_examples=self.data.num_train,
@@ -375,6 +376,7 @@ class Site:
             version=state.version,
             applied_round=state.applied_round,
         )
+        return with_proof(info, message.challenge, self._signing_key)  # binds this node to its site id
 
     def train(self, message: TrainInstruction) -> TrainReport:
         """Catch up, check the privacy budget, train, push the update's shards, report.

@@ -3,6 +3,7 @@ residency policy and audit.
 
 ``aggregator``  the :class:`ZoneAggregator` role (lifecycle, push, forward, fetch)
 ``push``        one site's push as a transaction: validate, stage, commit
+``norms``       the zone's reference of update norms, which bounds each push by default
 ``frames``      the one frame assembler of pushes, forwards and fetches
 ``forward``     partial sums of global shards, from zone to reducing zone (checks, sessions)
 ``reduce``      a zone's side of that reduction: receiving and sending partial sums

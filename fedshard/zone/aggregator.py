@@ -14,8 +14,9 @@ and counters live in :mod:`fedshard.zone.state`.
 
 What is folded is bounded by the federation (``bounds``, ``aggregation`` in the config):
 each site's weight is the one the coordinator fixed when it opened the round, each
-plaintext value lies within ``±max_value`` and, optionally, each site's update at this
-zone within an L2 norm; so every sum (float32, of ``(w/unit)·x``: see
+plaintext value lies within ``±max_value`` and each site's update at this zone within an
+L2 norm (``max_update_norm``, and by default 10× the median of the zone's earlier rounds:
+:mod:`fedshard.zone.norms`); so every sum (float32, of ``(w/unit)·x``: see
 :mod:`fedshard.aggregation.accumulator` for its error bound) stays finite (see
 :class:`~fedshard.config.AggregationConfig`). Encrypted shards cannot be checked.
 
@@ -72,6 +73,7 @@ from fedshard.zone.forward import ForwardSession
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.intake import PushIntake, lost_reason
 from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
+from fedshard.zone.norms import NormReference
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
 from fedshard.zone.push import ByteBudget, PushSession, check_round_weights
@@ -155,6 +157,7 @@ class ZoneAggregator:
         self._signer = signer
         self._published = Publications(name, store_dir)
         self._rounds: dict[int, OpenRound] = {}
+        self._norms = NormReference(self.bounds)
         self._closed: set[int] = set()
         self._lock = threading.Lock()
         self._budget = ByteBudget(staging_bytes)
@@ -195,6 +198,7 @@ class ZoneAggregator:
             residency=residency,
             he_context=he_context,
             bounds=self.bounds,
+            norms=self._norms,
         )
 
     def _record(self, decision: str, **fields: Any) -> None:
@@ -227,7 +231,7 @@ class ZoneAggregator:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
                 if self._journal is not None:  # on disk before anything is accepted: a restart knows it was open
                     self._journal.write(spec.round, RoundState.OPEN)
-                self._rounds[spec.round] = OpenRound(spec, plan)
+                self._rounds[spec.round] = OpenRound(spec, plan, norm_reference=self._norms.snapshot())
                 self.stats.round = max(self.stats.round, spec.round)
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
@@ -320,6 +324,16 @@ class ZoneAggregator:
                     return self._published.summaries(round)
                 raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
             self._closed.add(round)
+            outliers = self._norms.closed(round, state.norms, state.norm_reference)  # what bounds the next rounds
+            if outliers:  # folded unbounded (no reference yet): publish nothing; the coordinator aborts it
+                self._closed.discard(round)
+                self._rounds[round] = state
+                raise ZoneError(
+                    f"zone {self.name}: round {round} had no norm reference yet and "
+                    f"{'; '.join(o.describe() for o in outliers)}; not publishing it (the next rounds clip "
+                    "such updates)",
+                    RefusalCode.BOUND,
+                )
         faults.point("zone.close.start")
         if not reducer:
             try:

@@ -20,6 +20,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt
 from fedshard.residency.audit import Decision
 from fedshard.zone.calls import Call
+from fedshard.zone.norms import NormReference, shard_set
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.push import ByteBudget, PushSession, accepted_fields, check_manifest, check_packs
 from fedshard.zone.recovery import Recovery
@@ -55,6 +56,8 @@ class PushIntake:
         What the zone found in its store when it started (the rounds it lost).
     residency, he_context, bounds:
         As the zone's (:class:`~fedshard.zone.aggregator.ZoneAggregator`).
+    norms:
+        The zone's reference of update norms, which bounds each push (:mod:`fedshard.zone.norms`).
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class PushIntake:
         residency: ZonePolicy | None,
         he_context: Any,
         bounds: AggregationConfig,
+        norms: NormReference,
     ) -> None:
         self.name = name
         self._rounds, self._closed, self._lock = rounds, closed, lock
@@ -80,6 +84,7 @@ class PushIntake:
         self.residency = residency  # replaced when the federation's membership changes
         self.he_context = he_context
         self.bounds = bounds
+        self.norms = norms
 
     def begin(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
@@ -118,7 +123,8 @@ class PushIntake:
             self.end_push(state, manifest.site_id, 0, counted=False)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
         faults.point("zone.push.header")
-        return PushSession(self, state, manifest, need, groups, packs, self._staging)
+        bound = self.norms.bound(state.norm_reference, shard_set(manifest))
+        return PushSession(self, state, manifest, need, groups, packs, self._staging, bound)
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
@@ -137,9 +143,11 @@ class PushIntake:
         groups: dict[str, str],
         ciphertexts: dict[str, list[Any]],
         bounded: dict[str, Any] | None = None,
+        norm: float | None = None,
     ) -> PushReceipt:
         """Fold a complete, valid push into the round's sums (called by its :class:`PushSession`);
-        ``bounded["norm_scale"]`` scales its plaintext values (clipped to ``max_update_norm``)."""
+        ``bounded["norm_scale"]`` scales its plaintext values (clipped to the push's norm bound);
+        ``norm`` (their L2 norm as folded) joins the round's norms (:mod:`fedshard.zone.norms`)."""
         bounded = bounded or {}
         scale = float(bounded.get("norm_scale", 1.0))
         with self._lock:
@@ -156,9 +164,13 @@ class PushIntake:
                 state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, parsed)
             state.pushing.discard(manifest.site_id)
             state.counted[manifest.site_id] = None
+            if norm is not None:
+                state.norms.setdefault(shard_set(manifest), {})[manifest.site_id] = norm
             origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
             fold_s = time.perf_counter() - started
             self._stats.count_push(manifest, origin, fold_s)
+        if norm is not None:
+            bounded = {**bounded, "norm": round(norm, 6)}  # what the next round's bound is taken from
         self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
         faults.point("zone.push.commit")  # counted; the site has not heard so yet
         shards, nbytes = len(manifest.shards), manifest.total_bytes

@@ -4,9 +4,10 @@ folded into the round only when the whole push is valid (see :class:`PushSession
 The manifest's weight must be the one the coordinator fixed for the site when it
 opened the round (:func:`check_manifest`), and the plaintext values are held to the
 federation's bounds (``aggregation`` in the config): each value within
-``±max_value`` and, with ``max_update_norm``, the site's shards at this zone within that
-L2 norm, refused or clipped by the configured rule. Clipping happens after the frames
-were checked against the signed manifest's digests, just before the fold.
+``±max_value`` and the site's shards at this zone within the push's L2 bound
+(``max_update_norm``, and the zone's reference of earlier rounds: :mod:`fedshard.zone.norms`),
+refused or clipped by the configured rule. Clipping happens after the frames were
+checked against the signed manifest's digests, just before the fold.
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ class PushTarget(Protocol):
         groups: dict[str, str],
         ciphertexts: dict[str, list[Any]],
         bounded: dict[str, Any] | None = None,
+        norm: float | None = None,
     ) -> PushReceipt:
         """Fold a complete, valid push into the round's sums (all or nothing); ``bounded``
-        says how it was brought within bounds (``norm_scale``, ``values_clipped``), if it was."""
+        says how it was brought within bounds (``norm_scale``, ``values_clipped``), if it was;
+        ``norm`` is the L2 norm of its plaintext shards as folded (None: it has none)."""
         ...
 
     def end_push(
@@ -286,9 +289,9 @@ class PushSession:
     Frames go through the zone's one :class:`~fedshard.zone.frames.FrameAssembler`;
     each completed shard is checked at once (finite values within ``±max_value``;
     ciphertext of the federation's context), and the plaintext shards' squared norms
-    add up towards ``max_update_norm``. Any failure raises :class:`PushRejectedError` and ends the
-    push; call :meth:`abort` (or use the session as a context manager) so the staging
-    budget is returned.
+    add up towards ``norm_bound`` (the push's L2 bound; None: unbounded). Any failure raises
+    :class:`PushRejectedError` and ends the push; call :meth:`abort` (or use the session as
+    a context manager) so the staging budget is returned.
 
     With ``staging`` (the zone's :class:`~fedshard.zone.staging.StagingPool`) the clear
     shards are copied out of the frames into buffers of the pool, given back when the push
@@ -304,8 +307,10 @@ class PushSession:
         groups: dict[str, str] | None = None,
         packs: dict[str, Pack] | None = None,
         staging: StagingPool | None = None,
+        norm_bound: float | None = None,
     ) -> None:
         self._zone = zone
+        self._norm_bound = norm_bound
         self._state = state
         self.manifest = manifest
         self._groups = groups or {}
@@ -384,14 +389,14 @@ class PushSession:
                 )
             self._clipped += int(np.count_nonzero(np.abs(values) > bounds.max_value))
             values = np.clip(values, -bounds.max_value, bounds.max_value)  # a copy: the received bytes stay as signed
-        if bounds.max_update_norm is not None:
-            self._squares += squared_norm(values)
-            if bounds.norm_rule is BoundRule.REFUSE and math.sqrt(self._squares) > bounds.max_update_norm:
-                raise self.refuse(
-                    RefusalCode.BOUND,
-                    f"the update's L2 norm at this zone exceeds aggregation.max_update_norm = "
-                    f"{bounds.max_update_norm:g} (at shard {shard_id})",
-                )
+        self._squares += squared_norm(values)  # also what the zone's norm reference learns from
+        limit = self._norm_bound
+        if limit is not None and bounds.norm_rule is BoundRule.REFUSE and math.sqrt(self._squares) > limit:
+            raise self.refuse(
+                RefusalCode.BOUND,
+                f"the update's L2 norm at this zone exceeds its bound {limit:.6g} (aggregation.max_update_norm, "
+                f"or max_norm_over_median × the norms of the zone's last round; at shard {shard_id})",
+            )
         self._staged[shard_id] = values
 
     def commit(self) -> PushReceipt:
@@ -403,15 +408,16 @@ class PushSession:
         except FrameError as exc:
             raise self.refuse(exc.code, exc.reason) from None
         bounded: dict[str, Any] = {}
-        limit = self._zone.bounds.max_update_norm
-        if limit is not None and self._staged:  # norm_rule clip (refuse already refused in _check)
+        limit, norm = self._norm_bound, math.sqrt(self._squares) if self._staged else None
+        if limit is not None and norm is not None:  # norm_rule clip (refuse already refused in _check)
             scale = norm_scale(self._squares, limit)
             if scale < 1.0:
                 bounded["norm_scale"] = scale
+                norm = min(norm * scale, limit)
         if self._clipped:
             bounded["values_clipped"] = self._clipped
         receipt = self._zone.fold_push(
-            self._state, self.manifest, self._staged, self._groups, self._ciphertexts, bounded or None
+            self._state, self.manifest, self._staged, self._groups, self._ciphertexts, bounded or None, norm
         )
         self._done = True
         self._release(counted=True)

@@ -37,6 +37,8 @@ class OpenRound:
     forwarded_from: set[str] = field(default_factory=set)  # zones whose partial sums were folded in
     packs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # encrypted shard -> its pack's members
     manifests: dict[str, str] = field(default_factory=dict)  # site pushing or counted -> its manifest's digest
+    norm_reference: dict[str, float] = field(default_factory=dict)  # shard set -> median norm it is bounded by
+    norms: dict[str, dict[str, float]] = field(default_factory=dict)  # shard set -> site -> norm (after clipping)
 
     def held(self, manifest: Manifest) -> HeldPush | None:
         """What this round holds of ``manifest`` itself (same digest), refused as a duplicate."""

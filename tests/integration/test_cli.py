@@ -48,7 +48,7 @@ digests, Merkle roots and versions are BLAKE3 since manifest format 3 (only the 
 changed), and zones sum in float32 (``(w/unit)·x`` instead of float64 ``Σ w x``), which
 moves the aggregates in their last bits, within the accumulator's stated bound: every
 round's accuracy is unchanged and the per-round losses moved by at most 3·10⁻⁸."""
-DEMO_FINAL_ACCURACY = 0.9561
+DEMO_FINAL_ACCURACY = 0.9559  # weighted by the sites' fixed weights (issue 32; 0.9561 over test records before)
 
 # CKKS is approximate: the encrypted demo's aggregates differ from the plaintext ones in
 # the low digits, so its metrics may drift a little from the plaintext run's (measured:

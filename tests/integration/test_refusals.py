@@ -176,4 +176,5 @@ def test_the_event_log_writes_its_kinds_as_their_values(tmp_path: Path) -> None:
     log.on_stop("")
     (event,), _ = log.read()
     assert event["event"] == "stop" and type(event["event"]) is str  # readers of events.jsonl see plain values
-    assert [k.value for k in EventKind] == ["start", "opened", "closed", "round", "aborted", "reconfigured", "stop"]
+    kinds = ["start", "opened", "closed", "round", "aborted", "reconfigured", "stop", "node-refused"]
+    assert [k.value for k in EventKind] == kinds

@@ -3,6 +3,7 @@ and the one-line refusals of sites the run does not lead to."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -120,3 +121,64 @@ def test_a_replayed_log_counts_the_sites_that_joined_mid_run(tmp_path: Path) -> 
     assert result.groups == {"global": ["a", "b"]}
     (joined, refused) = [e for e in log.read()[0] if e["event"] == "reconfigured"]
     assert joined["joined"] == ["b"] and refused["joined"] == [] and "groups" not in refused
+
+
+def _two_rounds(path: Path) -> EventLog:
+    log = EventLog(path)
+    log.on_start([_site("a", 0, GENESIS)], 6, GENESIS)
+    for rnd in (1, 2):
+        log.on_opened(rnd)
+        log.on_closed(_closed(rnd, f"{rnd}" * 64))
+        log.on_round(_closed(rnd, f"{rnd}" * 64))
+    return log
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (b"garbage {\n", "line 8: not JSON"),
+        (b"[1, 2]\n", "line 8: not an event"),
+        (b'{"event": "closed", "round": 3, "sites": 7}\n', "'closed' event does not hold what fedshard writes"),
+        (b'{"event": "round", "round": "x"}\n', "'round' event does not hold what fedshard writes"),
+        (b'{"event": "opened", "round": [3]}\n', "'opened' event does not hold what fedshard writes"),
+    ],
+)
+def test_a_log_holding_a_line_fedshard_never_writes_is_refused_in_one_line(
+    tmp_path: Path, line: bytes, says: str
+) -> None:
+    log = _two_rounds(tmp_path / "events.jsonl")
+    with log.path.open("ab") as fh:
+        fh.write(line)
+    before = log.path.read_bytes()
+    with pytest.raises(RoundError) as info:
+        recover(log.path)
+    message = str(info.value)
+    assert says in message and "\n" not in message and "nothing was changed" in message
+    assert log.path.read_bytes() == before
+
+
+def test_a_torn_last_line_is_ignored_and_cut_before_the_next_event(tmp_path: Path) -> None:
+    log = _two_rounds(tmp_path / "events.jsonl")
+    with log.path.open("ab") as fh:
+        fh.write(b'{"event": "opened", "rou')  # what a crash in the middle of a write leaves
+    recovery = recover(log.path)
+    assert recovery.last_round == 2 and recovery.in_flight is None
+    resumed = EventLog(log.path)  # the resumed coordinator's log
+    resumed.on_start([_site("a", 2, "")], 6, GENESIS, resumed=2)
+    events = [json.loads(line) for line in log.path.read_bytes().splitlines()]  # every line whole
+    assert [e["event"] for e in events[-2:]] == ["round", "start"] and len(events) == 8
+    assert recover(log.path).last_round == 2  # and the log resumes again
+
+
+def test_aggregator_up_resume_refuses_a_log_it_cannot_resume_before_starting_anything(tmp_path: Path) -> None:
+    from fedshard.deploy.preflight import LATEST_RUN, run_to_resume
+    from fedshard.errors import ConfigError
+
+    run = tmp_path / "run-1"
+    log = _two_rounds(run / "events.jsonl")
+    assert run_to_resume(tmp_path, LATEST_RUN) == run.resolve()
+    with log.path.open("a") as fh:
+        fh.write("garbage {\n")
+    with pytest.raises(ConfigError, match="line 8: not JSON") as info:
+        run_to_resume(tmp_path, run)
+    assert "\n" not in str(info.value)

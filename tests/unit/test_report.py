@@ -4,7 +4,9 @@ the folders it refuses, in one line, writing nothing."""
 
 from __future__ import annotations
 
+import html
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,59 @@ def test_the_summary_adds_the_zones_own_counts_and_the_central_baseline(tmp_path
     page = build_report(run, tmp_path / "elsewhere").html.read_text()
     assert "0.9700" in page and "eu (reducing)" in page and "digest does not match the manifest" in page
     assert "fedshard run <code>fed</code>" in page
+
+
+BAD_MATH = r"$\pwned{x}_{$"  # not valid mathtext: matplotlib raises if it parses it
+
+
+def test_names_in_mathtext_are_drawn_as_they_are(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    with pytest.raises(ValueError):  # what the report did before: a traceback, no page
+        fig = Figure()
+        fig.subplots().set_title(BAD_MATH)
+        fig.savefig(tmp_path / "x.png")
+    folder = tmp_path / "run"
+    sites = [_site(0), _site(1)]
+    log = EventLog(folder / "events.jsonl")
+    log.on_start(sites, 2, "g" * 64)
+    odd = replace(
+        _round(1, sites),
+        privacy={BAD_MATH: {"epsilon_spent": 0.1, "epsilon_budget": 1.0, "status": "active"}},
+        traffic={"eu": {"bytes": 10, "shards": {f"{BAD_MATH} from EU": 3}}},
+        timings={"round": 1.0, "sites": {BAD_MATH: {"train": 0.5}}},
+        refused={BAD_MATH: BAD_MATH},
+    )
+    log.on_round(odd)
+    (folder / "federation.yaml").write_text("zones:\n  - {name: eu, region: EU}\n")
+    written = build_report(folder)
+    assert len(written.images) == 5 and html.escape(BAD_MATH) in written.html.read_text()
+
+
+def test_malformed_events_and_unknown_zones_are_left_out_with_one_line_each(tmp_path: Path) -> None:
+    run = _logged_run(tmp_path / "run")
+    sites = [_site(i) for i in range(SITES)]
+    invented = replace(_round(4, sites), traffic={"mars-1": {"bytes": 10**18, "shards": {"personal from EU": 1}}})
+    EventLog(run / "events.jsonl").on_round(invented)
+    with (run / "events.jsonl").open("a") as fh:
+        fh.write("garbage {\n")
+        fh.write(json.dumps({"event": "round", "round": 5, "traffic": {"eu": {"bytes": "many"}}}) + "\n")
+        fh.write(json.dumps({"event": "start", "sites": [{"site_id": 3}], "genesis_version": "g"}) + "\n")
+        fh.write(json.dumps({"event": "round", **_event_fields(_round(6, sites)), "accuracy": "high"}) + "\n")
+    zones = [{"name": "eu", "region": "EU", "pushes": "nine"}, {"name": "us", "region": "US"}]
+    (run / "summary.json").write_text(json.dumps({"zones": zones}))
+    written = build_report(run)
+    notes = written.skipped
+    assert any("line 10: not JSON" in n for n in notes)
+    assert sum("a 'round' event" in n for n in notes) == 2 and any("a 'start' event" in n for n in notes)
+    assert any("a zone entry that is not one" in n for n in notes)
+    assert any("round 4: traffic for 1 zone(s) not in the run's config ('mars-1')" in n for n in notes)
+    assert all("\n" not in n for n in notes)
+    page = written.html.read_text()
+    assert "Left out of this report as malformed" in page and "mars-1" not in page.split("Left out")[0]
+
+
+def _event_fields(result: RoundResult) -> dict[str, object]:
+    from dataclasses import asdict
+
+    return asdict(result)

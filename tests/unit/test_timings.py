@@ -65,12 +65,13 @@ def test_the_round_clock_adds_up_what_sites_and_zones_reported() -> None:
         timings=PhaseTimes(train_s=2.0, push_s=1.0, fetch_s=0.5),
     )
     b = TrainReport(site_id="b", round=1, ok=False, reason="refused", timings=PhaseTimes(train_s=1.0))
-    clock.trained(a, "EU")
-    clock.trained(b, "US")
+    clock.trained("a", a, "EU")
+    clock.trained("b", b, "US")
     clock.evaluated(
+        "a",
         EvaluateReport(
             site_id="a", round=1, version="v", num_examples=1, loss=0.0, accuracy=1.0, timings=PhaseTimes(fetch_s=0.25)
-        )
+        ),
     )
     timings = clock.timings()
     assert timings["sites"]["a"] == {"fetch": 0.75, "fold": 0.5, "push": 1.0, "train": 2.0}

@@ -197,7 +197,7 @@ def test_scaled_float32_sums_of_bounded_terms_cannot_overflow() -> None:
 
 
 def test_an_update_above_the_norm_bound_is_scaled_down_to_it() -> None:
-    zone = open_zone(max_update_norm=2.0)
+    zone = open_zone(max_update_norm=2.0, max_norm_over_median=None)  # 500x site-c's: no relative check
     big = update(seed=1)
     norm = math.sqrt(sum(squared_norm(v) for v in big.values()))
     assert norm > 2.0
@@ -227,7 +227,7 @@ def test_the_clip_is_audited(tmp_path: Path) -> None:
 
 def test_an_update_above_the_norm_bound_is_refused_under_the_refuse_rule() -> None:
     zone = open_zone(max_update_norm=2.0, norm_rule="refuse")
-    refused(zone, RefusalCode.BOUND, "L2 norm at this zone exceeds aggregation.max_update_norm = 2", "site-a",
+    refused(zone, RefusalCode.BOUND, "L2 norm at this zone exceeds its bound 2 ", "site-a",
             update(seed=1))  # fmt: skip
 
 
@@ -265,3 +265,67 @@ def test_aggregation_config_defaults_and_limits() -> None:
                 {"max_update_norm": -1}, {"norm_rule": "ignore"}, {"max_weight": 5}):  # fmt: skip
         with pytest.raises(ValidationError):
             AggregationConfig.model_validate(bad)
+
+
+# The zone's own norm reference (aggregation.max_norm_over_median, default 10): no bound configured.
+
+
+def _push_round(zone: ZoneAggregator, rnd: int, scales: dict[str, float], only: tuple[str, ...] = ()) -> None:
+    zone.open_round(RoundSpec(rnd, TOKEN, PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
+    for i, (site, scale) in enumerate(scales.items()):
+        shards = {sid: v * np.float32(scale) for sid, v in update(seed=10 * rnd + i).items()}
+        if only:
+            shards = {sid: v for sid, v in shards.items() if sid in only}
+        m = zone_helpers.manifest_for(site, shards, plan=PLAN, zone=ZONE, weight=WEIGHTS[site], round=rnd)
+        zone.push(m, TOKEN, shards)
+
+
+def _norm(shards: Shards) -> float:
+    return math.sqrt(sum(squared_norm(v) for v in shards.values()))
+
+
+def test_from_its_second_round_a_zone_clips_an_update_far_above_its_median(tmp_path: Path) -> None:
+    zone = ZoneAggregator(ZONE, "EU", audit=AuditLog(tmp_path / "audit.jsonl"))
+    _push_round(zone, 1, {"site-a": 1.0, "site-b": 1.0, "site-c": 1.0})
+    zone.close_round(1)
+    first = sorted(_norm(update(seed=10 + i)) for i in range(3))
+    _push_round(zone, 2, {"site-a": 1.0, "site-b": 3.0, "site-c": 1000.0})  # within 10x, and far above
+    zone.close_round(2)
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    second = {r["site"]: r for r in records if r["decision"] == "accepted" and r["round"] == 2}
+    assert "norm_scale" not in second["site-a"] and "norm_scale" not in second["site-b"]
+    assert second["site-c"]["norm"] == pytest.approx(10 * first[1], rel=1e-5)  # 10x the lower median
+    assert second["site-c"]["norm_scale"] == pytest.approx(10 * first[1] / (1000 * _norm(update(seed=22))), rel=1e-5)
+
+
+def test_a_first_round_with_an_update_far_above_its_median_is_not_published() -> None:
+    zone = ZoneAggregator(ZONE, "EU")
+    _push_round(zone, 1, {"site-a": 1.0, "site-b": 1.0, "site-c": 1000.0})
+    with pytest.raises(ZoneError) as refused:
+        zone.close_round(1)
+    assert refused.value.code is RefusalCode.BOUND and "site site-c's update norm" in str(refused.value)
+    assert "\n" not in str(refused.value) and zone.stats.refused == 1
+    zone.abort_round(1)  # what the coordinator does: nothing of round 1 is published
+    _push_round(zone, 2, {"site-a": 1.0, "site-b": 1.0, "site-c": 1000.0})
+    (summary,) = zone.close_round(2)  # the outlier is clipped now: the round publishes
+    assert set(summary.sites) == set(SITES)
+    mean = zone.fetch(2).means
+    assert max(float(np.abs(v).max()) for v in mean.values()) < 50  # not the x1000 update
+
+
+def test_a_shard_set_one_site_alone_pushes_is_compared_with_its_own_rounds_only() -> None:
+    zone = ZoneAggregator(ZONE, "EU")
+    alone = tuple(PLAN.shard_ids[:1])
+    zone.open_round(RoundSpec(1, TOKEN, PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
+    for site, scale, only in (("site-a", 1.0, ()), ("site-b", 1.0, ()), ("site-c", 1000.0, alone)):
+        shards = {sid: v * np.float32(scale) for sid, v in update(seed=1).items() if not only or sid in only}
+        zone.push(zone_helpers.manifest_for(site, shards, plan=PLAN, zone=ZONE, weight=WEIGHTS[site]), TOKEN, shards)
+    zone.close_round(1)  # site-c pushes other shards than a and b: not compared with them
+
+
+def test_the_reference_can_be_turned_off() -> None:
+    zone = ZoneAggregator(ZONE, "EU", bounds=AggregationConfig(max_norm_over_median=None))
+    _push_round(zone, 1, {"site-a": 1.0, "site-b": 1.0, "site-c": 1000.0})
+    zone.close_round(1)
+    with pytest.raises(ValidationError):
+        AggregationConfig(max_norm_over_median=1.0)  # must leave room above the median

@@ -13,19 +13,27 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
                 the run folder (the folder of ``config``; :mod:`fedshard.assembly.membership`)
 ``ledger-heads`` path of the aggregator host's ledger book: every site's ledger head and spend
                 across runs (:mod:`fedshard.coordinator.ledger_book`); empty: none
+``site-keys``   folder of the sites' manifest-signing public keys (``<site>.pub``): each node must
+                prove which site it is with its site's key (:mod:`fedshard.coordinator.binding`).
+                Without it, a simulation reads them from ``state-root`` (``<site>/signing.key.pub``);
+                with neither, no proof is asked (the first node per site id is kept)
 """
 
 from __future__ import annotations
 
 import json
+import pathlib
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-__all__ = ["create_server_app"]
+if TYPE_CHECKING:
+    from fedshard.coordinator.binding import SiteKeys
+
+__all__ = ["create_server_app", "site_keys"]
 
 
 def create_server_app(
@@ -88,6 +96,7 @@ def create_server_app(
                 recovery=recovery,
                 membership=membership,
                 ledger_book=book,
+                site_keys=site_keys(settings),
             )
             result = coordinator.run()
             events.on_stop(result.stopped_reason)
@@ -101,3 +110,27 @@ def create_server_app(
                 membership.close()
 
     return server_app
+
+
+def site_keys(settings: Mapping[str, Any]) -> SiteKeys | None:
+    """Where the coordinator reads the sites' public keys (see the module docstring); None: nowhere."""
+    from fedshard.assembly import load_site_keys
+
+    if settings.get("site-keys"):
+        folder = pathlib.Path(str(settings["site-keys"]))
+        return lambda: load_site_keys(folder)
+    if settings.get("state-root"):
+        root = pathlib.Path(str(settings["state-root"]))
+        return lambda: _state_site_keys(root)
+    return None
+
+
+def _state_site_keys(state_root: pathlib.Path) -> dict[str, bytes]:
+    """The public keys of the sites whose state folders are under ``state_root`` (a simulation:
+    ``<site>/signing.key.pub``), by site id."""
+    from fedshard.assembly import SIGNING_KEY_FILE
+    from fedshard.crypto.signing import load_public_key, public_key_bytes, public_key_path
+
+    folders = sorted(p for p in state_root.iterdir() if p.is_dir()) if state_root.is_dir() else []
+    pubs = {f.name: public_key_path(f / SIGNING_KEY_FILE) for f in folders}
+    return {site: public_key_bytes(load_public_key(pub.read_bytes())) for site, pub in pubs.items() if pub.is_file()}
