@@ -288,7 +288,7 @@ def _honest_round(d: Deployment) -> None:
     c = d.coordinator
     result = c.discover()
     d.genesis = result.genesis_version
-    c._evaluate = lambda rnd, clock=None: (math.nan, math.nan)  # type: ignore[method-assign]
+    c._evaluate = lambda rnd, clock=None: (math.nan, math.nan, {})  # type: ignore[method-assign]
     closed = c.run_round(1, d.genesis)  # not evaluated: the sites apply round 1 from the attacker's messages
     assert set(closed.sites) == set(SITES), closed.refused
     for node in c._nodes:
