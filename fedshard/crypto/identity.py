@@ -33,6 +33,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedshard.errors import PkiError
@@ -46,6 +47,7 @@ __all__ = [
     "Role",
     "ZoneId",
     "claimed_identity",
+    "load_zone_key",
     "read_identity",
     "read_pem",
     "zone_host",
@@ -357,3 +359,23 @@ def aware_now(now: datetime | None) -> datetime:
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware (e.g. datetime.now(UTC))")
     return now
+
+
+def load_zone_key(key_pem: bytes, cert_pem: bytes) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A zone's signing key and its certificate (what signs its audit head and its aggregates).
+
+    Raises
+    ------
+    PkiError
+        The key or certificate cannot be read, or they do not belong together.
+    """
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise PkiError("the zone key is not an unencrypted PEM private key") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PkiError("the zone key is not an elliptic-curve key: issue it with `fedshard pki issue-zone`")
+    cert = load_cert(cert_pem, "zone certificate")
+    if cert.public_key() != key.public_key():
+        raise PkiError("the zone key does not belong to the zone certificate: pass the matching --key and --cert")
+    return key, cert

@@ -38,7 +38,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedshard.crypto.identity import Identity, Role, claimed_identity, load_cert, read_identity, read_pem
+from fedshard.crypto.identity import Identity, Role, claimed_identity, load_cert, load_zone_key, read_identity, read_pem
 from fedshard.errors import PkiError
 
 __all__ = [
@@ -155,15 +155,7 @@ class HeadSigner:
     """
 
     def __init__(self, key_pem: bytes, cert_pem: bytes) -> None:
-        try:
-            key = serialization.load_pem_private_key(key_pem, password=None)
-        except (ValueError, TypeError):
-            raise PkiError("the zone key is not an unencrypted PEM private key") from None
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise PkiError("the zone key is not an elliptic-curve key: issue it with `fedshard pki issue-zone`")
-        cert = load_cert(cert_pem, "zone certificate")
-        if cert.public_key() != key.public_key():
-            raise PkiError("the zone key does not belong to the zone certificate: pass the matching --key and --cert")
+        key, cert = load_zone_key(key_pem, cert_pem)
         self._key = key
         self._cert_text = cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
         self.zone = _common_name(cert)
