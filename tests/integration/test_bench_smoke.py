@@ -121,6 +121,17 @@ def _routing_shown(h: dict[str, Any], section: str) -> None:
     assert f"Classification with the model takes {h['classify_ms']:,.2f} ms" in section
 
 
+def _lying_site(h: dict[str, Any]) -> None:
+    assert 0 < h["honest_accuracy"] <= 1 and 0 < h["lying_accuracy"] <= 1 and h["runs_stopped"] == 0
+    assert h["gap_pp"] == pytest.approx(100 * (h["honest_accuracy"] - h["lying_accuracy"]))
+    assert h["gap_before_pp"] is None  # --quick runs the defaults only
+
+
+def _lying_site_shown(h: dict[str, Any], section: str) -> None:
+    assert "| charite-berlin | honest | defaults | " in section and "| charite-berlin | both | defaults | " in section
+    assert f"accuracy (mean of the last 5 rounds) is {h['honest_accuracy']:.4f}" in section
+
+
 def _mtls(h: dict[str, Any]) -> None:
     assert 0 < h["push_tls_vs_plain"] < 3 and 0 < h["fetch_tls_vs_plain"] < 3
     for key in ("push_mb_s", "fetch_mb_s", "connect_ms"):
@@ -537,6 +548,9 @@ EXPECT: dict[str, Expect] = {
         {"inprocess", "flower", "plain_flower", "flower_vs_inprocess", "flower_vs_plain_flower"},
         _scale,
         _scale_shown,
+    ),
+    "lying_site": Expect(
+        {"honest_accuracy", "lying_accuracy", "gap_pp", "gap_before_pp", "runs_stopped"}, _lying_site, _lying_site_shown
     ),
     "large_round": Expect(
         {
