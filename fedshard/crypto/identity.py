@@ -25,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -39,6 +41,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fedshard.errors import PkiError
 
 __all__ = [
+    "CheckedCertificates",
     "JURISDICTION_OID",
     "REGION_OID",
     "ROLE_OID",
@@ -306,6 +309,42 @@ def _text_extension(cert: x509.Certificate, oid: x509.ObjectIdentifier) -> str |
     except x509.ExtensionNotFound:
         return None
     return (utf8_string_decode(raw.value) if isinstance(raw, x509.UnrecognizedExtension) else None) or ""
+
+
+class CheckedCertificates:
+    """:func:`read_identity` for one CA, remembering the certificates it checked.
+
+    A zone reads its caller's certificate for every call, twice (when it admits the call
+    and when the handler checks the caller's role), and most calls come from the same
+    few parties; checking one costs about 0.2 ms (the CA's signature). A certificate
+    checked before is answered from memory while the time lies within both its and the
+    CA's validity; outside that window it is checked again, and so refused. At most
+    ``size`` certificates are remembered (least recently used forgotten first).
+    """
+
+    def __init__(self, ca_pem: bytes, size: int = 1024) -> None:
+        self.ca_pem = ca_pem
+        self._size = size
+        self._known: OrderedDict[bytes, tuple[Identity, datetime, datetime]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def identity(self, cert_pem: bytes, *, now: datetime | None = None) -> Identity:
+        """Who ``cert_pem`` names, as :func:`read_identity` checks it; raises :class:`PkiError` as it does."""
+        when = aware_now(now)
+        with self._lock:
+            known = self._known.get(cert_pem)
+            if known is not None and known[1] <= when <= known[2]:
+                self._known.move_to_end(cert_pem)
+                return known[0]
+        identity = read_identity(cert_pem, self.ca_pem, now=when)
+        cert, ca = load_cert(cert_pem, "certificate"), load_cert(self.ca_pem, "CA certificate")
+        start = max(cert.not_valid_before_utc, ca.not_valid_before_utc)
+        end = min(cert.not_valid_after_utc, ca.not_valid_after_utc)
+        with self._lock:
+            self._known[cert_pem] = (identity, start, end)
+            while len(self._known) > self._size:
+                self._known.popitem(last=False)
+        return identity
 
 
 def check_validity(cert: x509.Certificate, when: datetime, what: str) -> None:

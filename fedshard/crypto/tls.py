@@ -25,7 +25,16 @@ from pathlib import Path
 
 import grpc
 
-from fedshard.crypto.identity import Identity, Role, ZoneId, claimed_identity, dns_names, load_cert, read_identity
+from fedshard.crypto.identity import (
+    CheckedCertificates,
+    Identity,
+    Role,
+    ZoneId,
+    claimed_identity,
+    dns_names,
+    load_cert,
+    read_identity,
+)
 from fedshard.errors import PkiError
 
 __all__ = [
@@ -152,7 +161,12 @@ def _peer_certificate(endpoint: str, tls: TlsFiles, timeout: float) -> bytes | N
 
 
 def peer_identity(
-    context: grpc.ServicerContext, ca_pem: bytes, *, role: Role | None = Role.SITE, now: datetime | None = None
+    context: grpc.ServicerContext,
+    ca_pem: bytes,
+    *,
+    role: Role | None = Role.SITE,
+    now: datetime | None = None,
+    checked: CheckedCertificates | None = None,
 ) -> Identity:
     """Who is calling: the identity in the client certificate of the current RPC.
 
@@ -170,6 +184,9 @@ def peer_identity(
         Role the caller must have (default: a site); ``None`` accepts either.
     now:
         Time to check validity at (aware datetime); default: now.
+    checked:
+        The certificates already checked against ``ca_pem`` (a zone keeps one: every
+        call reads its caller's certificate); None: check from scratch.
 
     Returns
     -------
@@ -185,7 +202,10 @@ def peer_identity(
     certs = context.auth_context().get(PEER_CERT_KEY) or []
     if not certs:
         raise PkiError("the caller presented no client certificate: serve the zone with mTLS (not --insecure)")
-    identity = read_identity(certs[0], ca_pem, now=now)
+    if checked is not None and checked.ca_pem == ca_pem:
+        identity = checked.identity(certs[0], now=now)
+    else:
+        identity = read_identity(certs[0], ca_pem, now=now)
     if role is not None and identity.role is not role:
         raise PkiError(f"caller {identity.name!r} holds a {identity.role.value} certificate, not a {role.value} one")
     return identity

@@ -15,7 +15,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedshard.crypto.identity import REGION_OID, ROLE_OID, ZoneId, claimed_identity, utf8_string, zone_host
+from fedshard.crypto.identity import (
+    REGION_OID,
+    ROLE_OID,
+    CheckedCertificates,
+    ZoneId,
+    claimed_identity,
+    utf8_string,
+    zone_host,
+)
 from fedshard.crypto.pki import (
     JURISDICTION_OID,
     CaPaths,
@@ -108,6 +116,26 @@ def test_expired_and_not_yet_valid_certificates_are_refused(ca: CaPaths, tmp_pat
         read_identity(pem, ca_pem, now=T0 + timedelta(days=31))
     with pytest.raises(PkiError, match="not valid before"):
         read_identity(pem, ca_pem, now=T0 - timedelta(days=1))
+
+
+def test_a_remembered_certificate_is_refused_outside_its_validity_and_another_cas_never_passes(
+    ca: CaPaths, tmp_path: Path
+) -> None:
+    """What a zone remembers of its callers' certificates answers as read_identity would."""
+    checked = CheckedCertificates(ca.cert.read_bytes())
+    site = issue_site(ca.cert.parent, "bank-1", "US", tmp_path / "s", now=T0, days=30)
+    pem = site.cert.read_bytes()
+    first = checked.identity(pem, now=T0 + timedelta(days=1))
+    assert checked.identity(pem, now=T0 + timedelta(days=29)) is first  # remembered, not checked again
+    with pytest.raises(PkiError, match="expired"):
+        checked.identity(pem, now=T0 + timedelta(days=31))
+    with pytest.raises(PkiError, match="not valid before"):
+        checked.identity(pem, now=T0 - timedelta(days=1))
+    rogue = init_ca(tmp_path / "rogue", "rogue CA", now=T0)
+    forged = issue_site(rogue.cert.parent, "bank-1", "US", tmp_path / "forged", now=T0)
+    for _ in range(2):
+        with pytest.raises(PkiError, match="not issued by the federation CA"):
+            checked.identity(forged.cert.read_bytes(), now=T0 + timedelta(days=1))
 
 
 def test_leaf_validity_is_cut_to_the_ca(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from types import MappingProxyType
 
 import grpc
 
-from fedshard.crypto.identity import Identity, Role
+from fedshard.crypto.identity import CheckedCertificates, Identity, Role
 from fedshard.crypto.tls import peer_identity
 from fedshard.errors import PkiError, PushRejectedError, RefusalCode
 from fedshard.zone.calls import Call
@@ -101,6 +101,7 @@ class Authority:
         self.ca_pem = ca_pem
         self.members = members
         self.reducing = reducing
+        self._checked = CheckedCertificates(ca_pem) if ca_pem is not None else None  # every call reads one
 
     def identify(self, context: grpc.ServicerContext) -> Identity | None:
         """Who calls, from the certificate the CA signed; None without mTLS.
@@ -113,7 +114,7 @@ class Authority:
         if self.ca_pem is None:
             return None
         try:
-            return peer_identity(context, self.ca_pem, role=None)
+            return peer_identity(context, self.ca_pem, role=None, checked=self._checked)
         except PkiError as exc:
             raise PushRejectedError(f"zone {self.zone}: {exc}", RefusalCode.IDENTITY) from None
 
