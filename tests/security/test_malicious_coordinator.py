@@ -76,7 +76,7 @@ from fedshard.zone.rpc.service import serve
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ("charite-berlin", "mayo-rochester")
 OWN_SIGMA, OWN_CLIP, OWN_EPSILON = 1.0, 1.0, 8.0  # what configs/aggregator.yaml and the sites' caps say
-MUTATED_MESSAGES = int(__import__("os").environ.get("FEDSHARD_ATTACKS", "5000"))
+MUTATED_MESSAGES = 5000
 
 
 # -- the rogue servers -------------------------------------------------------------------------------------------
