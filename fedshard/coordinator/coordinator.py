@@ -326,6 +326,8 @@ class Coordinator:
             self.config = change.config
             self.zones, self.endpoints = dict(change.zones), dict(change.endpoints)
             self._apply_rule = apply_rule(change.config)
+            # replies are held to the new config's zones and classes (a new zone's pushes count)
+            self._bounds = ReplyBounds.of(change.config, ShardPlan.from_json(self._plan_json))
         if change is not None or len(self._nodes) < len(self.config.sites):
             joined = self._join()  # also sites of the config that connected since an earlier change
             result.refused_nodes += [r.as_event() for r in self._refused_nodes]

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 BASE: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "grow.yaml").read_text())
-BASE["federation"]["rounds"] = 2000  # ended 40 rounds after the change, below
+BASE["federation"]["rounds"] = 2000  # ended 15 rounds after the change is taken, below
 GROWN: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "grow-more.yaml").read_text())
 
 
@@ -75,12 +75,21 @@ def test_a_zone_and_a_site_join_a_running_federation(tmp_path: Path) -> None:
             "`drain: true` to route nothing more to it: it still serves what it published)"
         ]
         assert not (run / "reconfigure.yaml").exists()
-        # the real change: a UK zone and a second UK site; the run ends 40 rounds after it is asked
-        grown = json.loads(json.dumps(GROWN))  # the shipped example, ending 40 rounds after it is asked
-        grown["federation"]["rounds"] = _rounds_done(run) + 40
+        # the real change: a UK zone and a second UK site (the run keeps its 2000 rounds) ...
+        grown = json.loads(json.dumps(GROWN))
+        grown["federation"]["rounds"] = BASE["federation"]["rounds"]
         asked = _reconfigure(run, grown, tmp_path / "grown.yaml")
         assert asked.returncode == 0, asked.stdout + asked.stderr
         assert "zone uk-south added; site(s) uk-2 joined" in asked.stdout
+        deadline = time.monotonic() + 180
+        while not any(e["event"] == "reconfigured" for e in _events(run)):
+            assert sim.poll() is None and time.monotonic() < deadline, "the change was not taken"
+            time.sleep(0.2)
+        # ... and once it is taken, a second change ends the run 15 rounds on (rounds here take a fraction
+        # of a second: the command must land before the run gets there)
+        grown["federation"]["rounds"] = _rounds_done(run) + 15
+        ending = _reconfigure(run, grown, tmp_path / "ending.yaml")
+        assert ending.returncode == 0, ending.stdout + ending.stderr
         _, err = sim.communicate(timeout=600)
         assert sim.returncode == 0, err[-3000:]
     finally:
@@ -88,13 +97,16 @@ def test_a_zone_and_a_site_join_a_running_federation(tmp_path: Path) -> None:
             sim.kill()
             sim.wait()
     events = _events(run)
-    (change,) = [e for e in events if e["event"] == "reconfigured"]
+    change, last = [e for e in events if e["event"] == "reconfigured"]
+    assert last["change"] == f"rounds now {grown['federation']['rounds']}" and not last["joined"]
     taken = change["round"]
     assert change["joined"] == ["uk-2"] and "zone uk-south added" in change["change"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds"] == grown["federation"]["rounds"] > taken and not summary["stopped_reason"]
     history = summary["history"]
     assert all(not h["refused"] for h in history)  # nothing refused, before or after
+    # no reply left out: a push to the new zone is a push to a zone of the federation
+    assert all(not e.get("excluded") for e in events if e["event"] == "round"), [e.get("excluded") for e in events]
     assert all("uk-2" not in h["sites"] for h in history[: taken - 1])
     assert all("uk-2" in h["sites"] and "uk-1" in h["sites"] for h in history[taken - 1 :])
     zones = {z["name"]: z for z in summary["zones"]}
