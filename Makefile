@@ -26,11 +26,16 @@ demo: $(STAMP)
 demo-flower: $(STAMP)
 	$(BIN)/fedshard simulate --config configs/demo.yaml --engine flower
 
+# The suite on TEST_WORKERS pytest-xdist workers: tests that start Ray, and tests that deploy a
+# federation, each run on one worker one after the other (tests/time_budget.py's GROUPS).
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check fedshard server clients tests bench

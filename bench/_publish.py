@@ -168,9 +168,25 @@ def write_section(name: str, body: str, path: Path | None = None) -> Path:
 
 
 # options and the one publishing call ----------------------------------------------------------
+class _Smoke(argparse.Action):
+    """``--smoke``: ``--quick`` (nothing written without ``--output``), at the smallest size that still
+    runs every code path of the benchmark; what the test suite runs (its figures mean nothing)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: Any) -> None:
+        namespace.smoke = namespace.quick = True
+
+
 def add_output_args(parser: argparse.ArgumentParser) -> None:
-    """``--quick``, ``--output`` and ``--json``: the common command-line options of the benchmarks."""
-    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke test (seconds to a few minutes)")
+    """``--quick``, ``--smoke``, ``--output`` and ``--json``: the common command-line options of the benchmarks."""
+    parser.add_argument("--quick", action="store_true", help="small sizes (seconds to a few minutes)")
+    parser.add_argument(
+        "--smoke",
+        action=_Smoke,
+        help="--quick at the smallest size that runs every code path: the test suite's check of the plumbing",
+    )
     parser.add_argument(
         "--output",
         type=Path,

@@ -25,9 +25,10 @@ are restarted with fedshard's warm executor (``deployment.executor: warm``, the 
 A round's wall time is the time between consecutive round ends as the ServerApp records
 them (Flower: its ``evaluate_fn`` hook after each round's train + evaluate; fedshard: the
 round events). The first round (app installation, first imports) is dropped; medians of
-the others. ``--quick``: 2 rounds of Flower (1 timed), 3 of each fedshard system (2 timed).
+the others. ``--quick``: 2 rounds of Flower (1 timed), 3 of each fedshard system (2 timed);
+``--smoke`` (the test suite's): 2 of each.
 
-    .venv/bin/python bench/deploy_overhead.py [--rounds N] [--quick] [--json] [--output FILE]
+    .venv/bin/python bench/deploy_overhead.py [--rounds N] [--quick | --smoke] [--json] [--output FILE]
 
 ``--json`` prints ``flower_round_s``, ``fedshard_round_s`` and ``private_round_s`` (DP + HE +
 residency; medians, ``null`` for a system not run), ``speedup_vs_flower`` (Flower's median over
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     """Measure, then publish (see the module docstring)."""
     args = parse_args(argv)
     started = time.perf_counter()
-    rounds = 3 if args.quick else args.rounds
+    rounds = 2 if args.smoke else 3 if args.quick else args.rounds
     flower_rounds = 2 if args.quick else args.rounds
     ticks = cpu_ticks()
     results = measure(args.systems, rounds, flower_rounds, args.quick)

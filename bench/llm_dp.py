@@ -20,7 +20,8 @@ learning rate. Here the DP federation gets its own, chosen on validation data on
 
 Full mode (``small`` model, 3 rounds, 8,000 private examples, 3 rates × 3 tuning seeds, then
 3 test seeds): about 30 minutes on a quiet 2-core machine. ``--quick``: the tiny model, one
-round, 2,000 examples, two rates, one seed each.
+round, 2,000 examples, two rates, one seed each. ``--smoke`` (the test suite's): the same on 300
+examples, 100 validation examples and a 2 % test set.
 
 ``--json`` prints ``dp_lr`` (the pick), ``dp_vs_central_pp`` and ``dp_vs_central_se_pp`` (DP
 federated − central on the test set, paired by seed), ``validation_accuracy`` (per rate),
@@ -118,10 +119,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.tune_seeds = args.tune_seeds or (1 if args.quick else 3)
     args.lr_values = [float(x) for x in (args.lrs or ("1e-3,5e-3" if args.quick else "1e-3,2e-3,5e-3")).split(",")]
-    args.validation_examples = args.validation_examples or (500 if args.quick else 5586)
+    args.validation_examples = args.validation_examples or (100 if args.smoke else 500 if args.quick else 5586)
     args.size = "tiny" if args.quick else "small"
     args.rounds = 1 if args.quick else 3
-    args.private_examples = 2000 if args.quick else 8000
+    args.private_examples = 300 if args.smoke else 2000 if args.quick else 8000
+    args.test_fraction = 0.02 if args.smoke else None  # --smoke: every code path, on a few hundred examples
     args.local_epochs, args.batch = 1, 64
     return args
 

@@ -74,6 +74,8 @@ Full mode (5 seeds × federated + central + DP ε=8 + DP ε=3 at ``small``, 3 ro
 examples; the 118 M share run; llm_stream's full run): about 35 minutes on a quiet 2-core machine (a
 ``small`` round of 6 sites: ~25 s, with or without DP; ~2 minutes more the first time, to pretrain the
 ``small`` base and write the 118 M one). ``--quick``: about 3 minutes, half of it llm_stream's quick run.
+``--smoke`` (the test suite's): the same paths on 300 private examples, a 2 % test set and a
+32-example share run.
 
 ``--json`` prints one JSON object last: ``fed_vs_central_pp``, ``fed_vs_central_se_pp``,
 ``test_predictions``, ``base_memory_fraction``, ``streamed_step_ratio``, ``fedshard_share``,
@@ -133,6 +135,8 @@ def accuracy_config(args: argparse.Namespace, seed: int, epsilon: float | None, 
     data["task"]["options"].update(size=args.size, cache_dir=str(args.cache_dir))
     if args.private_examples is not None:
         data["task"]["options"]["private_examples"] = args.private_examples
+    if getattr(args, "test_fraction", None):
+        data["task"]["options"]["test_fraction"] = args.test_fraction
     data["training"].update(local_epochs=args.local_epochs, learning_rate=args.lr, batch_size=args.batch)
     data["store"]["base"] = "int8"
     if epsilon is not None:
@@ -273,7 +277,7 @@ def share_run(args: argparse.Namespace) -> tuple[Run, Share]:
 
 def stream_figures(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """bench/llm_stream.py's measurement (its --quick with --quick) and headline; the size it used."""
-    stream_args = llm_stream.parse_args(["--quick"] if args.quick else [])
+    stream_args = llm_stream.parse_args(["--smoke"] if args.smoke else ["--quick"] if args.quick else [])
     size = "small" if args.quick else "large"
     m = llm_stream.measure(stream_args, size)
     runs = m["runs"]
@@ -322,7 +326,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.size = args.size or ("tiny" if args.quick else "small")
     args.rounds = args.rounds or (1 if args.quick else 3)
     if args.private_examples is None:
-        args.private_examples = 2000 if args.quick else 8000
+        args.private_examples = 300 if args.smoke else 2000 if args.quick else 8000
+    if args.smoke:  # every code path, on a few hundred examples
+        args.share_examples, args.test_fraction = 32, 0.02
     args.epsilons = () if args.no_dp else ((EPSILONS[0],) if args.quick else EPSILONS)
     args.no_regional = args.no_regional or args.quick
     args.share_size = "small" if args.quick else "large"

@@ -27,7 +27,8 @@ Defaults: ``configs/demo-llm.yaml``'s task (``small``, FFA r=8, 6 sites, Dirichl
     nice -n 19 .venv/bin/python bench/llm_lr_sweep.py [--quick] [--json] [--seeds N] [--lrs 1e-3,2e-3,...]
 
 Full mode (3 seeds × 5 learning rates × 2 methods at ``small``): about 25 minutes on a quiet
-2-core machine. ``--quick``: the tiny model, one seed, two rates, one round, 2,000 examples.
+2-core machine. ``--quick``: the tiny model, one seed, two rates, one round, 2,000 examples
+(``--smoke``, the test suite's: 300 examples, 200 validation examples).
 
 ``--json`` prints one JSON object last: ``fed_lr``, ``central_lr``,
 ``fed_validation_accuracy``, ``central_validation_accuracy`` (at the chosen rates),
@@ -125,9 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.alpha = args.alpha if args.alpha is not None else float(demo["dirichlet_alpha"])
     if args.private_examples is None:
-        args.private_examples = 2000 if args.quick else int(demo["private_examples"])
+        args.private_examples = 300 if args.smoke else 2000 if args.quick else int(demo["private_examples"])
     if args.quick:
-        args.validation_examples = min(args.validation_examples, 2000)
+        args.validation_examples = min(args.validation_examples, 200 if args.smoke else 2000)
     return args
 
 

@@ -264,7 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--niceness", type=int, default=0, help="lower the prefetch thread's priority (default 0)")
     args = parser.parse_args(argv)
-    args.steps = args.steps or (5 if args.quick else 9)
+    args.steps = args.steps or (2 if args.smoke else 5 if args.quick else 9)
+    if args.smoke:
+        args.warmup = 1
     return args
 
 

@@ -1,8 +1,65 @@
-"""Shared test fixtures."""
+"""Shared test fixtures; the suite's time budget (:mod:`tests.time_budget`) and which tests
+never run side by side under ``pytest -n`` (:data:`tests.time_budget.GROUPS`)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from tests.time_budget import BUDGET_S, GROUPS, SLOW_ALLOWED, SPREAD
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+# Wide output for every CLI the tests run (rich fixes a console's width when it is made): a path
+# under pytest-xdist's longer tmp folders would otherwise wrap mid-line.
+os.environ.setdefault("COLUMNS", "400")
+
+
+def _group(node_id: str) -> str | None:
+    """The ``xdist_group`` of a test: :data:`GROUPS`' by node id prefix, none for a module in
+    :data:`SPREAD`, else its module (whose module-scoped fixtures are then set up once)."""
+    for prefix, group in GROUPS.items():
+        if node_id.startswith(prefix):
+            return group
+    module = node_id.split("::", 1)[0]
+    return None if module in SPREAD else module
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Put each test into its ``xdist_group`` (:func:`_group`), as it is collected: before
+    pytest-xdist's ``pytest_collection_modifyitems`` reads the groups."""
+    group = _group(item.nodeid)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _node_id(item: pytest.Item) -> str:
+    """``item``'s node id without the ``@group`` pytest-xdist appends under ``--dist loadgroup``."""
+    groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
+    suffix = "@" + "_".join(groups)
+    return item.nodeid.removesuffix(suffix) if groups else item.nodeid
+
+
+def _allowed(item: pytest.Item, when: str) -> bool:
+    """Whether ``item``'s ``when`` phase may take over the budget (listed in :data:`SLOW_ALLOWED`)."""
+    if _node_id(item) in SLOW_ALLOWED:
+        return True
+    return when == "setup" and any(f"fixture:{name}" in SLOW_ALLOWED for name in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, None]:
+    """Fail a test whose setup or body took over :data:`BUDGET_S` seconds, unless it is listed."""
+    outcome = yield
+    report = outcome.get_result()
+    if not BUDGET_S or report.when not in ("setup", "call") or not report.passed:
+        return
+    if report.duration > BUDGET_S and not _allowed(item, report.when):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{_node_id(item)}: its {report.when} took {report.duration:.1f} s, over the suite's {BUDGET_S:g} s "
+            "budget; make it faster, or list it in tests/time_budget.py with the reason it cannot be"
+        )

@@ -378,3 +378,16 @@ def pick_points(pairs: Sequence[tuple[str, int]], k: int) -> list[tuple[str, int
             if queue and len(chosen) < k:
                 chosen.add((name, queue.pop(0)))
     return [pair for pair in pairs if pair in chosen]
+
+
+def sample_points(pairs: Sequence[tuple[str, int]], seed: int) -> list[tuple[str, int]]:
+    """Every point of ``pairs`` once, at one of its occurrences drawn with ``seed`` (the same
+    draw every run), in the order the run reached them: what the suite kills by default."""
+    import random
+
+    rng = random.Random(seed)
+    occurrences: dict[str, list[int]] = {}
+    for name, n in pairs:
+        occurrences.setdefault(name, []).append(n)
+    chosen = {(name, rng.choice(ns)) for name, ns in occurrences.items()}
+    return [pair for pair in pairs if pair in chosen]

@@ -16,10 +16,15 @@ SITES = [
 """Two EU sites (a regional EU adapter) and one US site."""
 
 
+SMALL = {"private_examples": 600, "test_fraction": 0.03}
+"""A few hundred private examples to train on, about a thousand to score: what the tests need."""
+
+
 def llm_config(cache: Path, options: dict[str, Any] | None = None, **sections: Any) -> FederationConfig:
     """The tiny LLM task (base pretrained 1 epoch, cached in ``cache``) over :data:`SITES` and two
-    zones, 2 rounds; ``options`` add task options, ``sections`` replace top-level sections."""
-    task_options = {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, **(options or {})}
+    zones, 2 rounds, on :data:`SMALL` data; ``options`` add task options, ``sections`` replace
+    top-level sections."""
+    task_options = {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, **SMALL, **(options or {})}
     return FederationConfig.model_validate(
         {
             "federation": {"name": "llm", "seed": 7, "rounds": 2, "min_sites": 3},

@@ -3,7 +3,16 @@ processes on loopback (Flower SuperLink + SuperNodes with TLS and SuperNode
 authentication, three zones with mutual TLS), record-level DP, encrypted personal
 shards, residency routing; a site that is not registered is refused; a site killed
 mid-run leaves the others going and rejoins when restarted. Three sites run fedshard's
-warm executor, one Flower's stock executor (the fallback path)."""
+warm executor, one Flower's stock executor (the fallback path).
+
+The same deployment then grows while it runs: the operator writes keys for a UK zone and
+a UK hospital (``keys init --add``), hands the grown config to the running aggregator
+(``aggregator reconfigure``) and starts the new site's SuperNode. The aggregator starts
+the new zone and registers the site's key; before its next round the coordinator has
+every zone re-read its membership (``Reconfigure``, coordinator certificate only); the
+new site joins the residency group of the non-EU sites, catches up to its model version
+at its first message and trains from then on, pushing its shards to the new zone, which
+forwards its partial sums to the reducing zone. Nothing is refused."""
 
 from __future__ import annotations
 
@@ -27,13 +36,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore"]
 STOCK = "mayo-rochester"
 """The site that runs Flower's stock executor (``site up --executor flower``)."""
+NEW_SITE = "nhs-leeds"
+ROUNDS = 200
+"""Enough for any machine; the test ends the run two rounds after the new site joined."""
+ROUND_TIMEOUT_S = 60
+"""A round waits this long for the site killed in it (a round takes ~10 s on a quiet 2-core machine)."""
 
 
 def write_layout(root: Path, *, rounds: int, tls: bool = True) -> dict[str, Path]:
     """The shipped configs/aggregator.yaml and configs/sites/*.yaml on free ports, under ``root``."""
 
     def edit(data: dict[str, Any]) -> None:
-        data["federation"].update(rounds=rounds, round_timeout_s=90)
+        data["federation"].update(rounds=rounds, round_timeout_s=ROUND_TIMEOUT_S, partitions=5)  # room for a 5th site
+        data["privacy"]["record_level"]["noise_multiplier"] = 3.0  # ε = 8 lasts the rounds of the test
         data["deployment"].update(wait_s=240)
 
     return write_loopback_layout(ROOT / "configs", root, edit=edit, tls=tls)
@@ -41,13 +56,13 @@ def write_layout(root: Path, *, rounds: int, tls: bool = True) -> dict[str, Path
 
 @pytest.fixture
 def layout(tmp_path: Path) -> Iterator[dict[str, Path]]:
-    paths = write_layout(tmp_path, rounds=4)
+    paths = write_layout(tmp_path, rounds=ROUNDS)
     provision(load_federation(paths["aggregator"]), tmp_path / "keys")
     yield paths
 
 
 @pytest.mark.slow
-def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
+def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
     tmp_path: Path, layout: dict[str, Path]
 ) -> None:
     logs = tmp_path / "logs"
@@ -56,6 +71,7 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     aggregator = start(up, tmp_path, logs / "agg.log")
     procs = [aggregator]
     sites: dict[str, subprocess.Popen[bytes]] = {}
+    grown = _grown(layout["aggregator"])
     try:
         for site in SITES:
             stock = ["--executor", "flower"] if site == STOCK else []
@@ -94,19 +110,34 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         )
         procs.append(sites["sgh-singapore"])
 
+        # The federation grows while it runs: keys for a UK zone and a UK hospital from the
+        # federation's CA (nothing else rewritten), a change it may not take refused in one line,
+        # then the grown config and the new site's SuperNode.
+        run_dir = next((tmp_path / "runs" / "aggregator").glob("run-*"))
+        _grow(tmp_path, layout, grown, run_dir, procs)
+
+        # a last change: the run ends two rounds on (nothing else changes; every zone takes it again)
+        last = yaml.safe_load(grown.read_text())
+        last["federation"]["rounds"] = rounds = max(e.get("round") or 0 for e in events(tmp_path)) + 2
+        grown.write_text(yaml.safe_dump(last, sort_keys=False))
+        ending = fedshard("aggregator", "reconfigure", "--config", str(grown), cwd=tmp_path, timeout=300)
+        assert ending.returncode == 0, ending.stdout + ending.stderr
+        assert f"rounds now {rounds}" in ending.stdout
+
         aggregator.wait(900)
         out = (logs / "agg.log").read_text()
         assert aggregator.returncode == 0, out[-3000:]
     finally:
         stop(procs)
 
-    run_dir = next((tmp_path / "runs" / "aggregator").glob("run-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["engine"] == "deployment" and summary["rounds"] == 4 and not summary["stopped_reason"]
+    assert summary["engine"] == "deployment" and summary["rounds"] == rounds and not summary["stopped_reason"]
     history = summary["history"]
-    # the crashed site missed a round, the others went on, and it rejoined
+    # the crashed site missed a round (the SuperLink may say why), the others went on, and it rejoined;
+    # nothing else failed or was refused
     missed = [h["round"] for h in history if "sgh-singapore" not in h["sites"]]
     assert missed and all(len(h["sites"]) >= 3 for h in history)
+    assert all(set(h["refused"]) <= ({"sgh-singapore"} if h["round"] in missed else set()) for h in history), history
     assert "sgh-singapore" in history[-1]["sites"], history
     # learning happened (the majority class is 63 % of the data), within every site's budget
     assert summary["final_accuracy"] >= 0.75
@@ -115,7 +146,9 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
     # residency: EU personal shards only in the EU zone; personal shards travelled encrypted
     zones = {z["name"]: z for z in summary["zones"]}
     assert zones["eu-central"]["shards_by_class"]["personal from EU"] > 0
-    assert not any("from EU" in key for name in ("us-east", "sg-central") for key in zones[name]["shards_by_class"])
+    assert not any(
+        "from EU" in key for name in ("us-east", "sg-central", "uk-south") for key in zones[name]["shards_by_class"]
+    )
     assert all(z["refused"] == 0 for z in zones.values())
     # the site's ledger survived the crash: it records every round it took part in
     ledger_rounds = [h["round"] for h in history if "sgh-singapore" in h["sites"]]
@@ -127,10 +160,106 @@ def test_deployed_federation_survives_a_site_crash_and_refuses_an_unknown_site(
         assert ("fedshard warm executor: " in log) == (site != STOCK), site
         said = " ".join((logs / f"{site}.log").read_text().split())  # rich wraps long lines
         assert ("flower executor; log" if site == STOCK else "warm executor; log") in said, said
+    _check_growth(tmp_path, run_dir, summary, rounds)
     _check_report(run_dir, tmp_path)
     # the status command reads the same state once
-    status = fedshard("aggregator", "status", "--config", str(layout["aggregator"]), cwd=tmp_path)
-    assert status.returncode == 0 and "finished" in status.stdout and "round 4/4" in status.stdout
+    status = fedshard("aggregator", "status", "--config", str(grown), cwd=tmp_path)
+    assert status.returncode == 0 and "finished" in status.stdout and f"round {rounds}/{rounds}" in status.stdout
+
+
+def _grown(aggregator: Path) -> Path:
+    """The aggregator's config plus a UK zone and a UK site, beside it (same relative paths)."""
+    data: dict[str, Any] = yaml.safe_load(aggregator.read_text())
+    data["zones"].append({"name": "uk-south", "region": "UK", "endpoint": f"127.0.0.1:{free_ports(1)[0]}"})
+    data["sites"].append({"id": NEW_SITE, "jurisdiction": "UK"})
+    path = aggregator.with_name("aggregator-grown.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _new_site(layout: dict[str, Path], grown: Path) -> Path:
+    """The new hospital's own config: a copy of another site's, its id, jurisdiction, port and bundle."""
+    data: dict[str, Any] = yaml.safe_load(layout["charite-berlin"].read_text())
+    data["site"].update(id=NEW_SITE, jurisdiction="UK", state_dir=f"../../runs/sites/{NEW_SITE}")
+    data["deployment"].update(federation=f"../{grown.name}", keys=f"../../keys/sites/{NEW_SITE}", port=free_ports(1)[0])
+    path = layout["charite-berlin"].with_name(f"{NEW_SITE}.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _grow(
+    root: Path, layout: dict[str, Path], grown: Path, run_dir: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Add the UK zone and site to the running federation (``keys init --add``, ``aggregator
+    reconfigure``, the new site's ``site up``); return once the site was admitted."""
+    before = {p: p.read_bytes() for p in (root / "keys").rglob("*") if p.is_file()}
+    keys = fedshard("keys", "init", "--config", str(grown), "--add", cwd=root)
+    assert keys.returncode == 0, keys.stdout + keys.stderr
+    assert all(p.read_bytes() == data for p, data in before.items())
+    assert (root / "keys" / "sites" / NEW_SITE / "he" / "secret.ctx").read_bytes() == (
+        root / "keys" / "sites" / "charite-berlin" / "he" / "secret.ctx"
+    ).read_bytes()
+
+    # a change a running federation may not take: one line, nothing left for the run
+    bad = yaml.safe_load(grown.read_text())
+    bad["zones"] = [z for z in bad["zones"] if z["name"] != "sg-central"]
+    bad_file = grown.with_name("aggregator-bad.yaml")
+    bad_file.write_text(yaml.safe_dump(bad, sort_keys=False))
+    refused = fedshard("aggregator", "reconfigure", "--config", str(bad_file), cwd=root, timeout=300)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert [ln for ln in refused.stderr.splitlines() if ln.strip()] == [
+        "error: zone sg-central is missing from the new config; a running federation keeps its zones (set "
+        "`drain: true` to route nothing more to it: it still serves what it published)"
+    ]
+    assert not (run_dir / "reconfigure.yaml").exists()
+
+    asked = fedshard("aggregator", "reconfigure", "--config", str(grown), cwd=root, timeout=300)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    assert "zone uk-south added; site(s) nhs-leeds joined" in " ".join(asked.stdout.split())
+    new_site = _new_site(layout, grown)
+    procs.append(start(["site", "up", "--config", str(new_site)], root, root / "logs" / f"{NEW_SITE}.log"))
+    wait_for(lambda: _joined(root) is not None, 600, f"{NEW_SITE} to join", procs)
+
+
+def _check_growth(root: Path, run_dir: Path, summary: dict[str, Any], rounds: int) -> None:
+    """After the run: the new zone and site took part from the round the site was admitted before."""
+    changes = [e for e in events(root) if e["event"] == "reconfigured"]
+    assert "zone uk-south added" in changes[0]["change"] and changes[-1]["change"] == f"rounds now {rounds}", changes
+    joined_at = _joined(root)
+    assert joined_at is not None and 2 < joined_at < rounds
+    history = summary["history"]
+    assert all(NEW_SITE not in h["sites"] for h in history[: joined_at - 1])
+    assert all(NEW_SITE in h["sites"] for h in history[joined_at - 1 :]), history
+    # the new zone received the UK site's shards, every round from its first, and only UK shards
+    zones = {z["name"]: z for z in summary["zones"]}
+    assert zones["uk-south"]["pushes"] == rounds - joined_at + 1
+    assert zones["uk-south"]["shards_by_class"] and all(
+        k.endswith("from UK") for k in zones["uk-south"]["shards_by_class"]
+    )
+    # every zone took the new membership from the coordinator, and audited it
+    for name in ("eu-central", "us-east", "sg-central"):
+        audit = (run_dir / "zones" / name / "audit.jsonl").read_text()
+        assert '"reconfigured"' in audit and '"by": "coordinator' in audit.replace('"by":"', '"by": "'), name
+    # the new site joined the non-EU sites' residency group and holds its model version (from its sealed store)
+    group = next(name for name, members in summary["residency_groups"].items() if NEW_SITE in members)
+    assert {"mayo-rochester", "sgh-singapore", NEW_SITE} <= set(summary["residency_groups"][group])
+    assert _held_version(root, NEW_SITE) == history[-1]["group_versions"][group]
+    assert (run_dir / f"reconfigure.applied-{changes[0]['round']}.yaml").exists()
+    assert yaml.safe_load((run_dir / "federation.yaml").read_text())["sites"][-1]["id"] == NEW_SITE
+
+
+def _joined(root: Path) -> int | None:
+    """The round before which the new site was admitted (None: not yet)."""
+    changes = [e for e in events(root) if e["event"] == "reconfigured" and NEW_SITE in e.get("joined", [])]
+    return int(changes[0]["round"]) if changes else None
+
+
+def _held_version(root: Path, site_id: str) -> str:
+    from fedshard.site.model_store import SealedModelStore, site_kek
+
+    kek = site_kek(root / "keys" / "sites" / site_id / "store.kek", create=False)
+    meta, _ = SealedModelStore(root / "runs" / "sites" / site_id / "shards", kek).load()
+    return str(meta["version"])
 
 
 def _check_report(run_dir: Path, cwd: Path) -> None:

@@ -19,6 +19,7 @@ from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.task import build_initial_model, load_task, trained_state
 from tests.deploy_helpers import start, stop, wait_for
+from tests.llm_helpers import SMALL
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def base_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _options(cache: Path) -> dict[str, Any]:
-    return {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, "private_examples": 3000}
+    return {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, **SMALL}
 
 
 def _layout(root: Path, cache: Path) -> dict[str, Path]:

@@ -40,7 +40,13 @@ def test_only_adapters_are_federated_and_they_are_personal(base_cache: Path) -> 
     assert {(r.shard_class, r.zone, r.aggregate.group) for r in routes} == {("personal", "eu-central", "regional/EU")}
 
 
-def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def two_rounds(base_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The summary of the tiny LLM federation's two rounds."""
+    return simulate(_config(base_cache), tmp_path_factory.mktemp("two-rounds"))
+
+
+def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, two_rounds: dict[str, Any]) -> None:
     config = _config(base_cache)
     task = load_task(config.task.target, dict(config.task.options))
     model = build_initial_model(task, config.federation.seed)
@@ -48,8 +54,7 @@ def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_pat
     base_bytes = sum(t.numel() * t.element_size() for t in frozen_state(model).values())
     assert base_bytes > 10 * adapter_bytes > 0
 
-    summary = simulate(config, tmp_path)
-
+    summary = two_rounds
     assert summary["rounds"] == 2 and not summary["stopped_reason"]
     for entry in summary["history"]:
         assert entry["bytes_up"] == len(SITES) * adapter_bytes  # base bytes released: 0
@@ -60,26 +65,11 @@ def test_a_federated_round_releases_adapter_bytes_only(base_cache: Path, tmp_pat
     assert zones["us-east"]["shards_by_class"] == {"personal from US": 2 * shards}
 
 
-def test_both_engines_agree_and_another_base_starts_from_another_version(base_cache: Path, tmp_path: Path) -> None:
-    import torch
-
-    from fedshard.simulate.run import Engine
-
-    config = _config(base_cache).model_copy(update={"federation": _rounds(1)})
-    # Flower's actors run torch on one thread (one CPU each); some CPUs (AVX-512 FP16/AMX)
-    # pick kernels by thread count, so the in-process run uses one thread too.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        inprocess = simulate(config, tmp_path / "inprocess")
-    finally:
-        torch.set_num_threads(threads)
-    flower = simulate(config, tmp_path / "flower", engine=Engine.FLOWER)
-    assert flower["model_version"] == inprocess["model_version"]  # same adapters, same rounds, bit for bit
-    assert flower["history"][0]["bytes_up"] == inprocess["history"][0]["bytes_up"]
-
+def test_another_base_starts_from_another_version(base_cache: Path, two_rounds: dict[str, Any], tmp_path: Path) -> None:
+    """The genesis version binds the frozen base. (That the Flower engine runs the same rounds as
+    the in-process one is shown once, for every task alike, by tests/integration/test_flower_simulation.py.)"""
     other = _config(base_cache, pretrain_lr=2e-3).model_copy(update={"federation": _rounds(1)})
-    assert simulate(other, tmp_path / "other")["genesis_version"] != inprocess["genesis_version"]
+    assert simulate(other, tmp_path / "other")["genesis_version"] != two_rounds["genesis_version"]
 
 
 def _rounds(n: int) -> Any:

@@ -1,0 +1,71 @@
+"""The suite's time budget: no test's setup or body takes over :data:`BUDGET_S` seconds unless
+it is listed in :data:`SLOW_ALLOWED` with its reason.
+
+A listed entry is a test's node id (``tests/…/test_x.py::test_name``, parameters included) or,
+for a fixture shared by several tests (a deployed federation set up once), ``fixture:NAME``:
+the setup of any test that uses that fixture may then take longer. Keep the list short: an
+entry is a property that cannot be shown faster, not a test nobody made faster.
+
+``FEDSHARD_TEST_BUDGET_S`` changes the budget for one run (``0``: no budget), for a machine
+much slower than the 2-core one the suite is sized for.
+"""
+
+from __future__ import annotations
+
+import os
+
+BUDGET_S = float(os.environ.get("FEDSHARD_TEST_BUDGET_S", "90"))
+
+_SMOKE = "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline"
+
+SLOW_ALLOWED: dict[str, str] = {
+    "tests/integration/test_deployment.py::"
+    "test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows": (
+        "one deployment (SuperLink, 4 then 5 SuperNodes, 3 then 4 zones, DP-SGD, CKKS) shows a crash, a rejoin, "
+        "an unknown site refused and the federation growing: ~8 rounds of ~10 s, ~50 s until the SuperLink "
+        "declares the killed site unavailable, a dozen processes starting"
+    ),
+    "tests/integration/test_llm_deploy.py::test_deployed_sites_stream_their_sealed_base_and_release_adapters_only": (
+        "three site processes each import torch, transformers and peft, seal their base int8 and train through it"
+    ),
+    "tests/integration/test_llm_privacy.py::"
+    "test_dp_sgd_trains_the_adapters_through_the_streamed_base_within_every_budget": (
+        "Opacus DP-SGD (per-example gradients) through the streamed base, on the 4,000 examples the noise needs "
+        "for the model to stay useful"
+    ),
+    "tests/integration/test_flower_simulation.py::test_flower_engine_with_ten_sites_matches_inprocess": (
+        "ten ClientApps on a local Ray runtime, then the same federation in-process"
+    ),
+    f"{_SMOKE}[deploy_overhead]": (
+        "a deployment whose stock SuperNodes start a Python + torch process per message (what it measures), "
+        "restarted warm"
+    ),
+    f"{_SMOKE}[scale]": "two Ray runtimes (fedshard's Flower engine, plain Flower's), each started and stopped",
+    f"{_SMOKE}[llm_stream]": "four processes each import torch and build the small transformer; three stores sealed",
+    f"{_SMOKE}[llm_finetune]": "federated, central, DP and 118 M-share runs of the LLM task, and llm_stream's",
+}
+
+RAY = "ray"
+"""Tests that start a Ray cluster (Flower's simulation engine): two at once would share one."""
+DEPLOYMENT = "deployment"
+"""Tests that deploy a federation (SuperLink, SuperNodes, zones): a dozen processes each; two
+at once would only slow each other on two cores."""
+
+GROUPS: dict[str, str] = {
+    "tests/integration/test_flower_simulation.py": RAY,
+    "tests/integration/test_ray_cluster.py": RAY,
+    "tests/integration/test_fail_fast.py": RAY,
+    "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline[scale]": RAY,
+    "tests/integration/test_deployment.py::test_deployed_federation": DEPLOYMENT,
+    "tests/integration/test_llm_deploy.py": DEPLOYMENT,
+    "tests/integration/test_resume.py::test_deployment_whose": DEPLOYMENT,
+    "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline[deploy_": (
+        DEPLOYMENT
+    ),
+}
+"""Node id prefix → the ``xdist_group`` its tests run in (``pytest -n N --dist loadgroup``: one
+worker runs a whole group, one test after the other). Any other test is in its module's group
+(a module-scoped fixture is set up once), unless the module is in :data:`SPREAD`."""
+
+SPREAD = {"tests/integration/test_bench_smoke.py"}
+"""Modules whose tests share nothing and take long: they spread over the workers one by one."""
