@@ -7,14 +7,19 @@ the setup of any test that uses that fixture may then take longer. Keep the list
 entry is a property that cannot be shown faster, not a test nobody made faster.
 
 ``FEDSHARD_TEST_BUDGET_S`` changes the budget for one run (``0``: no budget), for a machine
-much slower than the 2-core one the suite is sized for.
+much slower than the 2-core one the suite is sized for. Under ``pytest -n N`` with N workers
+on fewer cores, the budget grows by N / cores.
 """
 
 from __future__ import annotations
 
 import os
 
-BUDGET_S = float(os.environ.get("FEDSHARD_TEST_BUDGET_S", "90"))
+BUDGET_S = float(os.environ.get("FEDSHARD_TEST_BUDGET_S", "90")) * max(
+    1.0, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) / (os.cpu_count() or 1)
+)
+"""90 s of a core: scaled up when pytest-xdist runs more workers than the machine has cores
+(3 workers on 2 cores: 135 s), since each test then has only its share of a core."""
 
 _SMOKE = "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline"
 
