@@ -26,7 +26,7 @@ A round's wall time is the time between consecutive round ends as the ServerApp 
 them (Flower: its ``evaluate_fn`` hook after each round's train + evaluate; fedshard: the
 round events). The first round (app installation, first imports) is dropped; medians of
 the others. ``--quick``: 2 rounds of Flower (1 timed), 3 of each fedshard system (2 timed);
-``--smoke`` (the test suite's): 2 of each.
+``--smoke`` (the test suite's): 1 Flower round (timed: its only one), 2 of fedshard.
 
     .venv/bin/python bench/deploy_overhead.py [--rounds N] [--quick | --smoke] [--json] [--output FILE]
 
@@ -252,9 +252,15 @@ def import_costs(runs: int) -> dict[str, float]:
 HEADERS = ["system", "rounds timed", "median s/round", "min", "max", "vs Flower (stock)", "final accuracy"]
 
 
+def timed(times: list[float]) -> list[float]:
+    """The rounds that count: all but the first (app installation, first imports), unless it is the
+    only one (``--smoke`` runs Flower's stock round once: each of its messages starts a process)."""
+    return times[1:] or times
+
+
 def medians(results: Results) -> dict[str, float]:
-    """Median seconds per round of each system, the first round dropped."""
-    return {name: statistics.median(times[1:]) for name, (times, _) in results.items()}
+    """Median seconds per round of each system, the first round dropped (:func:`timed`)."""
+    return {name: statistics.median(timed(times)) for name, (times, _) in results.items()}
 
 
 def ratios(results: Results) -> dict[str, float]:
@@ -269,14 +275,14 @@ def table(results: Results) -> list[list[str]]:
     med, ratio = medians(results), ratios(results)
     rows = []
     for name, (times, accuracy) in results.items():
-        timed = times[1:]
+        kept = timed(times)
         rows.append(
             [
                 name,
-                str(len(timed)),
+                str(len(kept)),
                 fmt(med[name], 2),
-                fmt(min(timed), 2),
-                fmt(max(timed), 2),
+                fmt(min(kept), 2),
+                fmt(max(kept), 2),
                 f"{ratio[name]:.2f}×",
                 f"{accuracy:.4f}",
             ]
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     rounds = 2 if args.smoke else 3 if args.quick else args.rounds
-    flower_rounds = 2 if args.quick else args.rounds
+    flower_rounds = 1 if args.smoke else 2 if args.quick else args.rounds
     ticks = cpu_ticks()
     results = measure(args.systems, rounds, flower_rounds, args.quick)
     imports = import_costs(1 if args.quick else 3)
@@ -353,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         + ".",
     ]
     runs = (
-        f"Flower {flower_rounds} rounds, each fedshard system {rounds}, the first dropped; medians of the rest; "
+        f"Flower {flower_rounds} rounds, each fedshard system {rounds}, the first dropped (kept when it is the "
+        "only one); medians of the rest; "
         "Flower (stock SuperNodes) and fedshard plaintext (the same sites restarted warm) on one SuperLink, back to "
         "back"
         + ("; a second deployment for DP + HE + residency" if "full" in args.systems else "")
