@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from fedshard.config.deployment import AggregatorDeployment, SiteDeployment
+from fedshard.config.jurisdictions import check_jurisdictions
 from fedshard.config.privacy import BudgetConfig, PrivacyConfig
 from fedshard.config.residency import ResidencyConfig
 
@@ -404,6 +405,11 @@ class FederationConfig(_Model):
                     f"residency rule prefers zone {rule.preferred_zone!r}, which is not one of the zones "
                     f"({', '.join(names)})"
                 )
+        check_jurisdictions(
+            ((s.id, s.jurisdiction) for s in self.sites),
+            (z.region for z in self.zones),
+            self.residency.named_codes(),
+        )
         undefined = self.residency.undefined_classes()
         if undefined:
             where, name = undefined[0]

@@ -216,6 +216,16 @@ class ResidencyConfig(_Model):
         "none", description="shard classes sent CKKS-encrypted: none, all, or a list such as [personal]"
     )
 
+    def named_codes(self) -> set[str]:
+        """Every jurisdiction or region code the rules name (origins, allowed regions, serve-to lists)."""
+        return {
+            code
+            for rule in self.rules
+            for codes in (rule.origin, rule.allow_regions, rule.serve_to)
+            if codes != ANY
+            for code in codes
+        }
+
     @field_validator("encrypt", mode="before")
     @classmethod
     def _encrypt(cls, v: object) -> object:

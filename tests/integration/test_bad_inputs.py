@@ -255,6 +255,18 @@ CASES = [
     ),
     case("min-sites-above-sites", SIM, "min_sites is 3", files({"fed.yaml": federation(federation__min_sites=3)})),
     case(
+        "jurisdiction-a-member-state",  # a Paris site as FR under rules for EU: its personal shards would go anywhere
+        SIM,
+        "site ap-hp-paris: jurisdiction FR is a member of EU",
+        files(
+            {
+                "fed.yaml": federation(
+                    sites=[{"id": "charite-berlin", "jurisdiction": "EU"}, {"id": "ap-hp-paris", "jurisdiction": "FR"}]
+                )
+            }
+        ),
+    ),
+    case(
         "distributed-noise-several-steps",
         SIM,
         "privacy.record_level.distributed_over needs training.local_epochs: 1",

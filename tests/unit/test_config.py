@@ -84,3 +84,40 @@ def test_missing_file() -> None:
 def test_top_level_must_be_mapping(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_federation(_write(tmp_path, "- 1\n- 2\n"))
+
+
+def _with_site(code: str, rules: list[dict] | None = None) -> dict:
+    data = _base()
+    data["sites"][1]["jurisdiction"] = code  # ap-hp-paris
+    if rules is not None:
+        data.setdefault("residency", {})["rules"] = rules
+    return data
+
+
+def test_a_member_state_under_rules_for_its_block_is_refused_with_the_code_to_write(tmp_path: Path) -> None:
+    """A Paris site written FR under rules that speak of EU would have its personal shards go anywhere."""
+    with pytest.raises(ConfigError) as info:
+        load_federation(_write(tmp_path, _with_site("FR")))
+    message = str(info.value)
+    assert "\n" not in message and "site ap-hp-paris: jurisdiction FR is a member of EU" in message
+    assert "write `jurisdiction: EU`" in message
+
+
+def test_an_unknown_code_is_refused_naming_the_regions_that_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_federation(_write(tmp_path, _with_site("EUR")))
+    message = str(info.value)
+    assert "jurisdiction EUR is no zone's region, no residency rule names it" in message
+    assert message.endswith("EU, SG, US") and "\n" not in message
+
+
+def test_a_code_a_rule_names_or_a_country_no_rule_covers_is_accepted(tmp_path: Path) -> None:
+    ours = [
+        {"class": "personal", "origin": ["FR"], "allow_regions": ["EU"], "serve_to": ["FR"]},
+        {"class": "*", "allow_regions": "*", "serve_to": "*"},
+    ]
+    assert load_federation(_write(tmp_path, _with_site("FR", ours))).sites[1].jurisdiction == "FR"
+    # a country of no block the rules name: the rules for '*' are meant for it (configs/grow.yaml's UK site)
+    assert load_federation(_write(tmp_path, _with_site("CH"))).sites[1].jurisdiction == "CH"
+    grow = load_federation(DEMO.with_name("grow.yaml"))
+    assert "UK" in {s.jurisdiction for s in grow.sites} and "UK" not in {z.region for z in grow.zones}
