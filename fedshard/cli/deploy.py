@@ -3,6 +3,7 @@ federation deployed as separate processes (see README, "Run across machines").""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -13,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt
 from fedshard.errors import ConfigError, DeployError, FedshardError
@@ -60,7 +62,9 @@ def keys_init(
     report = provision(cfg, target, force=force, add=add)
     layout = report.layout
     if cfg.deployment is not None and target.resolve() != cfg.deployment.keys:
-        console.print(f"[yellow]note:[/] the config's deployment.keys is {cfg.deployment.keys}; point it here")
+        console.print(
+            f"[yellow]note:[/] the config's deployment.keys is {escape(str(cfg.deployment.keys))}; point it here"
+        )
     console.print(f"wrote {len(report.files)} files under {layout.root}", highlight=False)
     if add:
         return
@@ -114,15 +118,16 @@ def aggregator_up(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     )
-    if insecure:
-        err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
     _on_signals(host.request_stop)
-    with Live(console=console, refresh_per_second=2, transient=False) as live:
-        host.on_change = lambda state: live.update(render_status(host.config, state))  # grows with the run
-        try:
-            summary = host.up()
-        finally:
-            live.update(render_status(host.config, host.state))
+    with host.claimed():  # another aggregator here, or a port taken: that one line is all it prints
+        if insecure:
+            err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            host.on_change = lambda state: live.update(render_status(host.config, state))  # grows with the run
+            try:
+                summary = host.up()
+            finally:
+                live.update(render_status(host.config, host.state))
     if summary.get("rounds"):
         console.print(zones_table(summary))
         console.print(f"final accuracy {summary['final_accuracy']:.4f}, model version {summary['model_version']}")
@@ -179,14 +184,54 @@ def aggregator_status(config: ConfigOpt) -> None:
     """Print the aggregator's status once (sites connected, round, ε per site, zones)."""
     from fedshard.config import load_federation
     from fedshard.deploy.aggregator import check_aggregator_config
-    from fedshard.deploy.status import read_state, render_status
+    from fedshard.deploy.host_lock import is_held
+    from fedshard.deploy.status import ENDED, read_state, render_status
 
     cfg = load_federation(config)
     dep = check_aggregator_config(cfg, insecure=True)
     state = read_state(dep.state_dir)
-    console.print(render_status(cfg, state))
+    running = is_held(dep.state_dir)
+    console.print(render_status(cfg, state, running))
     if state.run_dir:
-        console.print(f"run folder: {state.run_dir}", highlight=False)
+        console.print(f"run folder: {escape(state.run_dir)}", highlight=False)
+    if not running and state.phase not in ENDED:
+        console.print(
+            f"the aggregator (pid {state.pid}) died; its zones and SuperLink stopped with it. "
+            f"`fedshard aggregator up --config {escape(str(config))} --resume` goes on from its last round",
+            highlight=False,
+        )
+
+
+@aggregator_app.command("stop")
+def aggregator_stop(
+    config: ConfigOpt,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="How long to wait for it to stop")] = 60.0,
+) -> None:
+    """Stop the aggregator running with this config's state folder, as Ctrl-C would: the run
+    stops after its current step, every process it started stops, the run folder keeps what
+    it got to (`aggregator up --resume` goes on from there)."""
+    from fedshard.config import load_federation
+    from fedshard.deploy.aggregator import check_aggregator_config
+    from fedshard.deploy.host_lock import is_held
+    from fedshard.deploy.status import read_state
+
+    dep = check_aggregator_config(load_federation(config), insecure=True)
+    if not is_held(dep.state_dir):
+        console.print(f"no aggregator runs with state folder {escape(str(dep.state_dir))}; nothing to stop")
+        return
+    state = read_state(dep.state_dir)  # written by the aggregator that holds the lock: its pid is current
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while is_held(dep.state_dir):
+        if time.monotonic() > deadline:
+            raise DeployError(
+                f"the aggregator (pid {state.pid}) still runs {timeout_s:.0f}s after SIGTERM; `kill -9 {state.pid}` "
+                "stops it, and its zones and SuperLink with it"
+            )
+        time.sleep(0.2)
+    console.print(f"stopped the aggregator (pid {state.pid})", highlight=False)
+    if state.run_dir:
+        console.print(f"run folder: {escape(state.run_dir)}", highlight=False)
 
 
 @site_app.command("up")
@@ -264,7 +309,7 @@ def site_up(
                 f"the SuperNode of {site.id} could not join {superlink} (code {child.popen.returncode}): {reason}. "
                 "Is the aggregator up, and was this site's key registered (fedshard keys init; aggregator up)?"
             )
-        err_console.print(f"[yellow]{child.name} exited ({reason}); retrying in 5s[/]", highlight=False)
+        err_console.print(f"[yellow]{escape(f'{child.name} exited ({reason}); retrying in 5s')}[/]", highlight=False)
         if stopping.wait(5.0):
             return
 

@@ -28,7 +28,7 @@ from fedshard.config.changes import fixed_digests
 from fedshard.coordinator.binding import Binding, NodeRefusal, SiteKeys, bind_nodes
 from fedshard.coordinator.discovery import agreeing_sites
 from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.groups import Group, combine_versions, residency_groups
+from fedshard.coordinator.groups import Group, combine_versions, recorded_names, residency_groups
 from fedshard.coordinator.ledger_book import LedgerBook
 from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
 from fedshard.coordinator.plans import apply_rule, privacy_plan
@@ -247,12 +247,20 @@ class Coordinator:
         """Check the sites' models against the run (fresh: genesis; resumed: the logged chain)
         and, when resuming, give every group its chain up to the last closed round."""
         recovery = self.recovery
+        if recovery is not None:
+            self._adopt_recorded_names(recovery.group_names)
         check_standing(list(self._nodes.values()), self._group_of, genesis, recovery)
         if recovery is None:
             return
         for name, group in self._groups.items():
             group.rounds = recovery.chain(name)
             group.version = recovery.versions(name)[recovery.last_round]
+
+    def _adopt_recorded_names(self, recorded: set[str]) -> None:
+        """Give each group the name the run recorded for it (:func:`~fedshard.coordinator.groups.recorded_names`)."""
+        for old, new in recorded_names(list(self._groups), recorded).items():
+            self._groups[new] = self._groups.pop(old)
+            self._group_of = {site: new if g == old else g for site, g in self._group_of.items()}
 
     def _group(self, node: str) -> Group:
         return self._groups[self._group_of[self._nodes[node].site_id]]

@@ -23,7 +23,7 @@ from fedshard.integrity import merkle_root, next_version
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SiteInfo
 from fedshard.protocol.rounds import AggregateKey, AggregateSummary
 
-__all__ = ["Group", "combine_versions", "residency_groups"]
+__all__ = ["Group", "combine_versions", "recorded_names", "residency_groups"]
 
 
 @dataclass
@@ -94,6 +94,30 @@ def residency_groups(sites: list[SiteInfo]) -> dict[str, list[SiteInfo]]:
             name += "'"
         groups[name] = members
     return groups
+
+
+def recorded_names(formed: list[str], recorded: set[str]) -> dict[str, str]:
+    """Renames (formed name → recorded name) that give resumed groups the names the run recorded.
+
+    A group is named by its members' jurisdictions (:func:`residency_groups`). One formed while
+    some of its sites had not reconnected yet has a shorter name (``SG`` for the recorded
+    ``SG+US``). It takes the name of the one recorded group, not formed again, whose
+    jurisdictions include its own. Where none or several do, it keeps its name, and the resume's
+    chain check refuses it.
+    """
+
+    def codes(name: str) -> set[str]:
+        return set(name.rstrip("'").split("+"))
+
+    renames: dict[str, str] = {}
+    for name in formed:
+        if name in recorded:
+            continue
+        taken = set(formed) | set(renames.values())
+        free = [r for r in sorted(recorded) if r not in taken and codes(name) <= codes(r)]
+        if len(free) == 1:
+            renames[name] = free[0]
+    return renames
 
 
 def combine_versions(versions: Mapping[str, str]) -> str:

@@ -96,6 +96,11 @@ class Recovery:
             return self.closed[-1]
         return None
 
+    @property
+    def group_names(self) -> set[str]:
+        """The residency groups the last closed round recorded (empty: none closed)."""
+        return set(self.closed[-1].roots) if self.closed else set()
+
     def results(self) -> list[RoundResult]:
         """The finished rounds' results, in order."""
         return [self.finished[r.round] for r in self.closed if r.round in self.finished]

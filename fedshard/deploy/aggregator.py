@@ -36,23 +36,27 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.markup import escape
 
 from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
 from fedshard.config.layout import KeysLayout
 from fedshard.coordinator.ledger_book import LEDGER_BOOK_FILE
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
+from fedshard.deploy.host_lock import LOCK_FILE, holding
 from fedshard.deploy.host_metrics import HostMetrics
 from fedshard.deploy.preflight import (
     LATEST_RUN,
     check_aggregator_config,
+    check_ports_free,
     check_public_context,
     check_same_parties,
     he_folder,
@@ -60,8 +64,9 @@ from fedshard.deploy.preflight import (
 )
 from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.reconfigure import effective_config
-from fedshard.deploy.status import HostState, write_state, zone_details
+from fedshard.deploy.status import HostState, read_state, write_state, zone_details
 from fedshard.errors import DeployError, FedshardError
+from fedshard.transports.flower.host_watch import HOST_PID_ENV
 from fedshard.transports.metrics import DEFAULT_METRICS_HOST
 
 __all__ = [
@@ -132,22 +137,57 @@ class AggregatorHost:
         while self.resume is None and self.run_dir.exists():  # two starts within a second
             self.run_dir = self.run_dir.with_name(self.run_dir.name + "+")
         self.flwr = FlowerCli(self.state_dir / "flwr")
-        self.env = flower_env(self.state_dir / "flwr")
+        self.env = flower_env(self.state_dir / "flwr") | {HOST_PID_ENV: str(os.getpid())}  # the ServerApp watches us
         self._config_path = self.run_dir / "federation.yaml"
         self._started = time.perf_counter()  # reset when the run is submitted: summary.json's elapsed_s
         self._zone_endpoints: dict[str, str] = {}  # child name -> endpoint, for restarts
         self._remembered = 0.0  # when the children's process trees were last noted
         self._metrics = HostMetrics(self.metrics_port, self.metrics_host)
+        self._claimed = False  # within :meth:`claimed`
 
     # lifecycle -------------------------------------------------------------------------------
     def up(self) -> dict[str, Any]:
-        """Start everything, run the federation once, stop everything; the run's summary."""
+        """Start everything, run the federation once, stop everything; the run's summary.
+
+        Holds the state folder's lock throughout (:mod:`fedshard.deploy.host_lock`). Another
+        aggregator on that folder, or a port this host must listen on that is taken, is
+        refused before anything is written."""
+        with self.claimed():
+            return self._up()
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Hold the state folder's lock and check this host's ports for the block (what :meth:`up`
+        does first; a caller that shows a live display claims before it, so that a refusal is
+        all it prints). Re-entrant."""
+        if self._claimed:
+            yield
+            return
+        if not (self.state_dir / LOCK_FILE).exists():  # no aggregator ran here: refuse before writing the lock
+            check_ports_free(self._listeners())
+        previous = None
+        with contextlib.suppress(DeployError):
+            previous = read_state(self.state_dir).pid
+        with holding(self.state_dir, previous):
+            check_ports_free(self._listeners())
+            self._claimed = True
+            try:
+                yield
+            finally:
+                self._claimed = False
+
+    def _listeners(self) -> list[tuple[str, str]]:
+        """(what, ``host:port``) of every port this host listens on: the SuperLink and its zones."""
+        listen = f"{self.dep.listen}:{self.dep.superlink_port}"
+        return [("the SuperLink", listen), *((f"zone {z.name}", z.endpoint) for z in self._hosted(self.config))]
+
+    def _up(self) -> dict[str, Any]:
         try:
             if not self.start():
                 return self._finish("stopped")
             return self.run()
         except BaseException as exc:
-            self.state.message = f"[red]{exc}[/]" if str(exc) else ""
+            self.state.message = f"[red]{escape(str(exc))}[/]" if str(exc) else ""
             if self.run_dir.exists():
                 with contextlib.suppress(Exception):  # what the run got to, if it assembled
                     self._finish("failed")
@@ -295,7 +335,7 @@ class AggregatorHost:
         zone = child.name.removeprefix("zone ")
         if zone in self.state.zones:
             self.state.zones[zone]["pid"] = child.pid
-        self._update(message=f"[yellow]{warning}[/]")
+        self._update(message=f"[yellow]{escape(warning)}[/]")
 
     def _poll(self, call: Callable[[], Any]) -> Any:
         """``call`` (a ``flwr`` query of the SuperLink); when it fails because a child died,
@@ -420,11 +460,11 @@ class AggregatorHost:
             self._config_path.write_bytes(before)
             pending.replace(self.run_dir / "reconfigure.refused.yaml")
             log.warning("the change in %s is refused: %s", pending, exc)
-            self._update(message=f"[yellow]change refused (kept as reconfigure.refused.yaml): {exc}[/]")
+            self._update(message=f"[yellow]change refused (kept as reconfigure.refused.yaml): {escape(str(exc))}[/]")
             return False
         self.config = new
         pending.replace(self.run_dir / READY)
-        self._update(message=f"change ready for the next round: {change.describe()}")
+        self._update(message=f"change ready for the next round: {escape(change.describe())}")
         return True
 
     def _finish(self, phase: str) -> dict[str, Any]:

@@ -1,18 +1,23 @@
 """What ``fedshard aggregator up`` (and ``reconfigure``) refuse before anything starts: an
 unsafe or incomplete deployment config, a CKKS secret context on the aggregator host, a
-run to resume that is not there. Each refusal is one line saying how to fix it."""
+run to resume that is not there, a port it must listen on that another process holds.
+Each refusal is one line saying how to fix it."""
 
 from __future__ import annotations
 
+import errno
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 from fedshard.config import AggregatorDeployment, FederationConfig
 from fedshard.config.layout import AggregatorKeys, KeysLayout
-from fedshard.errors import ConfigError
+from fedshard.errors import ConfigError, DeployError
 
 __all__ = [
     "LATEST_RUN",
     "check_aggregator_config",
+    "check_ports_free",
     "check_public_context",
     "check_same_parties",
     "he_folder",
@@ -141,3 +146,33 @@ def check_same_parties(config_path: Path, config: FederationConfig, run_dir: Pat
             f"{run_dir} ran with other parties than --config lists ({differ}); resume it with the config "
             f"it grew to (its federation.yaml lists them)"
         )
+
+
+def check_ports_free(listeners: Iterable[tuple[str, str]]) -> None:
+    """Refuse, before any child starts, a port this host must listen on that is taken.
+
+    ``listeners`` are (what, ``host:port``) pairs. A child started on a taken port would die
+    at once. Worse, the wait for its port would reach the other process and carry on as if
+    the child had started. Only "address in use" is refused here; any other bind error is
+    left to the child, which reports it.
+
+    Raises
+    ------
+    DeployError
+        One line: the port, what needs it, and what usually holds it.
+    """
+    for what, address in listeners:
+        host, port = address.rsplit(":", 1)
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is free
+            try:
+                probe.bind((host, int(port)))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    continue
+                raise DeployError(
+                    f"port {port} on {host} ({what}) is in use: another aggregator, or another program, listens "
+                    "there (`fedshard aggregator status` shows an aggregator; `ss -ltnp` shows any program)"
+                ) from None

@@ -1,17 +1,21 @@
 """Child processes of ``fedshard aggregator up`` / ``site up``: started in their own
 session (a Ctrl-C reaches only us, and we stop them in order), logged to a file,
-stopped with their whole process tree."""
+stopped with their whole process tree, and stopped by the kernel when we die, however
+we die (``kill -9`` included: Linux's parent-death signal, SIGTERM), so that no zone,
+SuperLink or SuperNode goes on headless holding its ports. A SuperLink that stops ends
+the SuperExec and ServerApp it started."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,8 +172,34 @@ def _size(path: Path) -> int:
         return 0
 
 
+_PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal this process gets when the thread that started it exits."""
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What a child runs between fork and exec so that it gets SIGTERM when this process dies
+    (None where Linux's ``prctl`` is not there). Resolved here, in the parent: the child only
+    calls it. The signal follows the thread that starts the child, so children are started
+    from the thread that lives as long as the command (its main thread)."""
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody would send it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_parent
+
+
 def spawn(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, str], cwd: Path | None = None) -> Child:
-    """Start ``cmd`` in a new session, stdout and stderr appended to ``log``."""
+    """Start ``cmd`` in a new session, stdout and stderr appended to ``log``; it gets SIGTERM
+    when this process dies (see the module docstring)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         try:
@@ -181,6 +211,7 @@ def spawn(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, str], cwd:
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=_parent_death_signal(),  # one prctl call between fork and exec
             )
         except OSError as exc:
             raise DeployError(f"cannot start {name} ({cmd[0]}): {exc.strerror or exc}") from None

@@ -24,7 +24,7 @@ from fedshard.errors import DeployError
 if TYPE_CHECKING:
     from fedshard.crypto.tls import TlsFiles
 
-__all__ = ["STATUS_FILE", "HostState", "read_state", "render_status", "write_state", "zone_details"]
+__all__ = ["ENDED", "STATUS_FILE", "HostState", "read_state", "render_status", "write_state", "zone_details"]
 
 STATUS_FILE = "status.json"
 
@@ -75,8 +75,13 @@ def _events(run_dir: str | None) -> list[dict[str, Any]]:
     return []
 
 
-def render_status(config: FederationConfig, state: HostState) -> RenderableType:
-    """Sites connected, round, ε per site and zones, as a rich renderable."""
+ENDED = ("finished", "stopped", "failed")
+"""The phases an aggregator records as it ends; any other phase of one that no longer runs means it died."""
+
+
+def render_status(config: FederationConfig, state: HostState, running: bool | None = None) -> RenderableType:
+    """Sites connected, round, ε per site and zones, as a rich renderable. ``running``: whether
+    the aggregator runs (:func:`fedshard.deploy.host_lock.is_held`); None: its recorded pid is alive."""
     from fedshard.coordinator.events import EventKind
 
     events = _events(state.run_dir)
@@ -87,10 +92,8 @@ def render_status(config: FederationConfig, state: HostState) -> RenderableType:
         for site in starts[-1]["sites"] if starts else []:
             if site.get("privacy"):
                 privacy[site["site_id"]] = site["privacy"]
-    running = pid_alive(state.pid)
-    phase = (
-        state.phase if running or state.phase in ("finished", "stopped", "failed") else f"not running ({state.phase})"
-    )
+    running = pid_alive(state.pid) if running is None else running
+    phase = state.phase if running or state.phase in ENDED else f"[red]died[/] while {state.phase}"
     site_of_node = state.nodes
     online_sites = {site_of_node.get(n, n) for n in state.online}
     age = f", checked {time.time() - state.checked_at:.0f}s ago" if state.checked_at else ""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -41,7 +42,7 @@ from fedshard.routing import FederationRouting
 from fedshard.simulate.run import with_rounds
 from fedshard.transports.inprocess import InProcessSiteGateway
 from fedshard.zone.rpc.service import serve
-from tests.deploy_helpers import events, kill_tree, stop, wait_for
+from tests.deploy_helpers import events, fedshard, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
@@ -188,8 +189,10 @@ def test_deployment_whose_aggregator_host_died_finishes_under_resume(tmp_path: P
     logs = tmp_path / "logs"
     logs.mkdir()
     up = ["aggregator", "up", "--insecure", "--config", str(layout["aggregator"])]
-    # The coordinator stalls once round 1 is logged; then the whole aggregator host dies (SIGKILL,
-    # SuperLink, ServerApp and zones with it).
+    config = ["--config", str(layout["aggregator"])]
+    state_dir = tmp_path / "runs" / "aggregator"
+    # The coordinator stalls once round 1 is logged; then the aggregator process alone is killed
+    # (SIGKILL): its zones, SuperLink, SuperExec and the stalled ServerApp must stop with it.
     aggregator = _start(up, tmp_path, logs / "agg.log", faults="coordinator.round.done@1:pause=600")
     sites = [
         _start(["site", "up", "--insecure", "--config", str(layout[s])], tmp_path, logs / f"{s}.log") for s in SITES
@@ -197,8 +200,21 @@ def test_deployment_whose_aggregator_host_died_finishes_under_resume(tmp_path: P
     procs = [aggregator, *sites]
     try:
         wait_for(lambda: any(e["event"] == "round" for e in events(tmp_path)), 400, "round 1", procs)
-        kill_tree(aggregator)
+        # a second aggregator on the same state folder is refused in one line and writes nothing
+        status = (state_dir / "status.json").read_bytes()
+        second = fedshard(*up, cwd=tmp_path)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stdout + second.stderr
+        assert f"another aggregator (pid {aggregator.pid}) runs with state folder" in second.stderr
+        assert (state_dir / "status.json").read_bytes() == status
+
+        started = psutil.Process(aggregator.pid).children(recursive=True)
+        assert len(started) >= 5  # two zones, the SuperLink, its SuperExec and the ServerApp
+        os.kill(aggregator.pid, signal.SIGKILL)
         aggregator.wait(10)
+        _, alive = psutil.wait_procs(started, timeout=60)
+        assert not alive, [p.cmdline()[:3] for p in alive]
+        said = fedshard("aggregator", "status", *config, cwd=tmp_path)
+        assert said.returncode == 0 and "died while running" in said.stdout and "--resume` goes on" in said.stdout
         before = [e for e in events(tmp_path) if e["event"] == "round"]
         assert [e["round"] for e in before] == [1]
 
@@ -207,6 +223,8 @@ def test_deployment_whose_aggregator_host_died_finishes_under_resume(tmp_path: P
         resumed.wait(600)
         out = (logs / "agg-resumed.log").read_text()
         assert resumed.returncode == 0, out[-3000:]
+        nothing = fedshard("aggregator", "stop", *config, cwd=tmp_path)
+        assert nothing.returncode == 0 and "nothing to stop" in nothing.stdout
     finally:
         stop(procs)
     (run_dir,) = (tmp_path / "runs" / "aggregator").glob("run-*")  # resumed in the same folder

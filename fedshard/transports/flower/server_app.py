@@ -57,8 +57,10 @@ def create_server_app(
         from fedshard.coordinator.recovery import recover
         from fedshard.crypto.tls import TlsFiles
         from fedshard.transports.flower.grid import FlowerSiteGateway
+        from fedshard.transports.flower.host_watch import stop_with_host
         from fedshard.transports.flower.waits import shorten_object_pulls
 
+        stop_with_host()  # deployed: no coordinator outlives its aggregator host
         shorten_object_pulls("flwr.superlink.grid.http_grid")  # replies are pulled as soon as they are there
         settings = {**(defaults or {}), **dict(context.run_config)}
         config = load_federation(str(settings["config"]))
