@@ -92,6 +92,10 @@ def aggregator_up(
     run_dir: Annotated[
         Path | None, typer.Argument(help="With --resume: the run folder to resume (default: the newest)")
     ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option("--rounds", min=1, help="Override federation.rounds (with --resume: train a finished run on)"),
+    ] = None,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
 ) -> None:
@@ -105,10 +109,11 @@ def aggregator_up(
     from fedshard.config import load_federation
     from fedshard.deploy.aggregator import LATEST_RUN, AggregatorHost
     from fedshard.deploy.status import render_status
+    from fedshard.simulate.run import with_rounds
 
     if run_dir is not None and not resume:
         raise FedshardError(f"{run_dir}: a run folder is given with --resume only (`--resume {run_dir}`)")
-    cfg = load_federation(config)
+    cfg = with_rounds(load_federation(config), rounds)
     if metrics_port is None and metrics_host != DEFAULT_METRICS_HOST:
         raise FedshardError("--metrics-host needs --metrics-port")
     host = AggregatorHost(

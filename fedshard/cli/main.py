@@ -154,12 +154,17 @@ def _run_config(
 ) -> tuple[FederationConfig, Path]:
     """The config to run and its run folder: a new run's, or the one ``resume`` names."""
     from fedshard.config import load_federation
+    from fedshard.coordinator.recovery import recover
     from fedshard.simulate.run import resumable_config, with_rounds
 
     if resume is not None:
         if config is not None or out is not None:
             raise FedshardError("--resume RUN_DIR runs with the config in RUN_DIR; drop --config and --out")
-        return with_rounds(resumable_config(resume), rounds), resume
+        cfg = with_rounds(resumable_config(resume), rounds)
+        recovery = recover(resume / "events.jsonl")  # checked again by the run; here, before anything is printed
+        more = recovery.last_round + cfg.federation.rounds
+        recovery.check_more_to_do(cfg.federation.rounds, f"`fedshard simulate --resume {resume} --rounds {more}`")
+        return cfg, resume
     if config is None:
         raise FedshardError("give --config FILE for a new run, or --resume RUN_DIR to carry on an earlier one")
     return with_rounds(load_federation(config), rounds), out or _fresh_run_dir()

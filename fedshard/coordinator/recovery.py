@@ -43,8 +43,9 @@ from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SiteInf
 __all__ = ["Recovery", "check_standing", "recover"]
 
 RESUME_HINT = (
-    "resume with `fedshard aggregator up --resume` (or `fedshard simulate --resume RUN_DIR`), "
-    "or delete the sites' state to start over"
+    "go on with the run that trained them: `fedshard aggregator up --resume` (or `fedshard simulate --resume "
+    "RUN_DIR`), with `--rounds N` to train on after it finished; never delete a site's state folder: it holds the "
+    "site's privacy ledger"
 )
 
 
@@ -63,6 +64,7 @@ class Recovery:
     aborted: list[dict[str, object]] = field(default_factory=list)
     opened: set[int] = field(default_factory=set)
     fixed: dict[str, str] = field(default_factory=dict)  # the config's fixed parts as the run last started
+    completed: bool = False  # the log ends with the run's own "completed" stop (not a crash, not a stop reason)
 
     def check_config(self, config: FederationConfig, source: str) -> None:
         """Refuse, in one line, a config to resume with that changes what the run keeps fixed (what
@@ -100,6 +102,16 @@ class Recovery:
     def group_names(self) -> set[str]:
         """The residency groups the last closed round recorded (empty: none closed)."""
         return set(self.closed[-1].roots) if self.closed else set()
+
+    def check_more_to_do(self, rounds: int, how: str) -> None:
+        """Refuse, in one line, to resume a run that completed when ``rounds`` (the config's
+        ``federation.rounds``) asks for none beyond those it ran: nothing would run, and its
+        record would be written again. ``how``: the command that trains on (more rounds)."""
+        if self.completed and rounds <= self.last_round:
+            raise RoundError(
+                f"the run in {self.path.parent} finished its {self.last_round} rounds: nothing to resume, nothing "
+                f"was changed; to train on with the same sites, models and ledgers: {how}"
+            )
 
     def results(self) -> list[RoundResult]:
         """The finished rounds' results, in order."""
@@ -189,7 +201,10 @@ def _recover(recovery: Recovery | None, event: dict[str, Any], path: Path) -> Re
                 raise ValueError("a start event whose fixed config digests are not a mapping")
             recovery.fixed = {str(k): str(v) for k, v in fixed.items()}
         return recovery
-    if recovery is None or kind == EventKind.STOP:
+    if recovery is None:
+        return recovery
+    recovery.completed = kind == EventKind.STOP and not event.get("reason")
+    if kind == EventKind.STOP:
         return recovery
     rnd = event.get("round", 0)
     if not isinstance(rnd, int):
@@ -280,5 +295,5 @@ def check_standing(sites: list[SiteInfo], group_of: dict[str, str], genesis: str
     if bad:
         raise RoundError(
             f"cannot resume the run in {recovery.path.parent}: {'; '.join(bad)}; "
-            "resume from the run folder that trained these sites, or delete their state to start over"
+            "resume from the run folder that trained these sites"
         )

@@ -132,6 +132,7 @@ class AggregatorHost:
         self.state_dir = self.dep.state_dir
         if self.resume is not None:
             self.run_dir = run_to_resume(self.state_dir, self.resume)
+            self._check_more_to_do()
         else:
             self.run_dir = self.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
         while self.resume is None and self.run_dir.exists():  # two starts within a second
@@ -249,6 +250,15 @@ class AggregatorHost:
         he = he_folder(self.config, self.keys) if self.config.residency.encrypting else None
         recovery = recover(self.run_dir / "events.jsonl")
         recovery.check_config(effective_config(self.config, self.run_dir, he), "--config")
+
+    def _check_more_to_do(self) -> None:
+        """Refuse, before anything starts, to resume a run that completed when the config asks for
+        no more rounds than it ran (``--rounds`` asks for more)."""
+        from fedshard.coordinator.recovery import recover
+
+        recovery = recover(self.run_dir / "events.jsonl")
+        more = recovery.last_round + self.config.federation.rounds
+        recovery.check_more_to_do(self.config.federation.rounds, f"`fedshard aggregator up --resume --rounds {more}`")
 
     def _write_config(self) -> None:
         """The config as the zones and the ServerApp use it: absolute paths, zone stores under

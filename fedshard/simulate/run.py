@@ -109,6 +109,8 @@ def simulate(
         if engine is not Engine.INPROCESS:
             raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
         recovery = recover(out / "events.jsonl")  # refuses a log it cannot resume, nothing changed
+        more = recovery.last_round + config.federation.rounds
+        recovery.check_more_to_do(config.federation.rounds, f"`fedshard simulate --resume {out} --rounds {more}`")
         recovery.check_config(config, str(out / "federation.yaml"))  # what reconfigure would refuse: refused
     elif (out / "events.jsonl").exists() or (out / "sites").exists():
         raise ConfigError(

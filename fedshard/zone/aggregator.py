@@ -90,6 +90,10 @@ if TYPE_CHECKING:
 __all__ = ["ZoneAggregator"]
 
 
+STATS_FILE = "stats.json"
+"""The zone's counters for its run, in its store (:meth:`~fedshard.zone.stats.ZoneStats.save`)."""
+
+
 class ZoneAggregator:
     """One zone: accepts validated pushes, aggregates, publishes per-round aggregates.
 
@@ -163,6 +167,9 @@ class ZoneAggregator:
         self._budget = ByteBudget(staging_bytes)
         self._staging = StagingPool(staging_bytes)
         self.stats = ZoneStats()
+        self._stats_file = Path(store_dir) / STATS_FILE if store_dir is not None else None
+        if self._stats_file is not None:
+            self.stats.load(self._stats_file)  # the run's counters so far, across restarts
         self._reduction = Reduction(
             name,
             self._rounds,
@@ -368,6 +375,8 @@ class ZoneAggregator:
             self._published.sync()
             self._journal.write(round, RoundState.PUBLISHED, tuple(s.group for s in summaries))
         self.stats.closed(time.perf_counter() - started)
+        if self._stats_file is not None:
+            self.stats.save(self._stats_file)
         return summaries
 
     def _forward_target(self) -> tuple[str, str] | None:

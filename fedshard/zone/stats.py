@@ -1,14 +1,20 @@
-"""What a zone has done since it started: counters for run summaries (``fedshard zone``
+"""What a zone has done for its run: counters for run summaries (``fedshard zone``
 details, ``summary.json``) and for its Prometheus metrics (:mod:`fedshard.zone.metrics`).
 
 Every figure here is the zone's own: what it accepted, refused, forwarded and served,
-and how long it took to fold pushes and close rounds.
+and how long it took to fold pushes and close rounds. A zone with a store saves its
+counters there at every round it closes (:meth:`ZoneStats.save`) and takes them up again
+when it starts on that store. A resumed run's summary therefore counts the whole run,
+not only what came after the resume. The durations are this process's only.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedshard.errors import RefusalCode
@@ -82,6 +88,41 @@ class ZoneStats:
         """Shards received by class and origin, ``{"personal from EU": 200, ...}``."""
         named = ((f"{c} from {o}" if o else c, n) for (c, o), n in self.shards.items())
         return dict(sorted(named))
+
+    _SAVED = (
+        "pushes",
+        "refused",
+        "bytes_received",
+        "forwarded_shards",
+        "forwarded_bytes",
+        "partials_received",
+        "served",
+        "round",
+        "rounds_closed",
+    )
+
+    def save(self, path: Path) -> None:
+        """Write the counters to ``path`` (atomically: a crash leaves the previous ones)."""
+        data: dict[str, Any] = {key: getattr(self, key) for key in self._SAVED}
+        data["shards"] = [[c, o, n] for (c, o), n in sorted(self.shards.items())]
+        data["refusal_codes"] = dict(self.refusal_codes)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> None:
+        """Take up the counters saved at ``path`` (none there, or unreadable: start from zero;
+        they are a record, never an input to aggregation)."""
+        try:
+            data = json.loads(path.read_text())
+            counters = {key: int(data[key]) for key in self._SAVED}
+            shards = collections.Counter({(str(c), str(o)): int(n) for c, o, n in data["shards"]})
+            codes = collections.Counter({str(k): int(v) for k, v in data["refusal_codes"].items()})
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return
+        for key, value in counters.items():
+            setattr(self, key, value)
+        self.shards, self.refusal_codes = shards, codes
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data."""

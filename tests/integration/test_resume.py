@@ -28,7 +28,7 @@ from fedshard.assembly import SIGNING_KEY_FILE, grpc_connector, make_site, make_
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import MAX_ABORTED_IN_A_ROW, Coordinator
 from fedshard.coordinator.events import EventLog, replay
-from fedshard.coordinator.recovery import recover
+from fedshard.coordinator.recovery import RESUME_HINT, recover
 from fedshard.coordinator.results import RoundResult
 from fedshard.crypto.signing import generate_signing_key
 from fedshard.deploy.keys import provision
@@ -381,3 +381,35 @@ def test_a_resume_with_a_config_reconfigure_would_refuse_is_refused_in_one_line(
     data["federation"]["rounds"] = 2  # what reconfigure takes is taken
     (run / "federation.yaml").write_text(yaml.safe_dump(data))
     assert simulate(load_federation(run / "federation.yaml"), run, resume=True)["rounds"] == 2
+
+
+def test_a_finished_run_is_not_resumed_again_and_trains_on_with_more_rounds_counting_the_whole_run(
+    tmp_path: Path,
+) -> None:
+    """Resuming a finished run changes nothing and says how to train on; training on keeps one record:
+    the zones' counters cover every round, not only those after the resume; no hint says to delete a ledger."""
+    run = tmp_path / "run"
+    demo = str(ROOT / "configs" / "demo.yaml")
+    first = fedshard("simulate", "--config", demo, "--rounds", "2", "--out", str(run), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    again = fedshard("simulate", "--resume", str(run), cwd=tmp_path)
+    assert again.returncode == 2 and again.stdout == "" and again.stderr.count("\n") == 1, again.stdout + again.stderr
+    assert "finished its 2 rounds: nothing to resume, nothing was changed" in again.stderr
+    assert f"`fedshard simulate --resume {run} --rounds 4`" in again.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    two = json.loads((run / "summary.json").read_text())
+
+    more = fedshard("simulate", "--resume", str(run), "--rounds", "4", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr
+    four = json.loads((run / "summary.json").read_text())
+    assert four["rounds"] == len(four["history"]) == 4 and four["history"][:2] == two["history"]
+    for z2, z4 in zip(two["zones"], four["zones"], strict=True):
+        assert (z4["pushes"], z4["rounds_closed"], z4["bytes_received"]) == (
+            2 * z2["pushes"],
+            4,
+            2 * z2["bytes_received"],
+        )
+        assert z4["shards_by_class"] == {k: 2 * v for k, v in z2["shards_by_class"].items()}
+    # the hint for sites that hold a later model: go on with their run, never delete their state (the ledger)
+    assert "--rounds N" in RESUME_HINT and "delete the" not in RESUME_HINT and "never delete" in RESUME_HINT
