@@ -162,6 +162,7 @@ def _run_config(
             raise FedshardError("--resume RUN_DIR runs with the config in RUN_DIR; drop --config and --out")
         cfg = with_rounds(resumable_config(resume), rounds)
         recovery = recover(resume / "events.jsonl")  # checked again by the run; here, before anything is printed
+        recovery.check_config(cfg, str(resume / "federation.yaml"))
         more = recovery.last_round + cfg.federation.rounds
         recovery.check_more_to_do(cfg.federation.rounds, f"`fedshard simulate --resume {resume} --rounds {more}`")
         return cfg, resume

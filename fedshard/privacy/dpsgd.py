@@ -5,14 +5,14 @@ loader, then hands them to :meth:`RecordPrivacy.make_private` (Poisson sampling,
 per-sample clipping, Gaussian noise). The site reserves the planned cost in its ledger
 *before* training and checks afterwards that the task took exactly the planned steps.
 
-The noise comes from a generator seeded by the operating system's entropy, never from
-the federation's seed: the coordinator knows that seed, and noise it could predict it
-could subtract.
+The noise comes from a cryptographically secure source keyed by the operating system
+(:mod:`fedshard.privacy.secure_noise`: ChaCha20, sampled against the floating-point
+attacks on Gaussian samplers), never from the federation's seed: the coordinator knows
+that seed, and noise it could predict it could subtract.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import secrets
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedshard.errors import PrivacyError
 from fedshard.privacy.events import DPEvent, Guarantee
+from fedshard.privacy.secure_noise import install as install_secure_noise
 
 if TYPE_CHECKING:
     import torch
@@ -28,14 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["RecordPrivacy", "check_model", "fix_model", "planned_record_event"]
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _warn_once_about_rng() -> None:
-    log.warning(
-        "DP-SGD noise comes from torch's generator seeded with OS entropy, not a cryptographically secure "
-        "generator (Opacus secure_mode needs torchcsprng); fine for pilots, not for production releases"
-    )
 
 
 def planned_record_event(num_examples: int, batch_size: int, epochs: int, noise_multiplier: float) -> DPEvent:
@@ -142,7 +135,6 @@ class RecordPrivacy:
                 f"distributed record-level DP needs the task's optimiser to be torch.optim.SGD (its one step is "
                 f"linear in the noise), got {type(optimizer).__name__}; nothing was released"
             )
-        _warn_once_about_rng()
         # Opacus's hooks make torch say this on every backward pass; it is expected.
         warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
         with warnings.catch_warnings():
@@ -158,6 +150,7 @@ class RecordPrivacy:
             poisson_sampling=True,
             noise_generator=generator,
         )
+        install_secure_noise(wrapped[1])  # the torch generator above stays only where Opacus's internals differ
         self._engine = engine
         return wrapped  # type: ignore[no-any-return]
 

@@ -4,18 +4,19 @@ Gaussian noise, before it is cut into gradient shards.
 One release per round is one Gaussian mechanism with sensitivity ``clip_norm`` and
 noise ``σ · clip_norm``; the ledger records it as an event with sample rate 1 (a site
 cannot count on being sampled by the coordinator: that is the coordinator's choice).
-The noise comes from the operating system's entropy, never from the federation's seed.
+The noise comes from a cryptographically secure source keyed by the operating system
+(:class:`~fedshard.privacy.secure_noise.SecureGaussian`), never from the federation's seed.
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Mapping
 
 import numpy as np
 
 from fedshard.privacy.events import DPEvent, Guarantee
+from fedshard.privacy.secure_noise import SecureGaussian
 
 __all__ = ["clip_and_noise", "update_event"]
 
@@ -34,14 +35,19 @@ def clip_and_noise(
     """Clip ``update`` (all tensors together) to L2 norm ``clip_norm``, add N(0, (σ·C)²).
 
     Returns the noised update (same dtypes) and the update's norm before clipping.
-    ``rng`` is for tests only; by default the generator is seeded from OS entropy.
+    ``rng`` is for tests only (reproducible noise); by default the noise is
+    :class:`~fedshard.privacy.secure_noise.SecureGaussian`'s.
     """
-    generator = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+    source = SecureGaussian() if rng is None else None
     norm = math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in update.values()))
     scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
     std = noise_multiplier * clip_norm
     noised: dict[str, np.ndarray] = {}
     for name, values in update.items():
-        noise = generator.normal(0.0, std, size=values.shape)
+        noise = (
+            source.normal(std, values.size).reshape(values.shape)
+            if source is not None
+            else rng.normal(0.0, std, size=values.shape)  # type: ignore[union-attr]
+        )
         noised[name] = (values.astype(np.float64) * scale + noise).astype(values.dtype)
     return noised, norm

@@ -109,9 +109,9 @@ def simulate(
         if engine is not Engine.INPROCESS:
             raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
         recovery = recover(out / "events.jsonl")  # refuses a log it cannot resume, nothing changed
+        recovery.check_config(config, str(out / "federation.yaml"))  # what reconfigure would refuse: refused
         more = recovery.last_round + config.federation.rounds
         recovery.check_more_to_do(config.federation.rounds, f"`fedshard simulate --resume {out} --rounds {more}`")
-        recovery.check_config(config, str(out / "federation.yaml"))  # what reconfigure would refuse: refused
     elif (out / "events.jsonl").exists() or (out / "sites").exists():
         raise ConfigError(
             f"{out} already holds a run (its sites' shards and ledgers); choose another --out, or resume it "

@@ -1,0 +1,112 @@
+"""DP-SGD's Gaussian noise from a cryptographically secure source.
+
+Opacus draws its noise from a ``torch.Generator`` (a Mersenne Twister). Its state can be
+recovered from enough outputs, and an attacker who can predict the noise can subtract it.
+Opacus's own ``secure_mode`` needs ``torchcsprng``, which has no wheels for current torch.
+fedshard therefore draws the noise itself, by default:
+
+* **source:** a ChaCha20 keystream (``cryptography``), keyed with 32 bytes from the
+  operating system (``os.urandom``), a fresh key per round. Nobody, the coordinator
+  included, can predict it or replay it.
+* **uniforms:** 53-bit uniforms in (0, 1], turned into normals by the Box-Muller transform
+  in float64.
+* **sampling:** the sum of four normals, halved. This is the defence of Holohan & Braun
+  (2021, section 5.1) against the floating-point attacks on Gaussian samplers
+  (Jin et al., 2021), and the one Opacus's ``secure_mode`` uses. The attacks read the seed
+  back from the gaps in a float sample. The sum has the same variance, and its float gaps
+  no longer reveal one draw.
+
+:func:`install` puts this sampler into an Opacus ``DPOptimizer`` in place of its
+``add_noise``. It relies on Opacus 1.6 internals (the pinned version), which it checks
+first. An optimiser they do not fit keeps Opacus's own noise, with a warning that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SecureGaussian", "install"]
+
+log = logging.getLogger(__name__)
+
+_TWO_POW_53 = float(1 << 53)
+_SUMMED = 4
+"""Normals summed per output (Holohan & Braun's n = 2: 2n draws), then divided by √4 = 2."""
+
+
+class SecureGaussian:
+    """Normal noise from a ChaCha20 keystream keyed by the OS (one instance per round)."""
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+        self._stream = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+
+    def _uniform(self, n: int) -> np.ndarray:
+        """``n`` uniforms in (0, 1] with 53 random bits each."""
+        raw = np.frombuffer(self._stream.update(bytes(8 * n)), dtype=np.uint64)
+        return ((raw >> np.uint64(11)).astype(np.float64) + 1.0) / _TWO_POW_53
+
+    def standard(self, n: int) -> np.ndarray:
+        """``n`` standard normals (Box-Muller on pairs of uniforms), float64."""
+        pairs = (n + 1) // 2
+        u1, u2 = self._uniform(pairs), self._uniform(pairs)
+        radius = np.sqrt(-2.0 * np.log(u1))
+        angle = 2.0 * np.pi * u2
+        return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
+
+    def normal(self, std: float, n: int) -> np.ndarray:
+        """``n`` draws of N(0, std²), each the halved sum of four standard normals (see the module docstring)."""
+        if std == 0:
+            return np.zeros(n)
+        total = self.standard(n)
+        for _ in range(_SUMMED - 1):
+            total += self.standard(n)
+        total *= std / np.sqrt(_SUMMED)
+        return total
+
+
+def install(optimizer: Any) -> bool:
+    """Make an Opacus ``DPOptimizer`` add :class:`SecureGaussian` noise. Returns False, and
+    logs why, if its internals are not the ones this relies on (then Opacus's own noise stays)."""
+    try:
+        from opacus.optimizers import optimizer as opacus_optimizer
+        from opacus.optimizers.optimizer import DPOptimizer
+    except ImportError:  # pragma: no cover - opacus is a dependency
+        return False
+    check, mark = (getattr(opacus_optimizer, n, None) for n in ("_check_processed_flag", "_mark_as_processed"))
+    fits = (
+        type(optimizer) is DPOptimizer
+        and callable(check)
+        and callable(mark)
+        and all(hasattr(optimizer, a) for a in ("params", "noise_multiplier", "max_grad_norm", "add_noise"))
+    )
+    if not fits:
+        log.warning(
+            "DP-SGD noise: %s is not the Opacus 1.6 DPOptimizer fedshard knows; its noise comes from torch's "
+            "generator (seeded by the OS), not a cryptographically secure one",
+            type(optimizer).__name__,
+        )
+        return False
+    assert check is not None and mark is not None  # what `fits` checked
+    import torch
+
+    source = SecureGaussian()
+
+    def add_noise() -> None:
+        std = optimizer.noise_multiplier * optimizer.max_grad_norm
+        for p in optimizer.params:
+            check(p.summed_grad)
+            reference = p.summed_grad
+            draws = source.normal(std, reference.numel()).reshape(tuple(reference.shape))
+            noise = torch.from_numpy(draws).to(dtype=reference.dtype, device=reference.device)
+            p.grad = (reference + noise).view_as(p)
+            mark(p.summed_grad)
+
+    optimizer.add_noise = add_noise
+    optimizer.fedshard_secure_noise = True
+    return True
