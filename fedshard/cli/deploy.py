@@ -299,7 +299,13 @@ def site_up(
             console.print(f"site {site.id} stopped; its shards and ledger are in {site.state_dir}", highlight=False)
             return
         gave_up = gave_up or _GAVE_UP in node.supernode.new_lines()
-        reason = f"no answer from the SuperLink for {wait}s" if gave_up else f"{child.name}: {_reason(child.tail(12))}"
+        waited = time.monotonic() - started
+        reason = (
+            f"no answer from the SuperLink in {waited:.0f}s" if gave_up else f"{child.name}: {_reason(child.tail(12))}"
+        )
+        refused = _tls_refusal(reason, superlink, launch.config.deployment.keys / "ca.pem")
+        if refused is not None:  # permanent: retrying cannot help
+            raise DeployError(f"the SuperNode of {site.id} cannot join {superlink}: {refused}")
         # A SuperNode that ran a while lost its SuperLink; one that never connected may not be
         # registered yet (the aggregator registers keys as it starts): retry until retry_s.
         if time.monotonic() - started > 60 and not gave_up:
@@ -321,6 +327,27 @@ def site_up(
 
 _GAVE_UP = "Giving up reconnection"
 """What a SuperNode logs when its ``--max-wait-time`` ran out (its SuperLink is gone)."""
+
+
+def _tls_refusal(reason: str, superlink: str, ca: Path) -> str | None:
+    """What a TLS failure that no retry can mend means for the operator (None: not one).
+
+    A SuperLink certificate that this site's CA did not issue means the site and the
+    aggregator hold keys of different federations. A certificate that does not name the
+    address the site dials means the aggregator's certificate lacks that name."""
+    if "CERTIFICATE_VERIFY_FAILED" not in reason and "certificate verify failed" not in reason:
+        return None
+    if "mismatch" in reason:  # Python's ssl: "Hostname mismatch" / "IP address mismatch"
+        host = superlink.rsplit(":", 1)[0]
+        return (
+            f"the SuperLink's certificate does not name {host}; list it in the aggregator config's "
+            "deployment.hosts and issue its certificate again (`fedshard keys init`), or dial a name it holds"
+        )
+    return (
+        f"the SuperLink's certificate was not issued by this site's CA ({ca}): the site's keys and the "
+        "aggregator's come from different federations (a bundle of another `fedshard keys init`); ask the "
+        "aggregator's operator for this site's bundle (`fedshard keys init --add` on the aggregator host)"
+    )
 
 
 def _reason(log_tail: str) -> str:

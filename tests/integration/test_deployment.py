@@ -97,6 +97,16 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
         refused = fedshard("site", "up", "--config", str(rogue_file), "--retry-s", "0", cwd=tmp_path)
         assert refused.returncode == 2
         assert "could not join" in refused.stderr and "registered" in refused.stderr
+        # A site holding another federation's bundle: a permanent TLS failure, named at once (no retries)
+        other = tmp_path / "other-keys"
+        provision(load_federation(layout["aggregator"]), other)
+        foreign = yaml.safe_load(layout["charite-berlin"].read_text())
+        foreign["deployment"].update(keys=str(other / "sites" / "charite-berlin"), port=free_ports(1)[0])
+        foreign["site"]["state_dir"] = str(tmp_path / "foreign-state")
+        foreign_file = layout["charite-berlin"].with_name("foreign.yaml")
+        foreign_file.write_text(yaml.safe_dump(foreign))
+        crossed = fedshard("site", "up", "--config", str(foreign_file), cwd=tmp_path, timeout=60)  # --retry-s 300
+        assert crossed.returncode == 2 and "was not issued by this site's CA" in crossed.stderr, crossed.stderr
 
         # Crash one site once round 1 is in; restart it once round 2 has gone on without it. (Restarted
         # sooner, it may reconnect before the SuperLink gives up on it, and answer round 2 after all.)
@@ -139,7 +149,9 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
     # nothing else failed or was refused
     missed = [h["round"] for h in history if "sgh-singapore" not in h["sites"]]
     assert missed and all(len(h["sites"]) >= 3 for h in history)
-    assert all(set(h["refused"]) <= ({"sgh-singapore"} if h["round"] in missed else set()) for h in history), history
+    assert all(set(h["refused"]) <= ({"sgh-singapore"} if h["round"] in missed else set()) for h in history), [
+        (h["round"], h["refused"]) for h in history
+    ]
     assert "sgh-singapore" in history[-1]["sites"], history
     # learning happened (the majority class is 63 % of the data), within every site's budget; the best
     # round, not the last: with σ = 3 on ~90 records a site, one round's noise can cost 20 points
