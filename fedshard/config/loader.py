@@ -41,10 +41,35 @@ def _more(error: ValidationError) -> str:
     return f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
 
 
+_KINDS: dict[str, tuple[frozenset[str], str]] = {
+    "FederationConfig": (
+        frozenset({"zones", "sites"}),
+        "a federation config (zones:, sites:; e.g. configs/aggregator.yaml)",
+    ),
+    "SiteLocalConfig": (frozenset({"site"}), "a site's own config (site:; e.g. configs/sites/<site>.yaml)"),
+}
+"""Config kinds a command may be handed by mistake: model name → (top-level keys only it has, what it is)."""
+
+
+def _swapped(model: type[BaseModel], data: dict[str, object]) -> str | None:
+    """Why ``data`` is another kind of config than ``model`` (the federation's and a site's swapped); None if not."""
+    wanted = _KINDS.get(model.__name__)
+    if wanted is None or wanted[0] & data.keys():
+        return None
+    for name, (keys, what) in _KINDS.items():
+        if name != model.__name__ and keys & data.keys():
+            return f"this is {what}, and this command takes {wanted[1]}; were the two files swapped?"
+    return None
+
+
 def parse_model(model: type[M], data: object, source: str) -> M:
-    """Validate plain data against ``model``; raise :class:`ConfigError` naming ``source``."""
+    """Validate plain data against ``model``; raise :class:`ConfigError` naming ``source``
+    (and saying so when the file is the other kind of config: a site's for a federation's)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys at the top level")
+    swapped = _swapped(model, data)
+    if swapped is not None:
+        raise ConfigError(f"{source}: {swapped}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -598,6 +598,20 @@ CASES = [
         files({"fed.yaml": federation()}),
     ),
     case(
+        "site-up-given-the-federation-config",
+        "site up --config fed.yaml",
+        "fed.yaml: this is a federation config (zones:, sites:; e.g. configs/aggregator.yaml), and this command "
+        "takes a site's own config",
+        files({"fed.yaml": federation(**DEPLOYED)}),
+    ),
+    case(
+        "aggregator-up-given-a-site-config",
+        "aggregator up --config site.yaml",
+        "site.yaml: this is a site's own config (site:; e.g. configs/sites/<site>.yaml), and this command takes a "
+        "federation config",
+        files({"fed.yaml": federation(**DEPLOYED), "site.yaml": site_config()}),
+    ),
+    case(
         "site-not-in-federation",
         "site up --config site.yaml",
         "'nobody' is not in the federation",
