@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -185,7 +186,10 @@ def aggregator_reconfigure(
 
 
 @aggregator_app.command("status")
-def aggregator_status(config: ConfigOpt) -> None:
+def aggregator_status(
+    config: ConfigOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object (for scripts and monitoring)")] = False,
+) -> None:
     """Print the aggregator's status once (sites connected, round, ε per site, zones)."""
     from fedshard.config import load_federation
     from fedshard.deploy.aggregator import check_aggregator_config
@@ -196,6 +200,14 @@ def aggregator_status(config: ConfigOpt) -> None:
     dep = check_aggregator_config(cfg, insecure=True)
     state = read_state(dep.state_dir)
     running = is_held(dep.state_dir)
+    if as_json:
+        import dataclasses
+        import json
+
+        died = not running and state.phase not in ENDED
+        doc = {**dataclasses.asdict(state), "running": running, "died": died, "state_dir": str(dep.state_dir)}
+        typer.echo(json.dumps(doc, indent=2))
+        return
     console.print(render_status(cfg, state, running))
     if state.run_dir:
         console.print(f"run folder: {escape(state.run_dir)}", highlight=False)
@@ -250,6 +262,7 @@ def site_up(
         str | None,
         typer.Option(
             "--executor",
+            click_type=click.Choice(["warm", "flower"]),
             help="warm: fork each message from a process that imported torch and fedshard once; "
             "flower: Flower's stock executor (default: deployment.executor, warm)",
         ),

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 
@@ -39,7 +40,27 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     help="fedshard: federated learning over gradient shards.",
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand
 )
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        from fedshard import __version__
+
+        typer.echo(f"fedshard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit")
+    ] = False,
+) -> None:
+    """fedshard: federated learning over gradient shards."""
+
+
 app.add_typer(zone_app, name="zone")
 app.add_typer(budget_app, name="budget")
 app.add_typer(route_app, name="route")
@@ -73,7 +94,9 @@ def simulate(
         Path | None, typer.Option("--config", "-c", help="Federation YAML, e.g. configs/demo.yaml")
     ] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Override federation.rounds")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="inprocess or flower")] = "inprocess",
+    engine: Annotated[
+        str, typer.Option("--engine", click_type=click.Choice(["inprocess", "flower"]), help="The engine")
+    ] = "inprocess",
     out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a fresh folder under runs/)")] = None,
     resume: Annotated[
         Path | None,
@@ -81,7 +104,11 @@ def simulate(
     ] = None,
     data_plane: Annotated[
         str,
-        typer.Option("--data-plane", help="inprocess: sites call their zones directly, or over loopback grpc"),
+        typer.Option(
+            "--data-plane",
+            click_type=click.Choice(["direct", "grpc"]),
+            help="inprocess: sites call their zones directly, or over loopback gRPC",
+        ),
     ] = "direct",
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="inprocess: sites handling messages at once (1: repeatable)")

@@ -373,7 +373,7 @@ CASES = [
     case(
         "bad-engine",
         f"{SIM} --engine ray",
-        "--engine must be 'inprocess' or 'flower'",
+        "Invalid value for '--engine': 'ray' is not one of 'inprocess', 'flower'",
         files({"fed.yaml": federation()}),
     ),
     case(

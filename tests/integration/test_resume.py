@@ -215,6 +215,8 @@ def test_deployment_whose_aggregator_host_died_finishes_under_resume(tmp_path: P
         assert not alive, [p.cmdline()[:3] for p in alive]
         said = fedshard("aggregator", "status", *config, cwd=tmp_path)
         assert said.returncode == 0 and "died while running" in said.stdout and "--resume` goes on" in said.stdout
+        as_json = json.loads(fedshard("aggregator", "status", *config, "--json", cwd=tmp_path).stdout)
+        assert as_json["died"] is True and as_json["running"] is False and as_json["pid"] == aggregator.pid
         before = [e for e in events(tmp_path) if e["event"] == "round"]
         assert [e["round"] for e in before] == [1]
 
