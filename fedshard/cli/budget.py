@@ -136,7 +136,9 @@ def _summary_sites(path: Path) -> list[dict[str, Any]]:
 def _table(sites: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
     for column in ("site", "jurisdiction", "ε budget", "δ", "ε spent", "ε left", "rounds", "rounds left", "status"):
-        table.add_column(column, justify="left" if column in ("site", "jurisdiction", "status") else "right")
+        table.add_column(
+            column, justify="left" if column in ("site", "jurisdiction", "status") else "right", overflow="fold"
+        )  # at 80 columns a site id or status wraps, never cut
     from fedshard.cli.progress import STATUS_COLOURS
     from fedshard.protocol.messages import PrivacyStatus
 

@@ -180,9 +180,11 @@ def results_table(summary: dict[str, object]) -> Table:
 def zones_table(summary: dict[str, object]) -> Table:
     """Where the shards went: each zone's pushes, shards by class and origin (one per line),
     partial sums forwarded, refusals; 80 columns wide at most for a handful of classes."""
+    zones = summary.get("zones")
+    reducing = isinstance(zones, list) and any(z.get("reducing") for z in zones)
     table = Table(
         title="Zones: shards received by class and origin",
-        caption="* the reducing zone; fwd: partial sums forwarded to it",
+        caption="* the reducing zone; fwd: partial sums forwarded to it" if reducing else None,
         show_header=True,
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -190,7 +192,6 @@ def zones_table(summary: dict[str, object]) -> Table:
     for column in ("zone", "region", "pushes", "MB in", "shards by class", "fwd", "refused"):
         numeric = column in ("pushes", "MB in", "fwd", "refused")
         table.add_column(column, justify="right" if numeric else "left", no_wrap=column != "shards by class")
-    zones = summary.get("zones")
     for z in zones if isinstance(zones, list) else []:
         classes = "\n".join(f"{k.replace(' from ', ' ')} {v}" for k, v in z.get("shards_by_class", {}).items())
         table.add_row(

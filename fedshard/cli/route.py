@@ -36,7 +36,7 @@ def explain(
     jurisdiction = cfg.site(site).jurisdiction
     table = Table(title=f"routes of {site} (jurisdiction {jurisdiction})")
     for column in ("shard", "class", "reason", "allowed regions", "zone", "aggregated in"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # an identifier wraps at 80 columns, never cut
     for d in decisions:
         final, group = d.aggregate
         table.add_row(d.shard_id, d.shard_class, d.reason, ", ".join(d.allowed_regions), d.zone, f"{final} ({group})")

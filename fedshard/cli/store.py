@@ -118,7 +118,7 @@ def store_stats(store: StoreOpt, key_file: KeyFileOpt = None, as_json: JsonOpt =
         return
     tiers = Table(title=f"shard store {store}")
     for column in ("tier", "shards", "stored", "full precision", "saved"):
-        tiers.add_column(column, justify="left" if column == "tier" else "right")
+        tiers.add_column(column, justify="left" if column == "tier" else "right", overflow="fold")
     for name, usage in stats.tiers.items():
         saved = f"{1 - usage.stored_bytes / usage.logical_bytes:.0%}" if name == "cold" and usage.logical_bytes else "—"
         tiers.add_row(name, str(usage.shards), _mb(usage.stored_bytes), _mb(usage.logical_bytes), saved)
@@ -126,7 +126,9 @@ def store_stats(store: StoreOpt, key_file: KeyFileOpt = None, as_json: JsonOpt =
     if stats.formats:
         errors = Table(title="quantisation error of the cold tier (measured when tiered)")
         for column in ("format", "shards", "values", "max |error|", "rms error", "relative rms", "bound per value"):
-            errors.add_column(column, justify="left" if column in ("format", "bound per value") else "right")
+            errors.add_column(
+                column, justify="left" if column in ("format", "bound per value") else "right", overflow="fold"
+            )
         for name, err in stats.formats.items():
             errors.add_row(
                 name,

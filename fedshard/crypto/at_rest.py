@@ -164,7 +164,10 @@ def load_kek(path: Path | None = None, *, env: str = KEK_ENV, store_root: Path |
         mode = path.stat().st_mode
         text = path.read_text()
     except FileNotFoundError:
-        raise StoreKeyError(f"key file {path} does not exist (create one with `fedshard store keygen`)") from None
+        raise StoreKeyError(
+            f"key file {path} does not exist: give the key this store (or ledger) was sealed with; only a new, "
+            "empty store takes a new key (`fedshard store keygen`)"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreKeyError(f"cannot read key file {path}: {exc}") from None
     if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):

@@ -410,6 +410,11 @@ class AggregatorHost:
             self._check_children()
             self.take_change()
             batch, offset = events.read(offset)
+            taken = [e for e in batch if e["event"] == EventKind.RECONFIGURED]
+            if taken and self.state.message.startswith("change ready"):  # the coordinator took it
+                self.state.message = (
+                    f"change taken before round {taken[-1]['round']}: {escape(str(taken[-1]['change']))}"
+                )
             if batch:
                 self._update()
             if any(e["event"] == EventKind.STOP for e in batch):

@@ -183,6 +183,8 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
     # the status command reads the same state once
     status = fedshard("aggregator", "status", "--config", str(grown), cwd=tmp_path)
     assert status.returncode == 0 and "finished" in status.stdout and f"round {rounds}/{rounds}" in status.stdout
+    said = " ".join(status.stdout.split())
+    assert "change ready" not in said and "change taken before round" in said and f"rounds now {rounds}" in said
 
 
 def _grown(aggregator: Path) -> Path:

@@ -27,3 +27,20 @@ def test_version_and_short_help_on_every_level() -> None:
 def test_options_with_a_fixed_set_of_values_list_them(command: list[str], choices: tuple[str, ...]) -> None:
     shown = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert all(f"[{c}]" in shown.stdout for c in choices), shown.stdout
+
+
+def test_tables_at_80_columns_wrap_identifiers_and_never_cut_them() -> None:
+    """Two LoRA tiles of one tensor differ only at the end of their ids: cut, they would look the same."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "COLUMNS": "80", "FLWR_TELEMETRY_ENABLED": "0"}
+    args = ["route", "explain", "--config", "configs/demo-llm.yaml", "--site", "charite-berlin"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "fedshard.cli.main", *args], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "…" not in shown.stdout and max(len(line) for line in shown.stdout.splitlines()) <= 80
