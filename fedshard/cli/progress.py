@@ -99,6 +99,7 @@ class RoundProgress:
             transient=False,
         )
         self._task: TaskID | None = None
+        self._phase: TaskID | None = None  # the phase shown before the rounds start
 
     def __enter__(self) -> RoundProgress:
         self._progress.start()
@@ -112,8 +113,20 @@ class RoundProgress:
     def _print(self, line: str) -> None:
         self._progress.console.print(line, highlight=False, overflow="fold")
 
+    def on_phase(self, what: str) -> None:
+        """Say what runs now, with the time it has taken so far (a phase may take minutes)."""
+        status = escape(what.split(":", 1)[0]) + "…"  # the bar's field: the phase's name
+        if self._task is None:
+            self._phase = self._progress.add_task("rounds", total=None, status=status)
+            return
+        self._progress.update(self._task, status=status)
+        self._print(f"[dim]{escape(what)}…[/]")
+
     def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
         """Show the assembled federation and start the bar."""
+        if self._phase is not None:
+            self._progress.remove_task(self._phase)
+            self._phase = None
         if len(sites) <= SHOWN_SITES:
             names = [f"{escape(s.site_id)} ({s.jurisdiction}, {s.num_examples} ex.)" for s in sites]
             self._print(f"[bold]{len(sites)} sites[/]:")

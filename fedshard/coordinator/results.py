@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fedshard.errors import RefusalCode
 from fedshard.protocol.messages import SiteInfo
 from fedshard.protocol.rounds import AggregateSummary
 
-__all__ = ["RoundObserver", "RoundResult", "RunResult", "aggregate_entries", "refusal_line"]
+__all__ = ["PhaseObserver", "RoundObserver", "RoundResult", "RunResult", "aggregate_entries", "refusal_line"]
 
 
 def aggregate_entries(published: Iterable[AggregateSummary]) -> list[dict[str, Any]]:
@@ -108,4 +108,14 @@ class RoundObserver(Protocol):
 
     def on_round(self, result: RoundResult) -> None:
         """A round finished."""
+        ...
+
+
+@runtime_checkable
+class PhaseObserver(Protocol):
+    """An observer that also hears of the phases around the rounds (assembling, the central
+    baseline): each may take minutes for a large task, and a display shows what runs."""
+
+    def on_phase(self, what: str) -> None:
+        """A phase starts (one line: what runs)."""
         ...

@@ -27,7 +27,7 @@ from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.recovery import Recovery, recover
-from fedshard.coordinator.results import RoundObserver, RunResult
+from fedshard.coordinator.results import PhaseObserver, RoundObserver, RunResult
 from fedshard.errors import ConfigError
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import SiteInfo
@@ -133,6 +133,7 @@ def simulate(
         config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     events = EventLog(out / "events.jsonl")
     started = time.perf_counter()
+    _phase(observer, "assembling: zones and sites start; a large task's first run builds or pretrains its base")
     site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
     with serving_zones(config, out / "zones", site_keys) as served, _zone_metrics(metrics, served):
         endpoints = served.endpoints
@@ -146,10 +147,17 @@ def simulate(
             result = run_flower_simulation(config_path, out, endpoints, events, observer)
         zones = _zone_details(endpoints)
     elapsed = time.perf_counter() - started
+    _phase(observer, "central baseline: the same model trained on all the data pooled, for comparison")
     baseline = centralized_baseline(config)
     summary = build_summary(config, result, engine.value, zones, baseline.accuracy or 0.0, elapsed)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _phase(observer: RoundObserver | None, what: str) -> None:
+    """Tell ``observer`` a phase starts, if it listens for phases (:class:`PhaseObserver`)."""
+    if isinstance(observer, PhaseObserver):
+        observer.on_phase(what)
 
 
 @contextlib.contextmanager

@@ -77,6 +77,9 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
     """The demo as `make demo` runs it: accuracy >= 0.93, summary.json per the contract."""
     proc, summary = plain_demo
     assert "central baseline" in proc.stdout
+    # every phase that may take minutes says what runs (a large task's central baseline ran 9 silent minutes)
+    said = " ".join(proc.stdout.split())
+    assert "central baseline: the same model trained on all the data pooled, for comparison…" in said
     assert summary["rounds"] == 20
     assert isinstance(summary["final_accuracy"], float) and summary["final_accuracy"] >= 0.93
     assert isinstance(summary["centralized_accuracy"], float) and summary["centralized_accuracy"] >= 0.9
