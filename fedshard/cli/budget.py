@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fedshard.errors import ConfigError, FedshardError
@@ -69,7 +70,14 @@ def ledger_summary(site_config: Path, key_file: Path | None = None) -> dict[str,
         status = ledger.status(next_round)
     spent = status.spent
     binding = Guarantee.RECORD if Guarantee.RECORD in spent else Guarantee.UPDATE
+    note = ""
+    if cap is not None and spent.get(binding, 0.0) > cap.epsilon:
+        note = (
+            f"the site's cap (ε {cap.epsilon:g}) is below what its ledger records as spent "
+            f"(ε {spent.get(binding, 0.0):.2f}): it releases nothing more"
+        )
     return {
+        "note": note,
         "id": site.id,
         "jurisdiction": site.jurisdiction,
         "epsilon_budget": status.budget.epsilon,
@@ -85,10 +93,15 @@ def ledger_summary(site_config: Path, key_file: Path | None = None) -> dict[str,
     }
 
 
-def _latest_run(name: str) -> Path:
+def _latest_run(name: str, state_dir: Path | None = None) -> Path:
+    """The newest run of federation ``name``: under a deployment's ``state_dir`` (``run-*``), else under ``runs/``."""
     import yaml
 
-    runs = sorted((p for p in Path("runs").glob("*/summary.json")), key=lambda p: p.stat().st_mtime, reverse=True)
+    found = [
+        *(state_dir.glob("run-*/summary.json") if state_dir is not None else []),
+        *Path("runs").glob("*/summary.json"),
+    ]
+    runs = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
     for summary in runs:
         config = summary.parent / "federation.yaml"
         try:
@@ -105,7 +118,7 @@ def reported_summary(config: Path, run: Path | None) -> list[dict[str, Any]]:
     from fedshard.config import load_federation
 
     cfg = load_federation(config)
-    run_dir = run or _latest_run(cfg.federation.name)
+    run_dir = run or _latest_run(cfg.federation.name, cfg.deployment.state_dir if cfg.deployment else None)
     path = run_dir / "summary.json"
     if not path.exists():
         raise FedshardError(f"{run_dir} holds no summary.json; is it a run folder?")
@@ -217,3 +230,6 @@ def show(
         print(json.dumps(sites if config is not None else sites[0], indent=2))
     else:
         console.print(_table(sites, title))
+        for site in sites:
+            if site.get("note"):
+                console.print(f"[yellow]{escape(str(site['id']))}: {escape(str(site['note']))}[/]")

@@ -326,6 +326,12 @@ def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> 
     assert shown["status"] == "exhausted" and shown["projected_rounds_left"] == 0
     assert shown["rounds_participated"] == sites["sgh-singapore"]["rounds_participated"]
     assert shown["epsilon_spent"] == pytest.approx(sites["sgh-singapore"]["epsilon_spent"])
+    assert shown["note"] == ""
+    # the site's own cap lowered below what it has spent: said, not ignored
+    site_config.write_text(site_config.read_text() + "  cap: {epsilon: 0.5, delta: 1.0e-5}\n")
+    capped = _fedshard("budget", "show", "--site-config", str(site_config), "--key-file", str(key_file))
+    said = " ".join(capped.stdout.split())
+    assert capped.returncode == 0 and "the site's cap (ε 0.5) is below what its ledger records as spent" in said
 
 
 def test_shared_noise_demo_runs_encrypted_and_every_ledger_spends_its_budget(tmp_path: Path) -> None:

@@ -183,6 +183,9 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
     # the status command reads the same state once
     status = fedshard("aggregator", "status", "--config", str(grown), cwd=tmp_path)
     assert status.returncode == 0 and "finished" in status.stdout and f"round {rounds}/{rounds}" in status.stdout
+    # `budget show --config` finds the deployed run (under deployment.state_dir) without --run
+    shown = fedshard("budget", "show", "--config", str(grown), "--json", cwd=tmp_path)
+    assert shown.returncode == 0 and {s["id"] for s in json.loads(shown.stdout)} == {*SITES, NEW_SITE}, shown.stderr
     said = " ".join(status.stdout.split())
     assert "change ready" not in said and "change taken before round" in said and f"rounds now {rounds}" in said
 
