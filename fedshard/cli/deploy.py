@@ -314,7 +314,9 @@ def site_up(
         gave_up = gave_up or _GAVE_UP in node.supernode.new_lines()
         waited = time.monotonic() - started
         reason = (
-            f"no answer from the SuperLink in {waited:.0f}s" if gave_up else f"{child.name}: {_reason(child.tail(12))}"
+            f"no answer from the SuperLink for {min(waited, float(wait)):.0f}s"
+            if gave_up
+            else f"{child.name}: {_reason(child.tail(12))}"
         )
         refused = _tls_refusal(reason, superlink, launch.config.deployment.keys / "ca.pem")
         if refused is not None:  # permanent: retrying cannot help

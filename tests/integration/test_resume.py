@@ -201,11 +201,12 @@ def test_deployment_whose_aggregator_host_died_finishes_under_resume(tmp_path: P
     try:
         wait_for(lambda: any(e["event"] == "round" for e in events(tmp_path)), 400, "round 1", procs)
         # a second aggregator on the same state folder is refused in one line and writes nothing
-        status = (state_dir / "status.json").read_bytes()
         second = fedshard(*up, cwd=tmp_path)
         assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stdout + second.stderr
         assert f"another aggregator (pid {aggregator.pid}) runs with state folder" in second.stderr
-        assert (state_dir / "status.json").read_bytes() == status
+        status = json.loads((state_dir / "status.json").read_text())  # still the first one's (it updates it)
+        assert status["pid"] == aggregator.pid and status["phase"] == "running"
+        assert sorted(state_dir.glob("run-*")) == [Path(status["run_dir"])]  # no run folder of its own
 
         started = psutil.Process(aggregator.pid).children(recursive=True)
         assert len(started) >= 5  # two zones, the SuperLink, its SuperExec and the ServerApp
