@@ -30,7 +30,8 @@ def test_options_with_a_fixed_set_of_values_list_them(command: list[str], choice
 
 
 def test_tables_at_80_columns_wrap_identifiers_and_never_cut_them() -> None:
-    """Two LoRA tiles of one tensor differ only at the end of their ids: cut, they would look the same."""
+    """Two tiles of one tensor differ only at the end of their ids (``fc1.weight#r0c0``): cut, they
+    would look the same (the demo's routes: 15 ids were cut at 80 columns)."""
     import os
     import subprocess
     import sys
@@ -38,7 +39,7 @@ def test_tables_at_80_columns_wrap_identifiers_and_never_cut_them() -> None:
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "COLUMNS": "80", "FLWR_TELEMETRY_ENABLED": "0"}
-    args = ["route", "explain", "--config", "configs/demo-llm.yaml", "--site", "charite-berlin"]
+    args = ["route", "explain", "--config", "configs/demo.yaml", "--site", "charite-berlin"]
     shown = subprocess.run(
         [sys.executable, "-m", "fedshard.cli.main", *args], cwd=root, env=env, capture_output=True, text=True
     )
