@@ -181,17 +181,13 @@ def _run_config(
 ) -> tuple[FederationConfig, Path]:
     """The config to run and its run folder: a new run's, or the one ``resume`` names."""
     from fedshard.config import load_federation
-    from fedshard.coordinator.recovery import recover
-    from fedshard.simulate.run import resumable_config, with_rounds
+    from fedshard.simulate.run import resumable_config, resumable_run, with_rounds
 
     if resume is not None:
         if config is not None or out is not None:
             raise FedshardError("--resume RUN_DIR runs with the config in RUN_DIR; drop --config and --out")
         cfg = with_rounds(resumable_config(resume), rounds)
-        recovery = recover(resume / "events.jsonl")  # checked again by the run; here, before anything is printed
-        recovery.check_config(cfg, str(resume / "federation.yaml"))
-        more = recovery.last_round + cfg.federation.rounds
-        recovery.check_more_to_do(cfg.federation.rounds, f"`fedshard simulate --resume {resume} --rounds {more}`")
+        resumable_run(cfg, resume)  # checked again by the run; here, before anything is printed
         return cfg, resume
     if config is None:
         raise FedshardError("give --config FILE for a new run, or --resume RUN_DIR to carry on an earlier one")

@@ -50,6 +50,7 @@ from rich.markup import escape
 from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
 from fedshard.config.layout import KeysLayout
 from fedshard.coordinator.ledger_book import LEDGER_BOOK_FILE
+from fedshard.coordinator.recovery import Recovery, recover
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
 from fedshard.deploy.host_lock import LOCK_FILE, holding
 from fedshard.deploy.host_metrics import HostMetrics
@@ -130,9 +131,14 @@ class AggregatorHost:
         self.tls = self.dep.tls and not self.insecure
         self.keys = KeysLayout(self.dep.keys).aggregator
         self.state_dir = self.dep.state_dir
+        self._recovery: Recovery | None = None  # the run to resume, as its event log says
         if self.resume is not None:
             self.run_dir = run_to_resume(self.state_dir, self.resume)
-            self._check_more_to_do()
+            self._recovery = recover(self.run_dir / "events.jsonl")
+            more = self._recovery.last_round + self.config.federation.rounds
+            self._recovery.check_more_to_do(
+                self.config.federation.rounds, f"`fedshard aggregator up --resume --rounds {more}`"
+            )
         else:
             self.run_dir = self.state_dir / time.strftime("run-%Y%m%d-%H%M%S")
         while self.resume is None and self.run_dir.exists():  # two starts within a second
@@ -164,13 +170,15 @@ class AggregatorHost:
         if self._claimed:
             yield
             return
-        if not (self.state_dir / LOCK_FILE).exists():  # no aggregator ran here: refuse before writing the lock
+        fresh = not (self.state_dir / LOCK_FILE).exists()
+        if fresh:  # no aggregator ran here: refuse before writing the lock
             check_ports_free(self._listeners())
         previous = None
         with contextlib.suppress(DeployError):
             previous = read_state(self.state_dir).pid
         with holding(self.state_dir, previous):
-            check_ports_free(self._listeners())
+            if not fresh:  # after the lock: another aggregator here is named as such, not as its ports
+                check_ports_free(self._listeners())
             self._claimed = True
             try:
                 yield
@@ -245,20 +253,9 @@ class AggregatorHost:
     def _check_fixed(self) -> None:
         """Refuse to resume with a config that changes what the run keeps fixed (its privacy, residency,
         zones' regions, …: what `aggregator reconfigure` would refuse), before anything starts."""
-        from fedshard.coordinator.recovery import recover
-
+        assert self._recovery is not None  # read when the host was made to resume
         he = he_folder(self.config, self.keys) if self.config.residency.encrypting else None
-        recovery = recover(self.run_dir / "events.jsonl")
-        recovery.check_config(effective_config(self.config, self.run_dir, he), "--config")
-
-    def _check_more_to_do(self) -> None:
-        """Refuse, before anything starts, to resume a run that completed when the config asks for
-        no more rounds than it ran (``--rounds`` asks for more)."""
-        from fedshard.coordinator.recovery import recover
-
-        recovery = recover(self.run_dir / "events.jsonl")
-        more = recovery.last_round + self.config.federation.rounds
-        recovery.check_more_to_do(self.config.federation.rounds, f"`fedshard aggregator up --resume --rounds {more}`")
+        self._recovery.check_config(effective_config(self.config, self.run_dir, he), "--config")
 
     def _write_config(self) -> None:
         """The config as the zones and the ServerApp use it: absolute paths, zone stores under

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedshard.errors import DeployError
 
-__all__ = ["Child", "descendants", "pid_alive", "spawn", "wait_for_port"]
+__all__ = ["Child", "descendants", "spawn", "wait_for_port"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TAIL_BYTES = 16384
@@ -141,19 +141,6 @@ class Child:
                 continue  # gone, and its pid maybe someone else's now
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether process ``pid`` exists (one of another user's counts); False for None."""
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _start_time(pid: int) -> str | None:

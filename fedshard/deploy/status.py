@@ -18,8 +18,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 
 from fedshard.config import FederationConfig
-from fedshard.deploy.processes import pid_alive
 from fedshard.errors import DeployError
+from fedshard.transports.flower.host_watch import pid_alive
 
 if TYPE_CHECKING:
     from fedshard.crypto.tls import TlsFiles

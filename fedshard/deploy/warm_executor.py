@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fedshard.deploy.processes import pid_alive
+from fedshard.transports.flower.host_watch import pid_alive
 from fedshard.transports.flower.waits import shorten_object_pulls
 
 __all__ = ["PRELOAD", "WarmExecutor", "main", "preload", "thread_count"]

@@ -84,6 +84,23 @@ def resumable_config(out: str | Path) -> FederationConfig:
     return load_federation(out / "federation.yaml")
 
 
+def resumable_run(config: FederationConfig, out: Path) -> Recovery:
+    """What the run in ``out`` recorded, checked for a resume with ``config``.
+
+    Raises
+    ------
+    FedshardError
+        One line, nothing changed: a log it cannot resume; a config that changes what the run
+        keeps fixed (what ``reconfigure`` would refuse); a finished run that ``config`` gives
+        no more rounds (with the command that trains on).
+    """
+    recovery = recover(out / "events.jsonl")
+    recovery.check_config(config, str(out / "federation.yaml"))
+    more = recovery.last_round + config.federation.rounds
+    recovery.check_more_to_do(config.federation.rounds, f"`fedshard simulate --resume {out} --rounds {more}`")
+    return recovery
+
+
 def simulate(
     config: FederationConfig,
     out: str | Path,
@@ -108,10 +125,7 @@ def simulate(
     if resume:
         if engine is not Engine.INPROCESS:
             raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
-        recovery = recover(out / "events.jsonl")  # refuses a log it cannot resume, nothing changed
-        recovery.check_config(config, str(out / "federation.yaml"))  # what reconfigure would refuse: refused
-        more = recovery.last_round + config.federation.rounds
-        recovery.check_more_to_do(config.federation.rounds, f"`fedshard simulate --resume {out} --rounds {more}`")
+        recovery = resumable_run(config, out)
     elif (out / "events.jsonl").exists() or (out / "sites").exists():
         raise ConfigError(
             f"{out} already holds a run (its sites' shards and ledgers); choose another --out, or resume it "

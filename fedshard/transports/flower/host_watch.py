@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 
-__all__ = ["HOST_PID_ENV", "stop_with_host"]
+__all__ = ["HOST_PID_ENV", "pid_alive", "stop_with_host"]
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,10 @@ HOST_PID_ENV = "FEDSHARD_HOST_PID"
 _EVERY_S = 1.0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts); False for None."""
+    if pid is None:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -45,7 +48,7 @@ def stop_with_host() -> None:
     pid = int(raw)
 
     def watch() -> None:
-        while _alive(pid):
+        while pid_alive(pid):
             threading.Event().wait(_EVERY_S)
         log.warning("the aggregator host (pid %d) is gone; the ServerApp stops with it", pid)
         os._exit(70)
