@@ -57,11 +57,16 @@ bench-dp: $(STAMP)
 	$(BIN)/python bench/dp_accuracy.py --jobs 2
 	$(BIN)/python bench/llm_dp.py
 
-# The README's plots: the demo's report (`fedshard report`), written to docs/report
+# The README's plots: the demo's and the DP demo's reports (`fedshard report`), written to
+# docs/report and docs/report/dp, and screenshots of both pages (headless Chromium)
 report-images: $(STAMP)
-	rm -rf runs/report-images
+	rm -rf runs/report-images runs/report-images-dp
 	$(BIN)/fedshard simulate --config configs/demo.yaml --out runs/report-images
 	$(BIN)/fedshard report runs/report-images --out docs/report
+	$(BIN)/fedshard simulate --config configs/demo-dp.yaml --out runs/report-images-dp
+	$(BIN)/fedshard report runs/report-images-dp --out docs/report/dp
+	$(BIN)/python docs/report/screenshots.py docs/report/report.html docs/report/demo-page.png \
+		docs/report/dp/report.html docs/report/dp-page.png
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

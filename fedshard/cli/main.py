@@ -149,7 +149,7 @@ def simulate(
             )
     finally:
         if metrics is not None:
-            metrics.close()
+            metrics.close()  # the run kept its last values in its folder (metrics.prom)
     _print_result(summary, out_dir)
     if summary["stopped_reason"]:
         raise FedshardError(f"federation stopped after {summary['rounds']} round(s): {summary['stopped_reason']}")

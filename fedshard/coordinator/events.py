@@ -270,6 +270,9 @@ class _StartEvent(TypedDict):
 
 
 class _ReconfiguredEvent(TypedDict):
+    round: int
+    change: str
+    joined: NotRequired[list[str]]
     sites: NotRequired[list[SiteInfo]]
     groups: NotRequired[dict[str, list[str]]]
 
@@ -328,16 +331,21 @@ def replay(path: str | Path, skipped: list[str] | None = None) -> RunResult:
 def _apply(result: RunResult | None, event: dict[str, Any]) -> RunResult | None:
     """``result`` with ``event`` replayed onto it (raises ValidationError for a malformed event)."""
     kind = event["event"]
+    at = event.get("at")
+    at = float(at) if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at) else None
     if kind == EventKind.START:
         start = _START.validate_python(event)
         sites = start["sites"]
         groups = {name: [m.site_id for m in members] for name, members in sorted(residency_groups(sites).items())}
         if result is None or not start.get("resumed"):
-            return RunResult(sites, start["genesis_version"], start["genesis_version"], groups=groups)
+            genesis = start["genesis_version"]
+            return RunResult(sites, genesis, genesis, groups=groups, started_at=at, last_at=at)
         result.sites, result.groups, result.stopped_reason = sites, groups, ""  # a resumption: the rounds stand
+        result.last_at = at or result.last_at
         return result
     if result is None:
         return None
+    result.last_at = at or result.last_at
     if kind == EventKind.ROUND:
         result.rounds.append(round_from_event(event))
         result.version = result.rounds[-1].version
@@ -345,6 +353,8 @@ def _apply(result: RunResult | None, event: dict[str, Any]) -> RunResult | None:
         change = _RECONFIGURED.validate_python(event)
         result.sites = sorted([*result.sites, *change.get("sites", [])], key=_site_id)
         result.groups = change.get("groups", result.groups)
+        joined = change.get("joined", [])
+        result.changes.append({"round": change["round"], "change": change["change"], "joined": joined})
     elif kind == EventKind.ABORTED:
         aborted = _REASON.validate_python(event)
         result.aborted.append({"round": aborted.get("round", 0), "reason": aborted["reason"]})

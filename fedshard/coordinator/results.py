@@ -89,6 +89,9 @@ class RunResult:
     groups: dict[str, list[str]] = field(default_factory=dict)  # residency group -> its sites
     aborted: list[dict[str, Any]] = field(default_factory=list)  # rounds a zone's failure aborted: round, reason
     refused_nodes: list[dict[str, Any]] = field(default_factory=list)  # nodes refused (NodeRefusal.as_event)
+    changes: list[dict[str, Any]] = field(default_factory=list)  # changes taken mid-run: round, change, joined
+    started_at: float | None = None  # wall clock (Unix seconds) of the run's fresh start, where recorded
+    last_at: float | None = None  # wall clock of the latest event recorded
 
     @property
     def privacy(self) -> dict[str, dict[str, Any]]:

@@ -68,7 +68,7 @@ from fedshard.deploy.reconfigure import effective_config
 from fedshard.deploy.status import HostState, read_state, write_state, zone_details
 from fedshard.errors import DeployError, FedshardError
 from fedshard.transports.flower.host_watch import HOST_PID_ENV
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST
+from fedshard.transports.metrics import DEFAULT_METRICS_HOST, SNAPSHOT_FILE
 
 __all__ = [
     "LATEST_RUN",
@@ -241,7 +241,7 @@ class AggregatorHost:
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
-        self._metrics.close()
+        self._metrics.close(self.run_dir / SNAPSHOT_FILE)
 
     # steps --------------------------------------------------------------------------------------
     def _update(self, **changes: Any) -> None:

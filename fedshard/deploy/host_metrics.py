@@ -37,8 +37,8 @@ class HostMetrics:
         port = self.port + self._zones if self.port else 0
         return ["--metrics-port", str(port), "--metrics-host", self.host]
 
-    def close(self) -> None:
-        """Stop serving the run's metrics."""
+    def close(self, snapshot: Path | None = None) -> None:
+        """Stop serving the run's metrics (their last values first written to ``snapshot``, when given)."""
         if self._server is not None:
-            self._server.close()
+            self._server.close(snapshot)
             self._server = None

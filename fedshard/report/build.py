@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,9 @@ def _page(run: RunRecord) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>fedshard run {_e(run.name)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>fedshard run <code>{_e(run.name)}</code></h1>",
+        f"<p>{_e(_when(run))}</p>",
         _overview(run),
+        _changes(run),
         "<h2>Learning</h2>",
         _figure("accuracy.png", captions["accuracy.png"]),
         "<h2>Privacy</h2>",
@@ -117,9 +120,34 @@ def _numeric(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _stamp(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _when(run: RunRecord) -> str:
+    """When the run started and how long it took, by its event log's clock."""
+    started, last = run.result.started_at, run.result.last_at
+    if started is None:
+        return "The run's event log records no times (written before they were recorded)."
+    took = f", {_duration(last - started)} to its latest event ({_stamp(last)})" if last is not None else ""
+    return f"Started {_stamp(started)}{took}. Run folder: {run.folder}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(max(seconds, 0.0), 60)
+    hours, minutes = divmod(int(minutes), 60)
+    if hours:
+        return f"{hours} h {minutes} min {secs:.0f} s"
+    return f"{minutes} min {secs:.0f} s" if minutes else f"{secs:.1f} s"
+
+
 def _overview(run: RunRecord) -> str:
     s, last = run.summary, (run.rounds[-1] if run.rounds else None)
     rows: list[list[Any]] = [
+        ["started", _stamp(run.result.started_at)],
+        ["latest event", _stamp(run.result.last_at)],
         ["rounds finished", len(run.rounds)],
         ["sites", len(run.result.sites)],
         ["final accuracy", f"{last.accuracy:.4f}" if last else "-"],
@@ -132,14 +160,28 @@ def _overview(run: RunRecord) -> str:
     return _table(["", ""], rows)
 
 
+def _changes(run: RunRecord) -> str:
+    """The changes taken during the run (zones added or drained, sites that joined)."""
+    if not run.result.changes:
+        return "<p>The federation did not change during the run.</p>"
+    rows = [[c["round"], c["change"] or "-", ", ".join(c["joined"]) or "-"] for c in run.result.changes]
+    return "<p>Changes taken during the run (before the round named):</p>" + _table(
+        ["before round", "change", "sites that joined"], rows
+    )
+
+
 def _sites_table(run: RunRecord) -> str:
     privacy = run.result.privacy
+    joined = {site: c["round"] for c in run.result.changes for site in c["joined"]}
     rows = []
     for site in run.result.sites:
         p = privacy.get(site.site_id, {})
         eps = f"{p['epsilon_spent']:.3f} / {p['epsilon_budget']:g}" if p else "-"
-        rows.append([site.site_id, site.jurisdiction, site.num_examples, eps, p.get("status", "-") if p else "-"])
-    return _table(["site", "jurisdiction", "records", "ε spent / budget", "privacy"], rows)
+        delta = f"{p['delta']:g}" if p and "delta" in p else "-"
+        status = p.get("status", "-") if p else "-"
+        since = f"before round {joined[site.site_id]}" if site.site_id in joined else "start"
+        rows.append([site.site_id, site.jurisdiction, site.num_examples, eps, delta, status, since])
+    return _table(["site", "jurisdiction", "records", "ε spent / budget", "δ", "privacy", "took part from"], rows)
 
 
 def _residency_list(run: RunRecord) -> str:
@@ -149,7 +191,12 @@ def _residency_list(run: RunRecord) -> str:
     items = "".join(
         f'<li class="{"ok" if home else ""}">{"✓" if home else "→"} {_e(line)}</li>' for _, line, home in lines
     )
-    return f"<p>Which regions held each class of shard, by the pushing site's jurisdiction:</p><ul>{items}</ul>"
+    return (
+        "<p>Where each class of shard went, by the pushing site's jurisdiction: the regions whose zones "
+        "received the raw (noised or encrypted) shards, and where partial sums containing them were "
+        "reduced (a partial sum adds up every shard of one kind a zone received in a round):</p>"
+        f"<ul>{items}</ul>"
+    )
 
 
 def _zones_table(run: RunRecord) -> str:
@@ -165,11 +212,19 @@ def _zones_table(run: RunRecord) -> str:
                 z.get("pushes", 0),
                 f"{z.get('bytes_received', 0) / 1e6:.2f} MB",
                 classes,
-                z.get("forwarded_shards", 0),
+                _forwarded(z),
                 z.get("refused", 0),
             ]
         )
     return _table(["zone", "region", "pushes", "received", "shards by class and origin", "forwarded", "refused"], rows)
+
+
+def _forwarded(zone: dict[str, Any]) -> str:
+    n = zone.get("forwarded_shards", 0)
+    by_class = zone.get("forwarded_by_class")
+    if not n or not by_class:
+        return str(n)
+    return f"{n} partial sums of " + ", ".join(f"{k} {v}" for k, v in by_class.items())
 
 
 def _refusals(run: RunRecord) -> str:

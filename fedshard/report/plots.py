@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,18 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["PLOTS", "SHOWN_SITES", "Plot", "class_colour", "empty_note", "figure", "save", "wrapped_text"]
+__all__ = [
+    "PLOTS",
+    "SHOWN_SITES",
+    "WAITING",
+    "Plot",
+    "class_colour",
+    "empty_note",
+    "figure",
+    "save",
+    "wrapped_text",
+    "zone_colours",
+]
 
 SHOWN_SITES = 12
 """Sites a plot draws one by one; beyond, it draws their spread (least, median, most)."""
@@ -40,6 +52,20 @@ PHASE_COLOURS: dict[str, str] = {
 }
 """One colour per phase of a round (and for the time no phase of a typical site accounts for)."""
 
+WAITING = (
+    "waiting: the part of a round no phase of a typical site accounts for: the slowest selected "
+    "site still training or pushing (the round closes when every selected site is in or timed "
+    "out), messages in transit between the coordinator, the sites and the zones, and starting "
+    "the sites' processes (Flower starts one per message in simulation)"
+)
+"""What the ``waiting`` part of a round's time bar is, said under the plot."""
+
+ZONE_PALETTE = ("#1b9e77", "#7570b3", "#66a61e", "#e6ab02", "#a6761d", "#d95f02", "#17becf", "#666666")
+"""Zone colours: greens, purples, ochres, oranges, teal (reds and blues mean classes of shard)."""
+
+SITE_MARKERS = ("o", "s", "^", "D", "v", "P", "*", "h", "<", ">", "p", "d")
+SITE_LINES = ("-", "-.", ":")
+
 
 def figure(width: float = 9.0, height: float = 4.5) -> Figure:
     """A figure of its own (no pyplot state: reports may be built from any thread)."""
@@ -57,6 +83,37 @@ def save(fig: Figure, path: Path) -> Path:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.savefig(path, format="png")
     return path
+
+
+def zone_colours(zones: list[str]) -> dict[str, str]:
+    """A colour per zone, the same in every report: taken from the zone's name (a hash), moved
+    to the next free colour only where two zones of this run would share one."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for zone in sorted(zones):
+        start = hashlib.sha256(zone.encode()).digest()[0] % len(ZONE_PALETTE)
+        taken = set(out.values())
+        free = [ZONE_PALETTE[(start + i) % len(ZONE_PALETTE)] for i in range(len(ZONE_PALETTE))]
+        out[zone] = next((c for c in free if c not in taken), free[0])
+    return out
+
+
+def _below_from_zero(ax: Axes) -> None:
+    """Start the y axis at 0 (what is drawn is a count, a loss, an accuracy or an ε)."""
+    ax.set_ylim(bottom=0)
+
+
+def _outside_legend(ax: Axes, **kw: Any) -> None:
+    """A legend right of the axes, where it covers nothing."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kw)
+
+
+def _mark_changes(ax: Axes, run: RunRecord) -> None:
+    """A line before each round the federation changed at (zones added or drained, sites joined)."""
+    for i, change in enumerate(run.result.changes):
+        label = "federation changed before this round" if i == 0 else None
+        ax.axvline(change["round"] - 0.5, color="black", ls="-.", lw=1, label=label)
 
 
 def wrapped_text(ax: Axes, x: float, y: float, text: str, **kw: Any) -> None:
@@ -86,21 +143,26 @@ def accuracy(run: RunRecord, path: Path) -> Path:
     if central is not None:
         acc_ax.axhline(central, color="black", ls="--", lw=1, label=f"central baseline {central:.4f}")
     _mark_aborted(acc_ax, run)
-    acc_ax.set(title="Accuracy per round", xlabel="round", ylabel="accuracy")
+    _mark_changes(acc_ax, run)
+    acc_ax.set(title="Accuracy per round", xlabel="round", ylabel="accuracy", ylim=(0, 1.02))
     loss_ax.plot(rounds, [r.loss for r in run.rounds], marker="o", ms=3, label="test loss")
     loss_ax.plot(rounds, [r.train_loss for r in run.rounds], ls="--", label="train loss (sites' mean)")
     _mark_aborted(loss_ax, run)
+    _mark_changes(loss_ax, run)
     loss_ax.set(title="Loss per round", xlabel="round", ylabel="loss")
+    _below_from_zero(loss_ax)
     for ax in (acc_ax, loss_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left" if ax is acc_ax else "upper right")
     if not rounds:
         empty_note(acc_ax, "no round finished")
     return save(fig, path)
 
 
 def privacy(run: RunRecord, path: Path) -> Path:
-    """ε spent per site per round, each budget as a dashed line, exhaustion marked."""
+    """ε spent per site per round (each site its own marker and line style; sites whose lines
+    coincide are drawn a little apart along the rounds), each budget as a dashed line,
+    exhaustion marked; y from 0; each site's δ in the legend."""
     fig = figure()
     ax = fig.subplots()
     ax.set(title="Privacy budget: ε spent per site", xlabel="round", ylabel="ε spent")
@@ -109,34 +171,88 @@ def privacy(run: RunRecord, path: Path) -> Path:
         empty_note(ax, "differential privacy is off in this run: no site reported a privacy ledger")
         return save(fig, path)
     if len(spent) <= SHOWN_SITES:
-        for site, points in sorted(spent.items()):
-            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=site)
-            ax.axhline(points[-1][2], color=line.get_color(), ls="--", lw=0.8)
-            stopped = next((p for p in points if p[3] != PrivacyStatus.ACTIVE), None)
+        offsets = _apart(spent)
+        for i, (site, points) in enumerate(sorted(spent.items())):
+            xs = [p.round + offsets[site] for p in points]
+            marker, ls = SITE_MARKERS[i % len(SITE_MARKERS)], SITE_LINES[i % len(SITE_LINES)]
+            label = f"{site} (δ {points[-1].delta:g})"
+            (line,) = ax.plot(xs, [p.spent for p in points], marker=marker, ls=ls, ms=4, label=label)
+            stopped = next((p for p in points if p.status != PrivacyStatus.ACTIVE), None)
             if stopped is not None:
-                ax.plot(stopped[0], stopped[1], marker="X", ms=10, color=line.get_color(), mec="black")
-        ax.legend(fontsize=7, ncols=2, title="site (dashed: its budget; X: stopped)", title_fontsize=7)
+                x = stopped.round + offsets[site]
+                ax.plot(x, stopped.spent, marker="X", ms=10, color=line.get_color(), mec="k")
+        _budget_lines(ax, spent)
+        moved = " (drawn apart: equal ε)" if any(offsets.values()) else ""
+        _outside_legend(ax, fontsize=7, title=f"site (δ){moved}; X: stopped", title_fontsize=7)
     else:
-        rounds = sorted({p[0] for points in spent.values() for p in points})
-        by_round = {r: sorted(p[1] for points in spent.values() for p in points if p[0] == r) for r in rounds}
+        rounds = sorted({p.round for points in spent.values() for p in points})
+        by_round = {r: sorted(p.spent for points in spent.values() for p in points if p.round == r) for r in rounds}
         ax.fill_between(rounds, [by_round[r][0] for r in rounds], [by_round[r][-1] for r in rounds], alpha=0.3)
         ax.plot(rounds, [statistics.median(by_round[r]) for r in rounds], label=f"median of {len(spent)} sites")
-        for budget in sorted({points[-1][2] for points in spent.values()}):
-            ax.axhline(budget, color="black", ls="--", lw=0.8)
-        halted = sum(1 for points in spent.values() if points[-1][3] != PrivacyStatus.ACTIVE)
-        ax.legend(fontsize=8, title=f"band: least to most; dashed: budgets; {halted} site(s) stopped")
+        _budget_lines(ax, spent)
+        halted = sum(1 for points in spent.values() if points[-1].status != PrivacyStatus.ACTIVE)
+        deltas = sorted({points[-1].delta for points in spent.values()})
+        delta = ", ".join(f"{d:g}" for d in deltas[:4]) + (" …" if len(deltas) > 4 else "")
+        _outside_legend(ax, fontsize=7, title=f"band: least to most\nδ {delta}\n{halted} site(s) stopped")
+    _mark_changes(ax, run)
+    _below_from_zero(ax)
     ax.grid(alpha=0.3)
     return save(fig, path)
 
 
-def _epsilon_by_site(run: RunRecord) -> dict[str, list[tuple[int, float, float, str]]]:
-    """Site → (round, ε spent, ε budget, status) after each round, as the site reported it."""
-    out: dict[str, list[tuple[int, float, float, str]]] = {}
+@dataclass(frozen=True)
+class _Spent:
+    round: int
+    spent: float
+    budget: float
+    delta: float
+    status: str
+
+
+def _epsilon_by_site(run: RunRecord) -> dict[str, list[_Spent]]:
+    """Site → what it reported after each round: ε spent, its budget, δ, its status."""
+    out: dict[str, list[_Spent]] = {}
     for r in run.rounds:
         for site, report in r.privacy.items():
-            point = (r.round, float(report["epsilon_spent"]), float(report["epsilon_budget"]), str(report["status"]))
+            point = _Spent(
+                r.round,
+                float(report["epsilon_spent"]),
+                float(report["epsilon_budget"]),
+                float(report.get("delta", 0.0)),
+                str(report["status"]),
+            )
             out.setdefault(site, []).append(point)
     return out
+
+
+def _apart(spent: dict[str, list[_Spent]]) -> dict[str, float]:
+    """An offset along the rounds per site, so sites whose ε lines coincide stay visible
+    side by side (0 for a site no other one shares its line with)."""
+    same: dict[tuple[tuple[int, float], ...], list[str]] = {}
+    for site, points in sorted(spent.items()):
+        same.setdefault(tuple((p.round, round(p.spent, 3)) for p in points), []).append(site)
+    offsets: dict[str, float] = {}
+    for sites in same.values():
+        for i, site in enumerate(sites):
+            offsets[site] = (i - (len(sites) - 1) / 2) * 0.12 if len(sites) > 1 else 0.0
+    return offsets
+
+
+def _budget_lines(ax: Axes, spent: dict[str, list[_Spent]]) -> None:
+    """One dashed line per budget, labelled with how many sites have it."""
+    budgets: dict[float, int] = {}
+    for points in spent.values():
+        budgets[points[-1].budget] = budgets.get(points[-1].budget, 0) + 1
+    for budget, n in sorted(budgets.items()):
+        ax.axhline(budget, color="black", ls="--", lw=0.8)
+        ax.annotate(
+            f"budget ε {budget:g} ({n} site{'s' if n != 1 else ''})",
+            (0.0, budget),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 3),
+            textcoords="offset points",
+            fontsize=7,
+        )
 
 
 def traffic(run: RunRecord, path: Path) -> Path:
@@ -152,11 +268,13 @@ def traffic(run: RunRecord, path: Path) -> Path:
         return save(fig, path)
     rounds = [r.round for r in run.rounds]
     bottom = [0.0] * len(rounds)
+    colours = zone_colours(zones)
     for zone in zones:
         mb = [r.traffic.get(zone, {}).get("bytes", 0) / 1e6 for r in run.rounds]
-        bytes_ax.bar(rounds, mb, bottom=bottom, label=zone)
+        bytes_ax.bar(rounds, mb, bottom=bottom, label=zone, color=colours[zone])
         bottom = [b + m for b, m in zip(bottom, mb, strict=True)]
-    bytes_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _mark_changes(bytes_ax, run)
+    _outside_legend(bytes_ax, fontsize=8)
     regions = run.regions
     for i, zone in enumerate(shown):
         ax = fig.add_subplot(grid[1 + i // 3, i % 3])
@@ -170,7 +288,8 @@ def traffic(run: RunRecord, path: Path) -> Path:
             below = [b + c for b, c in zip(below, counts, strict=True)]
         region = f" ({regions[zone]})" if regions.get(zone) else ""
         ax.set(title=f"{zone}{region}: shards by class", xlabel="round")
-        ax.legend(fontsize=7)
+        ax.title.set_color(colours[zone])
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, frameon=False)
     return save(fig, path)
 
 
@@ -200,10 +319,11 @@ def round_times(run: RunRecord, path: Path) -> Path:
     for phase in PHASE_COLOURS:
         values = [s.get(phase, 0.0) for s in segments]
         if any(values):
-            label = "waiting, transport, other sites" if phase == "waiting" else str(phase)
+            label = "waiting (see below)" if phase == "waiting" else str(phase)
             ax.bar(rounds, values, bottom=bottom, label=label, color=PHASE_COLOURS[phase])
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.legend(fontsize=7, ncols=2)
+    _mark_changes(ax, run)
+    ax.legend(fontsize=7, ncols=5, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     _site_totals(sites_ax, timed)
     return save(fig, path)
 
@@ -251,6 +371,6 @@ PLOTS: list[Plot] = [
     ("accuracy.png", "Accuracy and loss per round, against the central baseline (all data pooled)", accuracy),
     ("privacy.png", "ε spent per site per round; dashed: each site's budget; X: the site stopped", privacy),
     ("traffic.png", "What each zone received per round: bytes, and shards by class and origin", traffic),
-    ("round_times.png", "Where the time of each round went, by phase", round_times),
+    ("round_times.png", f"Where the time of each round went, by phase. {WAITING}.", round_times),
 ]
 """The plots drawn from the run's records, in the order the report shows them."""

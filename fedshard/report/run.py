@@ -131,6 +131,7 @@ class _ZoneEntry(TypedDict):
     bytes_received: NotRequired[int]
     shards_by_class: NotRequired[dict[str, int]]
     forwarded_shards: NotRequired[int]
+    forwarded_by_class: NotRequired[dict[str, int]]
     refused: NotRequired[int]
     refusals: NotRequired[list[str]]
 

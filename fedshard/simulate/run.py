@@ -33,7 +33,7 @@ from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import SiteInfo
 from fedshard.simulate.baseline import centralized_baseline
 from fedshard.transports.inprocess import InProcessSiteGateway, in_process_connector
-from fedshard.transports.metrics import MetricsServer
+from fedshard.transports.metrics import SNAPSHOT_FILE, MetricsServer, write_snapshot
 
 __all__ = ["DataPlane", "Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
 
@@ -149,7 +149,7 @@ def simulate(
     started = time.perf_counter()
     _phase(observer, "assembling: zones and sites start; a large task's first run builds or pretrains its base")
     site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
-    with serving_zones(config, out / "zones", site_keys) as served, _zone_metrics(metrics, served):
+    with serving_zones(config, out / "zones", site_keys) as served, _zone_metrics(metrics, served, out):
         endpoints = served.endpoints
         if engine is Engine.INPROCESS:
             connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
@@ -175,8 +175,9 @@ def _phase(observer: RoundObserver | None, what: str) -> None:
 
 
 @contextlib.contextmanager
-def _zone_metrics(metrics: MetricsServer | None, served: ServedZones) -> Iterator[None]:
-    """Export the served zones (those added during the run too) on ``metrics`` while they run."""
+def _zone_metrics(metrics: MetricsServer | None, served: ServedZones, out: Path) -> Iterator[None]:
+    """Export the served zones (those added during the run too) on ``metrics`` while they run;
+    when they stop, keep the last values of every series in ``out/metrics.prom``."""
     if metrics is None:
         yield
         return
@@ -187,6 +188,7 @@ def _zone_metrics(metrics: MetricsServer | None, served: ServedZones) -> Iterato
     try:
         yield
     finally:
+        write_snapshot(metrics.registry, out / SNAPSHOT_FILE)
         metrics.registry.unregister(collector)
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -23,14 +25,30 @@ from fedshard.errors import ConfigError, DeployError
 from fedshard.transports.bounded_http import MAX_CONNECTIONS, REQUEST_S, TIMEOUT_S, BoundedHttpServer
 
 if TYPE_CHECKING:
-    from prometheus_client.registry import Collector
+    from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["DEFAULT_METRICS_HOST", "MetricsServer", "is_loopback"]
+__all__ = ["DEFAULT_METRICS_HOST", "SNAPSHOT_FILE", "MetricsServer", "is_loopback", "write_snapshot"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_HOST = "127.0.0.1"
 """Where ``--metrics-port`` listens unless ``--metrics-host`` says otherwise."""
+
+SNAPSHOT_FILE = "metrics.prom"
+"""The run's last metrics, written into its folder when it ends (with ``--metrics-port``)."""
+
+
+def write_snapshot(registry: CollectorRegistry, path: Path) -> None:
+    """Write what ``registry`` exports now to ``path`` (atomically; a failure is logged, never
+    raised: the run's own records are already written)."""
+    from prometheus_client import generate_latest
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(generate_latest(registry))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("metrics: could not keep the last values in %s (%s)", path, exc.strerror or exc)
 
 
 def is_loopback(host: str) -> bool:
@@ -100,8 +118,12 @@ class MetricsServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
-    def close(self) -> None:
-        """Stop serving."""
+    def close(self, snapshot: Path | None = None) -> None:
+        """Stop serving; first write the last values to ``snapshot`` (when given), in the
+        exposition format node_exporter's textfile collector reads, so a scrape that comes
+        after a short run still finds them."""
+        if snapshot is not None:
+            write_snapshot(self.registry, snapshot)
         self._server.close()
 
     def __enter__(self) -> MetricsServer:

@@ -170,6 +170,9 @@ class Reduction:
         nbytes = sum(e.nbytes for e in partial.entries)
         self._stats.forwarded_shards += len(partial.entries)
         self._stats.forwarded_bytes += nbytes
+        if self.residency is not None:
+            entries = ((e.shard_id, e.contributors) for e in partial.entries)
+            self._stats.count_forward(entries, self.residency.classes, self.residency.jurisdictions)
         who = sorted({c for e in partial.entries for c in e.contributors})
         self._record(
             Decision.FORWARDED,

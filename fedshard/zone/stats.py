@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ class ZoneStats:
     shards: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)  # (class, origin)
     forwarded_shards: int = 0
     forwarded_bytes: int = 0
+    forwarded: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)  # (class, origin)
     partials_received: int = 0
     served: int = 0  # aggregates served to sites
     refusals: list[str] = field(default_factory=list)  # the latest reasons (at most 20)
@@ -72,6 +74,16 @@ class ZoneStats:
         self.shards.update((e.shard_class or UNCLASSIFIED, origin or "") for e in manifest.shards)
         self.fold_seconds.observe(fold_s)
 
+    def count_forward(
+        self, entries: Iterable[tuple[str, Iterable[str]]], classes: Mapping[str, str], origins: Mapping[str, str]
+    ) -> None:
+        """Count the sites' shards whose values left this zone inside partial sums: ``entries``
+        are (shard id, its contributors), ``classes`` shard id → class, ``origins`` site id →
+        jurisdiction (what the report says left each region, by class and origin)."""
+        for shard_id, contributors in entries:
+            shard_class = classes.get(shard_id) or UNCLASSIFIED
+            self.forwarded.update((shard_class, origins.get(site, "")) for site in contributors)
+
     def refuse(self, reason: str, code: RefusalCode | None) -> None:
         """Count a refusal (by its code) and remember its reason."""
         self.refused += 1
@@ -86,8 +98,12 @@ class ZoneStats:
     @property
     def shards_by_class(self) -> dict[str, int]:
         """Shards received by class and origin, ``{"personal from EU": 200, ...}``."""
-        named = ((f"{c} from {o}" if o else c, n) for (c, o), n in self.shards.items())
-        return dict(sorted(named))
+        return _named(self.shards)
+
+    @property
+    def forwarded_by_class(self) -> dict[str, int]:
+        """Sites' shards forwarded inside partial sums, by class and origin (as :attr:`shards_by_class`)."""
+        return _named(self.forwarded)
 
     _SAVED = (
         "pushes",
@@ -105,6 +121,7 @@ class ZoneStats:
         """Write the counters to ``path`` (atomically: a crash leaves the previous ones)."""
         data: dict[str, Any] = {key: getattr(self, key) for key in self._SAVED}
         data["shards"] = [[c, o, n] for (c, o), n in sorted(self.shards.items())]
+        data["forwarded"] = [[c, o, n] for (c, o), n in sorted(self.forwarded.items())]
         data["refusal_codes"] = dict(self.refusal_codes)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(data))
@@ -117,12 +134,13 @@ class ZoneStats:
             data = json.loads(path.read_text())
             counters = {key: int(data[key]) for key in self._SAVED}
             shards = collections.Counter({(str(c), str(o)): int(n) for c, o, n in data["shards"]})
+            forwarded = collections.Counter({(str(c), str(o)): int(n) for c, o, n in data.get("forwarded", [])})
             codes = collections.Counter({str(k): int(v) for k, v in data["refusal_codes"].items()})
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return
         for key, value in counters.items():
             setattr(self, key, value)
-        self.shards, self.refusal_codes = shards, codes
+        self.shards, self.forwarded, self.refusal_codes = shards, forwarded, codes
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data."""
@@ -133,6 +151,7 @@ class ZoneStats:
             "bytes_received": self.bytes_received,
             "shards_by_class": self.shards_by_class,
             "forwarded_shards": self.forwarded_shards,
+            "forwarded_by_class": self.forwarded_by_class,
             "forwarded_bytes": self.forwarded_bytes,
             "partials_received": self.partials_received,
             "served": self.served,
@@ -140,3 +159,8 @@ class ZoneStats:
             "round": self.round,
             "rounds_closed": self.rounds_closed,
         }
+
+
+def _named(counts: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    """``{(class, origin): n}`` as ``{"class from origin": n}`` (just the class where the origin is unknown)."""
+    return dict(sorted((f"{c} from {o}" if o else c, n) for (c, o), n in counts.items()))

@@ -98,6 +98,9 @@ def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
     assert zones["eu-central"]["shards_by_class"]["personal from EU"] > 0
     assert not any("from EU" in key for name in ("us-east", "sg-central") for key in zones[name]["shards_by_class"])
     assert zones["us-east"]["forwarded_shards"] > 0 and all(z["refused"] == 0 for z in zones.values())
+    # every US shard the US zone received left it inside a partial sum; the EU zone (reducing) forwarded none
+    assert zones["us-east"]["forwarded_by_class"] == zones["us-east"]["shards_by_class"]
+    assert zones["eu-central"]["forwarded_by_class"] == {}
     assert summary["residency_groups"] == {
         "EU": ["ap-hp-paris", "charite-berlin"],
         "SG+US": ["mayo-rochester", "sgh-singapore"],
@@ -159,7 +162,10 @@ def test_the_report_of_the_demo_draws_every_plot_and_references_only_its_own_fil
     references.feed(page)
     assert sorted(references.found) == plots  # each plot once, nothing else, nothing outside the folder
     assert "://" not in page
-    assert "personal from EU: EU only" in page and "No selected site was refused" in page
+    assert "personal from EU: raw shards received in EU only" in page and "No selected site was refused" in page
+    # what left a region is said exactly: the US zone's partial sums (of US personal shards too) went to the EU
+    assert "personal from US: raw shards received in US only; partial sums containing them reduced in EU" in page
+    assert "Started 20" in page and "UTC" in page  # the run's date, for an auditor
     assert all(zone in page for zone in ("eu-central", "us-east", "sg-central"))
     assert f"{summary['final_accuracy']:.4f}" in page and summary["model_version"] in page
 
@@ -288,8 +294,12 @@ def test_federation_that_loses_its_sites_stops_with_a_summary(tmp_path: Path) ->
 
 def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> None:
     out = tmp_path / "dp"
-    proc = _fedshard("simulate", "--config", "configs/demo-dp.yaml", "--out", str(out))
+    proc = _fedshard("simulate", "--config", "configs/demo-dp.yaml", "--out", str(out), "--metrics-port", "0")
     assert proc.returncode == 0, proc.stderr
+    # the run's last metrics outlive it: a scrape after a 7-second run still finds them
+    kept = (out / "metrics.prom").read_text()
+    assert 'fedshard_site_epsilon_spent{site="sgh-singapore"}' in kept and "fedshard_round 10.0" in kept
+    assert 'fedshard_zone_pushes_total{zone="eu-central"}' in kept  # the zones' series too
     assert "sgh-singapore" in proc.stdout and "exhausted" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     sites = {s["id"]: s for s in summary["sites"]}
@@ -309,6 +319,7 @@ def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> 
     assert report.returncode == 0, report.stderr
     page = (out / "report" / "report.html").read_text()
     assert "ε spent / budget" in page and page.count("exhausted") >= 1
+    assert "<th>δ</th>" in page and "<td>1e-05</td>" in page
     assert f"{sites['sgh-singapore']['epsilon_spent']:.3f} / 1.25" in page
 
     reported = _fedshard("budget", "show", "--config", "configs/demo-dp.yaml", "--run", str(out), "--json")

@@ -94,7 +94,9 @@ def test_a_run_that_wrote_no_summary_is_reported_from_its_event_log(tmp_path: Pa
     assert "digest" in page and "does not match" in page and "s03" in page  # the refusal, with its code
     assert "round 4: zone eu could not close the round" in page  # the aborted round
     assert "no summary yet" in page  # and the page says what it lacks
-    assert "personal from EU: EU only" in page and "personal from US: US only" in page  # regions from the config
+    # regions from the config; without the zones' counters what left in partial sums is unknown, and said so
+    assert "personal from EU: raw shards received in EU only; what left in partial sums is unknown" in page
+    assert "Started 20" in page and "<td>start</td>" in page  # the run's date; every site took part from the start
     assert not (run / "summary.json").exists()  # the report writes only under its folder
 
 
@@ -111,8 +113,59 @@ def test_residency_lines_say_where_each_class_went() -> None:
         },
     )
     lines = {name: (line, home) for name, line, home in flows(record).residency_lines()}
-    assert lines["personal from EU"] == ("personal from EU: EU, US", False)  # left its region: shown, not ticked
-    assert lines["public from US"] == ("public from US: EU, US", False)
+    assert lines["personal from EU"] == ("personal from EU: raw shards received in EU, US", False)  # not ticked
+    assert lines["public from US"] == ("public from US: raw shards received in EU, US", False)
+
+
+def test_residency_lines_name_partial_sums_that_left_a_region() -> None:
+    """A zone that forwarded partial sums containing a class says so: "US only" would read as
+    "never left the US" while its sums were reduced in the EU."""
+    zones = [
+        {"name": "eu", "region": "EU", "reducing": True, "shards_by_class": {"personal from EU": 4}},
+        {
+            "name": "us",
+            "region": "US",
+            "shards_by_class": {"personal from US": 2, "public from US": 2},
+            "forwarded_shards": 2,
+            "forwarded_by_class": {"public from US": 2},
+        },
+        {"name": "sg", "region": "SG", "shards_by_class": {"public from SG": 1}, "forwarded_shards": 1},
+    ]
+    record = RunRecord(Path("."), RunResult([_site(0)], "g", "g"), summary={"zones": zones})
+    lines = {name: (line, home) for name, line, home in flows(record).residency_lines()}
+    assert lines["personal from EU"] == ("personal from EU: raw shards received in EU only", True)
+    assert lines["personal from US"] == ("personal from US: raw shards received in US only", True)  # kept home
+    assert lines["public from US"] == (
+        "public from US: raw shards received in US only; partial sums containing them reduced in EU",
+        False,
+    )
+    assert lines["public from SG"][1] is False and "(which classes not recorded)" in lines["public from SG"][0]
+
+
+def test_sites_with_the_same_epsilon_are_drawn_apart_and_zone_colours_hold_across_reports() -> None:
+    from fedshard.report.plots import ZONE_PALETTE, _apart, _epsilon_by_site, class_colour, zone_colours
+
+    sites = [_site(i) for i in range(4)]
+    record = RunRecord(Path("."), RunResult(sites, "g", "g", rounds=[_round(r, sites) for r in (1, 2)]))
+    offsets = _apart(_epsilon_by_site(record))
+    assert len(set(offsets.values())) == 4  # four equal lines, four places
+    alone = _apart({"a": _epsilon_by_site(record)["s00"]})
+    assert alone == {"a": 0.0}
+    one = zone_colours(["eu-central", "us-east", "sg-central"])
+    other = zone_colours(["eu-central", "ap-south"])
+    assert len(set(one.values())) == 3 and set(one.values()) <= set(ZONE_PALETTE)
+    assert one["eu-central"] == other["eu-central"]  # the same zone, the same colour, in another report
+    classes = {class_colour(f"{kind} from X", i) for kind in ("personal", "public") for i in range(3)}
+    assert not classes & set(ZONE_PALETTE)  # zone colours never read as a class
+
+
+def test_changes_and_late_joiners_are_shown(tmp_path: Path) -> None:
+    run = _logged_run(tmp_path / "run")
+    late = _site(99)
+    EventLog(run / "events.jsonl").on_reconfigured(4, "zone ap-south added", [late])
+    page = build_report(run).html.read_text()
+    assert "Changes taken during the run" in page and "zone ap-south added" in page
+    assert "<td>s99</td>" in page and "before round 4" in page
 
 
 def test_a_folder_without_a_run_is_refused_in_one_line_and_nothing_is_written(tmp_path: Path) -> None:

@@ -698,3 +698,18 @@ def test_trim_heap_works_where_glibc_is_the_allocator() -> None:
     from fedshard.zone.heap import trim_heap
 
     assert trim_heap() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_a_zone_counts_what_left_it_in_partial_sums_by_class_and_origin_and_keeps_it(tmp_path: Path) -> None:
+    """The report says what left a region from these counts: each site's shard inside a
+    forwarded partial sum, by the shard's class and the site's jurisdiction."""
+    from fedshard.zone.stats import ZoneStats
+
+    stats = ZoneStats()
+    entries = [("w#r0c0", ("mayo", "nyp")), ("b#r0c0", ("mayo",))]
+    stats.count_forward(entries, {"w#r0c0": "personal", "b#r0c0": "public"}, {"mayo": "US", "nyp": "US"})
+    assert stats.forwarded_by_class == {"personal from US": 2, "public from US": 1}
+    stats.save(tmp_path / "stats.json")
+    again = ZoneStats()
+    again.load(tmp_path / "stats.json")  # a restarted zone's counters cover the whole run
+    assert again.as_dict()["forwarded_by_class"] == {"personal from US": 2, "public from US": 1}
