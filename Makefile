@@ -7,7 +7,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export GRPC_VERBOSITY := ERROR
 
-.PHONY: demo demo-flower test test-fast lint proto bench bench-dp report-images clean
+.PHONY: demo demo-flower test test-fast test-readme lint proto bench bench-dp report-images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
+
+# Every README block as pasted after `make demo`, in order, slow ones too (a deployment, the LLM
+# demo's pretraining: about 30 minutes on 2 cores); prints each block's wall time
+test-readme: $(STAMP)
+	FEDSHARD_README_SLOW=1 FEDSHARD_TEST_BUDGET_S=0 $(BIN)/python -m pytest -q -s -p no:xdist \
+		tests/integration/test_readme.py::test_every_block_runs_as_pasted
 
 lint: $(STAMP)
 	$(BIN)/ruff check fedshard server clients tests bench

@@ -45,6 +45,11 @@ SLOW_ALLOWED: dict[str, str] = {
         "a deployment whose stock SuperNodes start a Python + torch process per message (what it measures), "
         "restarted warm"
     ),
+    "fixture:readme_walk": (
+        "the README's quick blocks as pasted, in order: the demo, its report, the metrics demo, the DP and DP+HE "
+        "demos, budget show, the 200-round growing simulation, the HE demo (test_cli reads their runs instead "
+        "of running its own)"
+    ),
     f"{_SMOKE}[scale]": "two Ray runtimes (fedshard's Flower engine, plain Flower's), each started and stopped",
     f"{_SMOKE}[llm_stream]": "four processes each import torch and build the small transformer; three stores sealed",
     f"{_SMOKE}[llm_finetune]": "federated, central, DP and 118 M-share runs of the LLM task, and llm_stream's",
@@ -64,6 +69,7 @@ GROUPS: dict[str, str] = {
     "tests/integration/test_deployment.py::test_deployed_federation": DEPLOYMENT,
     "tests/integration/test_llm_deploy.py": DEPLOYMENT,
     "tests/integration/test_resume.py::test_deployment_whose": DEPLOYMENT,
+    "tests/integration/test_readme.py": "tests/integration/test_cli.py",  # test_cli reads the README walk's runs
     "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline[deploy_": (
         DEPLOYMENT
     ),

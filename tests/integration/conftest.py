@@ -11,6 +11,7 @@ from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2_grpc
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.service import serve
+from tests.readme_walk import VENV, Walk, walk
 
 GRPC_ZONE_NAME = "eu-1"
 GRPC_ZONE_REGION = "EU"
@@ -42,3 +43,12 @@ def zone_stub(grpc_zone: tuple[ZoneAggregator, str]) -> Iterator[zone_pb2_grpc.Z
         yield zone_pb2_grpc.ZoneStub(channel)
     finally:
         channel.close()
+
+
+@pytest.fixture(scope="session")
+def readme_walk(tmp_path_factory: pytest.TempPathFactory) -> Walk:
+    """``make demo``'s recipe and the README's quick blocks, run once as pasted in a fresh
+    folder (:mod:`tests.readme_walk`); test_cli reads the runs they made."""
+    if not (VENV / "bin" / "fedshard").exists():
+        pytest.skip("the README's blocks run .venv/bin/fedshard: run the suite with make test")
+    return walk(tmp_path_factory.mktemp("readme") / "walk", slow=False)

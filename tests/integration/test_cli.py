@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from fedshard.zone.rpc.client import GrpcZoneClient
+from tests.readme_walk import Walk
 
 ROOT = Path(__file__).resolve().parents[2]
 FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
@@ -60,15 +61,22 @@ HE_ROUND_ACCURACY_TOLERANCE = 0.03  # 3 test records
 
 
 @pytest.fixture(scope="module")
-def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    """The demo as `make demo` runs it in an 80-column terminal (run once for this module):
+def plain_demo(readme_walk: Walk) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """The demo as `make demo` runs it in an 80-column terminal (the README walk's first run):
     ``(process, summary.json)``."""
-    out = tmp_path_factory.mktemp("demo") / "run"
-    proc = _fedshard("simulate", "--config", "configs/demo.yaml", "--out", str(out), columns=80)
-    assert proc.returncode == 0, proc.stderr
+    ran = readme_walk.ran["make demo"]
+    assert ran.proc.returncode == 0, ran.proc.stderr
+    out = ran.runs[0]
     summary = json.loads((out / "summary.json").read_text())
     summary["_out"] = str(out)  # for the tests that read what the run left (not part of the summary)
-    return proc, summary
+    return ran.proc, summary
+
+
+def _walk_run(walk: Walk, block: str, index: int = 0) -> Path:
+    """The ``index``-th run folder the README block ``block`` made in the walk (it exited 0)."""
+    ran = walk.ran[block]
+    assert ran.proc.returncode == 0, ran.proc.stderr
+    return ran.runs[index]
 
 
 def test_demo_reaches_the_target_accuracy_and_writes_the_summary(
@@ -118,7 +126,7 @@ def test_the_demo_output_fits_an_80_column_terminal(plain_demo: tuple[subprocess
     assert len(rounds) == 20 and all(" acc " in ln and "4 sites" in ln for ln in rounds)
     table = lines[lines.index(next(ln for ln in lines if "shards by class" in ln)) :]
     assert any(ln.split()[:1] == ["eu-central*"] for ln in table)  # the reducing zone, on one line
-    assert f"report:  fedshard report {summary['_out']}" in proc.stdout
+    assert f"report:  fedshard report runs/{Path(summary['_out']).name}" in proc.stdout
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -190,12 +198,11 @@ def test_every_site_store_verifies_against_its_model_version_in_the_summary(
 
 
 def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(
-    tmp_path: Path, plain_demo: tuple[subprocess.CompletedProcess[str], dict]
+    readme_walk: Walk, plain_demo: tuple[subprocess.CompletedProcess[str], dict]
 ) -> None:
-    """The HE demo trains the same model as the plaintext one, up to CKKS's approximation."""
-    proc = _fedshard("simulate", "--config", "configs/demo-he.yaml", "--out", str(tmp_path / "he"))
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads((tmp_path / "he" / "summary.json").read_text())
+    """The HE demo (the README's block) trains the same model as the plaintext one, up to CKKS's approximation."""
+    he = _walk_run(readme_walk, "Homomorphic encryption #1")
+    summary = json.loads((he / "summary.json").read_text())
     plain = plain_demo[1]
     assert summary["rounds"] == plain["rounds"] == 20 and summary["final_accuracy"] >= 0.93
     assert summary["final_accuracy"] == pytest.approx(plain["final_accuracy"], abs=HE_FINAL_ACCURACY_TOLERANCE)
@@ -206,8 +213,8 @@ def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(
     # personal shards travelled as ciphertexts: had they gone in the clear, the run would
     # reproduce the plaintext chain of versions bit for bit
     assert summary["model_version"] != plain["model_version"]
-    assert (tmp_path / "he" / "keys" / "public.ctx").exists()
-    assert oct((tmp_path / "he" / "keys" / "secret.ctx").stat().st_mode & 0o777) == "0o600"
+    assert (he / "keys" / "public.ctx").exists()
+    assert oct((he / "keys" / "secret.ctx").stat().st_mode & 0o777) == "0o600"
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -292,14 +299,11 @@ def test_federation_that_loses_its_sites_stops_with_a_summary(tmp_path: Path) ->
     assert summary["rounds"] == 0 and "min_sites is 2" in summary["stopped_reason"]
 
 
-def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> None:
-    out = tmp_path / "dp"
-    proc = _fedshard("simulate", "--config", "configs/demo-dp.yaml", "--out", str(out), "--metrics-port", "0")
-    assert proc.returncode == 0, proc.stderr
-    # the run's last metrics outlive it: a scrape after a 7-second run still finds them
-    kept = (out / "metrics.prom").read_text()
-    assert 'fedshard_site_epsilon_spent{site="sgh-singapore"}' in kept and "fedshard_round 10.0" in kept
-    assert 'fedshard_zone_pushes_total{zone="eu-central"}' in kept  # the zones' series too
+def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path, readme_walk: Walk) -> None:
+    """The README's privacy block: the DP demo, then `budget show` (as a table and as JSON)."""
+    block = "Privacy budgets #1"
+    out = _walk_run(readme_walk, block)
+    proc = readme_walk.ran[block].proc
     assert "sgh-singapore" in proc.stdout and "exhausted" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     sites = {s["id"]: s for s in summary["sites"]}
@@ -345,15 +349,13 @@ def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path) -> 
     assert capped.returncode == 0 and "the site's cap (ε 0.5) is below what its ledger records as spent" in said
 
 
-def test_shared_noise_demo_runs_encrypted_and_every_ledger_spends_its_budget(tmp_path: Path) -> None:
+def test_shared_noise_demo_runs_encrypted_and_every_ledger_spends_its_budget(readme_walk: Walk) -> None:
     """configs/demo-dp-he.yaml as the README runs it: every shard CKKS-encrypted, the DP-SGD noise
     shared by the five sites, every ledger accounting σ (what any one site's view carries)."""
     from fedshard.privacy.accountant import calibrate_noise, epsilon
     from fedshard.privacy.events import DPEvent, Guarantee
 
-    out = tmp_path / "dp-he"
-    proc = _fedshard("simulate", "--config", "configs/demo-dp-he.yaml", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    out = _walk_run(readme_walk, "Privacy budgets #1", 1)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 20 and not summary["stopped_reason"]
     sigma = calibrate_noise(3.0, 1e-5, 1.0, 20)  # one full-batch step a round, 20 rounds
