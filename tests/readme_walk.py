@@ -10,6 +10,7 @@ the README without a line here fails the suite, so the README cannot drift from 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -167,10 +168,8 @@ class Walk:
 
 
 def _stop_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def walk(folder: Path, *, slow: bool) -> Walk:

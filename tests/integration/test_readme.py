@@ -19,7 +19,7 @@ PLACEHOLDER = re.compile(r"\b(?:FILE|DIR|RUN_DIR|KEK|NAME|SITE|PORT|HOST|ADDR|N)
 def test_every_block_is_planned_names_what_ships_and_has_no_placeholder() -> None:
     found = blocks()
     keys = [b.key for b in found]
-    assert sorted(keys) == sorted(PLAN), "a README bash block was added, moved or removed: update tests/readme_walk.PLAN"
+    assert sorted(keys) == sorted(PLAN), "a README bash block was added, moved or removed: update readme_walk.PLAN"
     for block in found:
         text = commands(block.text)
         where = f"README.md line {block.line} ({block.key})"
