@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
@@ -20,6 +20,10 @@ from rich.markup import escape
 from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt
 from fedshard.errors import ConfigError, DeployError, FedshardError
 from fedshard.transports.metrics import DEFAULT_METRICS_HOST
+
+if TYPE_CHECKING:
+    from fedshard.deploy.site import SiteLaunch
+    from fedshard.deploy.site_status import SiteState
 
 __all__ = ["aggregator_app", "keys_init", "site_app"]
 
@@ -272,7 +276,9 @@ def site_up(
 
     The site's data, shards, privacy ledger and secret keys stay in its own folders.
     """
+    from fedshard.deploy.host_lock import SITE_LOCK_FILE, holding
     from fedshard.deploy.site import plan_site
+    from fedshard.deploy.site_status import SiteState, read_site_state, write_site_state
 
     if executor not in (None, "warm", "flower"):
         raise ConfigError(f"--executor {executor}: choose warm or flower")
@@ -285,8 +291,106 @@ def site_up(
             highlight=False,
         )
     site = launch.config.site
+    previous = read_site_state(site.state_dir)
+    with holding(site.state_dir, previous.pid if previous else None, lock_file=SITE_LOCK_FILE):
+        state = SiteState(site.id, executor=launch.executor)
+        write_site_state(site.state_dir, state)
+        try:
+            _run_site(launch, retry_s, state)
+        except FedshardError as exc:
+            state.phase, state.message = "failed", str(exc)
+            write_site_state(site.state_dir, state)
+            raise
+
+
+@site_app.command("status")
+def site_status(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The site's own config (configs/sites/<site>.yaml)")],
+    key_file: Annotated[
+        Path | None,
+        typer.Option("--key-file", help="The site's store key, to read its ledger (default: its bundle's store.kek)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object (for scripts and monitoring)")] = False,
+) -> None:
+    """Print this site's status once: whether `site up` runs, its SuperNode, and its privacy
+    ledger (ε spent against the site's own cap), read on the site's host."""
+    import dataclasses
+    import json
+
+    from fedshard.cli.budget import ledger_summary
+    from fedshard.config import load_site
+    from fedshard.deploy.host_lock import SITE_LOCK_FILE, is_held
+    from fedshard.deploy.site_status import SITE_ENDED, read_site_state
+
+    site = load_site(config).site
+    state = read_site_state(site.state_dir)
+    running = is_held(site.state_dir, SITE_LOCK_FILE)
+    died = state is not None and not running and state.phase not in SITE_ENDED
+    ledger: dict[str, Any] | None = None
+    ledger_note = ""
+    if (site.state_dir / "ledger.sqlite").exists():
+        try:
+            ledger = ledger_summary(config, key_file)
+        except FedshardError as exc:
+            ledger_note = str(exc)
+    else:
+        ledger_note = "no privacy ledger yet (the site has not taken part in a round)"
+    if as_json:
+        doc = {
+            "site": site.id,
+            "jurisdiction": site.jurisdiction,
+            "state_dir": str(site.state_dir),
+            "running": running,
+            "died": died,
+            "up": dataclasses.asdict(state) if state is not None else None,
+            "ledger": ledger,
+            "ledger_note": ledger_note,
+        }
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    if state is None:
+        said = "`site up` has never run with this state folder"
+    elif running:
+        said = f"site up running (pid {state.pid}), SuperNode {state.phase}"
+        said += f" (pid {state.supernode_pid}, started {state.starts}×)" if state.supernode_pid else ""
+    elif died:
+        said = f"site up (pid {state.pid}) died while {state.phase}: `fedshard site up --config {config}` restarts it"
+    else:
+        said = f"site up {state.phase}"
+    console.print(f"site [cyan]{escape(site.id)}[/] ({escape(site.jurisdiction)}): {escape(said)}", highlight=False)
+    if state is not None:
+        console.print(f"SuperLink {escape(state.superlink)}; {escape(state.executor)} executor", highlight=False)
+        if state.message:
+            console.print(f"last: {escape(state.message)}", highlight=False)
+    if ledger is not None:
+        spent, budget, delta = (float(ledger[k]) for k in ("epsilon_spent", "epsilon_budget", "delta"))
+        console.print(
+            f"privacy: ε {spent:.2f} / {budget:g} spent (δ {delta:g}), "
+            f"{ledger['rounds_participated']} round(s), {ledger['status']}",
+            highlight=False,
+        )
+        if ledger["note"]:
+            console.print(f"note: {escape(str(ledger['note']))}", highlight=False)
+    else:
+        console.print(f"privacy: {escape(ledger_note)}", highlight=False)
+    console.print(f"state folder: {escape(str(site.state_dir))}", highlight=False)
+
+
+def _run_site(launch: SiteLaunch, retry_s: float, state: SiteState) -> None:
+    """Run the site's SuperNode until interrupted, restarting it while its SuperLink refuses or
+    is unreachable (at most ``retry_s``); ``state`` is kept current in the site's status file."""
+    from fedshard.crypto.tls import describe_superlink
+    from fedshard.deploy.site_status import write_site_state
+
+    site = launch.config.site
     assert launch.config.deployment is not None
     superlink = launch.config.deployment.superlink
+    state.superlink = superlink
+
+    def record(phase: str, message: str = "") -> None:
+        state.phase, state.message = phase, message
+        write_site_state(site.state_dir, state)
+
     stopping = threading.Event()
     _on_signals(stopping.set)
     console.print(
@@ -299,7 +403,13 @@ def site_up(
     while True:
         # the SuperNode itself retries a lost SuperLink for ever unless told when to give up
         wait = f"{max(1.0, deadline - time.monotonic()):.0f}"
+        if launch.ca is not None:  # another federation's SuperLink, or another party's port: permanent
+            wrong = describe_superlink(superlink, launch.ca.read_bytes())
+            if wrong is not None:
+                raise DeployError(f"the SuperNode of {site.id} cannot join {superlink}: {wrong}")
         node = launch.start(float(wait))
+        state.supernode_pid, state.starts = node.supernode.popen.pid, state.starts + 1
+        record("running")
         started, gave_up = time.monotonic(), False
         while node.alive() and not stopping.is_set():
             stopping.wait(0.5)
@@ -309,6 +419,7 @@ def site_up(
         child = node.failed()  # before stopping the other
         node.stop(timeout=5.0 if gave_up else 10.0)
         if stopping.is_set():
+            record("stopped")
             console.print(f"site {site.id} stopped; its shards and ledger are in {site.state_dir}", highlight=False)
             return
         gave_up = gave_up or _GAVE_UP in node.supernode.new_lines()
@@ -335,8 +446,10 @@ def site_up(
                 f"the SuperNode of {site.id} could not join {superlink} (code {child.popen.returncode}): {reason}. "
                 "Is the aggregator up, and was this site's key registered (fedshard keys init; aggregator up)?"
             )
+        record("retrying", f"{child.name} exited ({reason})")
         err_console.print(f"[yellow]{escape(f'{child.name} exited ({reason}); retrying in 5s')}[/]", highlight=False)
         if stopping.wait(5.0):
+            record("stopped")
             return
 
 

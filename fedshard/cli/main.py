@@ -224,6 +224,51 @@ def report(
 
 
 @app.command()
+def runs(
+    folder: Annotated[Path, typer.Argument(help="Where the runs are (default: runs/)")] = Path("runs"),
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="A deployed federation's config: list its runs instead")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list (for scripts)")] = False,
+) -> None:
+    """List the runs in a folder: when each started, its rounds, accuracy and how it ended."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fedshard.report.listing import list_runs
+
+    if config is not None:
+        from fedshard.config import load_federation
+
+        cfg = load_federation(config)
+        if cfg.deployment is None:
+            raise ConfigError(f"{config} has no deployment section; its simulated runs are under runs/")
+        folder = cfg.deployment.state_dir
+    if not folder.is_dir():
+        raise ConfigError(f"{folder} is not a folder; no runs there (simulate writes under runs/)")
+    listed = list_runs(folder)
+    if as_json:
+        typer.echo(json.dumps([r.as_dict() for r in listed], indent=2))
+        return
+    if not listed:
+        console.print(f"no runs under {folder}", highlight=False)
+        return
+    table = Table(title=f"Runs under {folder}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("run / federation", overflow="fold")  # stacked: identifiers are never cut
+    table.add_column("started (UTC)", no_wrap=True)
+    table.add_column("rounds", justify="right", no_wrap=True)
+    table.add_column("accuracy", justify="right", no_wrap=True)
+    table.add_column("status", overflow="fold")
+    for r in listed:
+        rounds = f"{r.rounds}/{r.planned}" if r.planned is not None else str(r.rounds)
+        accuracy = f"{r.accuracy:.4f}" if r.accuracy is not None else "-"
+        name = f"{escape(r.folder.name)}\n[dim]{escape(r.federation)}[/]"
+        table.add_row(name, r.started.removesuffix(" UTC") or "-", rounds, accuracy, escape(r.status))
+    console.print(table)
+
+
+@app.command()
 def reconfigure(
     run: Annotated[Path, typer.Argument(help="The folder of a running `fedshard simulate`")],
     config: Annotated[Path, typer.Option("--config", "-c", help="The federation YAML it should run by now")],
@@ -241,7 +286,8 @@ def reconfigure(
 def _preflight(cfg: FederationConfig, out: Path) -> None:
     """What ``simulate`` refuses before it writes anything: a run folder it cannot create, a
     task that does not load, a site whose shards no zone may hold, CKKS contexts in
-    ``he.keys`` that do not load."""
+    ``he.keys`` that do not load, a zone port another program holds."""
+    from fedshard.deploy.preflight import check_ports_free
     from fedshard.routing import FederationRouting
 
     existing = next(p for p in (out, *out.parents) if p.exists())
@@ -255,6 +301,8 @@ def _preflight(cfg: FederationConfig, out: Path) -> None:
         load_context(cfg.he.keys / PUBLIC_CONTEXT_FILE, secret=False)
         load_context(cfg.he.keys / SECRET_CONTEXT_FILE, secret=True)
     FederationRouting(cfg).check()
+    fixed = [(f"zone {z.name}", z.endpoint) for z in cfg.zones if not z.endpoint.endswith(":0")]
+    check_ports_free(fixed, "another program listens there (`ss -ltnp` shows which); give the zone port 0 (any free)")
 
 
 def _error_line(message: str) -> None:

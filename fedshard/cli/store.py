@@ -163,7 +163,12 @@ def store_keygen(
 def verify_store(
     store: StoreOpt,
     version: Annotated[
-        str | None, typer.Option("--version", help="The model version the site should hold (e.g. the federation's)")
+        str | None,
+        typer.Option(
+            "--version",
+            help="The model version this site should hold: its own entry in summary.json's sites (a site in a "
+            "residency group holds its group's version, not the federation's model_version)",
+        ),
     ] = None,
     key_file: KeyFileOpt = None,
     as_json: JsonOpt = False,

@@ -43,6 +43,7 @@ __all__ = [
     "TlsFiles",
     "channel_credentials",
     "describe_peer",
+    "describe_superlink",
     "peer_identity",
     "server_credentials",
     "zone_channel_options",
@@ -141,15 +142,51 @@ def describe_peer(endpoint: str, tls: TlsFiles, zone: ZoneId, *, timeout: float 
     return f"{where}: it holds the certificate of {held}; refusing to send it anything"
 
 
-def _peer_certificate(endpoint: str, tls: TlsFiles, timeout: float) -> bytes | None:
-    """The certificate (PEM) the server at ``endpoint`` shows this party; None if no TLS handshake completes."""
+def describe_superlink(endpoint: str, ca_pem: bytes, *, timeout: float = 5.0) -> str | None:
+    """Why the server at ``endpoint`` is not this federation's SuperLink, read from the
+    certificate it presents; None if no handshake completes (the aggregator is not up yet:
+    the caller retries) or it is one.
+
+    A site checks this before its SuperNode dials: a certificate another CA issued (keys of
+    another federation) or one of another role (``deployment.superlink`` pointing at a
+    zone's port) is permanent, and retrying for minutes would only hide it.
+    """
+    pem = _peer_certificate(endpoint, None, timeout)
+    if pem is None:
+        return None
+    try:
+        held = read_identity(pem, ca_pem)
+    except PkiError as exc:
+        try:
+            claimed = f"; it claims to be {claimed_identity(pem)}"
+        except PkiError:
+            claimed = ""
+        hint = ""
+        if "was not issued" in str(exc):
+            hint = (
+                ": this party's keys and the aggregator's come from different `fedshard keys init` runs; ask the "
+                "aggregator's operator for this party's bundle"
+            )
+        return f"the server at {endpoint} is not this federation's SuperLink: {exc}{claimed}{hint}"
+    if held.role is Role.SUPERLINK:
+        return None
+    return (
+        f"the server at {endpoint} holds the certificate of {held} (role {held.role.value}), not the SuperLink's: "
+        "deployment.superlink points at another party's port; give the SuperLink's address"
+    )
+
+
+def _peer_certificate(endpoint: str, tls: TlsFiles | None, timeout: float) -> bytes | None:
+    """The certificate (PEM) the server at ``endpoint`` shows this party (presenting ``tls``'s
+    own, when given); None if no TLS handshake completes."""
     host, _, port = endpoint.rpartition(":")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # read what it holds; the caller checks it against the CA
     context.set_alpn_protocols(["h2"])
     try:
-        context.load_cert_chain(tls.cert, tls.key)
+        if tls is not None:
+            context.load_cert_chain(tls.cert, tls.key)
         with (
             socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
             context.wrap_socket(raw, server_hostname=host.strip("[]")) as conn,

@@ -1,7 +1,10 @@
-"""One ``fedshard aggregator up`` per state folder, and the truth about whether it runs.
+"""One ``fedshard aggregator up`` (one ``fedshard site up``) per state folder, and the
+truth about whether it runs.
 
 The aggregator holds an advisory lock on ``<state_dir>/aggregator.lock`` for as long as
-it lives. The kernel releases the lock when the process ends, ``kill -9`` included, so:
+it lives, a site's ``site up`` one on ``<site state_dir>/site.lock`` (two SuperNodes of one
+site would train on, and spend from, one ledger at once). The kernel releases the lock when
+the process ends, ``kill -9`` included, so:
 
 * a second ``aggregator up`` on the same state folder is refused in one line before it
   writes anything (it would otherwise overwrite the first one's ``status.json``);
@@ -22,27 +25,33 @@ from filelock import FileLock, Timeout
 
 from fedshard.errors import DeployError
 
-__all__ = ["LOCK_FILE", "holding", "is_held"]
+__all__ = ["LOCK_FILE", "SITE_LOCK_FILE", "holding", "is_held"]
 
 LOCK_FILE = "aggregator.lock"
+SITE_LOCK_FILE = "site.lock"
 
 
 @contextlib.contextmanager
-def holding(state_dir: Path, pid: int | None = None) -> Iterator[None]:
-    """Hold the state folder's lock for the block.
+def holding(state_dir: Path, pid: int | None = None, *, lock_file: str = LOCK_FILE) -> Iterator[None]:
+    """Hold the state folder's lock (``lock_file``: the aggregator's, or a site's) for the block.
 
     Raises
     ------
     DeployError
-        One line: another aggregator holds it (``pid``: what its status file records), with
-        the commands that show and stop it.
+        One line: another aggregator (or ``site up``) holds it (``pid``: what its status
+        file records), with the commands that show and stop it.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(state_dir / LOCK_FILE)
+    lock = FileLock(state_dir / lock_file)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         who = f" (pid {pid})" if pid is not None else ""
+        if lock_file == SITE_LOCK_FILE:
+            raise DeployError(
+                f"another `site up`{who} runs with state folder {state_dir}: `fedshard site status` shows it, "
+                "Ctrl-C (or SIGTERM) in its terminal stops it"
+            ) from None
         raise DeployError(
             f"another aggregator{who} runs with state folder {state_dir}: `fedshard aggregator status` shows it, "
             "`fedshard aggregator stop` stops it (same --config)"
@@ -53,9 +62,9 @@ def holding(state_dir: Path, pid: int | None = None) -> Iterator[None]:
         lock.release()
 
 
-def is_held(state_dir: Path) -> bool:
-    """Whether an aggregator runs with ``state_dir`` now (its lock is held)."""
-    path = state_dir / LOCK_FILE
+def is_held(state_dir: Path, lock_file: str = LOCK_FILE) -> bool:
+    """Whether an aggregator (or ``site up``: ``lock_file``) runs with ``state_dir`` now (its lock is held)."""
+    path = state_dir / lock_file
     if not path.exists():
         return False
     lock = FileLock(path)

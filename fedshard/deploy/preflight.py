@@ -148,7 +148,13 @@ def check_same_parties(config_path: Path, config: FederationConfig, run_dir: Pat
         )
 
 
-def check_ports_free(listeners: Iterable[tuple[str, str]]) -> None:
+AGGREGATOR_PORT_HINT = (
+    "another aggregator, or another program, listens there (`fedshard aggregator status` shows an aggregator; "
+    "`ss -ltnp` shows any program)"
+)
+
+
+def check_ports_free(listeners: Iterable[tuple[str, str]], hint: str = AGGREGATOR_PORT_HINT) -> None:
     """Refuse, before any child starts, a port this host must listen on that is taken.
 
     ``listeners`` are (what, ``host:port``) pairs. A child started on a taken port would die
@@ -159,7 +165,7 @@ def check_ports_free(listeners: Iterable[tuple[str, str]]) -> None:
     Raises
     ------
     DeployError
-        One line: the port, what needs it, and what usually holds it.
+        One line: the port, what needs it, and ``hint``: what usually holds it.
     """
     for what, address in listeners:
         host, port = address.rsplit(":", 1)
@@ -172,7 +178,4 @@ def check_ports_free(listeners: Iterable[tuple[str, str]]) -> None:
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     continue
-                raise DeployError(
-                    f"port {port} on {host} ({what}) is in use: another aggregator, or another program, listens "
-                    "there (`fedshard aggregator status` shows an aggregator; `ss -ltnp` shows any program)"
-                ) from None
+                raise DeployError(f"port {port} on {host} ({what}) is in use: {hint}") from None

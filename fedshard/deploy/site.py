@@ -50,6 +50,7 @@ class SiteLaunch:
     log: Path
     executor: Executor = "flower"
     fallback: str | None = None
+    ca: Path | None = None  # the federation CA the SuperLink's certificate must chain to (None: no TLS)
 
     @property
     def secret(self) -> Path:
@@ -160,4 +161,5 @@ def plan_site(site_config: Path, *, insecure: bool = False, executor: Executor |
 
         fallback = problem()
         chosen = "flower" if fallback else "warm"
-    return SiteLaunch(local, command, flower_env(state_dir / "flwr"), state_dir / "supernode.log", chosen, fallback)
+    ca = bundle.tls.ca if tls else None
+    return SiteLaunch(local, command, flower_env(state_dir / "flwr"), state_dir / "supernode.log", chosen, fallback, ca)

@@ -122,8 +122,9 @@ def recover_rounds(zone: str, store_dir: str | Path, journal: RoundJournal, stor
             if record.state is RoundState.OPEN:
                 journal.write(rnd, RoundState.LOST)
                 found.notes.append(
-                    f"zone {zone}: round {rnd} was open when the zone stopped; its sums are lost and "
-                    "it is refused (the coordinator aborts it)"
+                    f"zone {zone}: round {rnd} was open when the zone stopped; its partial sums are lost, so "
+                    "the coordinator discards it here and opens it afresh (or, with DP on, skips it: sites "
+                    "may have charged it)"
                 )
             found.lost.add(rnd)
             for path in sorted(root.glob(f"aggregate-{rnd:06d}-*.npz")):

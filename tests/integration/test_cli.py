@@ -178,6 +178,19 @@ def test_the_report_of_the_demo_draws_every_plot_and_references_only_its_own_fil
     assert f"{summary['final_accuracy']:.4f}" in page and summary["model_version"] in page
 
 
+def test_runs_lists_the_walks_runs_at_80_columns(readme_walk: Walk) -> None:
+    """`fedshard runs` in the folder the README's blocks ran in: every run, no identifier cut."""
+    proc = subprocess.run(
+        [*FEDSHARD, "runs"], cwd=readme_walk.folder, env=_env(80), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(ln.rstrip()) <= 80 for ln in lines), proc.stdout
+    made = [p for ran in readme_walk.ran.values() for p in ran.runs]
+    assert made and all(any(ln.split()[:1] == [p.name] for ln in lines) for p in made), proc.stdout
+    assert "demo-hospitals-dp" in proc.stdout and "growing" in proc.stdout and "finished" in proc.stdout
+
+
 def test_every_site_store_verifies_against_its_model_version_in_the_summary(
     plain_demo: tuple[subprocess.CompletedProcess[str], dict],
 ) -> None:
@@ -215,6 +228,26 @@ def test_demo_with_encrypted_personal_shards_matches_the_plaintext_demo(
     assert summary["model_version"] != plain["model_version"]
     assert (he / "keys" / "public.ctx").exists()
     assert oct((he / "keys" / "secret.ctx").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_zone_port_another_program_holds_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    import socket
+
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg["zones"][1]["endpoint"] = f"127.0.0.1:{port}"
+        path = tmp_path / "clash.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = _fedshard("simulate", "--config", str(path), "--out", str(tmp_path / "run"))
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and errors == [
+        f"error: port {port} on 127.0.0.1 (zone us-east) is in use: another program listens there (`ss -ltnp` "
+        "shows which); give the zone port 0 (any free)"
+    ], proc.stderr  # one line: no gRPC log line
+    assert not (tmp_path / "run").exists()  # no half-written run folder
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -342,6 +375,11 @@ def test_dp_demo_shows_epsilon_and_budget_show_reads_ledgers(tmp_path: Path, rea
     assert shown["rounds_participated"] == sites["sgh-singapore"]["rounds_participated"]
     assert shown["epsilon_spent"] == pytest.approx(sites["sgh-singapore"]["epsilon_spent"])
     assert shown["note"] == ""
+    # `site status` on the site's host: no `site up` here (a simulated site), its ledger as budget show reads it
+    status = _fedshard("site", "status", "--config", str(site_config), "--key-file", str(key_file))
+    said = " ".join(status.stdout.split())
+    assert status.returncode == 0 and "`site up` has never run with this state folder" in said, said
+    assert f"privacy: ε {shown['epsilon_spent']:.2f} / 1.25 spent (δ 1e-05)" in said and "exhausted" in said
     # the site's own cap lowered below what it has spent: said, not ignored
     site_config.write_text(site_config.read_text() + "  cap: {epsilon: 0.5, delta: 1.0e-5}\n")
     capped = _fedshard("budget", "show", "--site-config", str(site_config), "--key-file", str(key_file))

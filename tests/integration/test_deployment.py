@@ -106,13 +106,27 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
         foreign_file = layout["charite-berlin"].with_name("foreign.yaml")
         foreign_file.write_text(yaml.safe_dump(foreign))
         crossed = fedshard("site", "up", "--config", str(foreign_file), cwd=tmp_path, timeout=60)  # --retry-s 300
-        assert crossed.returncode == 2 and "was not issued by this site's CA" in crossed.stderr, crossed.stderr
+        said = " ".join(crossed.stderr.split())
+        assert crossed.returncode == 2 and "is not this federation's SuperLink" in said, said
+        assert "was not issued by the federation CA" in said
+        # A site whose superlink address is a zone's port: the zone's certificate, of another role, named at once
+        astray = yaml.safe_load(layout["charite-berlin"].read_text())
+        zone = yaml.safe_load(layout["aggregator"].read_text())["zones"][0]
+        astray["deployment"].update(superlink=zone["endpoint"], port=free_ports(1)[0])
+        astray["site"]["state_dir"] = str(tmp_path / "astray-state")
+        astray_file = layout["charite-berlin"].with_name("astray.yaml")
+        astray_file.write_text(yaml.safe_dump(astray))
+        wrong = fedshard("site", "up", "--config", str(astray_file), cwd=tmp_path, timeout=60)
+        said = " ".join(wrong.stderr.split())
+        assert wrong.returncode == 2 and f"holds the certificate of zone {zone['name']}" in said, said
+        assert "(role zone), not the SuperLink's" in said
 
         # Crash one site once round 1 is in; restart it once round 2 has gone on without it. (Restarted
         # sooner, it may reconnect before the SuperLink gives up on it, and answer round 2 after all.)
         wait_for(lambda: any(e["event"] == "round" for e in events(tmp_path)), 400, "round 1", procs)
         kill_tree(sites["sgh-singapore"])
         sites["sgh-singapore"].wait(10)
+        _check_site_status(tmp_path, layout)
         wait_for(
             lambda: any(e["event"] == "round" and e["round"] == 2 for e in events(tmp_path)), 400, "round 2", procs
         )
@@ -190,6 +204,23 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
     assert shown.returncode == 0 and {s["id"] for s in json.loads(shown.stdout)} == {*SITES, NEW_SITE}, shown.stderr
     said = " ".join(status.stdout.split())
     assert "change ready" not in said and "change taken before round" in said and f"rounds now {rounds}" in said
+
+
+def _check_site_status(root: Path, layout: dict[str, Path]) -> None:
+    """`site status` on a site's host: a running site (its ledger read as it runs), one whose
+    `site up` was killed (said, with the command that restarts it); a second `site up` of a
+    running site is refused in one line (two SuperNodes would spend from one ledger)."""
+    running = fedshard("site", "status", "--config", str(layout["charite-berlin"]), "--json", cwd=root)
+    assert running.returncode == 0, running.stderr
+    doc = json.loads(running.stdout)
+    assert doc["running"] and not doc["died"] and doc["up"]["phase"] == "running" and doc["up"]["supernode_pid"]
+    assert doc["ledger"]["rounds_participated"] >= 1 and 0 < doc["ledger"]["epsilon_spent"] <= 8.0
+    killed = fedshard("site", "status", "--config", str(layout["sgh-singapore"]), cwd=root)
+    said = " ".join(killed.stdout.split())
+    assert killed.returncode == 0 and "died while running" in said and "site up --config" in said, said
+    twice = fedshard("site", "up", "--config", str(layout["charite-berlin"]), cwd=root, timeout=120)
+    errors = [ln for ln in twice.stderr.splitlines() if ln.strip()]
+    assert twice.returncode == 2 and len(errors) == 1 and "another `site up`" in errors[0], twice.stderr
 
 
 def _grown(aggregator: Path) -> Path:
@@ -292,7 +323,11 @@ def _check_report(run_dir: Path, cwd: Path) -> None:
     report = fedshard("report", str(run_dir), cwd=cwd)
     assert report.returncode == 0, report.stderr
     page = (run_dir / "report" / "report.html").read_text()
-    assert "personal from EU: EU only" in page and "sgh-singapore" in page
+    assert "personal from EU: raw shards received in EU only" in page and "sgh-singapore" in page
+    # the UK zone and site joined mid-run: the change and the late joiner are on the page
+    assert "zone uk-south added" in page and f"<td>{NEW_SITE}</td>" in page and "before round" in page
+    # the run's metrics outlive it (the aggregator served them on --metrics-port)
+    assert "fedshard_round " in (run_dir / "metrics.prom").read_text()
 
 
 def _scrape_while_running(state_dir: Path) -> None:

@@ -267,3 +267,20 @@ def _event_fields(result: RoundResult) -> dict[str, object]:
     from dataclasses import asdict
 
     return asdict(result)
+
+
+def test_runs_are_listed_with_their_date_progress_and_end(tmp_path: Path) -> None:
+    from fedshard.report.listing import list_runs
+
+    _logged_run(tmp_path / "a-unfinished")
+    finished = _logged_run(tmp_path / "b-finished")
+    (finished / "summary.json").write_text(json.dumps({"federation": "fed", "stopped_reason": ""}))
+    broken = tmp_path / "c-broken"
+    EventLog(broken / "events.jsonl").on_stop("2 site(s) refused: plan mismatch")  # never assembled
+    (tmp_path / "not-a-run").mkdir()
+    listed = {r.folder.name: r for r in list_runs(tmp_path)}
+    assert set(listed) == {"a-unfinished", "b-finished", "c-broken"}  # a broken run is listed, not skipped
+    assert listed["b-finished"].status == "finished" and listed["b-finished"].rounds == 3
+    assert listed["b-finished"].federation == "fed" and listed["b-finished"].started.endswith("UTC")
+    assert listed["a-unfinished"].status == "no summary (running, or it died)"
+    assert listed["c-broken"].status.startswith("unreadable: ") and "never assembled" in listed["c-broken"].status
