@@ -247,7 +247,9 @@ def runs(
         folder = cfg.deployment.state_dir
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder; no runs there (simulate writes under runs/)")
-    listed = list_runs(folder)
+    from fedshard.deploy.status import deployed_run_state
+
+    listed = list_runs(folder, deployed_run_state)
     if as_json:
         typer.echo(json.dumps([r.as_dict() for r in listed], indent=2))
         return

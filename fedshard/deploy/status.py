@@ -24,7 +24,16 @@ from fedshard.transports.flower.host_watch import pid_alive
 if TYPE_CHECKING:
     from fedshard.crypto.tls import TlsFiles
 
-__all__ = ["ENDED", "STATUS_FILE", "HostState", "read_state", "render_status", "write_state", "zone_details"]
+__all__ = [
+    "ENDED",
+    "STATUS_FILE",
+    "HostState",
+    "deployed_run_state",
+    "read_state",
+    "render_status",
+    "write_state",
+    "zone_details",
+]
 
 STATUS_FILE = "status.json"
 
@@ -63,6 +72,26 @@ def read_state(state_dir: Path) -> HostState:
         raise DeployError(f"no aggregator has run with state folder {state_dir} (no {STATUS_FILE})") from None
     except (OSError, ValueError, TypeError) as exc:
         raise DeployError(f"{path} is unreadable ({exc}); start the aggregator again") from None
+
+
+def deployed_run_state(run_dir: Path) -> str | None:
+    """What the aggregator host says of ``run_dir``, a run without a summary: running (its
+    aggregator holds the state folder's lock), or its aggregator died; None when ``run_dir``
+    is not a deployed run (no ``status.json`` beside it)."""
+    from fedshard.deploy.host_lock import is_held
+
+    host = run_dir.parent
+    if not (host / STATUS_FILE).exists():
+        return None
+    try:
+        current = read_state(host).run_dir == str(run_dir)
+    except DeployError:
+        current = False
+    if not current:
+        return "no summary (it died; the host has run another since)"
+    if is_held(host):
+        return "running"
+    return "no summary: its aggregator died (`aggregator up --resume` goes on)"
 
 
 def _events(run_dir: str | None) -> list[dict[str, Any]]:

@@ -1,9 +1,11 @@
 """``fedshard runs``: the runs under a folder, one line each: when each started, how far it
-got and how it ended, read from its own records (event log, ``summary.json``, and for a
-deployed run whether its aggregator still holds the state folder's lock)."""
+got and how it ended, read from its own records (event log, ``summary.json``; for a run
+without a summary, the caller may say more, e.g. whether a deployed run's aggregator
+still holds its state folder's lock)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,9 +43,10 @@ class RunListing:
         }
 
 
-def list_runs(folder: Path) -> list[RunListing]:
+def list_runs(folder: Path, unfinished: Callable[[Path], str | None] | None = None) -> list[RunListing]:
     """Every run directly under ``folder`` (a folder holding ``events.jsonl``), oldest first.
-    A run whose records cannot be read is listed as unreadable, never skipped in silence."""
+    A run whose records cannot be read is listed as unreadable, never skipped in silence.
+    ``unfinished``: what to say of a run without a summary (None: nothing known)."""
     from fedshard.report.run import load_run
 
     found = sorted(p.parent for p in folder.glob("*/events.jsonl"))
@@ -58,27 +61,17 @@ def list_runs(folder: Path) -> list[RunListing]:
         started = run.result.started_at
         when = datetime.fromtimestamp(started, tz=UTC).strftime("%Y-%m-%d %H:%M UTC") if started else ""
         last = run.rounds[-1].accuracy if run.rounds else None
-        out.append(RunListing(run_dir, run.name, when, len(run.rounds), planned, last, _status(run_dir, run.summary)))
+        status = _status(run_dir, run.summary, unfinished)
+        out.append(RunListing(run_dir, run.name, when, len(run.rounds), planned, last, status))
     return sorted(out, key=lambda r: (r.started, r.folder.name))
 
 
-def _status(run_dir: Path, summary: dict[str, Any]) -> str:
+def _status(run_dir: Path, summary: dict[str, Any], unfinished: Callable[[Path], str | None] | None) -> str:
     if summary:
         reason = summary.get("stopped_reason")
         return f"stopped: {reason}" if reason else "finished"
-    from fedshard.deploy.host_lock import is_held
-    from fedshard.deploy.status import STATUS_FILE, read_state
-
-    host = run_dir.parent
-    if (host / STATUS_FILE).exists():  # a deployed run: its aggregator's lock says whether it runs
-        try:
-            current = read_state(host).run_dir == str(run_dir)
-        except FedshardError:
-            current = False
-        if current and is_held(host):
-            return "running"
-        return "no summary: its aggregator died (`aggregator up --resume` goes on)" if current else "no summary"
-    return "no summary (running, or it died)"
+    said = unfinished(run_dir) if unfinished is not None else None
+    return said or "no summary (running, or it died)"
 
 
 def _planned(run_dir: Path) -> int | None:
