@@ -718,7 +718,14 @@ CASES = [
             }
         ),
     ),
-    # the run report and metrics
+    # the run report, the run listing and metrics
+    case("runs-no-folder", "runs elsewhere", "elsewhere is not a folder; no runs there"),
+    case(
+        "runs-of-a-simulated-config",
+        f"runs {FED}",
+        "fed.yaml has no deployment section; its simulated runs are under runs/",
+        files({"fed.yaml": federation()}),
+    ),
     case("report-no-run", "report elsewhere", "elsewhere holds no run (no events.jsonl)", files({"elsewhere/a": ""})),
     case(
         "report-corrupt-summary",
