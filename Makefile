@@ -40,7 +40,7 @@ test-fast: $(STAMP)
 # Every README block as pasted after `make demo`, in order, slow ones too (a deployment, the LLM
 # demo's pretraining: about 30 minutes on 2 cores); prints each block's wall time
 test-readme: $(STAMP)
-	FEDSHARD_README_SLOW=1 FEDSHARD_TEST_BUDGET_S=0 $(BIN)/python -m pytest -q -s -p no:xdist \
+	FEDSHARD_README_SLOW=1 FEDSHARD_TEST_BUDGET_S=0 $(BIN)/python -m pytest -q -s \
 		tests/integration/test_readme.py::test_every_block_runs_as_pasted
 
 lint: $(STAMP)
