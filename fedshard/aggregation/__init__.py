@@ -11,14 +11,15 @@ from fedshard.aggregation.accumulator import (
     sum_dtype,
 )
 from fedshard.aggregation.bounds import extremes, fixed_weight_of, norm_scale, squared_norm, within
-from fedshard.aggregation.server_optimizer import ServerOptimizer, ServerOptimizerKind
+from fedshard.aggregation.server_optimizer import ServerOptimizer
+from fedshard.aggregation.server_rules import ServerRule
 
 __all__ = [
     "BLOCK_VALUES",
     "FLOAT32_MAX_SITES",
     "FLOAT32_SUM_TOLERANCE",
     "ServerOptimizer",
-    "ServerOptimizerKind",
+    "ServerRule",
     "ShardAccumulator",
     "WeightedMean",
     "all_finite",

@@ -288,7 +288,9 @@ def reconfigure(
 def _preflight(cfg: FederationConfig, out: Path) -> None:
     """What ``simulate`` refuses before it writes anything: a run folder it cannot create, a
     task that does not load, a site whose shards no zone may hold, CKKS contexts in
-    ``he.keys`` that do not load, a zone port another program holds."""
+    ``he.keys`` that do not load, a server optimiser no rule is registered for, a zone
+    port another program holds."""
+    from fedshard.aggregation.server_rules import rule as server_rule
     from fedshard.deploy.preflight import check_ports_free
     from fedshard.routing import FederationRouting
 
@@ -303,6 +305,7 @@ def _preflight(cfg: FederationConfig, out: Path) -> None:
         load_context(cfg.he.keys / PUBLIC_CONTEXT_FILE, secret=False)
         load_context(cfg.he.keys / SECRET_CONTEXT_FILE, secret=True)
     FederationRouting(cfg).check()
+    server_rule(cfg.training.server_optimizer.kind)
     fixed = [(f"zone {z.name}", z.endpoint) for z in cfg.zones if not z.endpoint.endswith(":0")]
     check_ports_free(fixed, "another program listens there (`ss -ltnp` shows which); give the zone port 0 (any free)")
 

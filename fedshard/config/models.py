@@ -76,7 +76,11 @@ class TaskConfig(_Model):
 class ServerOptimizerConfig(_Model):
     """How sites apply each published aggregate (post-processing: no privacy cost)."""
 
-    kind: Literal["avg", "momentum", "adam"] = "avg"
+    kind: str = Field(
+        "avg",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+        description="a registered rule (fedshard.aggregation.server_rules): avg, momentum, adam, or one of the task's",
+    )
     learning_rate: float = Field(1.0, gt=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)

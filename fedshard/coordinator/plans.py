@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from fedshard.aggregation import ServerOptimizerKind
+from fedshard.aggregation.server_rules import rule as server_rule
 from fedshard.config import FederationConfig
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.protocol.messages import ApplyRule, PrivacyPlan, RecordPlan, UpdatePlan
@@ -14,10 +14,16 @@ __all__ = ["apply_rule", "privacy_plan"]
 
 
 def apply_rule(config: FederationConfig) -> ApplyRule:
-    """The server-side optimiser every site applies aggregates with (``training.server_optimizer``)."""
+    """The server-side optimiser every site applies aggregates with (``training.server_optimizer``).
+
+    Raises
+    ------
+    ConfigError
+        It names no registered rule.
+    """
     rule = config.training.server_optimizer
     return ApplyRule(
-        kind=ServerOptimizerKind(rule.kind),
+        kind=server_rule(rule.kind).name,
         learning_rate=rule.learning_rate,
         beta1=rule.beta1,
         beta2=rule.beta2,

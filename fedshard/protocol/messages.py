@@ -11,9 +11,9 @@ import time
 from enum import StrEnum
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr, field_validator
 
-from fedshard.aggregation import ServerOptimizerKind
+from fedshard.aggregation.server_rules import RULES
 from fedshard.crypto.signing import SIGNATURE_HEX_LENGTH
 from fedshard.errors import IntegrityError, RefusalCode
 from fedshard.integrity.aggregate_signature import (
@@ -224,13 +224,23 @@ class PrivacyReport(_Msg):
 
 
 class ApplyRule(_Msg):
-    """How sites apply each aggregate to their parameters (server-side optimiser)."""
+    """How sites apply each aggregate to their parameters (server-side optimiser).
 
-    kind: ServerOptimizerKind = ServerOptimizerKind.AVG
+    Sent by the coordinator; ``kind`` must name a rule this party has registered
+    (:mod:`fedshard.aggregation.server_rules`): a site never runs a rule it does not know."""
+
+    kind: str = "avg"
     learning_rate: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        if kind not in RULES:
+            raise ValueError(f"{kind[:40]!r} is not a server optimiser this party knows ({', '.join(sorted(RULES))})")
+        return kind
 
 
 class QueryRequest(_Msg):

@@ -217,6 +217,12 @@ _SHARED_NOISE: dict[str, Any] = {  # record-level DP whose noise the two sites s
 CASES = [
     # config files: syntax, keys, types, ranges
     case("yaml-syntax", SIM, "fed.yaml: invalid YAML at line 3", files({"fed.yaml": "federation:\n  rounds: [2\n"})),
+    case(
+        "server-optimiser-unknown",
+        SIM,
+        "training.server_optimizer.kind 'sgd': no such server optimiser (adam, avg, momentum)",
+        files({"fed.yaml": federation(training__server_optimizer={"kind": "sgd"})}),
+    ),
     case("unknown-key", SIM, "federation.roundz: unknown key", files({"fed.yaml": federation(federation__roundz=3)})),
     case("top-level-not-mapping", SIM, "expected a mapping", files({"fed.yaml": "- just\n- a list\n"})),
     case(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
+from fedshard.aggregation.server_rules import RULES, Hyper, Slots, register
 from fedshard.assembly import grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
@@ -193,8 +194,27 @@ def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(fed
     assert meta["applied_round"] == 0 and meta["version"] == result.genesis_version
 
 
-@pytest.mark.parametrize("kind", ["momentum", "adam"])
-def test_server_optimisers_keep_every_site_on_the_same_model(tmp_path: Path, kind: str) -> None:
+class _SignMomentum:
+    """A rule of a task's own (m ← β₁ m + Δ; θ ← θ + η sign(m)): one class and one registration."""
+
+    name = "sign-momentum"
+
+    def step(self, delta: np.ndarray, slots: Slots, hyper: Hyper) -> np.ndarray:
+        m = slots.get("m") * hyper.beta1 + delta
+        slots.set("m", m)
+        step: np.ndarray = np.sign(m) * hyper.learning_rate
+        return step
+
+
+@pytest.fixture
+def sign_momentum() -> Iterator[None]:
+    register(_SignMomentum())
+    yield
+    RULES.pop("sign-momentum")
+
+
+@pytest.mark.parametrize("kind", ["momentum", "adam", "sign-momentum"])
+def test_server_optimisers_keep_every_site_on_the_same_model(tmp_path: Path, kind: str, sign_momentum: None) -> None:
     base = _config()
     training = base.training.model_copy(
         update={

@@ -7,7 +7,6 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from fedshard.aggregation import ServerOptimizerKind
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.protocol.messages import (
     ApplyRule,
@@ -48,11 +47,11 @@ def test_a_status_outside_the_closed_set_is_refused() -> None:
 
 def test_the_apply_rule_and_the_accountant_are_their_enums() -> None:
     rule = decode(ApplyRule, b'{"kind": "adam", "learning_rate": 0.1}')
-    assert rule.kind is ServerOptimizerKind.ADAM
+    assert rule.kind == "adam"
     assert json.loads(encode(rule))["kind"] == "adam"
-    assert ApplyRule().kind is ServerOptimizerKind.AVG
-    with pytest.raises(ValidationError, match="kind"):
-        decode(ApplyRule, b'{"kind": "sgd"}')
+    assert ApplyRule().kind == "avg"
+    with pytest.raises(ValidationError, match="'sgd' is not a server optimiser this party knows"):
+        decode(ApplyRule, b'{"kind": "sgd"}')  # a site never runs a rule it has not registered
 
     plan = PrivacyPlan(accountant=AccountantKind.RDP, epsilon=2.0, delta=1e-5, batch_size=32, epochs=1)
     assert json.loads(encode(plan))["accountant"] == "rdp"

@@ -1,0 +1,69 @@
+"""The rules sites apply a published aggregate with (server-side optimisers), one per module,
+behind :class:`ServerRule`, named in a registry.
+
+A new rule is one module here defining a class with the :class:`ServerRule` methods, plus
+its line in :data:`RULES`; a federation then names it in ``training.server_optimizer.kind``.
+Every rule uses the aggregate only, so with DP on it is post-processing and costs no
+privacy; it must compute element-wise in a fixed order, so every site gets the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from fedshard.aggregation.server_rules.adam import Adam
+from fedshard.aggregation.server_rules.avg import Avg
+from fedshard.aggregation.server_rules.momentum import Momentum
+from fedshard.aggregation.server_rules.slots import Hyper, Slots
+from fedshard.errors import ConfigError
+
+__all__ = ["RULES", "Hyper", "ServerRule", "Slots", "register", "rule"]
+
+
+@runtime_checkable
+class ServerRule(Protocol):
+    """One way to apply an aggregate: ``θ ← θ + step``."""
+
+    name: str
+    """What ``training.server_optimizer.kind`` names it by."""
+
+    def step(self, delta: np.ndarray, slots: Slots, hyper: Hyper) -> np.ndarray:
+        """The step to add to one shard's parameters, given the aggregate ``delta`` (the
+        parameters' dtype), the shard's optimiser ``slots`` (read and updated here) and the
+        federation's ``hyper``-parameters (in that dtype)."""
+        ...
+
+
+RULES: MutableMapping[str, ServerRule] = {r.name: r for r in (Avg(), Momentum(), Adam())}
+"""Every rule by name: the built-in ones (a new one: its line here)."""
+
+
+def register(new: ServerRule) -> None:
+    """Add ``new`` to :data:`RULES` (a rule of a task's own, registered before the federation runs).
+
+    Raises
+    ------
+    ConfigError
+        A rule of that name is already registered.
+    """
+    if new.name in RULES and RULES[new.name] is not new:
+        raise ConfigError(f"a server optimiser named {new.name!r} is already registered")
+    RULES[new.name] = new
+
+
+def rule(name: str) -> ServerRule:
+    """The rule named ``name``.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the rules that exist.
+    """
+    try:
+        return RULES[name]
+    except KeyError:
+        known = ", ".join(sorted(RULES))
+        raise ConfigError(f"training.server_optimizer.kind {name!r}: no such server optimiser ({known})") from None
