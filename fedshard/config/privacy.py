@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -66,7 +65,11 @@ class RecordDPConfig(_Model):
         None, gt=0, description="fixed σ; leave empty to calibrate σ so the planned rounds spend the budget"
     )
     max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping bound")
-    accountant: Literal["prv", "rdp"] = "prv"
+    accountant: str = Field(
+        "prv",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+        description="a registered accountant (fedshard.privacy.accountants): prv, rdp, or one of the task's",
+    )
     fix_incompatible_layers: bool = Field(
         True, description="replace layers DP-SGD cannot handle (BatchNorm → GroupNorm) instead of refusing"
     )

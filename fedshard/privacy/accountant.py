@@ -1,54 +1,63 @@
-"""ε of a composition of DP events, and σ for a target ε, with Opacus accountants.
+"""ε of a composition of DP events, and σ for a target ε, with the registered accountants
+(:mod:`fedshard.privacy.accountants`: Opacus' ``prv``, the default, and ``rdp``).
 
 Pure functions over immutable :class:`~fedshard.privacy.events.DPEvent` values; the
-state (what a site has spent) lives in :mod:`fedshard.privacy.ledger`.
-
-Two accountants, both from Opacus:
-
-* ``PRV`` (default): numerical composition of privacy loss random variables (Gopi et
-  al. 2021); tight, but slow: a call costs ~0.5 s for 200 steps, ~6 s for 10⁵ steps,
-  and time grows with the number of *distinct* history entries, so equal events are
-  merged (their steps summed) before composing.
-* ``RDP``: Rényi DP (Mironov 2017); looser by a few percent, and cheap once the RDP
-  curve of each distinct ``(σ, q)`` is known, which is cached here.
-
-opacus is imported inside the functions: importing it takes seconds, and importing
-fedshard must not.
+state (what a site has spent) lives in :mod:`fedshard.privacy.ledger`. Equal events are
+merged (their steps summed) before composing: that never changes ε, makes accountants
+faster and gives a stable cache key.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from enum import StrEnum
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any, ClassVar
 
-from fedshard.errors import PrivacyError
+from fedshard.errors import ConfigError, PrivacyError
+from fedshard.privacy.accountants import ACCOUNTANTS, Merged, accountant
+from fedshard.privacy.accountants.composition import quiet
 from fedshard.privacy.events import DPEvent, Guarantee
 
 __all__ = ["AccountantKind", "calibrate_noise", "epsilon", "merge_events"]
 
-# Opacus's default orders stop at 63; with large σ the optimum lies beyond, and the
-# bound is then loose (σ=100, q=0.001: ε 0.10 instead of 0.0035) and Opacus warns.
-# Orders above 1024 overflow scipy.special.binom inside Opacus and give inf, so stop there.
-_RDP_EXTRA_ORDERS = (64, 80, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024)
-
 _MAX_NUDGES = 500
 
-Merged = tuple[tuple[float, float, int], ...]
-"""Canonical composition: sorted ``(noise_multiplier, sample_rate, steps)`` with distinct ``(σ, q)``."""
 
+class AccountantKind(str):
+    """The name of a registered accountant (:data:`~fedshard.privacy.accountants.ACCOUNTANTS`):
+    ``AccountantKind("prv")``; a name no accountant is registered under is a ValueError
+    (a pydantic validation error in a message or a config)."""
 
-class AccountantKind(StrEnum):
-    """Which Opacus accountant composes the events."""
-
-    PRV = "prv"
+    PRV: ClassVar[AccountantKind]
     """Privacy loss random variables: the tightest bound Opacus offers (default)."""
-
-    RDP = "rdp"
+    RDP: ClassVar[AccountantKind]
     """Rényi DP: a little looser, much faster."""
+
+    def __new__(cls, name: object) -> AccountantKind:
+        if isinstance(name, AccountantKind):
+            return name
+        if not isinstance(name, str) or name not in ACCOUNTANTS:
+            known = ", ".join(sorted(ACCOUNTANTS))
+            raise ValueError(f"{str(name)[:40]!r} is not an accountant this party knows ({known})")
+        return super().__new__(cls, name)
+
+    @property
+    def value(self) -> str:
+        """The name, as text."""
+        return str.__str__(self)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(
+            cls, core_schema.str_schema(), serialization=core_schema.to_string_ser_schema()
+        )
+
+
+AccountantKind.PRV = AccountantKind("prv")
+AccountantKind.RDP = AccountantKind("rdp")
 
 
 def _check_delta(delta: float) -> None:
@@ -115,66 +124,18 @@ def epsilon(events: Sequence[DPEvent], delta: float, kind: AccountantKind = Acco
     merged = merge_events(events)
     if not merged:
         return 0.0
-    return _compose(merged, float(delta), AccountantKind(kind))
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence Opacus's expected noise: the RDP "Optimal order" hint and numpy's log(0) at q=1."""
-    import numpy as np
-
-    with warnings.catch_warnings(), np.errstate(divide="ignore"):
-        warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
-        yield
+    return _compose(merged, float(delta), _known(kind).value)
 
 
 @lru_cache(maxsize=4096)
-def _compose(merged: Merged, delta: float, kind: AccountantKind) -> float:
+def _compose(merged: Merged, delta: float, kind: str) -> float:
     try:
-        with _quiet():
-            if kind is AccountantKind.RDP:
-                value = _rdp_epsilon(merged, delta)
-            else:
-                from opacus.accountants import PRVAccountant  # type: ignore[import-untyped]
-
-                accountant = PRVAccountant()
-                accountant.history = list(merged)
-                try:
-                    value = float(accountant.get_epsilon(delta=delta))
-                except MemoryError:  # PRV's grid for so small a σ does not fit: RDP's bound, looser but valid
-                    value = _rdp_epsilon(merged, delta)
+        with quiet():
+            value = accountant(kind).epsilon(merged, delta)
     except (ArithmeticError, ValueError, RuntimeError, MemoryError) as exc:
-        raise PrivacyError(f"the {kind.value} accountant failed on {list(merged)} at δ={delta}: {exc}") from exc
+        raise PrivacyError(f"the {kind} accountant failed on {list(merged)} at δ={delta}: {exc}") from exc
     # A NaN bound is no bound: report inf so the ledger refuses rather than guesses.
     return value if not math.isnan(value) else math.inf
-
-
-@lru_cache(maxsize=1)
-def _rdp_orders() -> tuple[float, ...]:
-    from opacus.accountants import RDPAccountant  # type: ignore[import-untyped]
-
-    return tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS) + tuple(float(a) for a in _RDP_EXTRA_ORDERS)
-
-
-@lru_cache(maxsize=1024)
-def _rdp_curve(noise_multiplier: float, sample_rate: float) -> tuple[float, ...]:
-    """RDP of one step at every order; composing n steps multiplies it by n."""
-    from opacus.accountants.analysis.rdp import compute_rdp  # type: ignore[import-untyped]
-
-    curve = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(_rdp_orders()))
-    return tuple(float(x) for x in curve)
-
-
-def _rdp_epsilon(merged: Merged, delta: float) -> float:
-    # Exactly what RDPAccountant(history=merged).get_epsilon(delta, alphas=orders) computes
-    # (compute_rdp is rdp_one_step * steps), with the one-step curve cached per (σ, q):
-    # the curve costs 20-200 ms and the ledger recomputes ε from scratch on every reserve.
-    import numpy as np
-    from opacus.accountants.analysis.rdp import get_privacy_spent  # type: ignore[import-untyped]
-
-    rdp = sum(np.array(_rdp_curve(sigma, q)) * steps for sigma, q, steps in merged)
-    eps, _ = get_privacy_spent(orders=list(_rdp_orders()), rdp=rdp, delta=delta)
-    return float(eps)
 
 
 def calibrate_noise(
@@ -216,23 +177,27 @@ def calibrate_noise(
     if isinstance(target_epsilon, bool) or not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise PrivacyError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
     _check_delta(delta)
-    kind = AccountantKind(kind)
+    kind = _known(kind)
     # The guarantee does not change the maths; the probe event only checks q and steps.
     probe = DPEvent(Guarantee.RECORD, 1.0, sample_rate, steps)
-    from opacus.accountants.utils import get_noise_multiplier  # type: ignore[import-untyped]
-
+    opacus_name = accountant(kind.value).opacus_name
     try:
-        with _quiet():
-            sigma = float(
-                get_noise_multiplier(
-                    target_epsilon=target_epsilon,
-                    target_delta=delta,
-                    sample_rate=probe.sample_rate,
-                    steps=probe.steps,
-                    accountant=kind.value,
-                    epsilon_tolerance=min(0.01, target_epsilon / 100),
+        if opacus_name is not None:
+            from opacus.accountants.utils import get_noise_multiplier  # type: ignore[import-untyped]
+
+            with quiet():
+                sigma = float(
+                    get_noise_multiplier(
+                        target_epsilon=target_epsilon,
+                        target_delta=delta,
+                        sample_rate=probe.sample_rate,
+                        steps=probe.steps,
+                        accountant=opacus_name,
+                        epsilon_tolerance=min(0.01, target_epsilon / 100),
+                    )
                 )
-            )
+        else:
+            sigma = _bisect(target_epsilon, delta, probe, kind)
     except ValueError as exc:
         raise PrivacyError(
             f"no noise multiplier reaches ε={target_epsilon} at δ={delta} with q={sample_rate}, "
@@ -244,3 +209,36 @@ def calibrate_noise(
             return sigma
         sigma *= 1.01
     raise PrivacyError(f"could not confirm σ for ε={target_epsilon} at δ={delta}: raise the budget or take fewer steps")
+
+
+def _bisect(target_epsilon: float, delta: float, probe: DPEvent, kind: AccountantKind) -> float:
+    """σ within 1 % of the least that spends at most ``target_epsilon``, by bisection on
+    :func:`epsilon` (for an accountant Opacus does not calibrate for)."""
+
+    def spent(sigma: float) -> float:
+        return epsilon([DPEvent(Guarantee.RECORD, sigma, probe.sample_rate, probe.steps)], delta, kind)
+
+    low, high = 0.1, 1.0
+    while spent(high) > target_epsilon:
+        low, high = high, high * 2
+        if high > 1e6:
+            raise ValueError("ε stays above the target whatever the noise")
+    while high - low > 0.01 * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > target_epsilon else (low, middle)
+    return high
+
+
+def _known(kind: AccountantKind | str) -> AccountantKind:
+    """``kind`` as a registered accountant's name.
+
+    Raises
+    ------
+    ConfigError
+        No accountant is registered under it (one line naming those that are).
+    """
+    try:
+        return AccountantKind(kind)
+    except ValueError:
+        accountant(str(kind))  # raises the one line
+        raise ConfigError(f"{kind!r} is not an accountant") from None

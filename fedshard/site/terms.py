@@ -124,7 +124,10 @@ class PrivacyTerms:
                 f"the round trains with batch size {batch_size} for {epochs} epoch(s) but its privacy plan accounts "
                 f"batch size {asked.batch_size} for {asked.epochs}",
             )
-        accountant = AccountantKind(own.record_level.accountant) if own.enabled else asked.accountant
+        try:
+            accountant = AccountantKind(own.record_level.accountant) if own.enabled else asked.accountant
+        except ValueError as exc:
+            raise _refuse(site_id, f"its own config's privacy.record_level.accountant: {exc}") from None
         return asked.model_copy(update={"accountant": accountant, "record": record, "update": update})
 
     @property

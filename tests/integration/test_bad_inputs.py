@@ -223,6 +223,19 @@ CASES = [
         "training.server_optimizer.kind 'sgd': no such server optimiser (adam, avg, momentum)",
         files({"fed.yaml": federation(training__server_optimizer={"kind": "sgd"})}),
     ),
+    case(
+        "accountant-unknown",
+        SIM,
+        "privacy.record_level.accountant 'gdp': no such accountant (prv, rdp)",
+        files(
+            {
+                "fed.yaml": federation(
+                    privacy__record_level={"enabled": True, "accountant": "gdp"},
+                    privacy__budget={"epsilon": 3, "delta": 1e-5},
+                )
+            }
+        ),
+    ),
     case("unknown-key", SIM, "federation.roundz: unknown key", files({"fed.yaml": federation(federation__roundz=3)})),
     case("top-level-not-mapping", SIM, "expected a mapping", files({"fed.yaml": "- just\n- a list\n"})),
     case(

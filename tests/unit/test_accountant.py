@@ -142,3 +142,42 @@ def test_importing_the_accountant_does_not_import_opacus() -> None:
     code = "import sys, fedshard.privacy.accountant, fedshard.privacy.ledger; print('opacus' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+class ZeroConcentrated:
+    """A toy accountant of a test's own: Gaussian zCDP without subsampling amplification
+    (ρ = Σ steps / 2σ², ε = ρ + 2√(ρ ln 1/δ)): a valid, loose bound, and one class."""
+
+    name = "zcdp"
+    opacus_name: str | None = None  # Opacus cannot calibrate for it: fedshard bisects
+
+    def epsilon(self, merged: tuple[tuple[float, float, int], ...], delta: float) -> float:
+        import math
+
+        rho = sum(steps / (2 * sigma**2) for sigma, _, steps in merged)
+        return rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+def test_a_new_accountant_is_one_class_and_one_registration(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import math
+
+    from fedshard.errors import ConfigError
+    from fedshard.privacy.accountants import ACCOUNTANTS, register
+    from fedshard.privacy.ledger import Budget, PrivacyLedger
+
+    register(ZeroConcentrated())
+    try:
+        eps = epsilon([_event(4.0, 0.1, 8)], 1e-5, "zcdp")
+        rho = 8 / 32
+        assert eps == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1e5)))
+        sigma = calibrate_noise(3.0, 1e-5, 0.1, 8, "zcdp")  # by bisection
+        assert epsilon([_event(sigma, 0.1, 8)], 1e-5, "zcdp") <= 3.0
+        assert epsilon([_event(sigma * 0.98, 0.1, 8)], 1e-5, "zcdp") > 3.0  # within 2 % of the least σ
+        with PrivacyLedger(tmp_path / "ledger.sqlite", Budget(3.0, 1e-5), accountant=AccountantKind("zcdp")) as ledger:
+            assert ledger.accountant == "zcdp"
+        with pytest.raises(ConfigError, match="already registered"):
+            register(ZeroConcentrated())
+    finally:
+        ACCOUNTANTS.pop("zcdp")
+    with pytest.raises(ConfigError, match=r"accountant 'zcdp': no such accountant \(prv, rdp\)"):
+        epsilon([_event(4.0, 0.1, 8)], 1e-5, "zcdp")

@@ -400,7 +400,7 @@ def test_closed_ledger_says_so(path: Path) -> None:
 def test_prv_ledger_reserves_and_projects(path: Path) -> None:
     event = DPEvent(RECORD, 1.0, 0.1, 10)
     with PrivacyLedger(path, Budget(5.0, 1e-5)) as ledger:  # ~2.9 ε per round of `event`
-        assert ledger.accountant is AccountantKind.PRV
+        assert ledger.accountant == AccountantKind.PRV
         reservation = ledger.reserve(0, [event])
         ledger.commit(reservation)
 

@@ -55,7 +55,7 @@ def test_the_apply_rule_and_the_accountant_are_their_enums() -> None:
 
     plan = PrivacyPlan(accountant=AccountantKind.RDP, epsilon=2.0, delta=1e-5, batch_size=32, epochs=1)
     assert json.loads(encode(plan))["accountant"] == "rdp"
-    assert decode(PrivacyPlan, encode(plan)).accountant is AccountantKind.RDP
+    assert decode(PrivacyPlan, encode(plan)).accountant == AccountantKind.RDP
     with pytest.raises(ValidationError, match="accountant"):
         decode(PrivacyPlan, encode(plan).replace(b'"rdp"', b'"gdp"'))
 

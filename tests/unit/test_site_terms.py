@@ -71,7 +71,7 @@ def test_a_stricter_plan_runs_as_asked_with_the_sites_accountant_and_horizon() -
     assert (plan.record.noise_multiplier, plan.record.max_grad_norm) == (4.0, 0.3)
     assert (plan.update.clip_norm, plan.update.noise_multiplier) == (0.1, 9.0)
     assert plan.record.planned_rounds == 10  # never fewer than its own: fewer would calibrate less noise
-    assert plan.accountant is AccountantKind.RDP  # its own accountant
+    assert plan.accountant == AccountantKind.RDP  # its own accountant
     assert plan.epsilon == 1.0  # a smaller budget tightens
 
 
@@ -85,7 +85,7 @@ def test_a_site_without_dp_takes_a_plan_that_adds_it_and_none_without() -> None:
     off = PrivacyTerms()
     assert off.admit(None, "s") is None
     plan = off.admit(_plan(), "s")
-    assert plan is not None and plan.accountant is AccountantKind.PRV  # nothing of its own to keep
+    assert plan is not None and plan.accountant == AccountantKind.PRV  # nothing of its own to keep
 
 
 def test_the_coordinator_cannot_raise_a_budget_the_ledger_is_created_with(tmp_path: Path) -> None:
