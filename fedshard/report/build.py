@@ -1,13 +1,13 @@
 """Build a run's report: its plots as PNGs and one HTML page showing them with the run's
 tables (sites, zones, refusals), referencing only the files written beside it.
 
-Names and reasons in a run's records may come from sites (a refusal's reason, the ids a
-lying site claimed): the page escapes every one, and the plots never interpret text
+The page is a jinja2 template (``page.html.j2``) filled with the run's tables. Names and
+reasons in a run's records may come from sites (a refusal's reason, the ids a lying site
+claimed): the template escapes every one (autoescape), and the plots never interpret text
 (matplotlib's mathtext and TeX are off while they are drawn), so ``$…$`` is drawn as it is."""
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ from fedshard.report.run import RunRecord, load_run
 __all__ = ["REPORT_FILE", "Report", "build_report"]
 
 REPORT_FILE = "report.html"
+PAGE_TEMPLATE = "page.html.j2"
 FLOW_PLOT = ("residency.png", "Residency: which zones received each class of shard from where, and what they published")
 MAX_REFUSAL_ROWS = 200
 
@@ -69,55 +70,46 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     return Report(page, images, list(run.skipped))
 
 
+@dataclass(frozen=True)
+class _Table:
+    header: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A paragraph, and the table or list under it."""
+
+    text: str
+    table: _Table | None = None
+    items: list[str] = field(default_factory=list)
+    more: int = 0  # rows left out of the table
+    css: str = ""
+
+
 def _page(run: RunRecord) -> str:
-    captions = {name: caption for name, caption, _ in PLOTS}
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>fedshard run {_e(run.name)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>fedshard run <code>{_e(run.name)}</code></h1>",
-        f"<p>{_e(_when(run))}</p>",
-        _overview(run),
-        _changes(run),
-        "<h2>Learning</h2>",
-        _figure("accuracy.png", captions["accuracy.png"]),
-        "<h2>Privacy</h2>",
-        _figure("privacy.png", captions["privacy.png"]),
-        _sites_table(run),
-        "<h2>Residency</h2>",
-        _figure(*FLOW_PLOT),
-        _residency_list(run),
-        "<h2>Traffic</h2>",
-        _figure("traffic.png", captions["traffic.png"]),
-        _zones_table(run),
-        "<h2>Time</h2>",
-        _figure("round_times.png", captions["round_times.png"]),
-        "<h2>Refusals</h2>",
-        _refusals(run),
-        "</body></html>",
-    ]
-    return "\n".join(parts) + "\n"
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _figure(name: str, caption: str) -> str:
-    return f'<figure><img src="{_e(name)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="n">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>" for c in row) + "</tr>"
-        for row in rows
+    env = Environment(
+        loader=PackageLoader("fedshard.report", "."),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _numeric(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    figures = {name: {"name": name, "caption": caption} for name, caption, _ in PLOTS}
+    figures[FLOW_PLOT[0]] = {"name": FLOW_PLOT[0], "caption": FLOW_PLOT[1]}
+    return env.get_template(PAGE_TEMPLATE).render(
+        name=run.name,
+        style=_STYLE,
+        when=_when(run),
+        overview=_overview(run),
+        changes=_changes(run),
+        figures=figures,
+        sites=_sites_table(run),
+        residency=[(line, home) for _, line, home in flows(run).residency_lines()],
+        zones=_zones_table(run),
+        refusals=_refusals(run),
+    )
 
 
 def _stamp(at: float | None) -> str:
@@ -143,7 +135,7 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs:.0f} s" if minutes else f"{secs:.1f} s"
 
 
-def _overview(run: RunRecord) -> str:
+def _overview(run: RunRecord) -> _Table:
     s, last = run.summary, (run.rounds[-1] if run.rounds else None)
     rows: list[list[Any]] = [
         ["started", _stamp(run.result.started_at)],
@@ -157,20 +149,19 @@ def _overview(run: RunRecord) -> str:
         ["elapsed", f"{s['elapsed_s']:.1f} s" if isinstance(s.get("elapsed_s"), int | float) else "-"],
         ["stopped", run.result.stopped_reason or ("completed" if s else "no summary yet (running, or it died)")],
     ]
-    return _table(["", ""], rows)
+    return _Table(["", ""], rows)
 
 
-def _changes(run: RunRecord) -> str:
+def _changes(run: RunRecord) -> _Block:
     """The changes taken during the run (zones added or drained, sites that joined)."""
     if not run.result.changes:
-        return "<p>The federation did not change during the run.</p>"
+        return _Block("The federation did not change during the run.")
     rows = [[c["round"], c["change"] or "-", ", ".join(c["joined"]) or "-"] for c in run.result.changes]
-    return "<p>Changes taken during the run (before the round named):</p>" + _table(
-        ["before round", "change", "sites that joined"], rows
-    )
+    text = "Changes taken during the run (before the round named):"
+    return _Block(text, _Table(["before round", "change", "sites that joined"], rows))
 
 
-def _sites_table(run: RunRecord) -> str:
+def _sites_table(run: RunRecord) -> _Table:
     privacy = run.result.privacy
     joined = {site: c["round"] for c in run.result.changes for site in c["joined"]}
     rows = []
@@ -181,27 +172,12 @@ def _sites_table(run: RunRecord) -> str:
         status = p.get("status", "-") if p else "-"
         since = f"before round {joined[site.site_id]}" if site.site_id in joined else "start"
         rows.append([site.site_id, site.jurisdiction, site.num_examples, eps, delta, status, since])
-    return _table(["site", "jurisdiction", "records", "ε spent / budget", "δ", "privacy", "took part from"], rows)
+    return _Table(["site", "jurisdiction", "records", "ε spent / budget", "δ", "privacy", "took part from"], rows)
 
 
-def _residency_list(run: RunRecord) -> str:
-    lines = flows(run).residency_lines()
-    if not lines:
-        return "<p>No zone reported shards by class.</p>"
-    items = "".join(
-        f'<li class="{"ok" if home else ""}">{"✓" if home else "→"} {_e(line)}</li>' for _, line, home in lines
-    )
-    return (
-        "<p>Where each class of shard went, by the pushing site's jurisdiction: the regions whose zones "
-        "received the raw (noised or encrypted) shards, and where partial sums containing them were "
-        "reduced (a partial sum adds up every shard of one kind a zone received in a round):</p>"
-        f"<ul>{items}</ul>"
-    )
-
-
-def _zones_table(run: RunRecord) -> str:
+def _zones_table(run: RunRecord) -> _Table | None:
     if not run.zones:
-        return "<p>The zones' own counters are in summary.json, which this run has not written.</p>"
+        return None
     rows = []
     for z in run.zones:
         classes = ", ".join(f"{k} {v}" for k, v in z.get("shards_by_class", {}).items()) or "-"
@@ -216,7 +192,8 @@ def _zones_table(run: RunRecord) -> str:
                 z.get("refused", 0),
             ]
         )
-    return _table(["zone", "region", "pushes", "received", "shards by class and origin", "forwarded", "refused"], rows)
+    header = ["zone", "region", "pushes", "received", "shards by class and origin", "forwarded", "refused"]
+    return _Table(header, rows)
 
 
 def _forwarded(zone: dict[str, Any]) -> str:
@@ -227,47 +204,45 @@ def _forwarded(zone: dict[str, Any]) -> str:
     return f"{n} partial sums of " + ", ".join(f"{k} {v}" for k, v in by_class.items())
 
 
-def _refusals(run: RunRecord) -> str:
+def _refusals(run: RunRecord) -> list[_Block]:
+    blocks: list[_Block] = []
     rows: list[list[Any]] = []
     for r in run.rounds:
         for site in sorted(r.refused):
             code = r.refusal_codes.get(site)
             rows.append([r.round, site, code.value if code is not None else "-", r.refused[site]])
-    parts = []
     if rows:
-        shown = rows[:MAX_REFUSAL_ROWS]
-        more = f"<p>and {len(rows) - len(shown)} more (events.jsonl has them all)</p>" if len(rows) > len(shown) else ""
-        parts.append("<p>Selected sites that did not contribute:</p>" + _table(["round", "site", "code", "why"], shown))
-        parts.append(more)
+        table = _Table(["round", "site", "code", "why"], rows[:MAX_REFUSAL_ROWS])
+        blocks.append(_Block("Selected sites that did not contribute:", table, more=len(rows) - len(table.rows)))
     else:
-        parts.append('<p class="ok">No selected site was refused.</p>')
+        blocks.append(_Block("No selected site was refused.", css="ok"))
     left_out = [[r.round, site, r.excluded[site]] for r in run.rounds for site in sorted(r.excluded)]  # one per site
     if left_out:
-        shown = left_out[:MAX_REFUSAL_ROWS]
-        parts.append(
-            "<p>Replies the coordinator left out of a round's metrics (they disagreed with what it knows, "
-            "or were out of bounds):</p>" + _table(["round", "site", "why"], shown)
+        text = (
+            "Replies the coordinator left out of a round's metrics (they disagreed with what it knows, "
+            "or were out of bounds):"
         )
-        if len(left_out) > len(shown):
-            parts.append(f"<p>and {len(left_out) - len(shown)} more (events.jsonl has them all)</p>")
+        table = _Table(["round", "site", "why"], left_out[:MAX_REFUSAL_ROWS])
+        blocks.append(_Block(text, table, more=len(left_out) - len(table.rows)))
     if run.result.refused_nodes:
         nodes = [
             [n.get("node", "?"), n.get("site_id", "?"), n.get("code", "-"), n.get("reason", "")]
             for n in run.result.refused_nodes[:MAX_REFUSAL_ROWS]
         ]
-        parts.append(
-            "<p>Nodes refused for the run (they could not prove which site they are, or claimed a site "
-            "another node holds):</p>" + _table(["node", "claimed site", "code", "why"], nodes)
+        text = (
+            "Nodes refused for the run (they could not prove which site they are, or claimed a site "
+            "another node holds):"
         )
+        blocks.append(_Block(text, _Table(["node", "claimed site", "code", "why"], nodes)))
     if run.result.aborted:
         aborted = [[a["round"], a["reason"]] for a in run.result.aborted]
-        parts.append("<p>Rounds aborted at every zone:</p>" + _table(["round", "why"], aborted))
+        blocks.append(_Block("Rounds aborted at every zone:", _Table(["round", "why"], aborted)))
     zone_rows = [[z.get("name", "?"), reason] for z in run.zones for reason in z.get("refusals", [])]
     if zone_rows:
-        parts.append("<p>What the zones refused (their latest reasons):</p>" + _table(["zone", "why"], zone_rows))
+        blocks.append(_Block("What the zones refused (their latest reasons):", _Table(["zone", "why"], zone_rows)))
     if run.result.stopped_reason:
-        parts.append(f'<p class="warn">The run stopped: {_e(run.result.stopped_reason)}</p>')
+        blocks.append(_Block(f"The run stopped: {run.result.stopped_reason}", css="warn"))
     if run.skipped:
-        items = "".join(f"<li>{_e(note)}</li>" for note in run.skipped[:MAX_REFUSAL_ROWS])
-        parts.append(f'<p class="warn">Left out of this report as malformed:</p><ul>{items}</ul>')
-    return "\n".join(parts)
+        notes = list(run.skipped[:MAX_REFUSAL_ROWS])
+        blocks.append(_Block("Left out of this report as malformed:", items=notes, css="warn"))
+    return blocks
