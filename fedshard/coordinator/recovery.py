@@ -23,7 +23,6 @@ applied. A fresh run on sites that hold a later model is refused in one line.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -251,11 +250,6 @@ def evaluated(
         excluded=lines,
         excluded_codes=codes,
     )
-
-
-def unevaluated(result: RoundResult) -> bool:
-    """Whether ``result`` is a round logged at close (no evaluation yet)."""
-    return math.isnan(result.accuracy) and math.isnan(result.loss)
 
 
 def check_standing(sites: list[SiteInfo], group_of: dict[str, str], genesis: str, recovery: Recovery | None) -> None:

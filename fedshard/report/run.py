@@ -74,11 +74,6 @@ class RunRecord:
         """Site id → jurisdiction."""
         return {s.site_id: s.jurisdiction for s in self.result.sites}
 
-    @property
-    def has_privacy(self) -> bool:
-        """Whether any site reported a privacy ledger."""
-        return bool(self.result.privacy)
-
 
 def load_run(folder: str | Path) -> RunRecord:
     """Read the run in ``folder`` (a ``fedshard simulate`` ``--out`` folder, or a deployed
