@@ -37,7 +37,7 @@ from fedshard.protocol.messages import SiteInfo
 
 __all__ = ["Binding", "NodeRefusal", "SiteKeys", "bind_nodes"]
 
-log = logging.getLogger("fedshard.coordinator.coordinator")  # the coordinator's log
+log = logging.getLogger(__name__)
 
 SiteKeys = Callable[[], Mapping[str, bytes]]
 """Returns the sites' manifest-signing public keys (32 raw bytes) by site id, read afresh at

@@ -12,7 +12,7 @@ from fedshard.protocol.messages import SiteInfo
 
 __all__ = ["agreeing_sites"]
 
-log = logging.getLogger("fedshard.coordinator.coordinator")  # the coordinator's log, as before
+log = logging.getLogger(__name__)
 
 
 def agreeing_sites(binding: Binding) -> tuple[dict[str, SiteInfo], str, str]:

@@ -14,7 +14,7 @@ from fedshard.protocol.rounds import AggregateKey, AggregateSummary, RoundSpec
 
 __all__ = ["abort_everywhere", "close_everywhere", "open_everywhere"]
 
-log = logging.getLogger("fedshard.coordinator.coordinator")  # the coordinator's own lines
+log = logging.getLogger(__name__)
 
 
 def open_everywhere(zones: Mapping[str, ZoneClient], spec: RoundSpec) -> None:

@@ -19,7 +19,7 @@ from fedshard.site.privacy import RoundDP, SitePrivacy
 
 __all__ = ["Refuse", "private_round", "refused"]
 
-log = logging.getLogger("fedshard.site.site")
+log = logging.getLogger(__name__)
 
 Refuse = Callable[[FedshardError, PrivacyReport | None], TrainReport]
 """Builds the report of a refused round (the error, and the privacy report to send with it)."""
