@@ -1,7 +1,9 @@
 """The coordinator: drives rounds over a :class:`~fedshard.protocol.channels.SiteGateway`
 and the zones' lifecycle calls. It sees metadata only, never parameters or updates.
 
-``coordinator``  selection, round driving
+``coordinator``  round driving: open, train, close, evaluate; the run from start to stop
+``selection``    which sites take part in a round, and with what weight
+``discovery``    who answered the first query: sites bound to nodes, on one starting model
 ``groups``       residency groups: one version chain each, and the rounds each site has not applied
 ``results``      what a round and a run produced (refusals with their codes), and the observer of them
 ``events``       the JSON-lines event log a run writes (and replays for status and summaries)
@@ -9,6 +11,12 @@ and the zones' lifecycle calls. It sees metadata only, never parameters or updat
 ``plans``        what sites are asked: each site's privacy plan, the server-side optimiser
 ``binding``      which node speaks for which site: each proves its site id, one node per id
 ``replies``      what the coordinator takes from a site's reply, and what makes it the site's failure
+``reports``      each site's privacy reports between rounds
+``ledger_book``  every site's privacy ledger across the runs of one federation
+``zone_calls``   open, close and abort a round at every zone (the reducing zone closes last)
+``membership``   changing a running federation between rounds: zones added or drained, sites joining
+``timings``      where one round's time went and what it moved, logged with the round
+``metrics``      the run's Prometheus metrics, read from its event log at every scrape
 """
 
 __all__: list[str] = []

@@ -1,13 +1,20 @@
 """A site: its model held once per process, local training, update DP, routing,
 sealing, signing, pushing, and applying aggregates.
 
-``site``         the :class:`Site` role: handles the coordinator's messages
-``model``        the model a site builds once and holds for its process's life
-``apply``        catching up: fetch, verify, decrypt and apply missed rounds in place
-``release``      the update: split once, update-level DP, CKKS, signed manifests, pushes
-``routes``       where each shard goes and which aggregate it applies; the cached classification
-``privacy``      the site's privacy ledger and what each round may spend
-``model_store``  where the site keeps its parameter shards between messages (sealed store or snapshot)
+``site``           the :class:`Site` role: handles the coordinator's messages
+``model``          the model a site builds once and holds for its process's life
+``resident``       whether the held model is the one in the store (a message may skip the refill)
+``base``           the frozen base of a large model, sealed in its own store and streamed through training
+``model_store``    where the site keeps its parameter shards between messages (sealed store or snapshot)
+``apply``          catching up: fetch, verify, decrypt and apply missed rounds in place
+``terms``          the privacy terms the site's own config promises; a plan may only tighten them
+``privacy``        the site's privacy ledger and what each round may spend
+``ledger_anchor``  the ledger's head anchored outside the ledger file (a rollback is caught)
+``private_round``  one round with DP on: admit the plan, reserve its cost, release, commit
+``release``        the update: split once, update-level DP, CKKS, signed manifests, pushes
+``routes``         where each shard goes and which aggregate it applies; the cached classification
+``retry``          retrying a zone call that got no answer (backoff with jitter, within the round)
+``points``         the fault points along what a site sends (crash tests)
 
 Nothing heavy is imported here: Flower may start a fresh process per message.
 """
