@@ -25,12 +25,10 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
+
+from fedshard.transports.flower.release import SUPPORTED, release_problem
 
 __all__ = ["SUPPORTED", "problem"]
-
-SUPPORTED = "1.42."
-"""The Flower release line whose internals were read (``flwr==1.42.*`` in pyproject.toml)."""
 
 _RUN_CLIENTAPP_PARAMETERS = (
     "runtime_api_address",
@@ -44,12 +42,9 @@ _RUN_CLIENTAPP_PARAMETERS = (
 
 def problem() -> str | None:
     """Why the warm SuperNode cannot run on the installed Flower, in a few words; None when it can."""
-    try:
-        installed = version("flwr")
-    except PackageNotFoundError:
-        return "Flower (flwr) is not installed"
-    if not installed.startswith(SUPPORTED):
-        return f"flwr {installed} is installed; the warm executor was written against flwr {SUPPORTED}*"
+    wrong = release_problem("the warm executor")
+    if wrong is not None:
+        return wrong
     for check in _CHECKS:
         try:
             reason = check()

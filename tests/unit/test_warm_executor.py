@@ -24,8 +24,13 @@ def test_the_installed_flower_has_the_internals_the_warm_executor_relies_on() ->
 
 
 def test_another_flower_release_is_refused_by_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flower_internals, "version", lambda _: "1.43.0")
+    """One release range for every patch (fedshard.transports.flower.release): each falls back on another."""
+    from fedshard.transports.flower import delivery, release, waits
+
+    monkeypatch.setattr(release, "version", lambda _: "1.43.0")
     assert flower_internals.problem() == ("flwr 1.43.0 is installed; the warm executor was written against flwr 1.42.*")
+    assert delivery.problem() == "flwr 1.43.0 is installed; the one-pass delivery was written against flwr 1.42.*"
+    assert waits.shorten_object_pulls("flwr.supernode.start_client_internal") is False  # changed nothing
 
 
 def test_a_changed_run_clientapp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

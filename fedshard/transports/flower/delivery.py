@@ -32,16 +32,14 @@ import inspect
 import logging
 import threading
 from collections.abc import Iterable
-from importlib.metadata import version
 from queue import Queue
 from typing import Any
 
-__all__ = ["SUPPORTED", "install", "problem"]
+from fedshard.transports.flower.release import release_problem
+
+__all__ = ["install", "problem"]
 
 log = logging.getLogger(__name__)
-
-SUPPORTED = "1.42."
-"""The Flower release line whose simulation engine was read."""
 
 _TICK_S = 0.1
 """How often the engine looks for messages to deliver (Flower's own interval)."""
@@ -56,8 +54,9 @@ def problem() -> str | None:
         from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     except ImportError as exc:
         return f"Flower's simulation engine did not import ({exc})"
-    if not version("flwr").startswith(SUPPORTED):
-        return f"flwr {version('flwr')} is installed; the delivery was written for {SUPPORTED}*"
+    wrong = release_problem("the one-pass delivery")
+    if wrong is not None:
+        return wrong
     stock = getattr(vce_api, "add_messages_to_queue", None)
     if stock is None or list(inspect.signature(stock).parameters) != ["state", "queue", "nodes_mapping", "f_stop"]:
         return "vce_api.add_messages_to_queue is not the function it was"

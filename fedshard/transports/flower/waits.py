@@ -27,6 +27,8 @@ import inspect
 import time
 from typing import Any
 
+from fedshard.transports.flower.release import release_problem
+
 __all__ = ["IDLE_SLEEP_S", "PULL_BACKOFF", "PULL_BACKOFF_CAP", "PollClock", "shorten_object_pulls"]
 
 IDLE_SLEEP_S = 3.0
@@ -67,9 +69,12 @@ class PollClock:
 def shorten_object_pulls(module_name: str) -> bool:
     """Rebind the object-pull function ``module_name`` imported to one with a short backoff.
 
-    Returns whether it did: False (nothing changed) when the module lacks the function or
-    the function has no ``initial_backoff``/``backoff_cap`` parameters.
+    Returns whether it did: False (nothing changed) when the installed Flower is not the
+    supported release (:mod:`fedshard.transports.flower.release`), the module lacks the
+    function or the function has no ``initial_backoff``/``backoff_cap`` parameters.
     """
+    if release_problem("the short object pulls") is not None:
+        return False
     try:
         module = importlib.import_module(module_name)
     except ImportError:
