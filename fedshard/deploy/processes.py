@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from fedshard.errors import DeployError
 
 __all__ = ["Child", "descendants", "spawn", "wait_for_port"]
@@ -43,7 +45,7 @@ class Child:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     restarts: int = 0
-    _tree: dict[int, str] = field(default_factory=dict)  # pid -> its start time (pids are reused)
+    _tree: dict[int, float] = field(default_factory=dict)  # pid -> its start time (pids are reused)
     _cursor: int = 0  # where :meth:`new_lines` reads on
 
     def __post_init__(self) -> None:
@@ -143,13 +145,13 @@ class Child:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _start_time(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone."""
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started (psutil); None if it is gone. With its pid, it names one
+    process: a pid alone may be another's once the first is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
         return None
-    return stat[stat.rfind(")") + 2 :].split()[19]
 
 
 def _size(path: Path) -> int:
@@ -219,23 +221,8 @@ def wait_for_port(child: Child, host: str, port: int, timeout: float) -> None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    proc = Path("/proc")
-    if not proc.is_dir():
+    """Every process below ``pid``, in other sessions too (psutil; empty once it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
         return []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out

@@ -79,12 +79,10 @@ BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
 def thread_count() -> int:
-    """Operating-system threads of this process (``/proc``; Python's count elsewhere)."""
-    with contextlib.suppress(OSError):
-        return len(os.listdir("/proc/self/task"))
-    import threading
+    """Operating-system threads of this process (psutil)."""
+    import psutil
 
-    return threading.active_count()
+    return int(psutil.Process().num_threads())
 
 
 def preload(
