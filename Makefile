@@ -37,8 +37,8 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
 
-# Every README block as pasted after `make demo`, in order, slow ones too (a deployment, the LLM
-# demo's pretraining: about 30 minutes on 2 cores); prints each block's wall time
+# Every README block as pasted after `make demo`, in order, slow ones too (the LLM demo, two
+# deployments: about 8 minutes on 2 cores); prints each block's wall time
 test-readme: $(STAMP)
 	FEDSHARD_README_SLOW=1 FEDSHARD_TEST_BUDGET_S=0 $(BIN)/python -m pytest -q -s \
 		tests/integration/test_readme.py::test_every_block_runs_as_pasted

@@ -45,7 +45,7 @@ PLAN: dict[str, tuple[How, str]] = {
     "Privacy budgets #1": (How.SUITE, ""),
     "Thousands of sites, and growing a running federation #1": (How.SUITE, ""),
     "Homomorphic encryption #1": (How.SUITE, ""),
-    "Fine-tune a large model (LoRA over a frozen base) #1": (How.SLOW, "pretrains its base first: about 20 minutes"),
+    "Fine-tune a large model (LoRA over a frozen base) #1": (How.SLOW, "pretrains its base first: about 3 minutes"),
     "Run across machines #1": (How.SLOW, "a deployment of 5 rounds: about 2 minutes"),
     "Run across machines #2": (How.SLOW, "upgrades the keys the block before wrote"),
     "Growing a deployed federation #1": (How.SLOW, "a deployment of 20 rounds that grows: about 2 minutes"),
