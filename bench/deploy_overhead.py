@@ -61,7 +61,7 @@ from _common import REPO, add_output_args, cpu_ticks, fmt, publish, steal_note
 
 from fedshard.config import load_federation
 from fedshard.coordinator.events import EventKind
-from fedshard.deploy.aggregator import AggregatorHost
+from fedshard.deploy.aggregator_host import AggregatorHost
 from fedshard.deploy.app import write_run_config
 from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout

@@ -112,7 +112,7 @@ def aggregator_up(
     """
     from fedshard.cli.progress import zones_table
     from fedshard.config import load_federation
-    from fedshard.deploy.aggregator import LATEST_RUN, AggregatorHost
+    from fedshard.deploy.aggregator_host import LATEST_RUN, AggregatorHost
     from fedshard.deploy.status import render_status
     from fedshard.simulate.run import with_rounds
 
@@ -173,7 +173,7 @@ def aggregator_reconfigure(
     """
     from fedshard.config import load_federation
     from fedshard.config.layout import KeysLayout
-    from fedshard.deploy.aggregator import LATEST_RUN, check_aggregator_config, he_folder, run_to_resume
+    from fedshard.deploy.aggregator_host import LATEST_RUN, check_aggregator_config, he_folder, run_to_resume
     from fedshard.deploy.reconfigure import request_deployed_change
     from fedshard.simulate.membership import PENDING
 
@@ -196,7 +196,7 @@ def aggregator_status(
 ) -> None:
     """Print the aggregator's status once (sites connected, round, ε per site, zones)."""
     from fedshard.config import load_federation
-    from fedshard.deploy.aggregator import check_aggregator_config
+    from fedshard.deploy.aggregator_host import check_aggregator_config
     from fedshard.deploy.host_lock import is_held
     from fedshard.deploy.status import ENDED, read_state, render_status
 
@@ -232,7 +232,7 @@ def aggregator_stop(
     stops after its current step, every process it started stops, the run folder keeps what
     it got to (`aggregator up --resume` goes on from there)."""
     from fedshard.config import load_federation
-    from fedshard.deploy.aggregator import check_aggregator_config
+    from fedshard.deploy.aggregator_host import check_aggregator_config
     from fedshard.deploy.host_lock import is_held
     from fedshard.deploy.status import read_state
 

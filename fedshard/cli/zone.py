@@ -71,7 +71,7 @@ def zone_up(
     _check_can_listen(zc.name, zc.endpoint, config)  # before the zone's store and audit log are touched
     if cfg.residency.encrypting:  # a zone gets the public CKKS context only, never the secret one
         from fedshard.assembly import he_keys
-        from fedshard.deploy.aggregator import check_public_context
+        from fedshard.deploy.aggregator_host import check_public_context
 
         check_public_context(he_keys(cfg))
     routing = FederationRouting(cfg)

@@ -5,7 +5,7 @@ zones and sites) against the running federation's, as the aggregator runs it
 (:func:`effective_config`: zone stores in the run folder, absolute paths), and leaves it
 in the run folder (:data:`~fedshard.simulate.membership.PENDING`). The running
 ``aggregator up`` (:meth:`AggregatorHost.take_change
-<fedshard.deploy.aggregator.AggregatorHost.take_change>`) checks the keys of the new
+<fedshard.deploy.aggregator_host.AggregatorHost.take_change>`) checks the keys of the new
 parties, makes it the run's ``federation.yaml``, starts the new zones it hosts,
 registers the new sites' SuperNode keys, and marks it ready
 (:data:`~fedshard.assembly.membership.READY`); the coordinator hands it to every zone

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fedshard.config import FederationConfig, load_federation
-from fedshard.deploy.aggregator import AggregatorHost
+from fedshard.deploy.aggregator_host import AggregatorHost
 from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import free_ports, write_loopback_layout
 from fedshard.deploy.status import HostState, read_state
@@ -198,7 +198,7 @@ def test_a_dead_superlink_stops_the_aggregator_and_its_sites_in_one_line_a_dead_
     # stderr: the --insecure warning, the zone restart's warning, the error
     lines = _stderr(agg_log)
     assert aggregator.returncode == 2 and len(lines) == 3, lines
-    assert lines[1].startswith("WARNING fedshard.deploy.aggregator: zone eu-central exited (killed by signal 9): ")
+    assert lines[1].startswith("WARNING fedshard.deploy.aggregator_host: zone eu-central exited (killed by signal 9): ")
     assert lines[1].endswith("restarting it (once per run)")
     assert lines[2].startswith("error: SuperLink exited (killed by signal 9): ") and "superlink.log" in lines[2]
     # the site's SuperNode gave up on the gone SuperLink within the site's --retry-s
