@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt
 from fedshard.errors import ConfigError, DeployError, FedshardError
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST
+from fedshard.observability.server import DEFAULT_METRICS_HOST
 
 if TYPE_CHECKING:
     from fedshard.deploy.site import SiteLaunch

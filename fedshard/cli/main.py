@@ -26,7 +26,7 @@ from fedshard.cli.security import audit_app, keys_app, pki_app
 from fedshard.cli.store import keys_rotate, store_app, verify_store
 from fedshard.cli.zone import zone_app
 from fedshard.errors import ConfigError, FedshardError
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST
+from fedshard.observability.server import DEFAULT_METRICS_HOST
 
 if TYPE_CHECKING:
     from fedshard.config import FederationConfig
@@ -122,7 +122,7 @@ def simulate(
 ) -> None:
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
     from fedshard.cli.progress import RoundProgress
-    from fedshard.coordinator.metrics import RunCollector
+    from fedshard.observability.run_metrics import RunCollector
     from fedshard.simulate.run import simulate as run
 
     chosen, plane = _engine(engine, data_plane, ray_address)

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST
+from fedshard.observability.server import DEFAULT_METRICS_HOST
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from fedshard.transports.metrics import MetricsServer
+    from fedshard.observability.server import MetricsServer
 
 __all__ = ["MetricsHostOpt", "MetricsPortOpt", "start_metrics"]
 
@@ -43,7 +43,7 @@ def start_metrics(
 
             raise FedshardError("--metrics-host needs --metrics-port")
         return None
-    from fedshard.transports.metrics import MetricsServer
+    from fedshard.observability.server import MetricsServer
 
     server = MetricsServer(collectors, port, host)
     console.print(f"{what} metrics: {server.url}", highlight=False, soft_wrap=True)

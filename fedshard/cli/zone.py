@@ -13,7 +13,7 @@ from rich.console import Console
 
 from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
 from fedshard.errors import ConfigError, DeployError, FedshardError
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST
+from fedshard.observability.server import DEFAULT_METRICS_HOST
 
 if TYPE_CHECKING:
     from fedshard.config import FederationConfig, ZoneConfig
@@ -61,8 +61,8 @@ def zone_up(
     from fedshard.assembly import load_site_keys, make_zone, streaming_parties
     from fedshard.assembly.reload import ZoneReload
     from fedshard.config import load_federation
+    from fedshard.observability.zone_metrics import ZoneCollector
     from fedshard.routing import FederationRouting
-    from fedshard.zone.metrics import ZoneCollector
     from fedshard.zone.rpc.service import serve
 
     cfg = load_federation(config)

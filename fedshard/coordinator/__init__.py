@@ -16,7 +16,6 @@ and the zones' lifecycle calls. It sees metadata only, never parameters or updat
 ``zone_calls``   open, close and abort a round at every zone (the reducing zone closes last)
 ``membership``   changing a running federation between rounds: zones added or drained, sites joining
 ``timings``      where one round's time went and what it moved, logged with the round
-``metrics``      the run's Prometheus metrics, read from its event log at every scrape
 """
 
 __all__: list[str] = []

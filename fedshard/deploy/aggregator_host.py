@@ -53,7 +53,6 @@ from fedshard.coordinator.ledger_book import LEDGER_BOOK_FILE
 from fedshard.coordinator.recovery import Recovery, recover
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
 from fedshard.deploy.host_lock import LOCK_FILE, holding
-from fedshard.deploy.host_metrics import HostMetrics
 from fedshard.deploy.preflight import (
     LATEST_RUN,
     check_aggregator_config,
@@ -67,8 +66,9 @@ from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.reconfigure import effective_config
 from fedshard.deploy.status import HostState, read_state, write_state, zone_details
 from fedshard.errors import DeployError, FedshardError
+from fedshard.observability.host import HostMetrics
+from fedshard.observability.server import DEFAULT_METRICS_HOST, SNAPSHOT_FILE
 from fedshard.transports.flower.host_watch import HOST_PID_ENV
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST, SNAPSHOT_FILE
 
 __all__ = [
     "LATEST_RUN",

@@ -29,11 +29,11 @@ from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.recovery import Recovery, recover
 from fedshard.coordinator.results import PhaseObserver, RoundObserver, RunResult
 from fedshard.errors import ConfigError
+from fedshard.observability.server import SNAPSHOT_FILE, MetricsServer, write_snapshot
 from fedshard.protocol.channels import ZoneConnector
 from fedshard.protocol.messages import SiteInfo
 from fedshard.simulate.baseline import centralized_baseline
 from fedshard.transports.inprocess import InProcessSiteGateway, in_process_connector
-from fedshard.transports.metrics import SNAPSHOT_FILE, MetricsServer, write_snapshot
 
 __all__ = ["DataPlane", "Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
 
@@ -181,7 +181,7 @@ def _zone_metrics(metrics: MetricsServer | None, served: ServedZones, out: Path)
     if metrics is None:
         yield
         return
-    from fedshard.zone.metrics import ZoneCollector
+    from fedshard.observability.zone_metrics import ZoneCollector
 
     collector = ZoneCollector(lambda: list(served.zones.values()))
     metrics.registry.register(collector)

@@ -12,7 +12,6 @@ residency policy and audit.
 ``publish``     a closed round's aggregates, and the zone's store of them
 ``state``       the state of an open round
 ``stats``       what the zone has done for its run: counters for summaries and metrics
-``metrics``     the zone's Prometheus metrics, read from its counters at every scrape
 ``journal``     the round records on disk (open, published, aborted, lost)
 ``recovery``    a zone restarted on its store: lost rounds, torn and half-written files
 ``policy``      what a zone enforces: residency, signatures, serving

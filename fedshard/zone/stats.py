@@ -1,5 +1,5 @@
 """What a zone has done for its run: counters for run summaries (``fedshard zone``
-details, ``summary.json``) and for its Prometheus metrics (:mod:`fedshard.zone.metrics`).
+details, ``summary.json``) and for its Prometheus metrics (:mod:`fedshard.observability.zone_metrics`).
 
 Every figure here is the zone's own: what it accepted, refused, forwarded and served,
 and how long it took to fold pushes and close rounds. A zone with a store saves its
@@ -35,7 +35,7 @@ UNCLASSIFIED = "unclassified"
 
 
 def _histogram(name: str, doc: str) -> Histogram:
-    """A zone's own duration histogram (not in any registry: :mod:`fedshard.zone.metrics` exports it).
+    """A zone's own duration histogram (not in any registry: :mod:`fedshard.observability.zone_metrics` exports it).
     prometheus-client is imported here, by a zone, never by a site's process importing this module."""
     from prometheus_client import Histogram
 

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from fedshard.config import load_federation
-from fedshard.coordinator.metrics import RUN_METRICS, RunCollector
 from fedshard.coordinator.results import RoundResult
 from fedshard.errors import PushRejectedError
+from fedshard.observability.run_metrics import RUN_METRICS, RunCollector
+from fedshard.observability.server import MetricsServer
+from fedshard.observability.zone_metrics import ZONE_METRICS, ZoneCollector
 from fedshard.protocol.messages import SiteInfo
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.simulate.run import simulate, with_rounds
-from fedshard.transports.metrics import MetricsServer
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.metrics import ZONE_METRICS, ZoneCollector
 from fedshard.zone.rpc.client import GrpcZoneClient
 from tests.metrics_helpers import Samples, families, scrape, value
 from tests.zone_helpers import BASE, TOKEN, manifest_for, random_update

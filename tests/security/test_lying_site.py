@@ -46,8 +46,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 import fedshard.simulate.run as simulate_run
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import Coordinator
-from fedshard.coordinator.metrics import RunCollector
 from fedshard.errors import RefusalCode
+from fedshard.observability.run_metrics import RunCollector
 from fedshard.protocol.messages import (
     EvaluateReport,
     MessageKind,

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fedshard.errors import DeployError
-from fedshard.transports.metrics import MetricsServer, is_loopback
+from fedshard.observability.server import MetricsServer, is_loopback
 
 
 class _Gauge(Collector):
@@ -113,7 +113,7 @@ def test_a_slow_reader_is_cut_at_the_exchange_deadline(server: MetricsServer) ->
 
 
 def test_bound_off_loopback_it_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="fedshard.transports.metrics"):
+    with caplog.at_level(logging.WARNING, logger="fedshard.observability.server"):
         with MetricsServer([], 0, host="127.0.0.1"):
             pass
         assert not caplog.records

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fedshard.transports.metrics import DEFAULT_METRICS_HOST, MetricsServer
+from fedshard.observability.server import DEFAULT_METRICS_HOST, MetricsServer
 
 __all__ = ["HostMetrics"]
 
@@ -24,7 +24,7 @@ class HostMetrics:
         if self.port is None:
             return None
         if self._server is None:
-            from fedshard.coordinator.metrics import RunCollector
+            from fedshard.observability.run_metrics import RunCollector
 
             self._server = MetricsServer([RunCollector(events, connected=connected)], self.port, self.host)
         return self._server.url
