@@ -1,4 +1,4 @@
-"""``fedshard keys init``, ``fedshard aggregator up|status`` and ``fedshard site up``: a
+"""``fedshard aggregator up|status|stop|reconfigure`` and ``fedshard site up|status``: a
 federation deployed as separate processes (see README, "Run across machines")."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from fedshard.deploy.site import SiteLaunch
     from fedshard.deploy.site_status import SiteState
 
-__all__ = ["aggregator_app", "keys_init", "site_app"]
+__all__ = ["aggregator_app", "site_app"]
 
 aggregator_app = typer.Typer(no_args_is_help=True, help="The aggregator host: SuperLink, zones, the run.")
 site_app = typer.Typer(no_args_is_help=True, help="A site host: its SuperNode.")
@@ -41,41 +41,6 @@ _INSECURE = (
     "WARNING: --insecure: SuperLink, SuperNodes and zones run WITHOUT TLS or SuperNode authentication; "
     "anyone who reaches the ports can join or read the control plane. Use this only on a test network."
 )
-
-
-def keys_init(
-    config: ConfigOpt,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Folder for every key (default: the config's deployment.keys)")
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite existing key files")] = False,
-    add: Annotated[
-        bool,
-        typer.Option("--add", help="Only the zones and sites that have no keys yet, from the existing CA"),
-    ] = False,
-) -> None:
-    """Provision a whole federation: CA, SuperLink and zone certificates, per-site bundles
-    (client certificate, SuperNode key, signing key, CKKS secret context). With --add,
-    keys for the zones and sites a grown config adds, issued by the existing CA."""
-    from fedshard.config import load_federation
-    from fedshard.deploy.keys import provision
-
-    cfg = load_federation(config)
-    target = out if out is not None else (cfg.deployment.keys if cfg.deployment else Path("keys"))
-    if add and force:
-        raise FedshardError("--add keeps every existing key; it cannot be combined with --force")
-    report = provision(cfg, target, force=force, add=add)
-    layout = report.layout
-    if cfg.deployment is not None and target.resolve() != cfg.deployment.keys:
-        console.print(
-            f"[yellow]note:[/] the config's deployment.keys is {escape(str(cfg.deployment.keys))}; point it here"
-        )
-    console.print(f"wrote {len(report.files)} files under {layout.root}", highlight=False)
-    if add:
-        return
-    console.print(f"  {layout.ca_dir}/ca.key      the CA's key: move it offline", highlight=False)
-    console.print(f"  {layout.aggregator.root}/  stays on the aggregator host", highlight=False)
-    console.print(f"  {layout.root / 'sites'}/<site>/  hand each site its own folder, nothing else", highlight=False)
 
 
 def _on_signals(handler: object) -> None:

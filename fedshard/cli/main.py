@@ -19,11 +19,12 @@ import typer
 from rich.console import Console
 
 from fedshard.cli.budget import budget_app
-from fedshard.cli.deploy import aggregator_app, keys_init, site_app
+from fedshard.cli.deploy import aggregator_app, site_app
+from fedshard.cli.keys import keys_app
 from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
 from fedshard.cli.route import route_app
-from fedshard.cli.security import audit_app, keys_app, pki_app
-from fedshard.cli.store import keys_rotate, store_app, verify_store
+from fedshard.cli.security import audit_app, pki_app
+from fedshard.cli.store import store_app, verify_store
 from fedshard.cli.zone import zone_app
 from fedshard.errors import ConfigError, FedshardError
 from fedshard.observability.server import DEFAULT_METRICS_HOST
@@ -69,8 +70,6 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(keys_app, name="keys")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(site_app, name="site")
-keys_app.command("init")(keys_init)
-keys_app.command("rotate")(keys_rotate)
 app.add_typer(store_app, name="store")
 app.command("verify")(verify_store)
 

@@ -10,13 +10,10 @@ from rich.console import Console
 
 from fedshard.errors import FedshardError
 
-__all__ = ["audit_app", "keys_app", "pki_app"]
+__all__ = ["audit_app", "pki_app"]
 
 pki_app = typer.Typer(no_args_is_help=True, help="The federation PKI: CA, zone and site certificates.")
 audit_app = typer.Typer(no_args_is_help=True, help="Zone audit logs (append-only, hash-chained, signed).")
-keys_app = typer.Typer(
-    no_args_is_help=True, help="Keys: provision a federation, CKKS contexts, rotate a shard store's key."
-)
 console = Console()
 
 Force = Annotated[bool, typer.Option("--force", help="Overwrite existing files")]
@@ -133,38 +130,3 @@ def audit_verify(
             f"accepted: lines {a.first}-{a.last} were unsigned ({a.cause}), adopted by the zone at line {a.at}",
             highlight=False,
         )
-
-
-@keys_app.command("upgrade")
-def keys_upgrade(
-    keys: Annotated[Path, typer.Option("--keys", help="The folder `fedshard keys init --out` wrote (with ca/ca.key)")],
-) -> None:
-    """Re-issue the certificates of an earlier release: each then names its role (site, zone,
-    coordinator, SuperLink) and a zone's its identity, so that parties dialling it can check it.
-
-    Every party keeps its key pair; only certificate files change, one line each. Restart the
-    zones and the SuperLink on their new certificates; hand each site its new
-    ``sites/<id>/<id>.pem`` when convenient (zones still accept the old one). Running it
-    again changes nothing.
-    """
-    from fedshard.deploy.keys import upgrade
-
-    for done in upgrade(keys):
-        state = "re-issued" if done.changed else "current  "
-        console.print(f"{state} {done.path}: {done.holder}", highlight=False)
-
-
-@keys_app.command("he-init")
-def keys_he_init(
-    out: Annotated[Path, typer.Option("--out", help="Folder for secret.ctx (sites) and public.ctx (zones)")],
-    force: Force = False,
-) -> None:
-    """Make the federation's CKKS contexts: the secret one goes to every site, the public one
-    (no secret key) to the zones. Point the config's he.keys at the folder."""
-    from fedshard.crypto.he import he_init
-
-    secret, public = he_init(out, force=force)
-    console.print(
-        f"secret context {secret} (mode 600: sites only)\npublic context {public} (zones: it cannot decrypt)",
-        highlight=False,
-    )

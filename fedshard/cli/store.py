@@ -18,13 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedshard.crypto.at_rest import KEK_ENV, KEK_FILE_ENV, NEW_KEK_ENV
+from fedshard.crypto.at_rest import KEK_ENV, KEK_FILE_ENV
 from fedshard.store.quantize import ColdFormat
 
 if TYPE_CHECKING:
     from fedshard.store.sealed_store import SealedShardStore
 
-__all__ = ["keys_rotate", "store_app", "verify_store"]
+__all__ = ["store_app", "verify_store"]
 
 store_app = typer.Typer(no_args_is_help=True, help="The site's encrypted shard store: tiering, statistics, keys.")
 console = Console()
@@ -201,43 +201,3 @@ def verify_store(
         # SystemExit, not typer.Exit: `main` runs the app with standalone_mode=False, which
         # would turn typer.Exit(1) into a return value and exit 0.
         raise SystemExit(1)
-
-
-def keys_rotate(
-    store: StoreOpt,
-    key_file: KeyFileOpt = None,
-    new_key_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--new-key-file", help=f"The new key-encryption key (default: ${NEW_KEK_ENV}); see `store keygen`"
-        ),
-    ] = None,
-) -> None:
-    """Re-wrap every data key of a shard store under a new key-encryption key (no shard is re-encrypted).
-
-    Resumes an interrupted rotation when run again with the same keys. Afterwards the old
-    key no longer opens the store.
-    """
-    from fedshard.crypto.at_rest import load_kek
-    from fedshard.store.local_dir import LocalDirBackend
-    from fedshard.store.rotation import rotate_keys
-
-    old = load_kek(key_file, store_root=store)
-    new = load_kek(new_key_file, env=NEW_KEK_ENV, store_root=store)
-    report = rotate_keys(LocalDirBackend(store), old, new)
-    if report.keys == 0:
-        done = "finished the interrupted rotation, which had committed" if report.resumed else "nothing to do"
-        console.print(
-            f"the store is already sealed under key {report.new_kek}: {done}", highlight=False, soft_wrap=True
-        )
-    else:
-        resumed = " (resumed an interrupted rotation)" if report.resumed else ""
-        console.print(
-            f"re-wrapped {report.keys:,} data keys under key {report.new_kek} (was {report.old_kek}) "
-            f"in {report.seconds:.3f} s{resumed}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    console.print(
-        f"key {report.old_kek} no longer opens this store: destroy it and its copies", highlight=False, soft_wrap=True
-    )
