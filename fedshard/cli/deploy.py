@@ -79,7 +79,7 @@ def aggregator_up(
     from fedshard.config import load_federation
     from fedshard.deploy.aggregator_host import LATEST_RUN, AggregatorHost
     from fedshard.deploy.status import render_status
-    from fedshard.simulate.run import with_rounds
+    from fedshard.run_folder.resume import with_rounds
 
     if run_dir is not None and not resume:
         raise FedshardError(f"{run_dir}: a run folder is given with --resume only (`--resume {run_dir}`)")
@@ -140,7 +140,7 @@ def aggregator_reconfigure(
     from fedshard.config.layout import KeysLayout
     from fedshard.deploy.aggregator_host import LATEST_RUN, check_aggregator_config, he_folder, run_to_resume
     from fedshard.deploy.reconfigure import request_deployed_change
-    from fedshard.simulate.membership import PENDING
+    from fedshard.run_folder.changes import PENDING
 
     cfg = load_federation(config)
     dep = check_aggregator_config(cfg, insecure=insecure)

@@ -180,7 +180,7 @@ def _run_config(
 ) -> tuple[FederationConfig, Path]:
     """The config to run and its run folder: a new run's, or the one ``resume`` names."""
     from fedshard.config import load_federation
-    from fedshard.simulate.run import resumable_config, resumable_run, with_rounds
+    from fedshard.run_folder.resume import resumable_config, resumable_run, with_rounds
 
     if resume is not None:
         if config is not None or out is not None:
@@ -275,7 +275,7 @@ def reconfigure(
     config: Annotated[Path, typer.Option("--config", "-c", help="The federation YAML it should run by now")],
 ) -> None:
     """Add or drain zones, add sites, change the rounds of a running simulation (before its next round)."""
-    from fedshard.simulate.membership import PENDING, request_change
+    from fedshard.run_folder.changes import PENDING, request_change
 
     change = request_change(run, config)
     lines = (run / "events.jsonl").read_text().splitlines()

@@ -444,7 +444,7 @@ class AggregatorHost:
         from fedshard.assembly.membership import READY
         from fedshard.config import load_federation
         from fedshard.config.changes import check_change
-        from fedshard.simulate.membership import PENDING
+        from fedshard.run_folder.changes import PENDING
 
         pending = self.run_dir / PENDING
         if not pending.exists():
@@ -485,7 +485,7 @@ class AggregatorHost:
         events = self.run_dir / "events.jsonl"
         if events.exists():
             from fedshard.coordinator.events import replay, stop_reason
-            from fedshard.simulate.run import build_summary
+            from fedshard.run_folder.summary import build_summary
 
             try:
                 result = replay(events)

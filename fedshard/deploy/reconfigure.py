@@ -3,7 +3,7 @@
 The command checks the new config (the same file ``aggregator up`` takes, with the new
 zones and sites) against the running federation's, as the aggregator runs it
 (:func:`effective_config`: zone stores in the run folder, absolute paths), and leaves it
-in the run folder (:data:`~fedshard.simulate.membership.PENDING`). The running
+in the run folder (:data:`~fedshard.run_folder.changes.PENDING`). The running
 ``aggregator up`` (:meth:`AggregatorHost.take_change
 <fedshard.deploy.aggregator_host.AggregatorHost.take_change>`) checks the keys of the new
 parties, makes it the run's ``federation.yaml``, starts the new zones it hosts,
@@ -42,6 +42,6 @@ def request_deployed_change(config: FederationConfig, run_dir: Path, he_keys: Pa
         The change is one a running federation may not take, or routes a site's shards
         nowhere or to other aggregates. Nothing is written then.
     """
-    from fedshard.simulate.membership import offer_change
+    from fedshard.run_folder.changes import offer_change
 
     return offer_change(run_dir, effective_config(config, run_dir, he_keys))

@@ -26,16 +26,17 @@ from fedshard.assembly import SIGNING_KEY_FILE, ServedZones, check_privacy, grpc
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.recovery import Recovery, recover
+from fedshard.coordinator.recovery import Recovery
 from fedshard.coordinator.results import PhaseObserver, RoundObserver, RunResult
 from fedshard.errors import ConfigError
 from fedshard.observability.server import SNAPSHOT_FILE, MetricsServer, write_snapshot
 from fedshard.protocol.channels import ZoneConnector
-from fedshard.protocol.messages import SiteInfo
+from fedshard.run_folder.resume import resumable_run
+from fedshard.run_folder.summary import build_summary
 from fedshard.simulate.baseline import centralized_baseline
 from fedshard.transports.inprocess import InProcessSiteGateway, in_process_connector
 
-__all__ = ["DataPlane", "Engine", "build_summary", "resumable_config", "simulate", "with_rounds"]
+__all__ = ["DataPlane", "Engine", "simulate"]
 
 
 class Engine(StrEnum):
@@ -54,51 +55,6 @@ class DataPlane(StrEnum):
     GRPC = "grpc"
     """Over the zones' gRPC servers on loopback, one shared channel per zone: the wire
     protocol of a deployment, exercised end to end."""
-
-
-def with_rounds(config: FederationConfig, rounds: int | None) -> FederationConfig:
-    """``config`` with ``federation.rounds`` replaced (when ``rounds`` is given)."""
-    if rounds is None:
-        return config
-    data = config.model_dump(mode="json")
-    data["federation"]["rounds"] = rounds
-    return FederationConfig.model_validate(data)
-
-
-def resumable_config(out: str | Path) -> FederationConfig:
-    """The config a run in folder ``out`` ran with (its ``federation.yaml``), to resume it.
-
-    Raises
-    ------
-    ConfigError
-        ``out`` holds no run (no ``federation.yaml`` or no ``events.jsonl``).
-    """
-    from fedshard.config import load_federation
-
-    out = Path(out)
-    if not (out / "federation.yaml").is_file() or not (out / "events.jsonl").is_file():
-        raise ConfigError(
-            f"{out} holds no run to resume (no federation.yaml or events.jsonl); give the folder of an earlier "
-            "`fedshard simulate` run"
-        )
-    return load_federation(out / "federation.yaml")
-
-
-def resumable_run(config: FederationConfig, out: Path) -> Recovery:
-    """What the run in ``out`` recorded, checked for a resume with ``config``.
-
-    Raises
-    ------
-    FedshardError
-        One line, nothing changed: a log it cannot resume; a config that changes what the run
-        keeps fixed (what ``reconfigure`` would refuse); a finished run that ``config`` gives
-        no more rounds (with the command that trains on).
-    """
-    recovery = recover(out / "events.jsonl")
-    recovery.check_config(config, str(out / "federation.yaml"))
-    more = recovery.last_round + config.federation.rounds
-    recovery.check_more_to_do(config.federation.rounds, f"`fedshard simulate --resume {out} --rounds {more}`")
-    return recovery
 
 
 def simulate(
@@ -272,83 +228,3 @@ def _run_inprocess(
         membership.close()
         for z in zones.values():
             z.close()
-
-
-def site_versions(result: RunResult) -> dict[str, str]:
-    """The model version each site should hold after the run: its residency group's, else the federation's."""
-    last = result.rounds[-1].versions if result.rounds else {}
-    out = {s.site_id: result.version for s in result.sites}
-    for group, members in result.groups.items():
-        if group in last:
-            out.update(dict.fromkeys(members, last[group]))
-    return out
-
-
-def _site_summary(site: SiteInfo, privacy: dict[str, Any] | None, version: str) -> dict[str, Any]:
-    entry: dict[str, Any] = {"id": site.site_id, "jurisdiction": site.jurisdiction, "examples": site.num_examples}
-    entry["model_version"] = version  # what `fedshard verify --version` compares a site's store with
-    if privacy is not None:
-        entry.update(
-            epsilon_budget=privacy["epsilon_budget"],
-            epsilon_spent=privacy["epsilon_spent"],
-            epsilon_record=privacy["epsilon_record"],
-            epsilon_update=privacy["epsilon_update"],
-            delta=privacy["delta"],
-            rounds_participated=privacy["rounds_participated"],
-            status=privacy["status"],
-            projected_rounds_left=privacy["projected_rounds_left"],
-        )
-        if privacy.get("note"):
-            entry["note"] = privacy["note"]
-    return entry
-
-
-def build_summary(
-    config: FederationConfig,
-    result: RunResult,
-    engine: str,
-    zones: list[dict[str, Any]],
-    centralized_accuracy: float | None,
-    elapsed_s: float,
-) -> dict[str, Any]:
-    """The ``summary.json`` contract (see README)."""
-    last = result.rounds[-1] if result.rounds else None
-    versions = site_versions(result)
-    privacy = result.privacy  # built once: a property over every site and round
-    return {
-        "federation": config.federation.name,
-        "engine": engine,
-        "rounds": len(result.rounds),
-        "final_accuracy": last.accuracy if last else None,
-        "final_loss": last.loss if last else None,
-        "centralized_accuracy": centralized_accuracy,
-        "model_version": result.version,
-        "genesis_version": result.genesis_version,
-        "elapsed_s": round(elapsed_s, 3),
-        "history": [
-            {
-                "round": r.round,
-                "accuracy": r.accuracy,
-                "loss": r.loss,
-                "train_loss": r.train_loss,
-                "bytes_up": r.bytes_up,
-                "sites": list(r.sites),
-                "refused": {site: r.refusal(site) for site in sorted(r.refused)},
-                "refusal_codes": {site: code.value for site, code in sorted(r.refusal_codes.items())},
-                "excluded": r.excluded,  # replies the coordinator left out (coordinator/replies.py)
-                "excluded_codes": {site: [c.value for c in codes] for site, codes in r.excluded_codes.items()},
-                "merkle_root": r.merkle_root,
-                "model_version": r.version,
-                "group_versions": r.versions,
-                "group_roots": r.roots,
-                "aggregates": r.aggregates,
-            }
-            for r in result.rounds
-        ],
-        "sites": [_site_summary(s, privacy.get(s.site_id), versions[s.site_id]) for s in result.sites],
-        "residency_groups": result.groups,
-        "zones": zones,
-        "aborted_rounds": result.aborted,
-        "refused_nodes": result.refused_nodes,  # nodes that could not prove their site id (coordinator/binding.py)
-        "stopped_reason": result.stopped_reason,
-    }

@@ -16,8 +16,9 @@ from fedshard.observability.server import MetricsServer
 from fedshard.observability.zone_metrics import ZONE_METRICS, ZoneCollector
 from fedshard.protocol.messages import SiteInfo
 from fedshard.protocol.rounds import RoundSpec
+from fedshard.run_folder.resume import with_rounds
 from fedshard.sharding import ShardPlan
-from fedshard.simulate.run import simulate, with_rounds
+from fedshard.simulate.run import simulate
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc.client import GrpcZoneClient
 from tests.metrics_helpers import Samples, families, scrape, value

@@ -23,7 +23,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import MessageKind, SiteFailure, SiteInfo, TrainReport, decode, encode
 from fedshard.protocol.rounds import PushReceipt, ShardPayload
-from fedshard.simulate.run import build_summary
+from fedshard.run_folder.summary import build_summary
 from fedshard.transports.inprocess import InProcessSiteGateway
 
 

@@ -39,7 +39,7 @@ from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.routing import FederationRouting
-from fedshard.simulate.run import with_rounds
+from fedshard.run_folder.resume import with_rounds
 from fedshard.transports.inprocess import InProcessSiteGateway
 from fedshard.zone.rpc.service import serve
 from tests.deploy_helpers import events, fedshard, stop, wait_for
