@@ -40,7 +40,6 @@ key) every aggregate it publishes carries its signature (:func:`~fedshard.zone.p
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -79,6 +78,7 @@ from fedshard.zone.publish import AggregateStore, Publications, build_aggregate,
 from fedshard.zone.push import ByteBudget, PushSession, check_round_weights
 from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.reduce import Reduction
+from fedshard.zone.rounds import ZoneRounds
 from fedshard.zone.staging import StagingPool
 from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
@@ -154,59 +154,47 @@ class ZoneAggregator:
         self.bounds = bounds if bounds is not None else AggregationConfig()
         self.name = name
         self.region = region
-        self.residency = residency
         self.audit = audit
         self._connect = connect
         self._peers: Mapping[str, str] = peers if peers is not None else {}
         self._signer = signer
         self._published = Publications(name, store_dir)
-        self._rounds: dict[int, OpenRound] = {}
         self._norms = NormReference(self.bounds)
-        self._closed: set[int] = set()
-        self._lock = threading.Lock()
-        self._budget = ByteBudget(staging_bytes)
-        self._staging = StagingPool(staging_bytes)
         self.stats = ZoneStats()
         self._stats_file = Path(store_dir) / STATS_FILE if store_dir is not None else None
         if self._stats_file is not None:
             self.stats.load(self._stats_file)  # the run's counters so far, across restarts
-        self._reduction = Reduction(
+        self._z = ZoneRounds(
             name,
-            self._rounds,
-            self._lock,
-            self._budget,
-            self._staging,
+            ByteBudget(staging_bytes),
+            StagingPool(staging_bytes),
             self.stats,
             self._record,
-            residency=residency,
-            he_context=he_context,
-            bounds=self.bounds,
-            connect=connect,
+            self.bounds,
+            residency,
+            he_context,
         )
+        """The round state the lifecycle below, the intake and the reduction share."""
         self._journal = RoundJournal(Path(store_dir) / JOURNAL_DIR) if store_dir is not None else None
-        self.recovery = Recovery()
-        """What the zone found in its store when it started (rounds lost, files discarded)."""
         if store_dir is not None and self._journal is not None:
-            self.recovery = recover_rounds(name, store_dir, self._journal, AggregateStore(store_dir))
-            self._closed |= self.recovery.closed
-            self._published.restore(self.recovery.summaries)
-            if self.recovery.notes:
-                self._record("recovered", lost_rounds=sorted(self.recovery.lost), notes=self.recovery.notes)
-        self._intake = PushIntake(
-            name,
-            self._rounds,
-            self._closed,
-            self._lock,
-            self._budget,
-            self._staging,
-            self.stats,
-            self._record,
-            self.recovery,
-            residency=residency,
-            he_context=he_context,
-            bounds=self.bounds,
-            norms=self._norms,
-        )
+            self._z.recovery = recover_rounds(name, store_dir, self._journal, AggregateStore(store_dir))
+            self._z.closed |= self._z.recovery.closed
+            self._published.restore(self._z.recovery.summaries)
+            if self._z.recovery.notes:
+                recovered = self._z.recovery
+                self._record("recovered", lost_rounds=sorted(recovered.lost), notes=recovered.notes)
+        self._reduction = Reduction(self._z, connect)
+        self._intake = PushIntake(self._z, self._norms)
+
+    @property
+    def residency(self) -> ZonePolicy | None:
+        """The zone's residency policy and facts (None: no residency checks)."""
+        return self._z.residency
+
+    @property
+    def recovery(self) -> Recovery:
+        """What the zone found in its store when it started (rounds lost, files discarded)."""
+        return self._z.recovery
 
     def _record(self, decision: str, **fields: Any) -> None:
         if self.audit is not None:
@@ -227,18 +215,18 @@ class ZoneAggregator:
                         RefusalCode.INVALID,
                     )
             check_round_weights(spec, self.bounds.max_site_weight, zone=self.name)
-            with self._lock:
-                if spec.round in self._closed:
+            with self._z.lock:
+                if spec.round in self._z.closed:
                     raise ZoneError(
                         f"zone {self.name}: round {spec.round} was already published here (its store keeps it); "
                         "resume the federation after its last round, or give the zone a fresh store",
                         RefusalCode.LIFECYCLE,
                     )
-                if spec.round in self._rounds or spec.round in self.recovery.lost:
+                if spec.round in self._z.open or spec.round in self.recovery.lost:
                     raise ZoneError(f"zone {self.name}: round {spec.round} was already opened", RefusalCode.LIFECYCLE)
                 if self._journal is not None:  # on disk before anything is accepted: a restart knows it was open
                     self._journal.write(spec.round, RoundState.OPEN)
-                self._rounds[spec.round] = OpenRound(spec, plan, norm_reference=self._norms.snapshot())
+                self._z.open[spec.round] = OpenRound(spec, plan, norm_reference=self._norms.snapshot())
                 self.stats.round = max(self.stats.round, spec.round)
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
@@ -322,19 +310,19 @@ class ZoneAggregator:
                 f"({own}), not {forward_to[0]} at {forward_to[1]}; nothing was forwarded",
                 RefusalCode.AUTHORITY,
             )
-        with self._lock:
+        with self._z.lock:
             if round in self.recovery.lost:
                 raise ZoneError(f"zone {self.name}: {lost_reason(self.name, round)}", RefusalCode.ROUND)
-            state = self._rounds.pop(round, None)
+            state = self._z.open.pop(round, None)
             if state is None:
-                if round in self._closed:
+                if round in self._z.closed:
                     return self._published.summaries(round)
                 raise ZoneError(f"zone {self.name}: round {round} is not open", RefusalCode.LIFECYCLE)
-            self._closed.add(round)
+            self._z.closed.add(round)
             outliers = self._norms.closed(round, state.norms, state.norm_reference)  # what bounds the next rounds
             if outliers:  # folded unbounded (no reference yet): publish nothing; the coordinator aborts it
-                self._closed.discard(round)
-                self._rounds[round] = state
+                self._z.closed.discard(round)
+                self._z.open[round] = state
                 raise ZoneError(
                     f"zone {self.name}: round {round} had no norm reference yet and "
                     f"{'; '.join(o.describe() for o in outliers)}; not publishing it (the next rounds clip "
@@ -346,9 +334,9 @@ class ZoneAggregator:
             try:
                 self._reduction.send(state, target)
             except FedshardError:
-                with self._lock:  # the round is not lost: closing it again retries the forward
-                    self._closed.discard(round)
-                    self._rounds[round] = state
+                with self._z.lock:  # the round is not lost: closing it again retries the forward
+                    self._z.closed.discard(round)
+                    self._z.open[round] = state
                 raise
         self._record(Call.CLOSE, by=by, round=round, sites=len(state.counted))
         summaries = []
@@ -401,8 +389,8 @@ class ZoneAggregator:
 
     def abort_round(self, round: int, *, by: str = "-") -> None:
         """Discard ``round`` without publishing anything."""
-        with self._lock:
-            state = self._rounds.pop(round, None)
+        with self._z.lock:
+            state = self._z.open.pop(round, None)
             lost = round in self.recovery.lost
             if (state is not None or lost) and self._journal is not None:
                 self._journal.write(round, RoundState.ABORTED)  # a lost round aborted may open again, afresh
@@ -456,12 +444,10 @@ class ZoneAggregator:
         ZoneError
             A round is open here (it was opened under the old membership).
         """
-        with self._lock:
-            open_round = min(self._rounds, default=None)
+        with self._z.lock:
+            open_round = min(self._z.open, default=None)
             if open_round is None:
-                self.residency = residency
-                self._reduction.residency = residency
-                self._intake.residency = residency
+                self._z.residency = residency  # the intake's and the reduction's too
         if open_round is not None:
             exc = ZoneError(f"zone {self.name}: round {open_round} is open; reconfigure between rounds")
             self.refused_call(Call.RECONFIGURE, by, refusal_code(exc), str(exc))
@@ -476,7 +462,7 @@ class ZoneAggregator:
     @property
     def open_rounds(self) -> int:
         """Rounds open at the zone now."""
-        return len(self._rounds)
+        return len(self._z.open)
 
     def info(self) -> dict[str, Any]:
         """Name, region, residency role, counters and audit head (for summaries and ``Info``)."""

@@ -201,13 +201,18 @@ def _declared(state: OpenRound, partial: PartialSum) -> dict[str, Declared]:
 
 
 class ForwardTarget(Protocol):
-    """What a forward session needs of the reducing zone (the
-    :class:`~fedshard.zone.aggregator.ZoneAggregator`)."""
+    """What a forward session needs of the reducing zone (its
+    :class:`~fedshard.zone.reduce.Reduction`)."""
 
-    he_context: Any
-    """The zone's public CKKS context, or None."""
-    bounds: AggregationConfig
-    """The federation's bounds on what is folded (``aggregation`` in the config)."""
+    @property
+    def he_context(self) -> Any:
+        """The zone's public CKKS context, or None."""
+        ...
+
+    @property
+    def bounds(self) -> AggregationConfig:
+        """The federation's bounds on what is folded (``aggregation`` in the config)."""
+        ...
 
     def fold_partial(
         self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]

@@ -6,9 +6,7 @@ every refusal counted and audited. The frames between are the push's own
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,12 +19,9 @@ from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt
 from fedshard.residency.audit import Decision
 from fedshard.zone.calls import Call
 from fedshard.zone.norms import NormReference, shard_set
-from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.push import ByteBudget, PushSession, accepted_fields, check_manifest, check_packs
-from fedshard.zone.recovery import Recovery
-from fedshard.zone.staging import StagingPool
+from fedshard.zone.push import PushSession, accepted_fields, check_manifest, check_packs
+from fedshard.zone.rounds import ZoneRounds
 from fedshard.zone.state import OpenRound, manifest_digest
-from fedshard.zone.stats import ZoneStats
 
 __all__ = ["PushIntake", "lost_reason"]
 
@@ -44,47 +39,30 @@ class PushIntake:
 
     Parameters
     ----------
-    name:
-        The zone's name.
-    rounds, closed, lock:
-        The zone's open rounds, the rounds it closed, and the lock that guards them and their sums.
-    budget, staging:
-        The zone's staging budget and buffer pool.
-    stats, record:
-        The zone's counters, and what appends a decision to its audit log.
-    recovery:
-        What the zone found in its store when it started (the rounds it lost).
-    residency, he_context, bounds:
-        As the zone's (:class:`~fedshard.zone.aggregator.ZoneAggregator`).
+    rounds:
+        The zone's round state (:class:`~fedshard.zone.rounds.ZoneRounds`).
     norms:
         The zone's reference of update norms, which bounds each push (:mod:`fedshard.zone.norms`).
     """
 
-    def __init__(
-        self,
-        name: str,
-        rounds: dict[int, OpenRound],
-        closed: set[int],
-        lock: threading.Lock,
-        budget: ByteBudget,
-        staging: StagingPool,
-        stats: ZoneStats,
-        record: Callable[..., None],
-        recovery: Recovery,
-        *,
-        residency: ZonePolicy | None,
-        he_context: Any,
-        bounds: AggregationConfig,
-        norms: NormReference,
-    ) -> None:
-        self.name = name
-        self._rounds, self._closed, self._lock = rounds, closed, lock
-        self._budget, self._staging = budget, staging
-        self._stats, self._record, self._recovery = stats, record, recovery
-        self.residency = residency  # replaced when the federation's membership changes
-        self.he_context = he_context
-        self.bounds = bounds
+    def __init__(self, rounds: ZoneRounds, norms: NormReference) -> None:
+        self.z = rounds
         self.norms = norms
+
+    @property
+    def name(self) -> str:
+        """The zone's name."""
+        return self.z.name
+
+    @property
+    def he_context(self) -> Any:
+        """The zone's public CKKS context, or None."""
+        return self.z.he_context
+
+    @property
+    def bounds(self) -> AggregationConfig:
+        """The federation's bounds on what is folded."""
+        return self.z.bounds
 
     def begin(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
@@ -95,19 +73,19 @@ class PushIntake:
         residency checks use it rather than anything the request says.
         """
         groups: dict[str, str] = {}
-        with self._lock:
-            state = self._rounds.get(manifest.round)
+        with self.z.lock:
+            state = self.z.open.get(manifest.round)
             try:
                 if state is None:
-                    closed = manifest.round in self._closed
+                    closed = manifest.round in self.z.closed
                     reason = "round is closed" if closed else "round is not open at this zone"
-                    if manifest.round in self._recovery.lost:
+                    if manifest.round in self.z.recovery.lost:
                         reason = lost_reason(self.name, manifest.round)
                     raise PushRejectedError(reason, RefusalCode.ROUND)
                 check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
-                if self.residency is not None:
-                    self.residency.origin(manifest.site_id, certified)
-                    groups = self.residency.check_manifest(manifest)
+                if self.z.residency is not None:
+                    self.z.residency.origin(manifest.site_id, certified)
+                    groups = self.z.residency.check_manifest(manifest)
                 packs = check_packs(state, manifest, groups)
             except PushRejectedError as exc:
                 # a retry of a push that landed, or that is still arriving: say so (to that site only)
@@ -119,18 +97,18 @@ class PushIntake:
             state.pushing.add(manifest.site_id)
             state.manifests[manifest.site_id] = manifest_digest(manifest)
         need = manifest.total_bytes
-        if not self._budget.acquire(need, timeout):
+        if not self.z.budget.acquire(need, timeout):
             self.end_push(state, manifest.site_id, 0, counted=False)
             raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
         faults.point("zone.push.header")
         bound = self.norms.bound(state.norm_reference, shard_set(manifest))
-        return PushSession(self, state, manifest, need, groups, packs, self._staging, bound)
+        return PushSession(self, state, manifest, need, groups, packs, self.z.staging, bound)
 
     def refused_push(self, manifest: Manifest, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``manifest``'s push; the error to raise (see :class:`PushSession`)."""
-        self._stats.refuse(reason, code)
+        self.z.stats.refuse(reason, code)
         fields = {"site": manifest.site_id, "round": manifest.round, "code": code, "reason": reason}
-        self._record(Decision.REFUSED, call=Call.PUSH, by=f"site:{manifest.site_id}", **fields)
+        self.z.record(Decision.REFUSED, call=Call.PUSH, by=f"site:{manifest.site_id}", **fields)
         return PushRejectedError(
             f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
         )
@@ -150,9 +128,9 @@ class PushIntake:
         ``norm`` (their L2 norm as folded) joins the round's norms (:mod:`fedshard.zone.norms`)."""
         bounded = bounded or {}
         scale = float(bounded.get("norm_scale", 1.0))
-        with self._lock:
+        with self.z.lock:
             started = time.perf_counter()
-            if self._rounds.get(manifest.round) is not state:
+            if self.z.open.get(manifest.round) is not state:
                 raise self.refused_push(manifest, RefusalCode.ROUND, "the round closed during the push")
             site = (manifest.site_id,)
             weight = state.spec.weight_for(manifest.site_id)  # the manifest's, checked before any frame
@@ -166,12 +144,12 @@ class PushIntake:
             state.counted[manifest.site_id] = None
             if norm is not None:
                 state.norms.setdefault(shard_set(manifest), {})[manifest.site_id] = norm
-            origin = self.residency.jurisdictions.get(manifest.site_id) if self.residency is not None else None
+            origin = self.z.residency.jurisdictions.get(manifest.site_id) if self.z.residency is not None else None
             fold_s = time.perf_counter() - started
-            self._stats.count_push(manifest, origin, fold_s)
+            self.z.stats.count_push(manifest, origin, fold_s)
         if norm is not None:
             bounded = {**bounded, "norm": round(norm, 6)}  # what the next round's bound is taken from
-        self._record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
+        self.z.record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
         faults.point("zone.push.commit")  # counted; the site has not heard so yet
         shards, nbytes = len(manifest.shards), manifest.total_bytes
         return PushReceipt(self.name, manifest.round, manifest.site_id, shards, nbytes, fold_s)
@@ -182,8 +160,8 @@ class PushIntake:
         """A push is over (see :class:`PushSession`): forget it unless counted; return its staging
         bytes (``freed`` of them freed, the others kept in the staging pool)."""
         if not counted:
-            with self._lock:
+            with self.z.lock:
                 state.pushing.discard(site_id)
                 state.manifests.pop(site_id, None)
         if budget_bytes:
-            self._budget.release(budget_bytes, freed=freed)
+            self.z.budget.release(budget_bytes, freed=freed)

@@ -96,11 +96,20 @@ class ByteBudget:
 class PushTarget(Protocol):
     """What a push session needs of its zone (the zone's :class:`~fedshard.zone.intake.PushIntake`)."""
 
-    name: str
-    he_context: Any
-    """The zone's public CKKS context, or None."""
-    bounds: AggregationConfig
-    """The federation's bounds on what is folded (``aggregation`` in the config)."""
+    @property
+    def name(self) -> str:
+        """The zone's name."""
+        ...
+
+    @property
+    def he_context(self) -> Any:
+        """The zone's public CKKS context, or None."""
+        ...
+
+    @property
+    def bounds(self) -> AggregationConfig:
+        """The federation's bounds on what is folded (``aggregation`` in the config)."""
+        ...
 
     def fold_push(
         self,

@@ -2,15 +2,14 @@
 zone) as transactions, and sending this zone's own at round close.
 
 :class:`Reduction` is the :class:`~fedshard.zone.forward.ForwardTarget` of the zone's
-forward sessions (checks and frames: :mod:`fedshard.zone.forward`). It shares the zone's
-open rounds and their lock, its staging budget and pool, its counters and its audit log
-with the :class:`~fedshard.zone.aggregator.ZoneAggregator` that made it.
+forward sessions (checks and frames: :mod:`fedshard.zone.forward`). It operates on the
+zone's round state (:class:`~fedshard.zone.rounds.ZoneRounds`), which the
+:class:`~fedshard.zone.aggregator.ZoneAggregator` owns.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,15 +21,12 @@ from fedshard.residency.audit import Decision
 from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
 from fedshard.zone.frames import shard_chunks
-from fedshard.zone.push import ByteBudget
-from fedshard.zone.staging import StagingPool
+from fedshard.zone.rounds import ZoneRounds
 from fedshard.zone.state import OpenRound
-from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
     from fedshard.config import AggregationConfig
     from fedshard.protocol.channels import ZoneConnector
-    from fedshard.zone.policy import ZonePolicy
 
 __all__ = ["Reduction"]
 
@@ -40,43 +36,25 @@ class Reduction:
 
     Parameters
     ----------
-    zone:
-        The zone's name.
-    rounds, lock:
-        The zone's open rounds, and the lock that guards them and their sums.
-    budget, staging:
-        The zone's staging budget and buffer pool (shared with its pushes).
-    stats:
-        The zone's counters.
-    record:
-        Appends a decision to the zone's audit log (``record(decision, **fields)``).
-    residency, he_context, bounds, connect:
-        As the zone's (:class:`~fedshard.zone.aggregator.ZoneAggregator`).
+    rounds:
+        The zone's round state (:class:`~fedshard.zone.rounds.ZoneRounds`).
+    connect:
+        Makes a client to the reducing zone (see :class:`~fedshard.zone.aggregator.ZoneAggregator`).
     """
 
-    def __init__(
-        self,
-        zone: str,
-        rounds: dict[int, OpenRound],
-        lock: threading.Lock,
-        budget: ByteBudget,
-        staging: StagingPool,
-        stats: ZoneStats,
-        record: Callable[..., None],
-        *,
-        residency: ZonePolicy | None,
-        he_context: Any,
-        bounds: AggregationConfig,
-        connect: ZoneConnector | None,
-    ) -> None:
-        self.zone = zone
-        self._rounds, self._lock = rounds, lock
-        self._budget, self._staging = budget, staging
-        self._stats, self._record = stats, record
-        self.residency = residency  # replaced when the federation's membership changes
-        self.he_context = he_context
-        self.bounds = bounds
+    def __init__(self, rounds: ZoneRounds, connect: ZoneConnector | None) -> None:
+        self.z = rounds
         self._connect = connect
+
+    @property
+    def he_context(self) -> Any:
+        """The zone's public CKKS context, or None."""
+        return self.z.he_context
+
+    @property
+    def bounds(self) -> AggregationConfig:
+        """The federation's bounds on what is folded."""
+        return self.z.bounds
 
     def begin(
         self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
@@ -85,38 +63,38 @@ class Reduction:
 
         ``certified`` is the sending zone's name from its mTLS certificate.
         """
-        with self._lock:
-            state = self._rounds.get(partial.round)
+        with self.z.lock:
+            state = self.z.open.get(partial.round)
             try:
                 if certified is not None and certified != partial.zone:
                     raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
                 if state is None:
                     raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
-                check_partial(state, partial, residency=self.residency, he_context=self.he_context)
+                check_partial(state, partial, residency=self.z.residency, he_context=self.he_context)
             except PushRejectedError as exc:
                 raise self.refused_partial(partial, exc.code, str(exc)) from None
             state.forwarding.add(partial.zone)
         need = sum(e.nbytes for e in partial.entries)
-        if not self._budget.acquire(need, timeout):
+        if not self.z.budget.acquire(need, timeout):
             self.end_forward(state, partial.zone, 0)
-            raise ZoneError(f"zone {self.zone}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
-        return ForwardSession(self, state, partial, need, self._staging)
+            raise ZoneError(f"zone {self.z.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+        return ForwardSession(self, state, partial, need, self.z.staging)
 
     def refused_partial(self, partial: PartialSum, code: RefusalCode, reason: str) -> PushRejectedError:
         """Count and audit a refusal of ``partial``; the error to raise (see :class:`ForwardSession`)."""
-        self._stats.refuse(reason, code)
+        self.z.stats.refuse(reason, code)
         fields = {"source_zone": partial.zone, "round": partial.round, "code": code, "reason": reason}
-        self._record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
+        self.z.record(Decision.REFUSED, call=Call.FORWARD, by=f"zone:{partial.zone}", **fields)
         return PushRejectedError(
-            f"zone {self.zone} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
+            f"zone {self.z.name} refused zone {partial.zone}'s partial sums for round {partial.round}: {reason}", code
         )
 
     def fold_partial(
         self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
     ) -> int:
         """Fold a complete, valid forward into the round (called by its :class:`ForwardSession`)."""
-        with self._lock:
-            if self._rounds.get(partial.round) is not state:
+        with self.z.lock:
+            if self.z.open.get(partial.round) is not state:
                 raise self.refused_partial(partial, RefusalCode.ROUND, "the round closed during the forward")
             for entry in partial.entries:
                 sid = entry.shard_id
@@ -128,9 +106,9 @@ class Reduction:
                     acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
                     acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
             state.forwarded_from.add(partial.zone)
-            self._stats.partials_received += len(partial.entries)
+            self.z.stats.partials_received += len(partial.entries)
         faults.point("zone.forward.received")
-        self._record(
+        self.z.record(
             Decision.ACCEPTED,
             call=Call.FORWARD,
             source_zone=partial.zone,
@@ -143,10 +121,10 @@ class Reduction:
     def end_forward(self, state: OpenRound, zone: str, budget_bytes: int, *, freed: int | None = None) -> None:
         """A forward is over (see :class:`ForwardSession`): forget it as in progress; return its
         staging bytes (``freed`` of them freed, the others kept in the staging pool)."""
-        with self._lock:
+        with self.z.lock:
             state.forwarding.discard(zone)
         if budget_bytes:
-            self._budget.release(budget_bytes, freed=freed)
+            self.z.budget.release(budget_bytes, freed=freed)
 
     def receive(self, partial: PartialSum, sums: Mapping[str, ShardPayload], *, certified: str | None = None) -> int:
         """Fold another zone's partial sums of ``global`` shards into this round at once
@@ -163,18 +141,18 @@ class Reduction:
         """Forward ``state``'s partial sums of ``global`` shards to ``forward_to``, the
         reducing zone's ``(name, endpoint)`` from this zone's own config (nothing to send:
         nothing done); counted and audited."""
-        partial = send_partial_sums(state, self.zone, self._connect, forward_to)
+        partial = send_partial_sums(state, self.z.name, self._connect, forward_to)
         if partial is None or forward_to is None:
             return
         faults.point("zone.forward.sent")
         nbytes = sum(e.nbytes for e in partial.entries)
-        self._stats.forwarded_shards += len(partial.entries)
-        self._stats.forwarded_bytes += nbytes
-        if self.residency is not None:
+        self.z.stats.forwarded_shards += len(partial.entries)
+        self.z.stats.forwarded_bytes += nbytes
+        if self.z.residency is not None:
             entries = ((e.shard_id, e.contributors) for e in partial.entries)
-            self._stats.count_forward(entries, self.residency.classes, self.residency.jurisdictions)
+            self.z.stats.count_forward(entries, self.z.residency.classes, self.z.residency.jurisdictions)
         who = sorted({c for e in partial.entries for c in e.contributors})
-        self._record(
+        self.z.record(
             Decision.FORWARDED,
             round=partial.round,
             to_zone=forward_to[0],
