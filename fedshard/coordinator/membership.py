@@ -57,6 +57,10 @@ class Membership(Protocol):
         """The change to take before round ``rnd`` starts, if one is pending."""
         ...
 
+    def close(self) -> None:
+        """Stop what it started (the zones a change added); the run is over."""
+        ...
+
 
 JOIN_QUERIES = 3
 """Join queries a connected node may leave unanswered (each costs up to a round timeout)

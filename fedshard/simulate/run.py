@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 
 from fedshard.assembly import SIGNING_KEY_FILE, ServedZones, check_privacy, grpc_connector, make_site, serving_zones
+from fedshard.assembly.coordination import coordinate
 from fedshard.config import FederationConfig
-from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.recovery import Recovery
 from fedshard.coordinator.results import PhaseObserver, RoundObserver, RunResult
@@ -110,7 +110,6 @@ def simulate(
         if engine is Engine.INPROCESS:
             connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
             result = _run_inprocess(config, out, served, observer, events, recovery, connect, workers)
-            events.on_stop(result.stopped_reason)
         else:
             from fedshard.simulate.flower import run_flower_simulation
 
@@ -209,22 +208,18 @@ def _run_inprocess(
         return _signing_keys(new, out / "sites", only=ids)
 
     membership = RunMembership(config, out, served, routing, gateway, sites, reach, keys, events)
-    coordinator = Coordinator(
-        config,
-        gateway,
-        zones,
-        endpoints,
-        observer,
-        journal=events,
-        recovery=recovery,
-        membership=membership,
-        site_keys=lambda: served.site_keys or {},  # each node proves which site it is (sites added too)
-    )
     try:
-        return coordinator.run()
+        return coordinate(
+            config,
+            gateway,
+            zones,
+            endpoints,
+            events,
+            observer=observer,
+            recovery=recovery,
+            membership=membership,
+            site_keys=lambda: served.site_keys or {},  # each node proves which site it is (sites added too)
+        )
     finally:
         gateway.close()
         channels.close()
-        membership.close()
-        for z in zones.values():
-            z.close()

@@ -50,11 +50,9 @@ def create_server_app(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         from fedshard.assembly import tls_connector
+        from fedshard.assembly.coordination import coordinate
         from fedshard.config import load_federation
-        from fedshard.coordinator.coordinator import Coordinator
         from fedshard.coordinator.events import EventLog
-        from fedshard.coordinator.ledger_book import LedgerBook
-        from fedshard.coordinator.recovery import recover
         from fedshard.crypto.tls import TlsFiles
         from fedshard.transports.flower.grid import FlowerSiteGateway
         from fedshard.transports.flower.host_watch import stop_with_host
@@ -82,34 +80,17 @@ def create_server_app(
 
             run_dir = Path(str(settings["config"])).parent
             membership = FolderMembership(config, run_dir, zones, tls, journal=events)
-        try:
-            recovery = recover(events.path) if settings.get("resume") else None
-            book = (
-                LedgerBook(str(settings["ledger-heads"]), config.federation.name)
-                if settings.get("ledger-heads")
-                else None
-            )
-            coordinator = Coordinator(
-                config,
-                gateway,
-                zones,
-                endpoints,
-                journal=events,
-                recovery=recovery,
-                membership=membership,
-                ledger_book=book,
-                site_keys=site_keys(settings),
-            )
-            result = coordinator.run()
-            events.on_stop(result.stopped_reason)
-        except Exception as exc:
-            events.on_stop(str(exc))
-            raise
-        finally:
-            for zone in zones.values():
-                zone.close()
-            if membership is not None:
-                membership.close()
+        coordinate(
+            config,
+            gateway,
+            zones,
+            endpoints,
+            events,
+            resume=bool(settings.get("resume")),
+            membership=membership,
+            ledger_heads=str(settings["ledger-heads"]) if settings.get("ledger-heads") else None,
+            site_keys=site_keys(settings),
+        )
 
     return server_app
 
