@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedshard.crypto.identity import Role, ZoneId, load_cert, load_zone_key, read_identity
 from fedshard.errors import IntegrityError, PkiError
+from fedshard.integrity.canonical import canonical_json
 from fedshard.integrity.digest import HASH_NAME
 
 __all__ = [
@@ -328,4 +329,4 @@ def _refuse_constant(name: str) -> None:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return canonical_json(value)

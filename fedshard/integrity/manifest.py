@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from fedshard.crypto.signing import sign, verify
 from fedshard.errors import IntegrityError, RefusalCode, ShardError
+from fedshard.integrity.canonical import canonical_json
 from fedshard.integrity.digest import HASH_NAME, ciphertext_digest, shard_digest
 from fedshard.integrity.merkle import merkle_root
 
@@ -94,13 +95,13 @@ class Manifest:
 
     def signing_payload(self) -> bytes:
         """Canonical bytes that a signature covers (everything but the signature)."""
-        return json.dumps(self._body(), sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(self._body(), allow_nan=True)
 
     def to_bytes(self) -> bytes:
         """Serialise (canonical JSON, signature included)."""
         body = self._body()
         body["signature"] = self.signature
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(body, allow_nan=True)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:

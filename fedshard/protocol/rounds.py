@@ -11,6 +11,7 @@ import numpy as np
 
 from fedshard.errors import IntegrityError, RefusalCode
 from fedshard.integrity.aggregate_signature import AggregateSignature
+from fedshard.integrity.canonical import canonical_json
 from fedshard.integrity.digest import HASH_NAME
 from fedshard.integrity.manifest import ShardEntry
 from fedshard.residency.router import DEFAULT_GROUP, GLOBAL_GROUP, AggregateKey
@@ -182,7 +183,7 @@ class PartialSum:
                 [e.shard_id, e.digest, e.nbytes, e.weight, list(e.contributors), e.encrypted] for e in self.entries
             ],
         }
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(body, allow_nan=True)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PartialSum:

@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedshard.crypto.identity import Identity, Role, claimed_identity, load_cert, load_zone_key, read_identity, read_pem
 from fedshard.errors import PkiError
+from fedshard.integrity.canonical import canonical_json
 
 __all__ = [
     "HEAD_VERSION",
@@ -353,7 +354,7 @@ def _write_at(fd: int, data: bytes) -> None:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return canonical_json(value)
 
 
 def _fingerprint(cert: x509.Certificate) -> str:

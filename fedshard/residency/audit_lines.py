@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fedshard.integrity.canonical import canonical_json
 from fedshard.residency.audit_head import HeadSignature, SignedHead
 
 __all__ = [
@@ -134,7 +135,7 @@ def record_hash(body: Mapping[str, Any]) -> str:
 
 
 def canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return canonical_json(value)
 
 
 def render(record: Mapping[str, Any]) -> bytes:

@@ -10,13 +10,13 @@ its aggregate may be served to no one.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from fedshard.config.residency import ANY, PolicyRule, ResidencyConfig
+from fedshard.integrity.canonical import canonical_text
 
 __all__ = ["ANY_REGION", "Policy", "PolicyDecision", "Selection", "ShardProtection", "refusal"]
 
@@ -179,7 +179,7 @@ class Policy:
         always gives the same bytes."""
         encrypt = self.encrypt if isinstance(self.encrypt, str) else list(self.encrypt)
         data = {"format": _POLICY_FORMAT, "rules": [rule.canonical() for rule in self.rules], "encrypt": encrypt}
-        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        return canonical_text(data)
 
     @property
     def digest(self) -> str:

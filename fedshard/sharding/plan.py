@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedshard.errors import ShardError
+from fedshard.integrity.canonical import canonical_text
 
 __all__ = ["DEFAULT_TILE", "ShardPlan", "ShardSpec", "TensorSpec", "as_numpy"]
 
@@ -235,7 +236,7 @@ class ShardPlan:
 
     def to_json(self) -> str:
         """Canonical JSON: the same plan always serialises to the same bytes."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return canonical_text(self.to_dict(), allow_nan=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ShardPlan:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fedshard._fs import fsync_dir
 from fedshard.errors import ConfigError, PrivacyError, StoreError
+from fedshard.integrity.canonical import canonical_text
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, LedgerHead
@@ -214,4 +215,4 @@ class FileAnchor:
             raise StoreError(f"cannot write privacy ledger anchor {self.path}: {exc.strerror or exc}") from exc
 
     def _mac(self, body: Mapping[str, Any]) -> bytes:
-        return self.key.mac(b"", "anchor", [json.dumps(body, sort_keys=True, separators=(",", ":"))])
+        return self.key.mac(b"", "anchor", [canonical_text(body, allow_nan=True)])

@@ -44,6 +44,7 @@ import numpy as np
 
 from fedshard.crypto.at_rest import DATA_KEY_BYTES, Kek, open_key_table, seal_key_table
 from fedshard.errors import StoreError, StoreKeyError
+from fedshard.integrity.canonical import canonical_json
 
 __all__ = [
     "CATALOG",
@@ -110,7 +111,7 @@ def keys_name(generation: int) -> str:
 
 
 def _canonical(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json(doc, allow_nan=True)
 
 
 def _split(raw: bytes | memoryview, magic: bytes, what: str) -> tuple[bytes, memoryview]:

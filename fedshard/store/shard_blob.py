@@ -25,6 +25,7 @@ import numpy as np
 
 from fedshard.crypto.at_rest import NONCE_BYTES, TAG_BYTES, open_envelope, seal_envelope
 from fedshard.errors import ShardIntegrityError
+from fedshard.integrity.canonical import canonical_json
 from fedshard.store.quantize import ColdFormat, decode, encoded_nbytes
 
 __all__ = ["BlobHeader", "decode_payload", "open_blob", "seal_blob"]
@@ -61,7 +62,7 @@ class BlobHeader:
             "nonce": self.nonce.hex(),
             "length": self.length,
         }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json(doc, allow_nan=True)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> BlobHeader:

@@ -43,18 +43,20 @@ def _append(path: Path, line: str) -> None:
 def test_the_tree_keeps_every_contract(tree: Path) -> None:
     result = _lint(tree)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 def test_each_contract_breaks_on_its_own_forbidden_import(tree: Path) -> None:
-    """One copy with three forbidden changes, one per contract; each contract names its own."""
+    """One copy with four forbidden changes, one per contract; each contract names its own."""
     _append(tree / "fedshard" / "sharding" / "plan.py", "import clients  # noqa")  # library -> entry point
     _append(tree / "fedshard" / "store" / "catalog.py", "import fedshard.site.site  # noqa")  # domain -> role
     # zone.push is imported by zone.aggregator; importing back closes a cycle
     _append(tree / "fedshard" / "zone" / "push.py", "import fedshard.zone.aggregator  # noqa")
+    _append(tree / "fedshard" / "deploy" / "status.py", "import fedshard.simulate.run  # noqa")  # deploy -> simulate
     result = _lint(tree)
     assert result.returncode != 0
-    assert "0 kept, 3 broken" in result.stdout, result.stdout
+    assert "0 kept, 4 broken" in result.stdout, result.stdout
+    assert "fedshard.deploy.status -> fedshard.simulate.run" in result.stdout
     assert "fedshard.sharding.plan -> clients" in result.stdout
     assert "fedshard.store.catalog -> fedshard.site.site" in result.stdout
     assert "No cycles are allowed in fedshard.zone" in result.stdout
