@@ -1,4 +1,5 @@
-"""Retrying a zone call that got no answer: exponential backoff with jitter, within the round.
+"""Retrying a zone call that got no answer: exponential backoff with jitter, within the round
+(the loop is tenacity's; when to stop and how long to wait are the site's).
 
 A zone that is restarting, briefly unreachable, or that lost the connection mid-call
 gives no answer (:class:`~fedshard.errors.ZoneUnavailableError`); a site tries such a
@@ -17,6 +18,7 @@ arriving on the earlier stream (wait and ask again), or not at all (a failure).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -83,21 +85,45 @@ class Retry:
         FedshardError
             Whatever else an attempt raises (a refusal), at once.
         """
+        from tenacity import RetryCallState, Retrying, retry_if_exception_type
+
         start = clock()
-        n = 1
-        while True:
-            try:
-                return attempt(n)
-            except ZoneUnavailableError as exc:
-                pause = self.wait(n)
-                resume = clock() + pause
-                if resume >= deadline or resume - start >= self.patience:
-                    if n == 1:
-                        raise
-                    raise ZoneUnavailableError(f"{exc.reason} (gave up after {n} attempts)", exc.code) from None
-                log.info("%s: no answer (%s); attempt %d in %.1fs", what, exc.reason, n + 1, pause)
-                sleep(pause)
-                n += 1
+        pauses: dict[int, float] = {}
+
+        def pause(state: RetryCallState) -> float:
+            """The wait after attempt n, drawn once (tenacity asks for it, and the stop needs it)."""
+            n = state.attempt_number
+            if n not in pauses:
+                pauses[n] = self.wait(n)
+            return pauses[n]
+
+        def give_up(state: RetryCallState) -> bool:
+            """After attempt n failed with no answer: stop unless the next can start in time."""
+            resume = clock() + pause(state)
+            return resume >= deadline or resume - start >= self.patience
+
+        def say(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            reason = error.reason if isinstance(error, ZoneUnavailableError) else str(error)
+            n = state.attempt_number
+            log.info("%s: no answer (%s); attempt %d in %.1fs", what, reason, n + 1, pauses[n])
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(ZoneUnavailableError),  # a refusal is an answer: raised at once
+            stop=give_up,
+            wait=pause,
+            sleep=sleep,
+            before_sleep=say,
+            reraise=True,
+        )
+        numbers = itertools.count(1)
+        try:
+            return retrying(lambda: attempt(next(numbers)))
+        except ZoneUnavailableError as exc:
+            made = int(retrying.statistics.get("attempt_number", 1))
+            if made == 1:
+                raise
+            raise ZoneUnavailableError(f"{exc.reason} (gave up after {made} attempts)", exc.code) from None
 
 
 DEFAULT_RETRY = Retry()
