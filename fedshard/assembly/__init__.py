@@ -9,7 +9,9 @@ Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and 
   site's model is built once per process, not once per message;
 * :mod:`~fedshard.assembly.zones`: a zone from the config, and zones served in this
   process (simulation, tests), to which more can be added while a federation runs;
-* :mod:`~fedshard.assembly.connectors`: how parts reach the zones (gRPC, mutual TLS).
+* :mod:`~fedshard.assembly.connectors`: how parts reach the zones (gRPC, mutual TLS);
+* :mod:`~fedshard.assembly.coordination`: the coordinator, wired the same way for the
+  in-process engine and the Flower ServerApp.
 """
 
 from fedshard.assembly.cache import SITE_CACHE_BYTES, SITE_CACHE_SIZE, deployed_site_for, site_for

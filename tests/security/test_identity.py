@@ -13,6 +13,7 @@ would make it dial any endpoint it names.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -429,6 +430,19 @@ def test_keys_upgrade_reissues_old_certificates_and_a_push_then_works(fed: LiveF
 # -- item 12: `fedshard audit verify` is bound to the zone whose log it is -----------------------------------
 
 
+def _snapshot_audit(store: Path, into: Path) -> None:
+    """A consistent copy of a live zone's audit log and signed head: the zone may append (and
+    sign) between two file copies, so copy until the head is the same before and after the log."""
+    for _ in range(50):
+        head = (store / "audit.head.json").read_bytes()
+        shutil.copy(store / "audit.jsonl", into / "audit.jsonl")
+        if (store / "audit.head.json").read_bytes() == head:
+            (into / "audit.head.json").write_bytes(head)
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{store}: the zone kept appending to its audit log")
+
+
 def test_audit_verify_refuses_another_zones_log_and_a_log_signed_by_the_superlink(
     fed: LiveFederation, tmp_path: Path
 ) -> None:
@@ -436,8 +450,7 @@ def test_audit_verify_refuses_another_zones_log_and_a_log_signed_by_the_superlin
     ca = agg.ca.read_bytes()
     us = tmp_path / "us"
     us.mkdir()
-    for name in ("audit.jsonl", "audit.head.json"):
-        shutil.copy(fed.stores["us-east"] / name, us / name)
+    _snapshot_audit(fed.stores["us-east"], us)
     verifier = HeadVerifier(ca_pem=ca)
     assert verify_audit_log(us / "audit.jsonl", verifier=verifier, zone="us-east").ok
     swapped = verify_audit_log(
