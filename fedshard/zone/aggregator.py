@@ -187,6 +187,11 @@ class ZoneAggregator:
         self._intake = PushIntake(self._z, self._norms)
 
     @property
+    def round_state(self) -> ZoneRounds:
+        """The zone's round state (open rounds, staging, counters…), read by tools and tests."""
+        return self._z
+
+    @property
     def residency(self) -> ZonePolicy | None:
         """The zone's residency policy and facts (None: no residency checks)."""
         return self._z.residency

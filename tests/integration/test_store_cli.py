@@ -14,7 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fedshard.cli.store import keys_rotate, store_app, verify_store
+from fedshard.cli.keys import keys_app
+from fedshard.cli.store import store_app, verify_store
 from fedshard.crypto.at_rest import KEK_ENV, KEK_FILE_ENV, NEW_KEK_ENV, load_kek
 from fedshard.errors import ConfigError, FedshardError, StoreError, StoreKeyError
 from fedshard.sharding import ShardPlan
@@ -23,10 +24,8 @@ from fedshard.store.model_io import write_tensors
 from fedshard.store.sealed_store import blob_name
 
 app = typer.Typer()
-keys_app = typer.Typer()
 app.add_typer(store_app, name="store")
 app.command("verify")(verify_store)
-keys_app.command("rotate")(keys_rotate)
 app.add_typer(keys_app, name="keys")
 
 

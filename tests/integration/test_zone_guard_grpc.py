@@ -168,7 +168,7 @@ def test_a_trickling_push_is_ended_its_staging_returned_and_the_site_can_push_ag
         channel.close()
     assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert "KiB/s" in (info.value.details() or "")
-    _until(lambda: aggregator._budget._used == 0, "the staging bytes returned")
+    _until(lambda: aggregator.round_state.budget._used == 0, "the staging bytes returned")
     [record] = _refused(tmp_path)
     assert (record["code"], record["by"]) == ("idle", "site:site-b")
     with GrpcZoneClient(endpoint, timeout=30, tls=pki["site-b"]) as client:  # nothing of the push is left behind

@@ -45,7 +45,7 @@ def assert_only_good_counted(zone: ZoneAggregator) -> None:
     good = sums(99)
     assert zone.receive_partial(partial_from(good, weight=4.0), good) == len(good)
     # the forward was staged in the zone's reused buffers, all given back for the next push or forward
-    assert (zone._staging.lent, zone._staging.free) == (0, sum(v.nbytes for v in good.values()))
+    assert (zone.round_state.staging.lent, zone.round_state.staging.free) == (0, sum(v.nbytes for v in good.values()))
     (summary,) = zone.close_round(1)
     aggregate = zone.fetch(1, GLOBAL_GROUP, jurisdiction="EU").means
 
@@ -60,7 +60,7 @@ def refused(zone: ZoneAggregator, code: RefusalCode, match: str, forward: Callab
         forward()
 
     assert info.value.code is code
-    assert zone._staging.lent == 0  # a refused forward gives its staging buffers back too
+    assert zone.round_state.staging.lent == 0  # a refused forward gives its staging buffers back too
     assert str(info.value).startswith("zone eu-1 refused zone us-1's partial sums for round 1: ")
     assert "\n" not in str(info.value)
     assert_only_good_counted(zone)

@@ -39,7 +39,7 @@ def push(zone: ZoneAggregator, site: str, shards: Shards) -> None:
 
 def sums_of(zone: ZoneAggregator) -> dict[str, tuple[np.ndarray, float]]:
     """Round 1's running sums ``S`` and ``Σ w`` per shard (one aggregate group: no residency policy)."""
-    return zone._rounds[1].groups[DEFAULT_GROUP].partial_sums()
+    return zone.round_state.open[1].groups[DEFAULT_GROUP].partial_sums()
 
 
 def assert_mean_of(zone: ZoneAggregator, updates: dict[str, Shards]) -> None:
@@ -120,7 +120,7 @@ def test_pushes_that_follow_each_other_reuse_the_staging_buffers() -> None:
     a, b = random_update(1, PLAN), random_update(2, PLAN)
 
     push(zone, "site-a", a)
-    pool = zone._staging
+    pool = zone.round_state.staging
     allocated = pool.allocated
     assert allocated == len(PLAN)
     assert (pool.lent, pool.free) == (0, PLAN.nbytes)
@@ -139,9 +139,9 @@ def test_the_staging_pool_is_bounded_by_the_budget() -> None:
 
     push(zone, "site-a", a)
 
-    assert zone._staging.lent == 0
-    assert 0 < zone._staging.free <= budget
-    assert zone._budget._used == 0
+    assert zone.round_state.staging.lent == 0
+    assert 0 < zone.round_state.staging.free <= budget
+    assert zone.round_state.budget._used == 0
 
 
 def test_an_aborted_push_gives_its_buffers_back() -> None:
@@ -154,10 +154,10 @@ def test_an_aborted_push_gives_its_buffers_back() -> None:
         for chunk in shard_chunks(sids[0], a[sids[0]]):
             session.take(chunk)
         session.take(next(shard_chunks(sids[1], a[sids[1]], chunk_bytes=8)))  # a shard half received
-        assert zone._staging.lent == a[sids[0]].nbytes + a[sids[1]].nbytes
+        assert zone.round_state.staging.lent == a[sids[0]].nbytes + a[sids[1]].nbytes
 
-    assert zone._staging.lent == 0
-    assert zone._budget._used == 0
+    assert zone.round_state.staging.lent == 0
+    assert zone.round_state.budget._used == 0
     push(zone, "site-c", c)
     assert_mean_of(zone, {"site-c": c})
 
@@ -174,14 +174,14 @@ def test_a_refused_push_gives_its_buffers_back_and_leaves_the_sums_untouched() -
         push(zone, "site-b", bad)
 
     assert info.value.code == RefusalCode.NON_FINITE
-    assert zone._staging.lent == 0
+    assert zone.round_state.staging.lent == 0
     after = sums_of(zone)
     assert set(after) == set(before)
     for sid, (total, weight) in before.items():
         np.testing.assert_array_equal(after[sid][0], total)
         assert after[sid][1] == weight
     push(zone, "site-c", c)  # into the buffers the refused push filled
-    assert zone._staging.allocated == len(PLAN)
+    assert zone.round_state.staging.allocated == len(PLAN)
     assert_mean_of(zone, {"site-a": a, "site-c": c})
 
 
@@ -189,7 +189,7 @@ def test_the_sums_do_not_share_memory_with_the_staging_buffers() -> None:
     zone = open_zone()
     a = random_update(1, PLAN)
     push(zone, "site-a", a)
-    pool = zone._staging
+    pool = zone.round_state.staging
 
     reused = [pool.take(v.nbytes) for v in a.values()]  # what the next push would be staged in
     for buf in reused:
