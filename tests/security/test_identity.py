@@ -13,6 +13,7 @@ would make it dial any endpoint it names.
 from __future__ import annotations
 
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -176,6 +177,29 @@ def test_a_site_sends_nothing_to_a_server_that_is_not_the_zone_it_expects(fed: L
     for zone in fed.endpoints:
         with fed.client(zone, "coordinator") as c:
             c.abort_round(1)
+
+
+def test_a_site_names_the_server_at_its_superlink_address_when_it_is_not_the_superlink(
+    fed: LiveFederation, tmp_path: Path
+) -> None:
+    """What `site up` checks before its SuperNode dials (README, "Run across machines"): a
+    server of another role (a zone's port given as the SuperLink's address) or one holding
+    another CA's certificate is named at once, in one line; a closed port is no answer yet."""
+    from fedshard.crypto.pki import init_ca
+    from fedshard.crypto.tls import describe_superlink
+
+    ca = fed.keys.aggregator.ca.read_bytes()
+    said = describe_superlink(fed.endpoints["us-east"], ca)
+    assert said is not None and "\n" not in said
+    assert "holds the certificate of zone us-east (US) (role zone), not the SuperLink's" in said
+    other = init_ca(tmp_path / "other-ca", "hospitals federation CA")
+    foreign = describe_superlink(fed.endpoints["us-east"], other.cert.read_bytes())
+    assert foreign is not None and "is not this federation's SuperLink" in foreign
+    assert "was not issued by the federation CA" in foreign and "different `fedshard keys init` runs" in foreign
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert describe_superlink(f"127.0.0.1:{port}", ca) is None  # not up yet: the caller retries
 
 
 def test_the_coordinators_clients_check_the_zone_too(fed: LiveFederation) -> None:

@@ -33,3 +33,16 @@ def test_the_state_folder_lock_is_held_for_the_block_and_refuses_a_second_holder
         with refused, holding(tmp_path, pid=4242):
             pass
     assert not is_held(tmp_path)
+
+
+def test_one_site_up_per_site_state_folder(tmp_path: Path) -> None:
+    """Two SuperNodes of one site would train on, and spend from, one ledger at once: a second
+    `site up` is refused in one line naming the commands that show and stop the first."""
+    from fedshard.deploy.host_lock import SITE_LOCK_FILE
+
+    with holding(tmp_path, lock_file=SITE_LOCK_FILE):
+        assert is_held(tmp_path, SITE_LOCK_FILE) and not is_held(tmp_path)  # not the aggregator's lock
+        refused = pytest.raises(DeployError, match=r"another `site up` \(pid 77\) runs with state folder .*site status")
+        with refused, holding(tmp_path, pid=77, lock_file=SITE_LOCK_FILE):
+            pass
+    assert not is_held(tmp_path, SITE_LOCK_FILE)
