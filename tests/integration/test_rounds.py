@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from fedshard.aggregation.server_rules import RULES, Hyper, Slots, register
+from fedshard.aggregation.server_rules import RULES, register
 from fedshard.assembly import grpc_connector, make_site, running_zones
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
@@ -27,6 +27,7 @@ from fedshard.protocol.messages import (
 from fedshard.site.site import Site
 from fedshard.store import LocalShardStore
 from fedshard.transports.inprocess import InProcessSiteGateway
+from tests.unit.test_server_optimizer import SignMomentum  # a rule of a task's own
 from tests.zone_helpers import site_model
 
 
@@ -194,23 +195,11 @@ def test_site_refuses_an_aggregate_whose_root_differs_from_the_announced_one(fed
     assert meta["applied_round"] == 0 and meta["version"] == result.genesis_version
 
 
-class _SignMomentum:
-    """A rule of a task's own (m ← β₁ m + Δ; θ ← θ + η sign(m)): one class and one registration."""
-
-    name = "sign-momentum"
-
-    def step(self, delta: np.ndarray, slots: Slots, hyper: Hyper) -> np.ndarray:
-        m = slots.get("m") * hyper.beta1 + delta
-        slots.set("m", m)
-        step: np.ndarray = np.sign(m) * hyper.learning_rate
-        return step
-
-
 @pytest.fixture
 def sign_momentum() -> Iterator[None]:
-    register(_SignMomentum())
+    register(SignMomentum())
     yield
-    RULES.pop("sign-momentum")
+    RULES.remove("sign-momentum")
 
 
 @pytest.mark.parametrize("kind", ["momentum", "adam", "sign-momentum"])

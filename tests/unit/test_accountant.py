@@ -178,6 +178,6 @@ def test_a_new_accountant_is_one_class_and_one_registration(tmp_path) -> None:  
         with pytest.raises(ConfigError, match="already registered"):
             register(ZeroConcentrated())
     finally:
-        ACCOUNTANTS.pop("zcdp")
+        ACCOUNTANTS.remove("zcdp")
     with pytest.raises(ConfigError, match=r"accountant 'zcdp': no such accountant \(prv, rdp\)"):
         epsilon([_event(4.0, 0.1, 8)], 1e-5, "zcdp")

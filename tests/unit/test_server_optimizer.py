@@ -82,6 +82,6 @@ def test_a_new_rule_is_one_class_and_one_registration() -> None:
         with pytest.raises(ConfigError, match="already registered"):
             register(SignMomentum())  # another rule under a taken name
     finally:
-        RULES.pop("sign-momentum")
+        RULES.remove("sign-momentum")
     with pytest.raises(ConfigError, match=r"'sign-momentum': no such server optimiser \(adam, avg, momentum\)"):
         ServerOptimizer("sign-momentum").apply(_params(), {"w#r0c0": np.zeros((1, 2), np.float32)}, {})

@@ -9,7 +9,6 @@ privacy; it must compute element-wise in a fixed order, so every site gets the s
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -18,7 +17,7 @@ from fedshard.aggregation.server_rules.adam import Adam
 from fedshard.aggregation.server_rules.avg import Avg
 from fedshard.aggregation.server_rules.momentum import Momentum
 from fedshard.aggregation.server_rules.slots import Hyper, Slots
-from fedshard.errors import ConfigError
+from fedshard.registry import Registry
 
 __all__ = ["RULES", "Hyper", "ServerRule", "Slots", "register", "rule"]
 
@@ -37,33 +36,18 @@ class ServerRule(Protocol):
         ...
 
 
-RULES: MutableMapping[str, ServerRule] = {r.name: r for r in (Avg(), Momentum(), Adam())}
+RULES: Registry[ServerRule] = Registry(
+    "server optimiser", "training.server_optimizer.kind", (Avg(), Momentum(), Adam())
+)
 """Every rule by name: the built-in ones (a new one: its line here)."""
 
 
 def register(new: ServerRule) -> None:
-    """Add ``new`` to :data:`RULES` (a rule of a task's own, registered before the federation runs).
-
-    Raises
-    ------
-    ConfigError
-        A rule of that name is already registered.
-    """
-    if new.name in RULES and RULES[new.name] is not new:
-        raise ConfigError(f"a server optimiser named {new.name!r} is already registered")
-    RULES[new.name] = new
+    """Add ``new`` to :data:`RULES` (a rule of a task's own, registered before the federation
+    runs); :class:`ConfigError` if another rule has its name."""
+    RULES.register(new)
 
 
 def rule(name: str) -> ServerRule:
-    """The rule named ``name``.
-
-    Raises
-    ------
-    ConfigError
-        One line naming the rules that exist.
-    """
-    try:
-        return RULES[name]
-    except KeyError:
-        known = ", ".join(sorted(RULES))
-        raise ConfigError(f"training.server_optimizer.kind {name!r}: no such server optimiser ({known})") from None
+    """The rule named ``name``; :class:`ConfigError` in one line naming the rules that exist."""
+    return RULES.get_part(name)

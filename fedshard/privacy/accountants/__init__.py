@@ -9,13 +9,12 @@ implementations: importing it takes seconds, and importing fedshard must not.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
 from typing import Protocol, runtime_checkable
 
-from fedshard.errors import ConfigError
 from fedshard.privacy.accountants.composition import Merged
 from fedshard.privacy.accountants.prv import Prv
 from fedshard.privacy.accountants.rdp import Rdp
+from fedshard.registry import Registry
 
 __all__ = ["ACCOUNTANTS", "Accountant", "Merged", "accountant", "register"]
 
@@ -37,33 +36,16 @@ class Accountant(Protocol):
         ...
 
 
-ACCOUNTANTS: MutableMapping[str, Accountant] = {a.name: a for a in (Prv(), Rdp())}
+ACCOUNTANTS: Registry[Accountant] = Registry("accountant", "privacy.record_level.accountant", (Prv(), Rdp()))
 """Every accountant by name: the built-in ones (a new one: its line here)."""
 
 
 def register(new: Accountant) -> None:
-    """Add ``new`` to :data:`ACCOUNTANTS` (before any ledger or plan names it).
-
-    Raises
-    ------
-    ConfigError
-        An accountant of that name is already registered.
-    """
-    if new.name in ACCOUNTANTS and ACCOUNTANTS[new.name] is not new:
-        raise ConfigError(f"an accountant named {new.name!r} is already registered")
-    ACCOUNTANTS[new.name] = new
+    """Add ``new`` to :data:`ACCOUNTANTS` (before any ledger or plan names it);
+    :class:`ConfigError` if another accountant has its name."""
+    ACCOUNTANTS.register(new)
 
 
 def accountant(name: str) -> Accountant:
-    """The accountant named ``name``.
-
-    Raises
-    ------
-    ConfigError
-        One line naming the accountants that exist.
-    """
-    try:
-        return ACCOUNTANTS[name]
-    except KeyError:
-        known = ", ".join(sorted(ACCOUNTANTS))
-        raise ConfigError(f"privacy.record_level.accountant {name!r}: no such accountant ({known})") from None
+    """The accountant named ``name``; :class:`ConfigError` in one line naming those that exist."""
+    return ACCOUNTANTS.get_part(name)
