@@ -127,10 +127,7 @@ def describe_peer(endpoint: str, tls: TlsFiles, zone: ZoneId, *, timeout: float 
     try:
         held = read_identity(pem, tls.read()[2])
     except PkiError as exc:
-        try:
-            claimed = f"; it claims to be {claimed_identity(pem)}"
-        except PkiError:
-            claimed = ""
+        claimed = _claimed(pem)
         return f"{where}: its certificate fails the federation's checks ({exc}){claimed}"
     if held.role is Role.ZONE and (held.name, held.jurisdiction_or_region) == (zone.name, zone.region):
         if zone.host in dns_names(load_cert(pem, "peer certificate")):
@@ -157,10 +154,7 @@ def describe_superlink(endpoint: str, ca_pem: bytes, *, timeout: float = 5.0) ->
     try:
         held = read_identity(pem, ca_pem)
     except PkiError as exc:
-        try:
-            claimed = f"; it claims to be {claimed_identity(pem)}"
-        except PkiError:
-            claimed = ""
+        claimed = _claimed(pem)
         hint = ""
         if "was not issued" in str(exc):
             hint = (
@@ -174,6 +168,15 @@ def describe_superlink(endpoint: str, ca_pem: bytes, *, timeout: float = 5.0) ->
         f"the server at {endpoint} holds the certificate of {held} (role {held.role.value}), not the SuperLink's: "
         "deployment.superlink points at another party's port; give the SuperLink's address"
     )
+
+
+def _claimed(pem: bytes) -> str:
+    """``; it claims to be …`` for a certificate that failed the federation's checks (empty
+    when it names no identity fedshard writes)."""
+    try:
+        return f"; it claims to be {claimed_identity(pem)}"
+    except PkiError:
+        return ""
 
 
 def _peer_certificate(endpoint: str, tls: TlsFiles | None, timeout: float) -> bytes | None:

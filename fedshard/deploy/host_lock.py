@@ -30,6 +30,18 @@ __all__ = ["LOCK_FILE", "SITE_LOCK_FILE", "holding", "is_held"]
 LOCK_FILE = "aggregator.lock"
 SITE_LOCK_FILE = "site.lock"
 
+_HOLDERS = {
+    LOCK_FILE: (
+        "another aggregator",
+        "`fedshard aggregator status` shows it, `fedshard aggregator stop` stops it (same --config)",
+    ),
+    SITE_LOCK_FILE: (
+        "another `site up`",
+        "`fedshard site status` shows it, Ctrl-C (or SIGTERM) in its terminal stops it",
+    ),
+}
+"""Lock file → who holds it, and how the operator sees and stops that holder."""
+
 
 @contextlib.contextmanager
 def holding(state_dir: Path, pid: int | None = None, *, lock_file: str = LOCK_FILE) -> Iterator[None]:
@@ -46,16 +58,9 @@ def holding(state_dir: Path, pid: int | None = None, *, lock_file: str = LOCK_FI
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        who = f" (pid {pid})" if pid is not None else ""
-        if lock_file == SITE_LOCK_FILE:
-            raise DeployError(
-                f"another `site up`{who} runs with state folder {state_dir}: `fedshard site status` shows it, "
-                "Ctrl-C (or SIGTERM) in its terminal stops it"
-            ) from None
-        raise DeployError(
-            f"another aggregator{who} runs with state folder {state_dir}: `fedshard aggregator status` shows it, "
-            "`fedshard aggregator stop` stops it (same --config)"
-        ) from None
+        who, commands = _HOLDERS[lock_file]
+        held = f" (pid {pid})" if pid is not None else ""
+        raise DeployError(f"{who}{held} runs with state folder {state_dir}: {commands}") from None
     try:
         yield
     finally:

@@ -75,11 +75,11 @@ from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
 from fedshard.zone.norms import NormReference
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
-from fedshard.zone.push import ByteBudget, PushSession, check_round_weights
+from fedshard.zone.push import PushSession, check_round_weights
 from fedshard.zone.recovery import Recovery, recover_rounds
 from fedshard.zone.reduce import Reduction
 from fedshard.zone.rounds import ZoneRounds
-from fedshard.zone.staging import StagingPool
+from fedshard.zone.staging import ByteBudget, StagingPool
 from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
 

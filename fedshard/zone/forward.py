@@ -32,9 +32,9 @@ from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
 from fedshard.zone.staging import Loan, StagingPool
 
 if TYPE_CHECKING:
-    from fedshard.config import AggregationConfig
     from fedshard.protocol.channels import ZoneConnector
     from fedshard.zone.policy import ZonePolicy
+    from fedshard.zone.rounds import ZoneRounds
     from fedshard.zone.state import OpenRound
 
 __all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums", "send_partial_sums"]
@@ -204,15 +204,8 @@ class ForwardTarget(Protocol):
     """What a forward session needs of the reducing zone (its
     :class:`~fedshard.zone.reduce.Reduction`)."""
 
-    @property
-    def he_context(self) -> Any:
-        """The zone's public CKKS context, or None."""
-        ...
-
-    @property
-    def bounds(self) -> AggregationConfig:
-        """The federation's bounds on what is folded (``aggregation`` in the config)."""
-        ...
+    z: ZoneRounds
+    """The zone's round state (its CKKS context, bounds)."""
 
     def fold_partial(
         self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]
@@ -284,7 +277,7 @@ class ForwardSession:
         sid, values = done
         if isinstance(values, bytes):  # the header lists it encrypted (the assembler checked)
             try:
-                self._ciphertexts[sid] = load_ciphertexts(self._zone.he_context, sid, values)
+                self._ciphertexts[sid] = load_ciphertexts(self._zone.z.he_context, sid, values)
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             return
@@ -295,7 +288,7 @@ class ForwardSession:
         # zone's sum; the slack covers its rounding (γ_{n+3}, see fedshard.aggregation).
         n = len(self._contributors[sid])
         slack = max(SUM_TOLERANCE, 2 * float(error_bound(n, 1.0, values.dtype)))
-        limit = self._weights[sid] / self._unit * self._zone.bounds.max_value * (1 + slack)
+        limit = self._weights[sid] / self._unit * self._zone.z.bounds.max_value * (1 + slack)
         if not within(low, high, limit):
             raise self.refuse(
                 RefusalCode.BOUND,

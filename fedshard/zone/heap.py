@@ -5,7 +5,7 @@ it: the byte strings gRPC hands over (ciphertext, forwarded partial sums; a push
 shards are copied into reused buffers instead, :mod:`fedshard.zone.staging`). glibc
 keeps freed memory in per-thread arenas, so without a trim a zone's resident size grows
 with the number of worker threads that ever staged a push, not with its staging budget
-(measured in BENCHMARKS.md). The staging budget (:class:`~fedshard.zone.push.ByteBudget`)
+(measured in BENCHMARKS.md). The staging budget (:class:`~fedshard.zone.staging.ByteBudget`)
 decides when to trim: only when the staging memory freed since the last trim, plus what
 is in use, could exceed it, since each trim makes the next pushes fault their pages in again.
 """

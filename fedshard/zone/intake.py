@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from fedshard import faults
-from fedshard.config import AggregationConfig
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt
@@ -49,21 +48,6 @@ class PushIntake:
         self.z = rounds
         self.norms = norms
 
-    @property
-    def name(self) -> str:
-        """The zone's name."""
-        return self.z.name
-
-    @property
-    def he_context(self) -> Any:
-        """The zone's public CKKS context, or None."""
-        return self.z.he_context
-
-    @property
-    def bounds(self) -> AggregationConfig:
-        """The federation's bounds on what is folded."""
-        return self.z.bounds
-
     def begin(
         self, manifest: Manifest, token: str, timeout: float | None = None, *, certified: str | None = None
     ) -> PushSession:
@@ -80,9 +64,9 @@ class PushIntake:
                     closed = manifest.round in self.z.closed
                     reason = "round is closed" if closed else "round is not open at this zone"
                     if manifest.round in self.z.recovery.lost:
-                        reason = lost_reason(self.name, manifest.round)
+                        reason = lost_reason(self.z.name, manifest.round)
                     raise PushRejectedError(reason, RefusalCode.ROUND)
-                check_manifest(state, manifest, token, zone=self.name, he_context=self.he_context)
+                check_manifest(state, manifest, token, zone=self.z.name, he_context=self.z.he_context)
                 if self.z.residency is not None:
                     self.z.residency.origin(manifest.site_id, certified)
                     groups = self.z.residency.check_manifest(manifest)
@@ -99,7 +83,7 @@ class PushIntake:
         need = manifest.total_bytes
         if not self.z.budget.acquire(need, timeout):
             self.end_push(state, manifest.site_id, 0, counted=False)
-            raise ZoneError(f"zone {self.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
+            raise ZoneError(f"zone {self.z.name}: busy, could not stage {need} bytes in time; retry", RefusalCode.BUSY)
         faults.point("zone.push.header")
         bound = self.norms.bound(state.norm_reference, shard_set(manifest))
         return PushSession(self, state, manifest, need, groups, packs, self.z.staging, bound)
@@ -110,7 +94,7 @@ class PushIntake:
         fields = {"site": manifest.site_id, "round": manifest.round, "code": code, "reason": reason}
         self.z.record(Decision.REFUSED, call=Call.PUSH, by=f"site:{manifest.site_id}", **fields)
         return PushRejectedError(
-            f"zone {self.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
+            f"zone {self.z.name} refused {manifest.site_id}'s push for round {manifest.round}: {reason}", code
         )
 
     def fold_push(
@@ -139,7 +123,7 @@ class PushIntake:
                 state.fold(group, shard_id, site).add(shard_id, values, weight, scale)
             for shard_id, parsed in ciphertexts.items():  # the weight is inside the ciphertext (see fedshard.crypto.he)
                 group = groups.get(shard_id, DEFAULT_GROUP)
-                state.fold_encrypted(group, shard_id, site, self.he_context).add(shard_id, parsed)
+                state.fold_encrypted(group, shard_id, site, self.z.he_context).add(shard_id, parsed)
             state.pushing.discard(manifest.site_id)
             state.counted[manifest.site_id] = None
             if norm is not None:
@@ -152,7 +136,7 @@ class PushIntake:
         self.z.record(Decision.ACCEPTED, call=Call.PUSH, **accepted_fields(manifest, groups), **bounded)
         faults.point("zone.push.commit")  # counted; the site has not heard so yet
         shards, nbytes = len(manifest.shards), manifest.total_bytes
-        return PushReceipt(self.name, manifest.round, manifest.site_id, shards, nbytes, fold_s)
+        return PushReceipt(self.z.name, manifest.round, manifest.site_id, shards, nbytes, fold_s)
 
     def end_push(
         self, state: OpenRound, site_id: str, budget_bytes: int, *, counted: bool, freed: int | None = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import math
-import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -28,15 +27,13 @@ from fedshard.errors import FrameError, IntegrityError, PushRejectedError, Refus
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload
 from fedshard.zone.frames import Buffer, Chunk, Declared, FrameAssembler, Header
-from fedshard.zone.heap import trim_heap
 from fedshard.zone.staging import Loan, StagingPool
 
 if TYPE_CHECKING:
-    from fedshard.config import AggregationConfig
+    from fedshard.zone.rounds import ZoneRounds
     from fedshard.zone.state import OpenRound
 
 __all__ = [
-    "ByteBudget",
     "PushSession",
     "PushTarget",
     "accepted_fields",
@@ -46,70 +43,11 @@ __all__ = [
 ]
 
 
-class ByteBudget:
-    """A counting semaphore over bytes. A single request larger than the cap is let
-    through alone, so it waits instead of deadlocking.
-
-    It also bounds what the allocator may keep of staging memory already freed: bytes
-    released count as *retained* (glibc keeps freed memory in the arena of the thread
-    that allocated it, where a push received by another worker thread may not reuse it),
-    and when the bytes in use plus those retained would exceed the capacity, an acquire
-    first hands free heap memory back to the system (:func:`~fedshard.zone.heap.trim_heap`).
-    So staging holds at most about the capacity, and pushes that follow each other reuse
-    the pages of the previous ones instead of faulting in fresh pages after a trim per push.
-    Bytes staged in reused buffers (:class:`~fedshard.zone.staging.StagingPool`) are not
-    freed when they are released, so they do not count as retained (``freed``).
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._used = 0
-        self._retained = 0  # released since the last trim: freed, perhaps still held by the allocator
-        self._cond = threading.Condition()
-
-    def acquire(self, n: int, timeout: float | None = None) -> bool:
-        """Reserve ``n`` bytes; False if that did not happen within ``timeout``."""
-        with self._cond:
-            ok = self._cond.wait_for(lambda: self._used == 0 or self._used + n <= self.capacity, timeout) and (
-                self._take(n)
-            )
-            trim = ok and self._used + self._retained > self.capacity
-            if trim:
-                self._retained = 0
-        if trim:
-            trim_heap()
-        return ok
-
-    def _take(self, n: int) -> bool:
-        self._used += n
-        return True
-
-    def release(self, n: int, *, freed: int | None = None) -> None:
-        """Return ``n`` bytes to the budget, of which ``freed`` (default: all) had their memory
-        freed, perhaps retained by the allocator; the others stay in a staging pool."""
-        with self._cond:
-            self._used -= n
-            self._retained += n if freed is None else freed
-            self._cond.notify_all()
-
-
 class PushTarget(Protocol):
     """What a push session needs of its zone (the zone's :class:`~fedshard.zone.intake.PushIntake`)."""
 
-    @property
-    def name(self) -> str:
-        """The zone's name."""
-        ...
-
-    @property
-    def he_context(self) -> Any:
-        """The zone's public CKKS context, or None."""
-        ...
-
-    @property
-    def bounds(self) -> AggregationConfig:
-        """The federation's bounds on what is folded (``aggregation`` in the config)."""
-        ...
+    z: ZoneRounds
+    """The zone's round state (its name, CKKS context, bounds)."""
 
     def fold_push(
         self,
@@ -373,7 +311,7 @@ class PushSession:
     def _check(self, shard_id: str, values: ShardPayload) -> None:
         if isinstance(values, bytes):  # the manifest lists it encrypted (the assembler checked)
             try:
-                parsed = load_ciphertexts(self._zone.he_context, shard_id, values)
+                parsed = load_ciphertexts(self._zone.z.he_context, shard_id, values)
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             pack = self._packs.get(shard_id)
@@ -388,7 +326,7 @@ class PushSession:
         low, high = extremes(values)
         if not (math.isfinite(low) and math.isfinite(high)):
             raise self.refuse(RefusalCode.NON_FINITE, f"shard {shard_id} contains NaN or infinite values")
-        bounds = self._zone.bounds
+        bounds = self._zone.z.bounds
         if not within(low, high, bounds.max_value):
             if bounds.value_rule is BoundRule.REFUSE:
                 raise self.refuse(

@@ -25,7 +25,6 @@ from fedshard.zone.rounds import ZoneRounds
 from fedshard.zone.state import OpenRound
 
 if TYPE_CHECKING:
-    from fedshard.config import AggregationConfig
     from fedshard.protocol.channels import ZoneConnector
 
 __all__ = ["Reduction"]
@@ -46,16 +45,6 @@ class Reduction:
         self.z = rounds
         self._connect = connect
 
-    @property
-    def he_context(self) -> Any:
-        """The zone's public CKKS context, or None."""
-        return self.z.he_context
-
-    @property
-    def bounds(self) -> AggregationConfig:
-        """The federation's bounds on what is folded."""
-        return self.z.bounds
-
     def begin(
         self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
     ) -> ForwardSession:
@@ -70,7 +59,7 @@ class Reduction:
                     raise PushRejectedError(f"the caller's certificate names zone {certified!r}", RefusalCode.IDENTITY)
                 if state is None:
                     raise PushRejectedError(f"round {partial.round} is not open at this zone", RefusalCode.ROUND)
-                check_partial(state, partial, residency=self.z.residency, he_context=self.he_context)
+                check_partial(state, partial, residency=self.z.residency, he_context=self.z.he_context)
             except PushRejectedError as exc:
                 raise self.refused_partial(partial, exc.code, str(exc)) from None
             state.forwarding.add(partial.zone)
@@ -99,7 +88,7 @@ class Reduction:
             for entry in partial.entries:
                 sid = entry.shard_id
                 if entry.encrypted:
-                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.he_context).add(
+                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.z.he_context).add(
                         sid, ciphertexts[sid]
                     )
                 else:

@@ -16,9 +16,8 @@ from typing import Any
 
 from fedshard.config import AggregationConfig
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.push import ByteBudget
 from fedshard.zone.recovery import Recovery
-from fedshard.zone.staging import StagingPool
+from fedshard.zone.staging import ByteBudget, StagingPool
 from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
 

@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-__all__ = ["Loan", "StagingPool"]
+from fedshard.zone.heap import trim_heap
+
+__all__ = ["ByteBudget", "Loan", "StagingPool"]
 
 
 class StagingPool:
@@ -132,3 +134,50 @@ class Loan:
         kept = lent - self._pool.give(self._buffers)
         self._buffers = []
         return kept
+
+
+class ByteBudget:
+    """A counting semaphore over bytes. A single request larger than the cap is let
+    through alone, so it waits instead of deadlocking.
+
+    It also bounds what the allocator may keep of staging memory already freed: bytes
+    released count as *retained* (glibc keeps freed memory in the arena of the thread
+    that allocated it, where a push received by another worker thread may not reuse it),
+    and when the bytes in use plus those retained would exceed the capacity, an acquire
+    first hands free heap memory back to the system (:func:`~fedshard.zone.heap.trim_heap`).
+    So staging holds at most about the capacity, and pushes that follow each other reuse
+    the pages of the previous ones instead of faulting in fresh pages after a trim per push.
+    Bytes staged in reused buffers (:class:`~fedshard.zone.staging.StagingPool`) are not
+    freed when they are released, so they do not count as retained (``freed``).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._used = 0
+        self._retained = 0  # released since the last trim: freed, perhaps still held by the allocator
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, timeout: float | None = None) -> bool:
+        """Reserve ``n`` bytes; False if that did not happen within ``timeout``."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._used == 0 or self._used + n <= self.capacity, timeout) and (
+                self._take(n)
+            )
+            trim = ok and self._used + self._retained > self.capacity
+            if trim:
+                self._retained = 0
+        if trim:
+            trim_heap()
+        return ok
+
+    def _take(self, n: int) -> bool:
+        self._used += n
+        return True
+
+    def release(self, n: int, *, freed: int | None = None) -> None:
+        """Return ``n`` bytes to the budget, of which ``freed`` (default: all) had their memory
+        freed, perhaps retained by the allocator; the others stay in a staging pool."""
+        with self._cond:
+            self._used -= n
+            self._retained += n if freed is None else freed
+            self._cond.notify_all()

@@ -28,7 +28,8 @@ from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.push import ByteBudget, PushSession
+from fedshard.zone.push import PushSession
+from fedshard.zone.staging import ByteBudget
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, assert_weighted_mean, random_update
 
@@ -666,7 +667,7 @@ def test_budget_release_wakes_a_waiter() -> None:
 
 def test_budget_trims_the_heap_only_when_freed_staging_memory_could_exceed_it(monkeypatch: pytest.MonkeyPatch) -> None:
     trims: list[int] = []
-    monkeypatch.setattr("fedshard.zone.push.trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr("fedshard.zone.staging.trim_heap", lambda: trims.append(1) or True)
     budget = ByteBudget(100)
 
     for _ in range(2):  # 40 in use, then 40 retained + 40 in use: within the capacity
