@@ -23,7 +23,7 @@ from fedshard.errors import TaskError
 if TYPE_CHECKING:
     import torch
 
-    from fedshard.privacy.dpsgd import RecordPrivacy
+    from fedshard.privacy.mechanisms.dpsgd import RecordPrivacy
 
 __all__ = [
     "Metrics",
@@ -152,11 +152,11 @@ def build_initial_model(task: Task, seed: int, dp_layers: LayerPolicy = LayerPol
         model = task.build_model()
     dp_layers = LayerPolicy(dp_layers)
     if dp_layers is LayerPolicy.FIX:
-        from fedshard.privacy.dpsgd import fix_model
+        from fedshard.privacy.mechanisms.dpsgd import fix_model
 
         return fix_model(model)
     if dp_layers is LayerPolicy.CHECK:
-        from fedshard.privacy.dpsgd import check_model
+        from fedshard.privacy.mechanisms.dpsgd import check_model
 
         check_model(model)
     return model

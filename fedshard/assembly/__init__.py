@@ -11,7 +11,9 @@ Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and 
   process (simulation, tests), to which more can be added while a federation runs;
 * :mod:`~fedshard.assembly.connectors`: how parts reach the zones (gRPC, mutual TLS);
 * :mod:`~fedshard.assembly.coordination`: the coordinator, wired the same way for the
-  in-process engine and the Flower ServerApp.
+  in-process engine and the Flower ServerApp;
+* :mod:`~fedshard.assembly.parts`: the registered parts a config names (server
+  optimiser, accountant, DP mechanisms), checked before anything runs.
 """
 
 from fedshard.assembly.cache import SITE_CACHE_BYTES, SITE_CACHE_SIZE, deployed_site_for, site_for

@@ -287,11 +287,10 @@ def reconfigure(
 def _preflight(cfg: FederationConfig, out: Path) -> None:
     """What ``simulate`` refuses before it writes anything: a run folder it cannot create, a
     task that does not load, a site whose shards no zone may hold, CKKS contexts in
-    ``he.keys`` that do not load, a server optimiser or an accountant none is registered
+    ``he.keys`` that do not load, a server optimiser, an accountant or a DP mechanism none is registered
     for, a zone port another program holds."""
-    from fedshard.aggregation.server_rules import rule as server_rule
+    from fedshard.assembly.parts import check_parts
     from fedshard.deploy.preflight import check_ports_free
-    from fedshard.privacy.accountants import accountant
     from fedshard.routing import FederationRouting
 
     existing = next(p for p in (out, *out.parents) if p.exists())
@@ -305,9 +304,7 @@ def _preflight(cfg: FederationConfig, out: Path) -> None:
         load_context(cfg.he.keys / PUBLIC_CONTEXT_FILE, secret=False)
         load_context(cfg.he.keys / SECRET_CONTEXT_FILE, secret=True)
     FederationRouting(cfg).check()
-    server_rule(cfg.training.server_optimizer.kind)
-    if cfg.privacy.enabled:
-        accountant(cfg.privacy.record_level.accountant)
+    check_parts(cfg)
     fixed = [(f"zone {z.name}", z.endpoint) for z in cfg.zones if not z.endpoint.endswith(":0")]
     check_ports_free(fixed, "another program listens there (`ss -ltnp` shows which); give the zone port 0 (any free)")
 

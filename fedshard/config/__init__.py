@@ -31,7 +31,6 @@ from fedshard.config.privacy import (
     PrivacyConfig,
     RecordDPConfig,
     UpdateDPConfig,
-    noise_share,
 )
 from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
 
@@ -43,7 +42,6 @@ __all__ = [
     "PrivacyConfig",
     "RecordDPConfig",
     "UpdateDPConfig",
-    "noise_share",
     "ClassRule",
     "PolicyRule",
     "Protection",

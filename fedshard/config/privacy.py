@@ -7,19 +7,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig", "noise_share"]
-
-
-def noise_share(distributed_over: int | None) -> float:
-    """The fraction of σ each site adds when the noise is distributed over ``n`` sites' shares.
-
-    Every site decrypts the aggregate and knows its own share, so what protects another
-    site's records is the other ``n − 1`` shares: each site adds σ/√(n − 1), the decrypted
-    aggregate of ``n`` shares carries σ·√(n/(n − 1)), and any one site's view of it, once it
-    subtracts its own share, still carries σ, the noise every ledger accounts. Without
-    distribution (``None``) a site adds all of σ.
-    """
-    return 1.0 / math.sqrt(distributed_over - 1) if distributed_over else 1.0
+__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig"]
 
 
 _DISTRIBUTED_HELP = (
@@ -61,6 +49,11 @@ class RecordDPConfig(_Model):
     """Record-level DP: DP-SGD at each site (Opacus), protecting every patient's record."""
 
     enabled: bool = False
+    mechanism: str = Field(
+        "dpsgd",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+        description="a registered record-level mechanism (fedshard.privacy.mechanisms): dpsgd, or one of the task's",
+    )
     noise_multiplier: float | None = Field(
         None, gt=0, description="fixed σ; leave empty to calibrate σ so the planned rounds spend the budget"
     )
@@ -86,6 +79,11 @@ class UpdateDPConfig(_Model):
     protecting the site's whole contribution in a round."""
 
     enabled: bool = False
+    mechanism: str = Field(
+        "gaussian",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+        description="a registered update-level mechanism (fedshard.privacy.mechanisms): gaussian, or one of the task's",
+    )
     clip_norm: float = Field(1.0, gt=0, description="L2 bound of a site's update")
     noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std is σ × clip_norm")
     distributed_over: int | None = Field(None, ge=2, description=_DISTRIBUTED_HELP)

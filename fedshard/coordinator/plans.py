@@ -47,6 +47,7 @@ def privacy_plan(config: FederationConfig, site_id: str) -> PrivacyPlan | None:
         batch_size=t.batch_size,
         epochs=t.local_epochs,
         record=RecordPlan(
+            mechanism=record.mechanism,
             noise_multiplier=record.noise_multiplier,
             max_grad_norm=record.max_grad_norm,
             planned_rounds=math.ceil(config.federation.rounds * config.federation.sample_fraction),
@@ -55,6 +56,7 @@ def privacy_plan(config: FederationConfig, site_id: str) -> PrivacyPlan | None:
         if record.enabled
         else None,
         update=UpdatePlan(
+            mechanism=p.update_level.mechanism,
             clip_norm=p.update_level.clip_norm,
             noise_multiplier=p.update_level.noise_multiplier,
             distributed_over=p.update_level.distributed_over,

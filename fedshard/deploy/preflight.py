@@ -10,11 +10,10 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedshard.aggregation.server_rules import rule as server_rule
+from fedshard.assembly.parts import check_parts
 from fedshard.config import AggregatorDeployment, FederationConfig
 from fedshard.config.layout import AggregatorKeys, KeysLayout
 from fedshard.errors import ConfigError, DeployError
-from fedshard.privacy.accountants import accountant
 
 __all__ = [
     "LATEST_RUN",
@@ -34,13 +33,11 @@ def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> Aggr
     """Refuse, with one line each, a config the aggregator must not run with.
 
     TLS off without ``--insecure``; a zone endpoint with port 0 (sites must know where
-    to dial); hosted zones that do not exist; a server optimiser or an accountant none
-    is registered for; a CKKS secret context on the aggregator host; keys ``fedshard keys init`` did
-    not write.
+    to dial); hosted zones that do not exist; a server optimiser, an accountant or a DP
+    mechanism none is registered for; a CKKS secret context on the aggregator host; keys
+    ``fedshard keys init`` did not write.
     """
-    server_rule(config.training.server_optimizer.kind)
-    if config.privacy.enabled:
-        accountant(config.privacy.record_level.accountant)
+    check_parts(config)
     dep = config.deployment
     if dep is None:
         raise ConfigError(

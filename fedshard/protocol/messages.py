@@ -23,7 +23,9 @@ from fedshard.integrity.aggregate_signature import (
     AggregateSignature,
 )
 from fedshard.privacy.accountant import AccountantKind
+from fedshard.privacy.events import Guarantee
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
+from fedshard.privacy.mechanisms import MECHANISMS
 from fedshard.protocol.rounds import AggregateSummary
 from fedshard.protocol.timings import PhaseSeconds, PhaseTimes
 from fedshard.residency.router import AggregateKey
@@ -161,21 +163,43 @@ class AppliedRound(_Msg):
     aggregates: list[PublishedAggregate]
 
 
-class RecordPlan(_Msg):
-    """Record-level DP (DP-SGD) settings for a round."""
+def _mechanism_of(guarantee: Guarantee, name: str) -> str:
+    """``name`` if it is a registered mechanism giving ``guarantee`` (a site never runs one it does not know)."""
+    found = MECHANISMS.get(name)
+    if found is None or found.guarantee is not guarantee:
+        known = ", ".join(sorted(n for n, m in MECHANISMS.items() if m.guarantee is guarantee))
+        raise ValueError(f"{name[:40]!r} is not a {guarantee.value}-level DP mechanism this party knows ({known})")
+    return name
 
+
+class RecordPlan(_Msg):
+    """Record-level DP settings for a round (sent by the coordinator; the site admits them
+    against its own config, :mod:`fedshard.site.terms`)."""
+
+    mechanism: str = "dpsgd"  # a registered record-level mechanism (fedshard.privacy.mechanisms)
     noise_multiplier: float | None  # None: the site calibrates σ to spend its budget over planned_rounds
     max_grad_norm: float
     planned_rounds: int
     distributed_over: int | None = None  # noise shared by ≥ n sites under HE: each adds σ/√(n−1)
 
+    @field_validator("mechanism")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        return _mechanism_of(Guarantee.RECORD, name)
+
 
 class UpdatePlan(_Msg):
-    """Update-level DP settings for a round."""
+    """Update-level DP settings for a round (sent by the coordinator; admitted by the site)."""
 
+    mechanism: str = "gaussian"  # a registered update-level mechanism (fedshard.privacy.mechanisms)
     clip_norm: float
     noise_multiplier: float  # σ of the released aggregate (what the ledger accounts)
     distributed_over: int | None = None  # noise shared by ≥ n sites under HE: each adds σ/√(n−1)
+
+    @field_validator("mechanism")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        return _mechanism_of(Guarantee.UPDATE, name)
 
 
 class PrivacyPlan(_Msg):

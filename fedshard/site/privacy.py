@@ -27,21 +27,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedshard import faults
-from fedshard.config.privacy import noise_share
 from fedshard.errors import ConfigError, PrivacyError, StoreError
 from fedshard.privacy.accountant import AccountantKind, calibrate_noise
-from fedshard.privacy.dpsgd import RecordPrivacy, planned_record_event
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, LedgerHead, PrivacyLedger
 from fedshard.privacy.ledger.chain import LedgerKey
 from fedshard.privacy.ledger.legacy import read_format1
 from fedshard.privacy.ledger.spend import Snapshot
-from fedshard.privacy.update_dp import update_event
-from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus, UpdatePlan
+from fedshard.privacy.mechanisms import MechanismRound, RecordPrivacy, RoundShape, Sharing, mechanism
+from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
 from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
 from fedshard.site.terms import PrivacyTerms
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fedshard.crypto.at_rest import Kek
 
 __all__ = ["LEDGER_FILE", "RoundDP", "SitePrivacy", "ledger_key"]
@@ -52,34 +52,53 @@ _CALIBRATION_FILE = "privacy-calibration.json"
 
 @dataclass(frozen=True)
 class RoundDP:
-    """The DP mechanisms of one round: DP-SGD inside training, noise on the update."""
+    """The DP mechanisms of one round, each started on the event its ledger reserved:
+    record-level ones inside training, update-level ones at release."""
 
-    record: RecordPrivacy | None
-    update: UpdatePlan | None
+    runs: tuple[MechanismRound, ...]
 
     @classmethod
-    def of(cls, plan: PrivacyPlan, events: Sequence[DPEvent], examples_per_weight: float = 1.0) -> RoundDP:
-        """What ``plan`` asks for; DP-SGD accounts the record-level event of ``events`` (the reserved ones).
+    def of(
+        cls, plan: PrivacyPlan, events: Sequence[DPEvent], examples: int, weight: float, largest_weight: float
+    ) -> RoundDP:
+        """Start each mechanism of ``plan`` on its event of ``events`` (the reserved ones);
+        ``weight`` is the site's aggregation weight in the round, ``largest_weight`` the
+        round's largest (a mechanism sharing its noise scales its share by them, see
+        :class:`~fedshard.privacy.mechanisms.Sharing`). Raises :class:`PrivacyError` if the
+        round cannot be run that way (before anything is reserved)."""
+        slots = _slots(plan)
+        runs = []
+        for event in events:
+            name, clip, distributed_over = slots[event.guarantee]
+            sharing = Sharing(distributed_over, examples, weight, largest_weight)
+            runs.append(mechanism(name, event.guarantee).start(event, clip, sharing))
+        return cls(tuple(runs))
 
-        With distributed noise a site adds its share of σ times ``examples_per_weight``
-        (its records over its aggregation weight, ≥ 1 when the weight is capped): DP-SGD
-        divides the noisy sum by the records, the aggregate multiplies by the weight, so
-        this keeps every site's share as large as the uncapped sites' in the weighted sum,
-        against which any one record's influence is measured. A weight above the records
-        (< 1) would let a record move the sum by more than that: refused. Raises
-        :class:`PrivacyError` if the round cannot be run that way (before anything is reserved).
-        """
-        record = next((e for e in events if e.guarantee is Guarantee.RECORD), None)
-        if record is None or plan.record is None:
-            return cls(None, plan.update)
-        n = plan.record.distributed_over
-        if n and examples_per_weight < 1.0:  # a record would move the sum more than the others' shares cover
-            raise PrivacyError(
-                f"distributed record-level DP: the aggregator weighs this site above its number of records "
-                f"(records / weight = {examples_per_weight:.3g} < 1); nothing was released"
-            )
-        share = noise_share(n) * examples_per_weight if n else 1.0
-        return cls(RecordPrivacy(record, plan.record.max_grad_norm, share, distributed=n is not None), plan.update)
+    @property
+    def training(self) -> RecordPrivacy | None:
+        """What the task trains through (None: training is untouched)."""
+        return next((run.training for run in self.runs if run.training is not None), None)
+
+    def verify(self) -> None:
+        """Raise :class:`PrivacyError` if training spent other than was reserved."""
+        for run in self.runs:
+            run.verify()
+
+    def release(self, update: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``update`` as the site may release it, every mechanism applied."""
+        for run in self.runs:
+            update = run.release(update)
+        return update
+
+
+def _slots(plan: PrivacyPlan) -> dict[Guarantee, tuple[str, float, int | None]]:
+    """The mechanism, clip and noise sharing ``plan`` names for each guarantee it turns on."""
+    slots: dict[Guarantee, tuple[str, float, int | None]] = {}
+    if plan.record is not None:
+        slots[Guarantee.RECORD] = (plan.record.mechanism, plan.record.max_grad_norm, plan.record.distributed_over)
+    if plan.update is not None:
+        slots[Guarantee.UPDATE] = (plan.update.mechanism, plan.update.clip_norm, plan.update.distributed_over)
+    return slots
 
 
 class SitePrivacy:
@@ -305,21 +324,22 @@ class SitePrivacy:
         either calibrates, of σ calibrated to the ledger's budget over the plan's (already
         at least the site's own) planned rounds."""
         events: list[DPEvent] = []
+        shape = RoundShape(num_examples, plan.batch_size, plan.epochs)
         if plan.record is not None:
             fixed = [s for s in (plan.record.noise_multiplier, self.terms.noise_floor()) if s is not None]
             if plan.record.noise_multiplier is None or self.terms.calibrates():
-                fixed.append(self._calibrated_sigma(plan, ledger, num_examples))
-            events.append(planned_record_event(num_examples, plan.batch_size, plan.epochs, max(fixed)))
+                fixed.append(self._calibrated_sigma(plan, ledger, shape))
+            events.append(mechanism(plan.record.mechanism, Guarantee.RECORD).event(shape, max(fixed)))
         if plan.update is not None:
-            events.append(update_event(plan.update.noise_multiplier))
+            events.append(mechanism(plan.update.mechanism, Guarantee.UPDATE).event(shape, plan.update.noise_multiplier))
         return events
 
-    def _calibrated_sigma(self, plan: PrivacyPlan, ledger: PrivacyLedger, num_examples: int) -> float:
+    def _calibrated_sigma(self, plan: PrivacyPlan, ledger: PrivacyLedger, shape: RoundShape) -> float:
         """σ such that the planned rounds spend exactly the budget (cached on disk:
         calibration takes seconds and every message may start a fresh process)."""
         assert plan.record is not None
         budget = ledger.budget
-        one = planned_record_event(num_examples, plan.batch_size, plan.epochs, 1.0)
+        one = mechanism(plan.record.mechanism, Guarantee.RECORD).event(shape, 1.0)
         steps = one.steps * plan.record.planned_rounds
         key = f"{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
         path = self.state_dir / _CALIBRATION_FILE

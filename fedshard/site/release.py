@@ -1,4 +1,4 @@
-"""Releasing a site's update: split once, update-level DP, CKKS, signed manifests, pushes.
+"""Releasing a site's update: split once, CKKS, signed manifests, pushes.
 
 The update is computed shard by shard over the pre-training copy of the model (the
 one copy a train message makes), so it exists once; the shards the policy encrypts
@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedshard import faults
-from fedshard.config.privacy import noise_share
 from fedshard.errors import FedshardError, HeldPush, PushRejectedError, RoundError, ZoneUnavailableError
 from fedshard.integrity import build_manifest
-from fedshard.privacy.update_dp import clip_and_noise
 from fedshard.protocol.channels import ZoneConnector
-from fedshard.protocol.messages import TrainInstruction, UpdatePlan, ZonePush
+from fedshard.protocol.messages import TrainInstruction, ZonePush
 from fedshard.protocol.rounds import PushReceipt, ShardPayload
 from fedshard.protocol.timings import MAX_PHASE_S
 from fedshard.site.points import pointed
@@ -34,7 +32,7 @@ if TYPE_CHECKING:
 
     from fedshard.crypto.he import HeCodec, Pack
 
-__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "he_packs", "noised", "push_update", "sealed", "update_over"]
+__all__ = ["MAX_PARALLEL_PUSHES", "encrypt_shards", "he_packs", "push_update", "sealed", "update_over"]
 
 log = logging.getLogger(__name__)
 
@@ -44,26 +42,6 @@ def update_over(base: dict[str, np.ndarray], trained: Mapping[str, np.ndarray]) 
     for sid, before in base.items():
         np.subtract(trained[sid], before, out=before)
     return base
-
-
-def noised(
-    update: dict[str, np.ndarray], plan: UpdatePlan | None, largest_weight_ratio: float = 1.0
-) -> dict[str, np.ndarray]:
-    """The update with update-level DP applied (clipped and noised), or as is without it.
-
-    With distributed noise (HE on every shard) each site adds its share σ/√(n−1); the
-    decrypted aggregate of ≥ n sites, less any one site's own share, carries σ, which the
-    ledger accounts (:func:`fedshard.config.privacy.noise_share`). The aggregate weighs
-    each update by its site's weight, and one site's update can move it by its weight ×
-    ``clip_norm``: so each site scales its share by ``largest_weight_ratio`` (the round's
-    largest weight over its own, ≥ 1), and every share counts as much as the
-    most-weighted site's influence.
-    """
-    if plan is None:
-        return update
-    share = noise_share(plan.distributed_over) * max(1.0, largest_weight_ratio) if plan.distributed_over else 1.0
-    out, _ = clip_and_noise(update, plan.clip_norm, plan.noise_multiplier * share)
-    return out
 
 
 def he_packs(routing: SiteRouting, sizes: Mapping[str, int]) -> list[Pack]:
@@ -82,18 +60,15 @@ def he_packs(routing: SiteRouting, sizes: Mapping[str, int]) -> list[Pack]:
 
 def sealed(
     update: dict[str, np.ndarray],
-    plan: UpdatePlan | None,
     message: TrainInstruction,
     routing: SiteRouting,
     codec: Callable[[], HeCodec],
     site_id: str,
 ) -> dict[str, ShardPayload]:
-    """The payload a site pushes for ``update``: update-level DP applied (:func:`noised`,
-    ``plan``), then the shards its routes encrypt as CKKS ciphertext (:func:`encrypt_shards`).
-    The coordinator fixed the weight (zones refuse any other); ciphertext carries it over
-    the round's weight scale."""
+    """The payload a site pushes for ``update`` (its DP already applied): the shards its
+    routes encrypt as CKKS ciphertext (:func:`encrypt_shards`). The coordinator fixed the
+    weight (zones refuse any other); ciphertext carries it over the round's weight scale."""
     he_weight = message.weight / (message.weight_scale or message.weight)
-    update = noised(update, plan, 1.0 / he_weight)
     packs = he_packs(routing, {sid: values.size for sid, values in update.items()})
     return encrypt_shards(update, routing.encrypted, codec, he_weight, f"site {site_id} round {message.round}", packs)
 

@@ -50,7 +50,7 @@ from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_a
 from fedshard.site.model import HeldModel
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
-from fedshard.site.private_round import private_round, refused
+from fedshard.site.private_round import Refusal, refused, reserve_round
 from fedshard.site.release import he_packs, push_update, sealed, update_over
 from fedshard.site.resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
 from fedshard.site.routes import RouteSource, SiteRouting, single_zone_routing
@@ -409,14 +409,15 @@ class Site:
                 return self._train_and_push(message, state, routing, None, watch)
             except RoundError as exc:
                 return refuse(exc)
-        return private_round(
-            self.privacy,
-            message,
-            plan,
-            self.data.num_train,
-            lambda dp: self._train_and_push(message, state, routing, dp, watch),
-            refuse,
-        )
+        reserved = reserve_round(self.privacy, message, plan, self.data.num_train)  # the ledger decides first
+        if isinstance(reserved, Refusal):
+            return refuse(reserved.error, reserved.privacy)
+        with reserved:
+            try:
+                report = self._train_and_push(message, state, routing, reserved.dp, watch)
+            except (PrivacyError, RoundError) as exc:
+                return refuse(exc, reserved.refusal())
+            return reserved.commit(report)
 
     def _train_and_push(
         self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None, watch: Stopwatch
@@ -427,8 +428,8 @@ class Site:
         :class:`PrivacyError` (training did not spend what was reserved): nothing counted.
         """
         model = self.model
-        record = dp.record if dp is not None else None
-        settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed, record)
+        training = dp.training if dp is not None else None
+        settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed, training)
         base = model.split()  # the copy of the model a message makes: the update is computed over it
         stored = self._held.release()
         kept = self._kept_copy() if stored is not None else None  # put back after training: no store read next
@@ -440,12 +441,14 @@ class Site:
         finally:
             model.tidy()
         self._put_back(kept, stored)
-        if record is not None:
-            record.verify()
-            faults.point("site.train.dp")
+        if dp is not None:
+            dp.verify()
+            if training is not None:
+                faults.point("site.train.dp")
         with watch.phase(Phase.SEAL):
-            payload = sealed(update, dp.update if dp is not None else None, message, routing, self._codec, self.site_id)
-        del base, update  # the values of the encrypted shards go now
+            released = dp.release(update) if dp is not None else update
+            payload = sealed(released, message, routing, self._codec, self.site_id)
+        del base, update, released  # the values of the encrypted shards go now
         faults.point("site.train.sealed")
         with watch.phase(Phase.PUSH):
             pushes = push_update(

@@ -17,6 +17,8 @@ lower the budget (the stricter wins) (a larger budget is not refused: the site k
 plan more rounds (calibrates more σ)
 turn on a mechanism the site's       run the record-level round with another batch size or
 config leaves off                    number of epochs than the plan it accounts
+                                     name another mechanism than the site's config
+                                     (``privacy.*.mechanism``)
 ===================================  ===========================================================
 
 A plan that asks for less is never "rounded up": it is refused in one line, because a
@@ -39,6 +41,8 @@ from dataclasses import dataclass, field
 from fedshard.config import BudgetConfig, FederationConfig, PrivacyConfig
 from fedshard.errors import PrivacyError, RefusalCode
 from fedshard.privacy.accountant import AccountantKind
+from fedshard.privacy.events import Guarantee
+from fedshard.privacy.mechanisms import mechanism
 from fedshard.protocol.messages import PrivacyPlan, RecordPlan, UpdatePlan
 
 __all__ = ["PrivacyTerms"]
@@ -72,6 +76,13 @@ class PrivacyTerms:
     config: PrivacyConfig = field(default_factory=PrivacyConfig)
     budget: BudgetConfig | None = None
     planned_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse (:class:`~fedshard.errors.ConfigError`, one line) own mechanisms no one registered."""
+        if self.config.record_level.enabled:
+            mechanism(self.config.record_level.mechanism, Guarantee.RECORD)
+        if self.config.update_level.enabled:
+            mechanism(self.config.update_level.mechanism, Guarantee.UPDATE)
 
     @classmethod
     def of(cls, config: FederationConfig, site_id: str, cap: BudgetConfig | None = None) -> PrivacyTerms:
@@ -150,6 +161,7 @@ class PrivacyTerms:
         )
         if not mine.enabled:
             return asked
+        _same_mechanism(asked.mechanism, mine.mechanism, "record_level", site_id)
         if asked.max_grad_norm > mine.max_grad_norm:
             raise _refuse(
                 site_id,
@@ -176,6 +188,7 @@ class PrivacyTerms:
         )
         if not mine.enabled:
             return asked
+        _same_mechanism(asked.mechanism, mine.mechanism, "update_level", site_id)
         if asked.clip_norm > mine.clip_norm:
             raise _refuse(
                 site_id,
@@ -210,6 +223,16 @@ class PrivacyTerms:
         """Whether the site's own config calibrates record-level σ to its budget."""
         mine = self.config.record_level
         return mine.enabled and mine.noise_multiplier is None
+
+
+def _same_mechanism(asked: str, own: str, name: str, site_id: str) -> None:
+    """A site runs the mechanism its own config names, never another the coordinator picks."""
+    if asked != own:
+        raise _refuse(
+            site_id,
+            f"the aggregator asks for the {name} mechanism {asked!r}; its own config names {own!r} "
+            f"(privacy.{name}.mechanism)",
+        )
 
 
 def stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:

@@ -236,6 +236,19 @@ CASES = [
             }
         ),
     ),
+    case(
+        "mechanism-of-the-other-guarantee",
+        SIM,
+        "privacy.update_level.mechanism 'dpsgd': a record-level DP mechanism; update-level ones: gaussian",
+        files(
+            {
+                "fed.yaml": federation(
+                    privacy__update_level={"enabled": True, "mechanism": "dpsgd"},
+                    privacy__budget={"epsilon": 3, "delta": 1e-5},
+                )
+            }
+        ),
+    ),
     case("unknown-key", SIM, "federation.roundz: unknown key", files({"fed.yaml": federation(federation__roundz=3)})),
     case("top-level-not-mapping", SIM, "expected a mapping", files({"fed.yaml": "- just\n- a list\n"})),
     case(

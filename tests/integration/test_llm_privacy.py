@@ -87,7 +87,7 @@ def test_dp_sgd_trains_the_adapters_through_the_streamed_base_within_every_budge
 
 def test_dp_sgd_with_layers_checked_not_fixed_accepts_the_lora_model(base_cache: Path) -> None:
     from fedshard.assembly import check_privacy
-    from fedshard.privacy.dpsgd import check_model
+    from fedshard.privacy.mechanisms.dpsgd import check_model
 
     privacy = {
         "record_level": {"enabled": True, "noise_multiplier": 1.0, "fix_incompatible_layers": False},

@@ -17,6 +17,7 @@ from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.simulate.run import simulate
 from fedshard.site.model_store import site_kek
 from fedshard.site.privacy import LEDGER_FILE, ledger_key
+from tests.unit.test_mechanisms import PerTensorNoise, per_tensor  # noqa: F401 (a mechanism of a task's own)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,14 +87,21 @@ def test_federation_stops_when_too_few_sites_can_afford_a_round(tmp_path: Path) 
     assert all(s["epsilon_spent"] <= s["epsilon_budget"] for s in summary["sites"])
 
 
-def test_update_level_dp_is_accounted_separately(tmp_path: Path) -> None:
-    config = _config(update_level={"enabled": True, "clip_norm": 1.0, "noise_multiplier": 4.0})
+@pytest.mark.usefixtures("per_tensor")
+@pytest.mark.parametrize("mechanism", ["gaussian", "per-tensor"])
+def test_update_level_dp_is_accounted_separately(tmp_path: Path, mechanism: str) -> None:
+    """Update-level DP, by the built-in mechanism and by a task's own (registered in one line)."""
+    update = {"enabled": True, "mechanism": mechanism, "clip_norm": 1.0, "noise_multiplier": 4.0}
+    config = _config(update_level=update)
     summary = simulate(
         config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 2})}), tmp_path
     )
     for site in summary["sites"]:
         assert site["epsilon_record"] > 0 and site["epsilon_update"] > 0
         assert site["epsilon_spent"] == site["epsilon_record"]
+    released = PerTensorNoise.released
+    assert len(released) == (6 if mechanism == "per-tensor" else 0)  # 3 sites × 2 rounds, through the task's own
+    assert all(0 < norm <= 1.0 + 1e-6 for norm in released)
 
 
 @pytest.mark.slow

@@ -53,8 +53,8 @@ from fedshard.coordinator.coordinator import Coordinator
 from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.privacy.accountant import AccountantKind
-from fedshard.privacy.dpsgd import RecordPrivacy
 from fedshard.privacy.ledger import PrivacyLedger
+from fedshard.privacy.mechanisms.dpsgd import RecordPrivacy
 from fedshard.protocol.messages import (
     AppliedRound,
     LedgerHeadReport,

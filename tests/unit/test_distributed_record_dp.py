@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedshard.config.privacy import noise_share
 from fedshard.errors import PrivacyError
 from fedshard.privacy.accountant import AccountantKind
-from fedshard.privacy.dpsgd import RecordPrivacy, planned_record_event
+from fedshard.privacy.mechanisms import noise_share
+from fedshard.privacy.mechanisms.dpsgd import RecordPrivacy, planned_record_event
 from fedshard.protocol.messages import PrivacyPlan, RecordPlan, UpdatePlan
 from fedshard.site.privacy import RoundDP
 
@@ -87,13 +87,16 @@ def test_a_capped_site_adds_its_share_scaled_to_its_records_over_its_weight() ->
     weighted below its records scales its share up so that its noise counts fully in the sum."""
     plan = _plan(record_n=5, update=False)
     events = [planned_record_event(RECORDS, 64, 1, SIGMA)]
-    uncapped, capped = RoundDP.of(plan, events, 1.0).record, RoundDP.of(plan, events, 4.0).record
+    uncapped = RoundDP.of(plan, events, RECORDS, RECORDS, RECORDS).training
+    capped = RoundDP.of(plan, events, RECORDS, RECORDS / 4, RECORDS).training
     assert uncapped is not None and capped is not None
     assert uncapped.added_noise_multiplier == pytest.approx(1.0)
     assert capped.added_noise_multiplier == pytest.approx(4.0)
     assert capped.noise_multiplier == SIGMA  # what the ledger accounts is unchanged
     with pytest.raises(PrivacyError, match=r"weighs this site above its number of records"):
-        RoundDP.of(plan, events, 0.5)  # a weight above the records: its records would be under-protected
+        RoundDP.of(
+            plan, events, RECORDS, RECORDS * 2, RECORDS * 2
+        )  # a weight above the records: its records would be under-protected
 
 
 def test_a_site_refuses_to_add_less_noise_than_its_own_config_allows() -> None:
@@ -121,11 +124,14 @@ def test_a_site_refuses_to_add_less_noise_than_its_own_config_allows() -> None:
 def test_update_level_shares_scale_to_the_rounds_largest_weight() -> None:
     """Update level: a site's update moves the weighted sum by its weight × clip, so every share is
     scaled to the largest weight of the round (weight_scale / weight ≥ 1)."""
-    from fedshard.site.release import noised
+    from fedshard.privacy.mechanisms import Sharing
+    from fedshard.privacy.mechanisms.gaussian_update import GaussianUpdate, update_event
 
-    zeros = {"s": np.zeros(20_000, dtype=np.float32)}
-    plan = UpdatePlan(clip_norm=1.0, noise_multiplier=2.0, distributed_over=5)
-    assert np.std(noised(dict(zeros), plan)["s"]) == pytest.approx(2.0 / 2, rel=0.05)
-    assert np.std(noised({"s": zeros["s"].copy()}, plan, 3.0)["s"]) == pytest.approx(3 * 2.0 / 2, rel=0.05)
-    alone = UpdatePlan(clip_norm=1.0, noise_multiplier=2.0)
-    assert np.std(noised({"s": zeros["s"].copy()}, alone, 3.0)["s"]) == pytest.approx(2.0, rel=0.05)
+    def noised(distributed_over: int | None, weight_ratio: float) -> np.ndarray:
+        sharing = Sharing(distributed_over, RECORDS, weight=1.0, largest_weight=weight_ratio)
+        run = GaussianUpdate().start(update_event(2.0), 1.0, sharing)
+        return run.release({"s": np.zeros(20_000, dtype=np.float32)})["s"]
+
+    assert np.std(noised(5, 1.0)) == pytest.approx(2.0 / 2, rel=0.05)
+    assert np.std(noised(5, 3.0)) == pytest.approx(3 * 2.0 / 2, rel=0.05)
+    assert np.std(noised(None, 3.0)) == pytest.approx(2.0, rel=0.05)  # alone: all of σ, whatever the weights

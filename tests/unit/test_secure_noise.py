@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedshard.privacy.dpsgd import RecordPrivacy, planned_record_event
+from fedshard.privacy.mechanisms.dpsgd import RecordPrivacy, planned_record_event
 from fedshard.privacy.secure_noise import SecureGaussian
 
 
@@ -48,4 +48,5 @@ def test_dp_sgd_adds_the_secure_noise_at_sigma_times_the_clip_and_says_nothing_a
     moved = model.weight.detach().numpy().ravel()
     batch = optimiser.expected_batch_size  # the noise is divided by it (loss reduction "mean")
     assert moved.std() == pytest.approx(sigma * clip / batch, rel=0.1)
-    assert privacy.verify().noise_multiplier == sigma
+    privacy.verify()
+    assert privacy.planned.noise_multiplier == sigma

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedshard.privacy.events import DPEvent, Guarantee
-from fedshard.privacy.update_dp import clip_and_noise, update_event
+from fedshard.privacy.mechanisms.gaussian_update import clip_and_noise, update_event
 
 
 def _norm(update: dict[str, np.ndarray]) -> float:

@@ -1,4 +1,4 @@
-"""Record-level DP: DP-SGD through Opacus, inside the task's own training loop.
+"""Record-level DP: DP-SGD through Opacus, inside the task's own training loop (mechanism ``dpsgd``).
 
 A task opts in the way Opacus users do: it builds its model, optimiser and data
 loader, then hands them to :meth:`RecordPrivacy.make_private` (Poisson sampling,
@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from fedshard.errors import PrivacyError
 from fedshard.privacy.events import DPEvent, Guarantee
+from fedshard.privacy.mechanisms.shares import RoundShape, Sharing, noise_share
 from fedshard.privacy.secure_noise import install as install_secure_noise
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
-__all__ = ["RecordPrivacy", "check_model", "fix_model", "planned_record_event"]
+__all__ = ["DpSgd", "RecordPrivacy", "check_model", "fix_model", "planned_record_event"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class RecordPrivacy:
     noise_share:
         The multiple of the planned σ this site adds itself (1 unless the noise is
         distributed over several sites' encrypted shares, see
-        :func:`fedshard.config.privacy.noise_share`).
+        :func:`~fedshard.privacy.mechanisms.shares.noise_share`).
     distributed:
         The noise is distributed: the round must be one DP-SGD step of plain SGD, for only
         then is the released update linear in the noise, so that the shares add up in the
@@ -105,6 +107,15 @@ class RecordPrivacy:
         self.noise_share = noise_share
         self.distributed = distributed
         self._engine: Any = None
+
+    @property
+    def training(self) -> RecordPrivacy:
+        """What the task trains through: this object (handed to it in ``TrainSettings``)."""
+        return self
+
+    def release(self, update: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The update as it is: the noise went in during training."""
+        return update
 
     @property
     def noise_multiplier(self) -> float:
@@ -169,7 +180,7 @@ class RecordPrivacy:
             raise PrivacyError("training changed σ or the sample rate within a round")
         return DPEvent(Guarantee.RECORD, sigmas.pop(), rates.pop(), steps)
 
-    def verify(self) -> DPEvent:
+    def verify(self) -> None:
         """Check training spent exactly what was reserved; return the event.
 
         Raises :class:`PrivacyError` if the task skipped DP-SGD or took other steps than
@@ -192,4 +203,34 @@ class RecordPrivacy:
                 f"the ledger reserved {p.steps} steps at q={p.sample_rate:.4g} with this site adding "
                 f"σ={added:.4g}; nothing was released"
             )
-        return p
+
+
+class DpSgd:
+    """DP-SGD (Opacus): Poisson-sampled batches, per-sample clipping, Gaussian noise on every step."""
+
+    name = "dpsgd"
+    guarantee = Guarantee.RECORD
+
+    def event(self, shape: RoundShape, noise_multiplier: float) -> DPEvent:
+        """:func:`planned_record_event` of ``shape``."""
+        return planned_record_event(shape.num_examples, shape.batch_size, shape.epochs, noise_multiplier)
+
+    def start(self, planned: DPEvent, clip: float, sharing: Sharing) -> RecordPrivacy:
+        """The round's :class:`RecordPrivacy`.
+
+        With distributed noise a site adds its share of σ times its records over its
+        aggregation weight (≥ 1 when the weight is capped): DP-SGD divides the noisy sum by
+        the records, the aggregate multiplies by the weight, so this keeps every site's
+        share as large as the uncapped sites' in the weighted sum, against which any one
+        record's influence is measured. A weight above the records (< 1) would let a record
+        move the sum by more than that: refused.
+        """
+        if not sharing.distributed:
+            return RecordPrivacy(planned, clip)
+        per_weight = sharing.examples / sharing.weight
+        if per_weight < 1.0:  # a record would move the sum more than the others' shares cover
+            raise PrivacyError(
+                f"distributed record-level DP: the aggregator weighs this site above its number of records "
+                f"(records / weight = {per_weight:.3g} < 1); nothing was released"
+            )
+        return RecordPrivacy(planned, clip, noise_share(sharing.distributed_over) * per_weight, distributed=True)
