@@ -179,9 +179,9 @@ def _model_bytes(transformer: dict[str, int] | None) -> int:
 def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
     """Serve one site's messages from stdin (one JSON line each) until stdin closes."""
     from fedshard.assembly import make_site
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.config import load_federation
     from fedshard.protocol.messages import MessageKind, decode, encode
-    from fedshard.routing import FederationRouting
     from fedshard.transports.flower.records import REQUESTS
 
     logging.getLogger("fedshard").setLevel(logging.ERROR)
@@ -232,8 +232,8 @@ def site_child(site_id: str, config_path: Path, state_root: Path) -> None:
 def zone_child(name: str, config_path: Path, store_root: Path, keys_file: Path) -> None:
     """Serve one zone over gRPC on loopback; on each stdin line print its phase seconds; exit when stdin closes."""
     from fedshard.assembly import make_zone, streaming_parties
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.config import load_federation
-    from fedshard.routing import FederationRouting
     from fedshard.zone.rpc.service import serve
 
     logging.getLogger("fedshard").setLevel(logging.ERROR)

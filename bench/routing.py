@@ -12,7 +12,7 @@ all of them interleaved for several runs with the order rotated every run (so th
 the same state of this shared machine), and reports medians:
 
 * ``classify``: ``SensitivityClassifier.from_config(ResidencyConfig()).classify(plan, model)``
-  (the site's path in ``fedshard/routing.py``: with the model, so the
+  (the site's path in ``fedshard/assembly/routing.py``: with the model, so the
   structural detectors use module types);
 * ``route``: ``Router(...).route_plan(classes, origin, ShardProtection())`` over the
   whole plan for a site of each origin (EU, US, SG), with three zones (eu-central EU,

@@ -50,7 +50,7 @@ WARM_MODULES = (
     "fedshard.transports.flower.client_app",
     "fedshard.transports.flower.records",
     "fedshard.site.site",
-    "fedshard.routing",
+    "fedshard.assembly.routing",
     "fedshard.store.sealed_store",
     "fedshard.store.model_io",
     "fedshard.zone.rpc.client",

@@ -88,7 +88,7 @@ def crash_config(rounds: int = 2) -> FederationConfig:
 def zones_up(config: FederationConfig, store_root: Path) -> Iterator[tuple[dict[str, ZoneAggregator], dict[str, str]]]:
     """The federation's zones served over gRPC in this process: ``(zones by name, endpoints)``
     (as :func:`fedshard.assembly.running_zones`, keeping the zone objects for the test)."""
-    from fedshard.routing import FederationRouting
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.zone.rpc.service import serve
 
     routing = FederationRouting(config)

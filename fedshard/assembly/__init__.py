@@ -12,6 +12,8 @@ Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and 
 * :mod:`~fedshard.assembly.connectors`: how parts reach the zones (gRPC, mutual TLS);
 * :mod:`~fedshard.assembly.coordination`: the coordinator, wired the same way for the
   in-process engine and the Flower ServerApp;
+* :mod:`~fedshard.assembly.routing`: the federation's residency facts from its config:
+  each shard's class, each site's routes, each zone's policy;
 * :mod:`~fedshard.assembly.parts`: the registered parts a config names (server
   optimiser, accountant, DP mechanisms), checked before anything runs.
 """

@@ -8,7 +8,7 @@ still comes from its host's files: the request carries only the digest of the
 membership the coordinator runs with (:func:`~fedshard.config.changes.membership_digest`),
 and the zone refuses when its file says otherwise, when the change is one a running
 federation may not take (:func:`~fedshard.config.changes.check_change`), when it would
-move a site of the run to other aggregates (:func:`~fedshard.routing.check_regrouping`)
+move a site of the run to other aggregates (:func:`~fedshard.assembly.routing.check_regrouping`)
 or while a round is open.
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from fedshard.assembly.routing import FederationRouting, check_regrouping
 from fedshard.assembly.sites import load_site_keys
 from fedshard.config import FederationConfig, load_federation
 from fedshard.config.changes import check_change, membership_digest
 from fedshard.errors import ConfigError
-from fedshard.routing import FederationRouting, check_regrouping
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.policy import ZonePolicy
 

@@ -18,11 +18,11 @@ from fedshard.site.terms import PrivacyTerms
 from fedshard.task import Partition, build_initial_model, load_task
 
 if TYPE_CHECKING:
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
     from fedshard.privacy.ledger import LedgerKey
-    from fedshard.routing import FederationRouting
     from fedshard.site.base import SealedBase
     from fedshard.site.ledger_anchor import AnchorStore
 
@@ -253,7 +253,7 @@ def _route_source(
     (kept in its state folder under the plan and residency config's key)."""
 
     def routes(plan_digest: str, model: ModelSource) -> SiteRouting:
-        from fedshard.routing import FederationRouting, classification_key, classify
+        from fedshard.assembly.routing import FederationRouting, classification_key, classify
 
         if shared is not None:
             return shared.site(site_id)

@@ -16,9 +16,9 @@ from fedshard.zone.aggregator import ZoneAggregator
 if TYPE_CHECKING:
     import grpc
 
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.crypto.tls import TlsFiles
     from fedshard.integrity.aggregate_signature import AggregateSigner
-    from fedshard.routing import FederationRouting
 
 __all__ = [
     "AUDIT_FILE",
@@ -164,7 +164,7 @@ def serving_zones(
 
     Port 0 in a zone's endpoint picks a free port.
     """
-    from fedshard.routing import FederationRouting
+    from fedshard.assembly.routing import FederationRouting
 
     routing = FederationRouting(config)
     routing.check()

@@ -290,8 +290,8 @@ def _preflight(cfg: FederationConfig, out: Path) -> None:
     ``he.keys`` that do not load, a server optimiser, an accountant or a DP mechanism none is registered
     for, a zone port another program holds."""
     from fedshard.assembly.parts import check_parts
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.deploy.preflight import check_ports_free
-    from fedshard.routing import FederationRouting
 
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():

@@ -25,8 +25,8 @@ def explain(
 ) -> None:
     """Per shard: class, the reason for it, regions the policy allows, the zone it is
     pushed to, and the aggregate it ends up in (global, or a regional group)."""
+    from fedshard.assembly.routing import explain_routes
     from fedshard.config import load_federation
-    from fedshard.routing import explain_routes
 
     cfg = load_federation(config)
     decisions = explain_routes(cfg, site, tensor)

@@ -60,9 +60,9 @@ def zone_up(
     """
     from fedshard.assembly import load_site_keys, make_zone, streaming_parties
     from fedshard.assembly.reload import ZoneReload
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.config import load_federation
     from fedshard.observability.zone_metrics import ZoneCollector
-    from fedshard.routing import FederationRouting
     from fedshard.zone.rpc.service import serve
 
     cfg = load_federation(config)

@@ -12,7 +12,7 @@ sites different models, zones different rules, or ledgers a different accounting
 returns the change, or refuses it in one line naming the first field that may not
 change. The routing consequences (every shard of every site still has a zone; no site
 of the run is moved to other aggregates) are checked by the runner with the task's
-model (:func:`fedshard.routing.check_regrouping`).
+model (:func:`fedshard.assembly.routing.check_regrouping`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The runtime that hosts the coordinator (the in-process engine, the aggregator) offers a
 :class:`Membership`: before each round the coordinator asks it for a pending change.
 The runtime has checked the new config against the run's (:mod:`fedshard.config.changes`,
-:func:`fedshard.routing.check_regrouping`) and applied what only it can (started the new
+:func:`fedshard.assembly.routing.check_regrouping`) and applied what only it can (started the new
 zones, given every zone the new membership, started or admitted the new sites); the
 coordinator then takes the config, opens the next rounds at the zones of
 :attr:`Reconfiguration.zones` (a drained zone is left out, though sites still reach it,

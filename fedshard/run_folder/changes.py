@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
+from fedshard.assembly.routing import FederationRouting, check_regrouping
 from fedshard.config import FederationConfig, load_federation
 from fedshard.config.changes import ConfigChange, check_change
 from fedshard.errors import ConfigError
-from fedshard.routing import FederationRouting, check_regrouping
 
 __all__ = ["DEPLOYED_MARK", "PENDING", "offer_change", "request_change"]
 

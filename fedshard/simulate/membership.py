@@ -3,7 +3,7 @@
 The command checks the new config against the run's (``RUN_DIR/federation.yaml``: only
 zones added or drained, sites added, the number of rounds and ``min_sites`` may change;
 :mod:`fedshard.config.changes`) and that every site still has a zone for every shard
-and keeps its aggregates (:func:`fedshard.routing.check_regrouping`), then leaves it
+and keeps its aggregates (:func:`fedshard.assembly.routing.check_regrouping`), then leaves it
 in ``RUN_DIR/reconfigure.yaml``. The running ``fedshard simulate`` takes it before its
 next round (:class:`RunMembership`): it starts the new zones' gRPC servers, gives every
 zone the new membership (new sites' jurisdictions and signing keys, drained zones),
@@ -24,12 +24,12 @@ from pathlib import Path
 import yaml
 
 from fedshard.assembly import ServedZones, grpc_connector, make_site
+from fedshard.assembly.routing import FederationRouting, check_regrouping
 from fedshard.config import FederationConfig
 from fedshard.config.changes import ConfigChange
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.membership import Reconfiguration, read_change
 from fedshard.protocol.channels import ZoneClient, ZoneConnector
-from fedshard.routing import FederationRouting, check_regrouping
 from fedshard.run_folder.changes import PENDING
 from fedshard.site.site import Site
 from fedshard.transports.inprocess import InProcessSiteGateway

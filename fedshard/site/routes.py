@@ -1,6 +1,6 @@
 """A site's routes: where each of its shards is pushed and which aggregate it applies.
 
-Computed from the federation config by :class:`fedshard.routing.FederationRouting`
+Computed from the federation config by :class:`fedshard.assembly.routing.FederationRouting`
 (the same decisions at every site, zone and ``fedshard route explain``). Classifying
 the shards needs the model; a site keeps the classification of its model in its
 state folder (:func:`read_classes`, :func:`write_classes`), keyed by the shard plan

@@ -3,7 +3,7 @@
 A zone does not trust the site, the coordinator or another zone to have routed
 correctly: it holds the federation's policy, its own classification of every shard
 and every site's jurisdiction (all derived from the federation config, see
-:func:`fedshard.routing.zone_policy_for`), and re-decides every shard it is
+:func:`fedshard.assembly.routing.zone_policy_for`), and re-decides every shard it is
 sent. It **fails closed**: anything it cannot place under a rule is refused.
 """
 

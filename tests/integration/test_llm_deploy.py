@@ -101,7 +101,7 @@ def test_deployed_sites_stream_their_sealed_base_and_release_adapters_only(tmp_p
 
 
 def _plan(config: Any) -> Any:
-    from fedshard.routing import model_classes
+    from fedshard.assembly.routing import model_classes
 
     return model_classes(config)[0]
 

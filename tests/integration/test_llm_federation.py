@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from fedshard.assembly.routing import explain_routes, model_classes
 from fedshard.config import FederationConfig
-from fedshard.routing import explain_routes, model_classes
 from fedshard.simulate.run import simulate
 from fedshard.task import build_initial_model, frozen_state, load_task, trained_state
 from tests.llm_helpers import SITES, llm_config

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from fedshard.assembly.routing import model_classes
 from fedshard.config import FederationConfig
 from fedshard.config.privacy import LayerPolicy
-from fedshard.routing import model_classes
 from fedshard.simulate.run import simulate
 from fedshard.store import LocalShardStore
 from fedshard.task import Partition, build_initial_model, load_task

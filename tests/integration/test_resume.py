@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel
 
 from fedshard.assembly import SIGNING_KEY_FILE, grpc_connector, make_site, make_zone, running_zones, streaming_parties
+from fedshard.assembly.routing import FederationRouting
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import MAX_ABORTED_IN_A_ROW, Coordinator
 from fedshard.coordinator.events import EventLog, replay
@@ -38,7 +39,6 @@ from fedshard.integrity import next_version
 from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
 from fedshard.protocol.rounds import RoundSpec
-from fedshard.routing import FederationRouting
 from fedshard.run_folder.resume import with_rounds
 from fedshard.transports.inprocess import InProcessSiteGateway
 from fedshard.zone.rpc.service import serve

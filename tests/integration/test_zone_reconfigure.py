@@ -18,6 +18,7 @@ import yaml
 from fedshard.assembly import make_zone
 from fedshard.assembly.membership import READY, FolderMembership
 from fedshard.assembly.reload import ZoneReload
+from fedshard.assembly.routing import FederationRouting
 from fedshard.config import load_federation
 from fedshard.config.changes import membership_digest
 from fedshard.crypto.pki import init_ca, issue_coordinator, issue_site, issue_zone
@@ -25,7 +26,6 @@ from fedshard.crypto.tls import TlsFiles
 from fedshard.deploy.loopback import free_ports
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.protocol.rounds import RoundSpec
-from fedshard.routing import FederationRouting
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.service import serve
 
@@ -126,7 +126,7 @@ def test_a_zone_refuses_a_change_a_running_federation_may_not_take(zone: Zone, t
 
 
 def test_a_zone_refuses_to_reconfigure_while_a_round_is_open(zone: Zone, tmp_path: Path) -> None:
-    from fedshard.routing import model_classes
+    from fedshard.assembly.routing import model_classes
 
     plan = model_classes(load_federation(zone.config))[0]
     with zone.client() as client:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedshard.assembly.routing import FederationRouting
 from fedshard.config import FederationConfig, load_federation
 from fedshard.config.layout import KeysLayout
 from fedshard.crypto.pki import issue_site
@@ -39,7 +40,6 @@ from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.integrity import Manifest, build_manifest
 from fedshard.protocol.rounds import RoundSpec
-from fedshard.routing import FederationRouting
 from fedshard.zone.rpc.client import GrpcZoneClient
 
 ROOT = Path(__file__).resolve().parents[2]

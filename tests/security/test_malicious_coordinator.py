@@ -47,6 +47,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from fedshard.assembly import deployed_site_for, load_site_keys, make_zone, streaming_parties, tls_connector
+from fedshard.assembly.routing import FederationRouting
 from fedshard.config import FederationConfig, load_federation
 from fedshard.config.layout import KeysLayout
 from fedshard.coordinator.coordinator import Coordinator
@@ -68,7 +69,6 @@ from fedshard.protocol.messages import (
     TrainReport,
     UpdatePlan,
 )
-from fedshard.routing import FederationRouting
 from fedshard.site.site import Site
 from fedshard.transports.flower.records import REPLIES, pack, unpack
 from fedshard.zone.rpc.service import serve

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from fedshard.assembly.routing import FederationRouting, check_regrouping
 from fedshard.config import FederationConfig
 from fedshard.config.changes import check_change
 from fedshard.errors import ConfigError
-from fedshard.routing import FederationRouting, check_regrouping
 
 BASE: dict[str, Any] = {
     "federation": {"name": "grow", "seed": 1, "rounds": 5, "min_sites": 2},

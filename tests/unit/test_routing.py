@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedshard.assembly.routing import explain_routes
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
-from fedshard.routing import explain_routes
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
@@ -56,8 +56,8 @@ def test_reducing_zone_and_preferred_zone_must_be_zones() -> None:
 
 
 def test_a_sites_view_names_each_aggregate_by_its_key() -> None:
+    from fedshard.assembly.routing import FederationRouting
     from fedshard.residency import AggregateKey
-    from fedshard.routing import FederationRouting
 
     routing = FederationRouting(_three_zones()).site("charite-berlin")
     view = routing.view()

@@ -69,7 +69,7 @@ def test_round_spec_lookups_agree_with_its_tuples_and_survive_replace() -> None:
 
 
 def test_a_serve_decision_is_made_once_per_aggregate_and_refusals_repeat() -> None:
-    from fedshard.routing import FederationRouting
+    from fedshard.assembly.routing import FederationRouting
 
     config = _config(2)
     config = config.model_copy(
