@@ -59,7 +59,7 @@ def make_zone(
     PkiError
         ``tls`` holds the certificate of another party than this zone (name and region).
     """
-    from fedshard.residency.audit import AuditLog, HeadSigner
+    from fedshard.audit import AuditLog, HeadSigner
     from fedshard.zone.recovery import repair_audit_tail
 
     store = zone.store if zone.store is not None else (Path(store_root) / zone.name if store_root else None)

@@ -106,7 +106,7 @@ def audit_verify(
     With --cert or --ca the log must be signed, by a zone certificate naming the zone
     (and region) the log's records name; --zone says which zone that must be.
     """
-    from fedshard.residency.audit import HeadVerifier, verify_audit_log
+    from fedshard.audit import HeadVerifier, verify_audit_log
 
     verifier = HeadVerifier.from_files(cert, ca) if cert is not None or ca is not None else None
     verdict = verify_audit_log(log, expected_head=head, verifier=verifier, allow_adopted=allow_adopted, zone=zone)

@@ -12,16 +12,19 @@ family: it is the SHA-256 of the plan's JSON, :attr:`fedshard.sharding.ShardPlan
 
 from __future__ import annotations
 
-from blake3 import blake3
+from fedshard.integrity.chain import ChainHash, chain_link
 
 __all__ = ["genesis_version", "next_version"]
+
+_GENESIS = b"fedshard/genesis\x00"
 
 
 def genesis_version(plan_digest: str, initial_root: str) -> str:
     """Version 0: binds the shard plan and the initial parameters."""
-    return blake3(b"fedshard/genesis\x00" + bytes.fromhex(plan_digest) + bytes.fromhex(initial_root)).hexdigest()
+    link = chain_link(bytes.fromhex(plan_digest), bytes.fromhex(initial_root), ChainHash.BLAKE3, domain=_GENESIS)
+    return link.hex()
 
 
 def next_version(previous: str, aggregate_root: str) -> str:
     """``v_r = H(v_{r-1} ‖ root_r)`` (hex in, hex out)."""
-    return blake3(bytes.fromhex(previous) + bytes.fromhex(aggregate_root)).hexdigest()
+    return chain_link(bytes.fromhex(previous), bytes.fromhex(aggregate_root), ChainHash.BLAKE3).hex()

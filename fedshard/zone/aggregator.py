@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedshard import faults
+from fedshard.audit import AuditLog, Decision
 from fedshard.config import AggregationConfig
 from fedshard.errors import (
     FedshardError,
@@ -65,7 +66,6 @@ from fedshard.protocol.rounds import (
     RoundSpec,
     ShardPayload,
 )
-from fedshard.residency.audit import AuditLog, Decision
 from fedshard.sharding import ShardPlan
 from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession

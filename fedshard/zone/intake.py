@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from fedshard import faults
+from fedshard.audit import Decision
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt
-from fedshard.residency.audit import Decision
 from fedshard.zone.calls import Call
 from fedshard.zone.norms import NormReference, shard_set
 from fedshard.zone.push import PushSession, accepted_fields, check_manifest, check_packs

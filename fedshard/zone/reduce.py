@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshard import faults
+from fedshard.audit import Decision
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.protocol.rounds import GLOBAL_GROUP, PartialSum, ShardPayload
-from fedshard.residency.audit import Decision
 from fedshard.zone.calls import Call
 from fedshard.zone.forward import ForwardSession, check_partial, send_partial_sums
 from fedshard.zone.frames import shard_chunks

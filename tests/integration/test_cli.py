@@ -470,7 +470,7 @@ def test_pki_commands_issue_certificates_once(tmp_path: Path) -> None:
 
 
 def test_audit_verify_detects_a_tampered_line(tmp_path: Path) -> None:
-    from fedshard.residency.audit import AuditLog
+    from fedshard.audit import AuditLog
 
     path = tmp_path / "audit.jsonl"
     log = AuditLog(path)

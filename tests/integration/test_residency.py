@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedshard.assembly import make_site, make_zone, running_zones
 from fedshard.assembly.routing import FederationRouting
+from fedshard.audit import verify_audit_log
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.results import RunResult
@@ -22,7 +23,6 @@ from fedshard.crypto.signing import public_key_bytes
 from fedshard.errors import ConfigError, PushRejectedError, RefusalCode, ResidencyViolationError, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import PartialEntry, PartialSum, RoundSpec
-from fedshard.residency.audit import verify_audit_log
 from fedshard.store import LocalShardStore
 from fedshard.transports.inprocess import InProcessSiteGateway
 from fedshard.zone.aggregator import ZoneAggregator

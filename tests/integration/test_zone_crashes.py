@@ -24,13 +24,13 @@ import pytest
 import yaml
 
 from fedshard.assembly import STORE_KEYS_DIR, make_site
+from fedshard.audit import verify_audit_log
 from fedshard.config import FederationConfig, load_federation
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.results import RoundResult
 from fedshard.errors import RoundError
 from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.protocol.channels import ZoneClient
-from fedshard.residency.audit import verify_audit_log
 from fedshard.site.model_store import site_kek
 from fedshard.site.privacy import LEDGER_FILE, ledger_key
 from fedshard.transports.inprocess import InProcessSiteGateway

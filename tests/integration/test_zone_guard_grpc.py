@@ -15,12 +15,12 @@ import grpc
 import numpy as np
 import pytest
 
+from fedshard.audit import AuditLog
 from fedshard.config import ZoneLimits
 from fedshard.crypto.pki import init_ca, issue_coordinator, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import RefusalCode
 from fedshard.protocol.rounds import RoundSpec
-from fedshard.residency.audit import AuditLog
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedshard.audit import record_hash
 from fedshard.crypto.pki import init_ca, issue_site, issue_zone
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import PushRejectedError
-from fedshard.residency.audit import record_hash
 from fedshard.sharding import ShardPlan
 from fedshard.zone.rpc.client import GrpcZoneClient
 from tests.zone_helpers import TOKEN, manifest_for, random_update

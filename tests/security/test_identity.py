@@ -28,6 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from typer.testing import CliRunner
 
 from fedshard.assembly import load_site_keys, make_zone, tls_connector
+from fedshard.audit import AuditLog, HeadSigner, HeadVerifier, verify_audit_log
 from fedshard.cli.main import app
 from fedshard.crypto.identity import JURISDICTION_OID, REGION_OID, ZONE_HOST_SUFFIX, Role, read_identity
 from fedshard.crypto.pki import issue_zone
@@ -43,7 +44,6 @@ from fedshard.errors import (
 from fedshard.integrity.aggregate_signature import AggregateSignature, AggregateSigner, AggregateStatement
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SignedStatement
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateKey, RoundSpec
-from fedshard.residency.audit import AuditLog, HeadSigner, HeadVerifier, verify_audit_log
 from fedshard.sharding import ShardPlan
 from fedshard.site.apply import fetch_view
 from fedshard.zone.aggregator import ZoneAggregator

@@ -16,11 +16,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
-from fedshard.cli.security import audit_app
-from fedshard.crypto.identity import read_identity
-from fedshard.crypto.pki import init_ca, issue_zone
-from fedshard.errors import FedshardError, PkiError, StoreError
-from fedshard.residency.audit import (
+from fedshard.audit import (
     GENESIS,
     Adoption,
     AuditLog,
@@ -30,6 +26,10 @@ from fedshard.residency.audit import (
     record_hash,
     verify_audit_log,
 )
+from fedshard.cli.security import audit_app
+from fedshard.crypto.identity import read_identity
+from fedshard.crypto.pki import init_ca, issue_zone
+from fedshard.errors import FedshardError, PkiError, StoreError
 
 
 class FakeClock:

@@ -15,11 +15,11 @@ import pytest
 from pydantic import ValidationError
 
 from fedshard.aggregation import ShardAccumulator, error_bound, extremes, norm_scale, squared_norm
+from fedshard.audit import AuditLog
 from fedshard.config import AggregationConfig, BoundRule
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import shard_digest
 from fedshard.protocol.rounds import RoundSpec
-from fedshard.residency.audit import AuditLog
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from tests import zone_helpers

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedshard.audit import AuditLog, verify_audit_log
 from fedshard.errors import HeldPush, PushRejectedError, RefusalCode, StoreError, ZoneError
 from fedshard.protocol.rounds import RoundSpec
-from fedshard.residency.audit import AuditLog, verify_audit_log
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.journal import RoundJournal, RoundState
 from fedshard.zone.recovery import DISCARDED_DIR, repair_audit_tail

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedshard.errors import ConfigError
+from fedshard.integrity.chain import ChainHash, chain_link
 
 __all__ = ["MAC_BYTES", "UNKEYED", "Field", "LedgerKey"]
 
@@ -85,8 +86,8 @@ class LedgerKey:
         TypeError
             If a value is not an int, float or str (a damaged row).
         """
-        body = b"".join([_DOMAIN, previous, _encode(kind), *(_encode(v) for v in values)])
-        return hmac.new(self._key, body, hashlib.sha256).digest()
+        row = b"".join([_encode(kind), *(_encode(v) for v in values)])
+        return chain_link(previous, row, ChainHash.HMAC_SHA256, key=self._key, domain=_DOMAIN)
 
     def genesis(self, values: Sequence[Field]) -> bytes:
         """``mac_0``: the MAC of the ledger's identity (its meta values)."""

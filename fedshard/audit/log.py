@@ -16,7 +16,7 @@ line, and :func:`verify_audit_log` names it.
 A chain alone cannot show records *appended* by someone who can write the file, nor
 records cut off its *end*. So a zone with a key (mutual TLS) signs its head after
 every append, in ``audit.head.json`` next to the log (format:
-:mod:`fedshard.residency.audit_head`): records after the signed head, a head the
+:mod:`fedshard.audit.head`): records after the signed head, a head the
 chain does not reach or no longer matches, and a signature by another key are all
 reported. A head lost in a crash between an append and its signature (or records
 appended while the zone was down) is not silently signed over: on reopening, the
@@ -28,7 +28,8 @@ Without a key (``--insecure``) the log is unsigned, and verification says so.
 
 An :class:`AuditLog` continues an existing file's chain, refuses a file whose chain
 (or signed head) is broken (it is evidence: keep it, start a new one), takes an
-exclusive lock so that two processes never interleave lines, and serialises appends
+exclusive lock (``audit.jsonl.lock`` beside it, :mod:`filelock`) so that two processes
+never interleave lines, and serialises appends
 from many threads.
 
 Stability contract: a stored record never changes meaning; the reserved keys, the
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -50,8 +50,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fedshard.errors import PkiError, StoreError
-from fedshard.residency.audit_head import (
+from filelock import FileLock, Timeout
+
+from fedshard.audit.head import (
     HeadFile,
     HeadSignature,
     HeadSigner,
@@ -60,7 +61,7 @@ from fedshard.residency.audit_head import (
     head_path,
     read_head,
 )
-from fedshard.residency.audit_lines import (
+from fedshard.audit.lines import (
     GENESIS,
     RESERVED,
     Adoption,
@@ -71,10 +72,8 @@ from fedshard.residency.audit_lines import (
     record_hash,
     render,
 )
-from fedshard.residency.audit_lines import scan as scan_lines
-
-if sys.platform != "win32":
-    import fcntl
+from fedshard.audit.lines import scan as scan_lines
+from fedshard.errors import PkiError, StoreError
 
 __all__ = [
     "GENESIS",
@@ -86,6 +85,7 @@ __all__ = [
     "HeadSignature",
     "HeadSigner",
     "HeadVerifier",
+    "lock_path",
     "record_hash",
     "verify_audit_log",
 ]
@@ -124,7 +124,7 @@ class AuditLog:
     durable:
         ``fsync`` after every append, so an acknowledged decision survives a crash.
     signer:
-        The zone's key: sign the head after every append (:mod:`~fedshard.residency.audit_head`).
+        The zone's key: sign the head after every append (:mod:`~fedshard.audit.head`).
         Without one the log is unsigned.
 
     Raises
@@ -150,7 +150,12 @@ class AuditLog:
         self._head_file: HeadFile | None = None
         self._lock = threading.Lock()
         existed = self.path.exists()
-        self._fd = _open_locked(self.path)
+        self._file_lock = _lock(self.path)
+        try:
+            self._fd = _open(self.path)
+        except BaseException:
+            self._file_lock.release()
+            raise
         self._closed = False
         try:
             with open(self.path, "rb") as fh:
@@ -284,6 +289,7 @@ class AuditLog:
             _log.error("audit log %s: cannot flush its signed head %s: %s", self.path, self.head_path, exc)
         finally:
             os.close(self._fd)
+            self._file_lock.release()
 
     def _sign(self, signer: HeadSigner) -> None:
         """Sign the current head and replace the head file (holding ``_lock``, or from ``__init__``)."""
@@ -317,8 +323,7 @@ class AuditLog:
             try:
                 os.ftruncate(self._fd, self._size)
             except OSError:
-                self._closed = True
-                os.close(self._fd)
+                self._release()
             raise StoreError(f"cannot append to audit log {self.path}: {exc.strerror or exc}") from None
         self._size += len(line)
 
@@ -452,19 +457,31 @@ def _against_head(
     return replace(verdict, signed=signature, adopted=adopted)
 
 
-def _open_locked(path: Path) -> int:
+def _open(path: Path) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _FILE_MODE)
     except OSError as exc:
         raise StoreError(f"cannot open audit log {path}: {exc.strerror or exc}") from None
-    if sys.platform != "win32":
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise StoreError(f"audit log {path} is in use by another process (or another AuditLog)") from None
     return fd
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file beside an audit log (``audit.jsonl.lock``): whoever holds it appends."""
+    return path.with_name(path.name + ".lock")
+
+
+def _lock(path: Path) -> FileLock:
+    """Hold ``path``'s lock, or :class:`StoreError` if another process (or another
+    :class:`AuditLog` of this one) holds it: two writers would interleave lines."""
+    lock = FileLock(lock_path(path), timeout=0, mode=_FILE_MODE)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StoreError(f"audit log {path} is in use by another process (or another AuditLog)") from None
+    except OSError as exc:
+        raise StoreError(f"cannot lock audit log {path}: {exc.strerror or exc}") from None
+    return lock
 
 
 def _fsync_dir(directory: Path) -> None:

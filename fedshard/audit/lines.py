@@ -1,4 +1,4 @@
-"""The audit log's line format and how a log file is scanned (see :mod:`fedshard.residency.audit`).
+"""The audit log's line format and how a log file is scanned (see :mod:`fedshard.audit`).
 
 One line per record, canonical JSON, the reserved keys around the fields; each line's
 ``hash`` chains it to the one before. :func:`scan` reads a file line by line and says
@@ -7,7 +7,6 @@ how far the chain verifies; :func:`head_problem` whether a signed head matches i
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -16,8 +15,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fedshard.audit.head import HeadSignature, SignedHead
 from fedshard.integrity.canonical import canonical_json
-from fedshard.residency.audit_head import HeadSignature, SignedHead
+from fedshard.integrity.chain import ChainHash, chain_link
 
 __all__ = [
     "GENESIS",
@@ -131,7 +131,7 @@ def _hash_at(fh: BinaryIO, number: int) -> str:
 
 def record_hash(body: Mapping[str, Any]) -> str:
     """``sha256(bytes.fromhex(body["prev"]) ‖ canonical JSON of body)``, hex; ``body`` has no ``hash``."""
-    return hashlib.sha256(bytes.fromhex(body["prev"]) + canonical(body)).hexdigest()
+    return chain_link(bytes.fromhex(body["prev"]), canonical(body), ChainHash.SHA256).hex()
 
 
 def canonical(value: Any) -> bytes:

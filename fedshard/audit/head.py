@@ -1,6 +1,6 @@
 """A zone's signature over the head of its audit chain, kept in a file next to the log.
 
-The hash chain of :mod:`fedshard.residency.audit` shows any change *inside* the log,
+The hash chain of :mod:`fedshard.audit` shows any change *inside* the log,
 but anyone who can write the file can append records with a valid chain, or cut
 records off its end. So after every append the zone signs its chain head with its
 TLS key (the key of ``fedshard zone up --key``) and replaces ``audit.head.json``
