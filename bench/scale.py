@@ -147,7 +147,7 @@ def _plain_flower(sites: int, rounds: int, started: float, *, onepass: bool = Fa
     from fedshard.task import Partition, TrainSettings, build_initial_model, load_task
 
     if onepass:
-        from fedshard.transports.flower.delivery import install
+        from fedshard.transports.flower.compat.delivery import install
 
         install()
     imported = time.perf_counter()
@@ -294,7 +294,8 @@ def _report(args: argparse.Namespace, results: dict[str, dict[str, dict[str, Any
             "examples per site), MLP 7→16→2, 4 zones in 4 regions; fedshard runs with record-level DP-SGD "
             "(σ 3, RDP, ε budget 10 per site), signed manifests, sealed stores, residency; `inprocess_plain`: "
             "the same without DP; `inprocess_grpc`: sites push and fetch over loopback gRPC. fedshard's Flower "
-            "engine delivers messages to its actors in one pass per tick (`fedshard/transports/flower/delivery.py`; "
+            "engine delivers messages to its actors in one pass per tick "
+            "(`fedshard/transports/flower/compat/delivery.py`; "
             "Flower's own loop scans every stored message for every node); `plain_flower` is Flower's stock "
             "engine, `plain_flower_onepass` the same with that delivery installed.",
         ],

@@ -139,8 +139,8 @@ def aggregator_reconfigure(
     from fedshard.config import load_federation
     from fedshard.config.layout import KeysLayout
     from fedshard.deploy.aggregator_host import LATEST_RUN, check_aggregator_config, he_folder, run_to_resume
-    from fedshard.deploy.reconfigure import request_deployed_change
-    from fedshard.run_folder.changes import PENDING
+    from fedshard.membership.deployed import request_deployed_change
+    from fedshard.membership.offer import PENDING
 
     cfg = load_federation(config)
     dep = check_aggregator_config(cfg, insecure=insecure)

@@ -275,7 +275,7 @@ def reconfigure(
     config: Annotated[Path, typer.Option("--config", "-c", help="The federation YAML it should run by now")],
 ) -> None:
     """Add or drain zones, add sites, change the rounds of a running simulation (before its next round)."""
-    from fedshard.run_folder.changes import PENDING, request_change
+    from fedshard.membership.offer import PENDING, request_change
 
     change = request_change(run, config)
     lines = (run / "events.jsonl").read_text().splitlines()

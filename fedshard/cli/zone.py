@@ -59,9 +59,9 @@ def zone_up(
     coordinator's config lists).
     """
     from fedshard.assembly import load_site_keys, make_zone, streaming_parties
-    from fedshard.assembly.reload import ZoneReload
     from fedshard.assembly.routing import FederationRouting
     from fedshard.config import load_federation
+    from fedshard.membership.zone_reload import ZoneReload
     from fedshard.observability.zone_metrics import ZoneCollector
     from fedshard.zone.rpc.service import serve
 

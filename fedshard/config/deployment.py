@@ -74,7 +74,8 @@ class SiteDeployment(_Model):
     executor: Literal["warm", "flower"] = Field(
         "warm",
         description="how each message runs: `warm` forks it from a process that imported torch and fedshard once "
-        "(fedshard.deploy.warm_executor); `flower` is Flower's stock executor (a fresh process per message)",
+        "(fedshard.transports.flower.compat.warm_executor); `flower` is Flower's stock executor "
+        "(a fresh process per message)",
     )
     poll_s: float = Field(
         0.2, ge=0.02, le=3.0, description="with `warm`: how often an idle SuperNode asks for a message (Flower: 3 s)"

@@ -20,7 +20,7 @@ State on this host (``deployment.state_dir``)::
     run-<time>/              federation.yaml (as run), events.jsonl, summary.json, zones/<name>/ (aggregates, audit log)
 
 While the run goes on it takes the changes ``aggregator reconfigure`` leaves in the run
-folder (:meth:`AggregatorHost.take_change`, :mod:`fedshard.deploy.reconfigure`): new
+folder (:meth:`AggregatorHost.take_change`, :mod:`fedshard.membership.deployed`): new
 zones started, new sites' SuperNode keys registered, the change marked ready for the
 coordinator, which hands it to every zone between rounds. The checks that refuse a
 config before anything starts are in :mod:`fedshard.deploy.preflight`.
@@ -63,9 +63,9 @@ from fedshard.deploy.preflight import (
     run_to_resume,
 )
 from fedshard.deploy.processes import Child, spawn, wait_for_port
-from fedshard.deploy.reconfigure import effective_config
 from fedshard.deploy.status import HostState, read_state, write_state, zone_details
 from fedshard.errors import DeployError, FedshardError
+from fedshard.membership.deployed import effective_config
 from fedshard.observability.host import HostMetrics
 from fedshard.observability.server import DEFAULT_METRICS_HOST, SNAPSHOT_FILE
 from fedshard.transports.flower.host_watch import HOST_PID_ENV
@@ -438,13 +438,13 @@ class AggregatorHost:
         """Prepare the change ``aggregator reconfigure`` left in the run folder, if any: check the
         new parties' keys, make it the run's config, start the new zones this host runs,
         register the new sites; then mark it ready for the coordinator
-        (:mod:`fedshard.deploy.reconfigure`). A change that cannot be prepared is set aside as
+        (:mod:`fedshard.membership.deployed`). A change that cannot be prepared is set aside as
         ``reconfigure.refused.yaml`` with one line on the display; nothing of the run changes.
         Whether a change was made ready."""
-        from fedshard.assembly.membership import READY
         from fedshard.config import load_federation
         from fedshard.config.changes import check_change
-        from fedshard.run_folder.changes import PENDING
+        from fedshard.membership.deployed import READY
+        from fedshard.membership.offer import PENDING
 
         pending = self.run_dir / PENDING
         if not pending.exists():

@@ -7,11 +7,12 @@ folder, keys) from the site's config file, on the site's host. Flower's own stat
 (installed app bundles) goes to ``<state_dir>/flwr``; the log to ``<state_dir>/supernode.log``.
 
 With ``deployment.executor: warm`` (the default) the SuperNode runs in Flower's
-``--isolation process`` mode with its waits shortened (:mod:`fedshard.deploy.supernode`),
-beside fedshard's warm executor (:mod:`fedshard.deploy.warm_executor`), which forks each
-message's ClientApp process from one that imported torch and fedshard once; the two
-share a SuperExec auth secret written for this start alone. When the installed Flower's
-internals are not the ones these rely on (:mod:`fedshard.deploy.flower_internals`), or
+``--isolation process`` mode with its waits shortened
+(:mod:`fedshard.transports.flower.compat.supernode`), beside fedshard's warm executor
+(:mod:`fedshard.transports.flower.compat.warm_executor`), which forks each message's
+ClientApp process from one that imported torch and fedshard once; the two share a
+SuperExec auth secret written for this start alone. When the installed Flower's internals
+are not the ones these rely on (:mod:`fedshard.transports.flower.compat.warm_checks`), or
 with ``executor: flower``, it is Flower's stock SuperNode.
 """
 
@@ -67,14 +68,22 @@ class SiteLaunch:
         assert dep is not None
         write_files([(self.secret, secrets.token_bytes(32), KEY_MODE)], force=True)  # atomic, mode 600
         warm = [*flower_args, "--isolation", "process", "--superexec-auth-secret-file", str(self.secret)]
-        shim = [sys.executable, "-m", "fedshard.deploy.supernode", "--poll-s", f"{dep.poll_s:g}", "--", *warm]
+        shim = [
+            sys.executable,
+            "-m",
+            "fedshard.transports.flower.compat.supernode",
+            "--poll-s",
+            f"{dep.poll_s:g}",
+            "--",
+            *warm,
+        ]
         supernode = spawn(name, shim, self.log, self.env)
         executor = spawn(
             f"warm executor {self.config.site.id}",
             [
                 sys.executable,
                 "-m",
-                "fedshard.deploy.warm_executor",
+                "fedshard.transports.flower.compat.warm_executor",
                 "--runtime-api-address",
                 f"127.0.0.1:{dep.port}",
                 "--superexec-auth-secret-file",
@@ -157,7 +166,7 @@ def plan_site(site_config: Path, *, insecure: bool = False, executor: Executor |
     chosen: Executor = executor or dep.executor
     fallback = None
     if chosen == "warm":
-        from fedshard.deploy.flower_internals import problem
+        from fedshard.transports.flower.compat.warm_checks import problem
 
         fallback = problem()
         chosen = "flower" if fallback else "warm"

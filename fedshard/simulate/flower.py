@@ -36,7 +36,7 @@ def _run_engine(settings: dict[str, str], sites: int, events: EventLog, offset: 
     from flwr.simulation import run_simulation
 
     from fedshard.transports.flower.client_app import create_client_app
-    from fedshard.transports.flower.delivery import install
+    from fedshard.transports.flower.compat.delivery import install
     from fedshard.transports.flower.server_app import create_server_app
 
     install()  # one pass over the engine's stored messages per tick (Flower's scans each per node)

@@ -188,8 +188,8 @@ def _run_inprocess(
 ) -> RunResult:
     """The coordinator over sites in this process; they reach the zones through ``connect``
     (None: over gRPC, one shared channel per zone). Changes left in ``out`` are taken
-    between rounds (:mod:`fedshard.simulate.membership`)."""
-    from fedshard.simulate.membership import RunMembership
+    between rounds (:mod:`fedshard.membership.in_process`)."""
+    from fedshard.membership.in_process import RunMembership
     from fedshard.zone.rpc.shared import SharedZoneChannels
 
     routing = served.routing

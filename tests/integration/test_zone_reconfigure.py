@@ -16,8 +16,6 @@ import pytest
 import yaml
 
 from fedshard.assembly import make_zone
-from fedshard.assembly.membership import READY, FolderMembership
-from fedshard.assembly.reload import ZoneReload
 from fedshard.assembly.routing import FederationRouting
 from fedshard.config import load_federation
 from fedshard.config.changes import membership_digest
@@ -25,6 +23,8 @@ from fedshard.crypto.pki import init_ca, issue_coordinator, issue_site, issue_zo
 from fedshard.crypto.tls import TlsFiles
 from fedshard.deploy.loopback import free_ports
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
+from fedshard.membership.deployed import READY, FolderMembership
+from fedshard.membership.zone_reload import ZoneReload
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.service import serve

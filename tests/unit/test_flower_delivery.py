@@ -1,4 +1,4 @@
-"""The one-pass delivery of Flower's simulation engine (fedshard/transports/flower/delivery.py):
+"""The one-pass delivery of Flower's simulation engine (fedshard/transports/flower/compat/delivery.py):
 each node gets its first undelivered message per tick, in the order stored, and every
 stored message is checked once per tick (Flower's scan checked each once per node)."""
 
@@ -8,7 +8,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from fedshard.transports.flower import delivery
+from fedshard.transports.flower.compat import delivery
 
 
 class FakeState:

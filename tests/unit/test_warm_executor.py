@@ -12,23 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from fedshard.deploy import flower_internals, supernode, warm_executor
 from fedshard.deploy.site import plan_site
-from fedshard.transports.flower import waits
+from fedshard.transports.flower.compat import supernode, waits, warm_checks, warm_executor
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_installed_flower_has_the_internals_the_warm_executor_relies_on() -> None:
-    assert flower_internals.problem() is None
+    assert warm_checks.problem() is None
 
 
 def test_another_flower_release_is_refused_by_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One release range for every patch (fedshard.transports.flower.release): each falls back on another."""
-    from fedshard.transports.flower import delivery, release, waits
+    """One release range for every patch (fedshard.transports.flower.compat.release): each falls back on another."""
+    from fedshard.transports.flower.compat import delivery, release, waits
 
     monkeypatch.setattr(release, "version", lambda _: "1.43.0")
-    assert flower_internals.problem() == ("flwr 1.43.0 is installed; the warm executor was written against flwr 1.42.*")
+    assert warm_checks.problem() == ("flwr 1.43.0 is installed; the warm executor was written against flwr 1.42.*")
     assert delivery.problem() == "flwr 1.43.0 is installed; the one-pass delivery was written against flwr 1.42.*"
     assert waits.shorten_object_pulls("flwr.supernode.start_client_internal") is False  # changed nothing
 
@@ -39,7 +38,7 @@ def test_a_changed_run_clientapp_is_refused(monkeypatch: pytest.MonkeyPatch) -> 
     def run_clientapp(runtime_api_address: str, token: str) -> None: ...
 
     monkeypatch.setattr(module, "run_clientapp", run_clientapp)
-    reason = flower_internals.problem()
+    reason = warm_checks.problem()
     assert reason is not None and reason.startswith("run_clientapp takes (runtime_api_address, token)")
 
 
@@ -47,7 +46,7 @@ def test_a_supernode_loop_that_no_longer_sleeps_through_time_is_refused(monkeypa
     from flwr.supernode import start_client_internal as loop
 
     monkeypatch.setattr(loop, "time", waits.PollClock(0.1, 0.01))
-    assert flower_internals.problem() == "flwr.supernode.start_client_internal no longer polls with `time.sleep(3)`"
+    assert warm_checks.problem() == "flwr.supernode.start_client_internal no longer polls with `time.sleep(3)`"
 
 
 def test_the_poll_clock_shortens_only_flowers_fixed_waits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,7 +120,7 @@ def test_preload_refuses_to_fork_from_a_process_with_threads() -> None:
 def test_preloading_everything_a_site_imports_starts_no_thread() -> None:
     """What the executor imports before it forks (torch, Flower, fedshard, Opacus, TenSEAL)
     leaves one thread, with OpenBLAS told to start none (as the executor does)."""
-    code = "from fedshard.deploy import warm_executor as w; print(len(w.preload()), w.thread_count())"
+    code = "from fedshard.transports.flower.compat import warm_executor as w; print(len(w.preload()), w.thread_count())"
     env = dict(os.environ, **{warm_executor.BLAS_THREADS: "1"})
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
     loaded, threads = map(int, done.stdout.split())
@@ -150,7 +149,7 @@ def test_a_site_runs_warm_by_default_and_stock_when_asked(site_config: Path) -> 
 def test_a_site_falls_back_to_flowers_executor_when_the_internals_differ(
     site_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(flower_internals, "problem", lambda: "flwr 9.9 is installed")
+    monkeypatch.setattr(warm_checks, "problem", lambda: "flwr 9.9 is installed")
     launch = plan_site(site_config)
     assert (launch.executor, launch.fallback) == ("flower", "flwr 9.9 is installed")
 

@@ -10,7 +10,7 @@ Run settings (``run_config`` under ``flwr run``, or the defaults given to
                 (mutual TLS; empty: plain text)
 ``resume``      non-empty: resume the run recorded in ``events`` from its last completed round
 ``membership``  non-empty: take, between rounds, the changes the aggregator host prepares in
-                the run folder (the folder of ``config``; :mod:`fedshard.assembly.membership`)
+                the run folder (the folder of ``config``; :mod:`fedshard.membership.deployed`)
 ``ledger-heads`` path of the aggregator host's ledger book: every site's ledger head and spend
                 across runs (:mod:`fedshard.coordinator.ledger_book`); empty: none
 ``site-keys``   folder of the sites' manifest-signing public keys (``<site>.pub``): each node must
@@ -54,12 +54,12 @@ def create_server_app(
         from fedshard.config import load_federation
         from fedshard.coordinator.events import EventLog
         from fedshard.crypto.tls import TlsFiles
+        from fedshard.transports.flower.compat.waits import shorten_grid_pulls
         from fedshard.transports.flower.grid import FlowerSiteGateway
         from fedshard.transports.flower.host_watch import stop_with_host
-        from fedshard.transports.flower.waits import shorten_object_pulls
 
         stop_with_host()  # deployed: no coordinator outlives its aggregator host
-        shorten_object_pulls("flwr.superlink.grid.http_grid")  # replies are pulled as soon as they are there
+        shorten_grid_pulls()  # replies are pulled as soon as they are there
         settings = {**(defaults or {}), **dict(context.run_config)}
         config = load_federation(str(settings["config"]))
         endpoints = (
@@ -76,7 +76,7 @@ def create_server_app(
         if settings.get("membership"):
             from pathlib import Path
 
-            from fedshard.assembly.membership import FolderMembership
+            from fedshard.membership.deployed import FolderMembership
 
             run_dir = Path(str(settings["config"])).parent
             membership = FolderMembership(config, run_dir, zones, tls, journal=events)

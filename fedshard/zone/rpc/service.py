@@ -57,7 +57,7 @@ MEMBERSHIP_DIGEST_CHARS = 64
 Reload = Callable[[str, str], "ZonePolicy"]
 """``reload(membership_digest, by)``: re-read the zone's membership from where it was
 started (its config file and key folder), check it matches the digest, give it to the
-zone; the zone's new policy (:class:`fedshard.assembly.reload.ZoneReload`)."""
+zone; the zone's new policy (:class:`fedshard.membership.zone_reload.ZoneReload`)."""
 
 SERVED_FRAMES_MEMO = 8
 """Published aggregates whose reply frames a zone keeps built (forgotten all at once beyond)."""

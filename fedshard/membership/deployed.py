@@ -1,18 +1,24 @@
-"""A deployed run's :class:`~fedshard.coordinator.membership.Membership`: changes the
-aggregator host prepared in the run's folder, handed to every zone by the coordinator.
+"""Growing a deployed federation: the change requested, and the deployed run's
+:class:`~fedshard.coordinator.membership.Membership` that takes it.
 
-``fedshard aggregator reconfigure`` leaves the new config in the run folder; the
-aggregator host starts the new zones it hosts and registers the new sites' SuperNode
-keys, then renames it :data:`READY`. Before its next round the coordinator (the
-ServerApp) asks every zone, drained ones too (they still serve what they published), to
-take the membership it reads from its own config file (the ``Reconfigure`` call; see
-:mod:`fedshard.assembly.reload`), and only when every zone has, takes the config
-itself. A zone that cannot take it yet (down, restarting, its host's file not updated)
-leaves the change ready: it is tried again before each round, with a warning once. The
-zones that took it meanwhile hold a membership the running one is part of (more sites
-and zones, the same policy and aggregates), and the coordinator opens rounds for the
-old one only: nothing is accepted that the old membership would refuse, except Info
-calls and fetches of published aggregates by the sites still waiting to join.
+``fedshard aggregator reconfigure --config NEW`` checks the new config (the same file
+``aggregator up`` takes, with the new zones and sites) against the running federation's, as
+the aggregator runs it (:func:`effective_config`: zone stores in the run folder, absolute
+paths), and leaves it in the run folder (:data:`~fedshard.membership.offer.PENDING`,
+:func:`request_deployed_change`). The running ``aggregator up``
+(:meth:`AggregatorHost.take_change
+<fedshard.deploy.aggregator_host.AggregatorHost.take_change>`) checks the keys of the new
+parties, makes it the run's ``federation.yaml``, starts the new zones it hosts, registers
+the new sites' SuperNode keys, then renames it :data:`READY`. Before its next round the
+coordinator (the ServerApp) asks every zone, drained ones too (they still serve what they
+published), to take the membership it reads from its own config file (the ``Reconfigure``
+call; see :mod:`fedshard.membership.zone_reload`), and only when every zone has, takes the
+config itself. A zone that cannot take it yet (down, restarting, its host's file not
+updated) leaves the change ready: it is tried again before each round, with a warning once.
+The zones that took it meanwhile hold a membership the running one is part of (more sites
+and zones, the same policy and aggregates), and the coordinator opens rounds for the old one
+only: nothing is accepted that the old membership would refuse, except Info calls and
+fetches of published aggregates by the sites still waiting to join.
 """
 
 from __future__ import annotations
@@ -23,16 +29,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fedshard.config import FederationConfig, ZoneConfig
-from fedshard.config.changes import membership_digest
+from fedshard.config.changes import ConfigChange, membership_digest
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.membership import Reconfiguration, read_change
 from fedshard.crypto.identity import ZoneId
 from fedshard.crypto.tls import TlsFiles
 from fedshard.errors import FedshardError
+from fedshard.membership.offer import offer_change
 from fedshard.protocol.channels import ZoneClient
 from fedshard.zone.rpc.client import GrpcZoneClient
 
-__all__ = ["READY", "FolderMembership"]
+__all__ = ["READY", "FolderMembership", "effective_config", "request_deployed_change"]
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +123,26 @@ class FolderMembership:
 def _zone_id(zone: ZoneConfig) -> ZoneId:
     """The zone a coordinator's client checks it reaches (with mutual TLS)."""
     return ZoneId(zone.name, zone.region)
+
+
+def effective_config(config: FederationConfig, run_dir: Path, he_keys: Path | None) -> FederationConfig:
+    """``config`` as the zones and the ServerApp of the run in ``run_dir`` use it: every zone's
+    store under ``run_dir/zones/``, the public CKKS context in ``he_keys`` (when encrypting)."""
+    he = config.he
+    if config.residency.encrypting and he_keys is not None:
+        he = he.model_copy(update={"keys": he_keys.resolve()})
+    zones = [z.model_copy(update={"store": (run_dir / "zones" / z.name).resolve()}) for z in config.zones]
+    return config.model_copy(update={"he": he, "zones": zones})
+
+
+def request_deployed_change(config: FederationConfig, run_dir: Path, he_keys: Path | None) -> ConfigChange:
+    """Check ``config`` against the deployed run in ``run_dir`` and leave it for its aggregator
+    (``he_keys``: where the zones' public CKKS context is, as for :func:`effective_config`).
+
+    Raises
+    ------
+    ConfigError
+        The change is one a running federation may not take, or routes a site's shards
+        nowhere or to other aggregates. Nothing is written then.
+    """
+    return offer_change(run_dir, effective_config(config, run_dir, he_keys))

@@ -1,7 +1,7 @@
-"""The Flower 1.42 internals fedshard's warm SuperNode relies on, checked before it uses them.
+"""The Flower internals fedshard's warm SuperNode relies on, checked before it uses them.
 
-``fedshard site up`` runs a site's SuperNode warm (:mod:`fedshard.deploy.warm_executor`,
-:mod:`fedshard.deploy.supernode`) only when :func:`problem` finds every one of these as
+``fedshard site up`` runs a site's SuperNode warm (:mod:`fedshard.transports.flower.compat.warm_executor`,
+:mod:`fedshard.transports.flower.compat.supernode`) only when :func:`problem` finds every one of these as
 expected; otherwise it runs Flower's stock SuperNode and says why in one line. What is
 relied on (all public modules of the ``flwr`` wheel, but not documented APIs):
 
@@ -16,17 +16,18 @@ relied on (all public modules of the ``flwr`` wheel, but not documented APIs):
 * ``flwr.supernode.runtime.run_clientapp.run_clientapp``: what ``flwr-clientapp`` runs for
   one task (the forked child calls it with the task's token).
 
-The object-pull backoffs are shortened by :func:`fedshard.transports.flower.waits.shorten_object_pulls`,
+The object-pull backoffs are shortened by :func:`fedshard.transports.flower.compat.waits.shorten_object_pulls`,
 which checks each function it rebinds itself and leaves a different one alone.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 from collections.abc import Callable
 
-from fedshard.transports.flower.release import SUPPORTED, release_problem
+from fedshard.transports.flower.compat.release import SUPPORTED, release_problem
 
 __all__ = ["SUPPORTED", "problem"]
 
@@ -58,13 +59,34 @@ def problem() -> str | None:
 def _supernode_loop() -> str | None:
     """flwr.supernode.start_client_internal sleeps through its module's ``time``"""
     module = importlib.import_module("flwr.supernode.start_client_internal")
-    source = inspect.getsource(module)
-    if getattr(module, "time", None) is not importlib.import_module("time") or "time.sleep(3)" not in source:
+    if getattr(module, "time", None) is not importlib.import_module("time") or not _sleeps(module, 3):
         return "flwr.supernode.start_client_internal no longer polls with `time.sleep(3)`"
     entry = importlib.import_module("flwr.supernode.cli.flower_supernode")
-    if not callable(getattr(entry, "flower_supernode", None)) or "--isolation" not in inspect.getsource(entry):
+    parse = getattr(entry, "_parse_args_run_supernode", None)
+    if not callable(getattr(entry, "flower_supernode", None)) or not callable(parse):
+        return "flwr.supernode.cli.flower_supernode has no flower_supernode() with --isolation"
+    try:  # by behaviour: its parser takes the isolation mode the warm executor needs
+        args, _ = parse().parse_known_args(["--isolation", "process", "--insecure"])
+    except SystemExit:
+        args = None
+    if getattr(args, "isolation", None) != "process":
         return "flwr.supernode.cli.flower_supernode has no flower_supernode() with --isolation"
     return None
+
+
+def _sleeps(module: object, seconds: float) -> bool:
+    """Whether ``module``'s code calls ``time.sleep(seconds)`` (read from its syntax tree: a
+    loop's sleep cannot be watched without running the SuperNode)."""
+    tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "sleep"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "time"
+        and [a.value for a in node.args if isinstance(a, ast.Constant)] == [seconds]
+        for node in ast.walk(tree)
+    )
 
 
 def _runtime_api() -> str | None:

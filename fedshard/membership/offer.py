@@ -1,7 +1,7 @@
 """A change waiting in a run's folder: ``fedshard reconfigure`` (a simulation) and
 ``fedshard aggregator reconfigure`` (a deployment) check the new config against the run's
 and leave it as :data:`PENDING`; the running federation takes it before its next round
-(:class:`fedshard.simulate.membership.RunMembership`, the aggregator host)."""
+(:class:`fedshard.membership.in_process.RunMembership`, the aggregator host)."""
 
 from __future__ import annotations
 

@@ -33,9 +33,10 @@ import logging
 import threading
 from collections.abc import Iterable
 from queue import Queue
+from types import SimpleNamespace
 from typing import Any
 
-from fedshard.transports.flower.release import release_problem
+from fedshard.transports.flower.compat.release import release_problem
 
 __all__ = ["install", "problem"]
 
@@ -60,8 +61,12 @@ def problem() -> str | None:
     stock = getattr(vce_api, "add_messages_to_queue", None)
     if stock is None or list(inspect.signature(stock).parameters) != ["state", "queue", "nodes_mapping", "f_stop"]:
         return "vce_api.add_messages_to_queue is not the function it was"
-    init = inspect.getsource(InMemoryLinkState.__init__)
-    if "self.message_ins_store" not in init or "self.lock" not in init or "RLock" not in init:
+    try:  # by behaviour: a state built as the engine builds it keeps its messages in a dict under an RLock
+        state = InMemoryLinkState(SimpleNamespace(), SimpleNamespace())  # type: ignore[arg-type]
+        keeps = isinstance(state.message_ins_store, dict) and isinstance(state.lock, type(threading.RLock()))
+    except (AttributeError, TypeError, ValueError):
+        keeps = False
+    if not keeps:
         return "InMemoryLinkState no longer keeps message_ins_store and a re-entrant lock"
     if list(inspect.signature(InMemoryLinkState._check_stored_messages).parameters)[:2] != ["self", "message_ids"]:
         return "InMemoryLinkState._check_stored_messages is not the method it was"

@@ -15,7 +15,7 @@ warm (measured: ``bench/deploy_overhead.py``):
 
 Both patch one module attribute each and check first that it is what Flower 1.42 has
 (:func:`shorten_object_pulls` returns False and changes nothing otherwise;
-:mod:`fedshard.deploy.flower_internals` checks the SuperNode loop before ``site up``
+:mod:`fedshard.transports.flower.compat.warm_checks` checks the SuperNode loop before ``site up``
 uses it).
 """
 
@@ -27,9 +27,17 @@ import inspect
 import time
 from typing import Any
 
-from fedshard.transports.flower.release import release_problem
+from fedshard.transports.flower.compat.release import release_problem
 
-__all__ = ["IDLE_SLEEP_S", "PULL_BACKOFF", "PULL_BACKOFF_CAP", "PollClock", "shorten_object_pulls"]
+__all__ = [
+    "GRID_PULLS",
+    "IDLE_SLEEP_S",
+    "PULL_BACKOFF",
+    "PULL_BACKOFF_CAP",
+    "PollClock",
+    "shorten_grid_pulls",
+    "shorten_object_pulls",
+]
 
 IDLE_SLEEP_S = 3.0
 """Flower's hard-coded wait after an empty pull (anything this long or longer is that wait)."""
@@ -66,11 +74,20 @@ class PollClock:
         return getattr(time, name)
 
 
+GRID_PULLS = "flwr.superlink.grid.http_grid"
+"""Where the ServerApp's Grid pulls the objects of the sites' replies."""
+
+
+def shorten_grid_pulls() -> bool:
+    """:func:`shorten_object_pulls` for the ServerApp's Grid: replies are pulled as soon as they are there."""
+    return shorten_object_pulls(GRID_PULLS)
+
+
 def shorten_object_pulls(module_name: str) -> bool:
     """Rebind the object-pull function ``module_name`` imported to one with a short backoff.
 
     Returns whether it did: False (nothing changed) when the installed Flower is not the
-    supported release (:mod:`fedshard.transports.flower.release`), the module lacks the
+    supported release (:mod:`fedshard.transports.flower.compat.release`), the module lacks the
     function or the function has no ``initial_backoff``/``backoff_cap`` parameters.
     """
     if release_problem("the short object pulls") is not None:

@@ -1,4 +1,5 @@
-"""``python -m fedshard.deploy.warm_executor``: a site's SuperExec that forks warm ClientApp processes.
+"""``python -m fedshard.transports.flower.compat.warm_executor``: a site's SuperExec that forks
+warm ClientApp processes.
 
 Flower's stock SuperExec starts a fresh ``flwr-clientapp`` process for every message a
 SuperNode receives, and each pays the interpreter, Flower, torch and fedshard imports
@@ -12,7 +13,7 @@ replies and exits. Isolation is the stock one (one process and one token per mes
 the parent holds no keys, site state, threads or torch tensors when it forks (checked at
 start-up: :func:`preload` refuses to start with more than one thread).
 
-    python -m fedshard.deploy.warm_executor --runtime-api-address 127.0.0.1:9094 \\
+    python -m fedshard.transports.flower.compat.warm_executor --runtime-api-address 127.0.0.1:9094 \\
         --superexec-auth-secret-file SECRET --parent-pid PID [--poll-s 0.05]
 
 It exits when the SuperNode (``--parent-pid``) is gone, and stops its children on SIGTERM.
@@ -31,8 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fedshard.transports.flower.compat.waits import shorten_object_pulls
 from fedshard.transports.flower.host_watch import pid_alive
-from fedshard.transports.flower.waits import shorten_object_pulls
 
 __all__ = ["PRELOAD", "WarmExecutor", "main", "preload", "thread_count"]
 
@@ -257,7 +258,10 @@ def _run_task(address: str, token: str, parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Check Flower's internals, preload, then serve tasks until the SuperNode or a signal stops us."""
-    parser = argparse.ArgumentParser(prog="python -m fedshard.deploy.warm_executor", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fedshard.transports.flower.compat.warm_executor",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+    )
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API, host:port")
     parser.add_argument("--superexec-auth-secret-file", type=Path, required=True, help="the SuperExec auth secret")
     parser.add_argument("--parent-pid", type=int, required=True, help="the SuperNode's pid")
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     # OpenBLAS starts its worker threads when numpy loads, unless told not to: one thread,
     # so that the parent forks with none (torch's own threads start lazily, in the child)
     os.environ[BLAS_THREADS] = "1"
-    from fedshard.deploy.flower_internals import problem
+    from fedshard.transports.flower.compat.warm_checks import problem
 
     if reason := problem():
         print(f"fedshard warm executor: cannot run: {reason}", file=sys.stderr, flush=True)

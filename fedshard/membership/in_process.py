@@ -1,4 +1,4 @@
-"""Changing a running in-process federation: ``fedshard reconfigure RUN_DIR --config NEW``.
+"""Growing a running in-process federation: ``fedshard reconfigure RUN_DIR --config NEW``.
 
 The command checks the new config against the run's (``RUN_DIR/federation.yaml``: only
 zones added or drained, sites added, the number of rounds and ``min_sites`` may change;
@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -29,14 +30,21 @@ from fedshard.config import FederationConfig
 from fedshard.config.changes import ConfigChange
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.membership import Reconfiguration, read_change
+from fedshard.membership.offer import PENDING
 from fedshard.protocol.channels import ZoneClient, ZoneConnector
-from fedshard.run_folder.changes import PENDING
 from fedshard.site.site import Site
-from fedshard.transports.inprocess import InProcessSiteGateway
 
-__all__ = ["RunMembership"]
+__all__ = ["RunMembership", "SiteJoin"]
 
 log = logging.getLogger(__name__)
+
+
+class SiteJoin(Protocol):
+    """Where new sites join the run's control plane (the in-process engine's gateway)."""
+
+    def add(self, sites: Mapping[str, Site]) -> None:
+        """Make ``sites`` reachable by the coordinator's messages."""
+        ...
 
 
 class RunMembership:
@@ -71,7 +79,7 @@ class RunMembership:
         out: Path,
         served: ServedZones,
         routing: FederationRouting,
-        gateway: InProcessSiteGateway,
+        gateway: SiteJoin,
         sites: dict[str, Site],
         connect: ZoneConnector,
         signing_keys: Callable[[FederationConfig, list[str]], Mapping[str, bytes]],
