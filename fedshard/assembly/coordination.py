@@ -14,7 +14,7 @@ from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.ledger_book import LedgerBook
 from fedshard.coordinator.membership import Membership
-from fedshard.coordinator.recovery import Recovery, recover
+from fedshard.coordinator.recovery import RunRecovery, recover
 from fedshard.coordinator.results import RoundObserver, RunResult
 from fedshard.protocol.channels import SiteGateway, ZoneClient
 
@@ -29,7 +29,7 @@ def coordinate(
     journal: EventLog,
     *,
     observer: RoundObserver | None = None,
-    recovery: Recovery | None = None,
+    recovery: RunRecovery | None = None,
     resume: bool = False,
     membership: Membership | None = None,
     ledger_heads: str | None = None,

@@ -32,7 +32,7 @@ from fedshard.coordinator.groups import Group, combine_versions, recorded_names,
 from fedshard.coordinator.ledger_book import LedgerBook
 from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
 from fedshard.coordinator.plans import apply_rule, privacy_plan
-from fedshard.coordinator.recovery import Recovery, check_standing, evaluated, in_flight_reason
+from fedshard.coordinator.recovery import RunRecovery, check_standing, evaluated, in_flight_reason
 from fedshard.coordinator.replies import (
     Excluded,
     ReplyBounds,
@@ -125,7 +125,7 @@ class Coordinator:
         observer: RoundObserver | None = None,
         *,
         journal: EventLog | None = None,
-        recovery: Recovery | None = None,
+        recovery: RunRecovery | None = None,
         membership: Membership | None = None,
         ledger_book: LedgerBook | None = None,
         site_keys: SiteKeys | None = None,

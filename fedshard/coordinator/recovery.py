@@ -39,7 +39,7 @@ from fedshard.errors import RoundError
 from fedshard.integrity import next_version
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SiteInfo
 
-__all__ = ["Recovery", "check_standing", "recover"]
+__all__ = ["RunRecovery", "check_standing", "recover"]
 
 RESUME_HINT = (
     "go on with the run that trained them: `fedshard aggregator up --resume` (or `fedshard simulate --resume "
@@ -49,7 +49,7 @@ RESUME_HINT = (
 
 
 @dataclass
-class Recovery:
+class RunRecovery:
     """What a run folder's event log says about the run to resume.
 
     ``closed`` holds every round that closed at the zones, in order, as the RoundResult
@@ -149,7 +149,7 @@ class Recovery:
         return out
 
 
-def recover(path: str | Path) -> Recovery:
+def recover(path: str | Path) -> RunRecovery:
     """Read the run recorded in ``path`` (an ``events.jsonl``) for resuming it.
 
     Raises
@@ -165,7 +165,7 @@ def recover(path: str | Path) -> Recovery:
     events, _ = reader.read()
     if reader.skipped:
         raise RoundError(f"{path}: {reader.skipped[0]}; {_UNTRUSTED}")
-    recovery: Recovery | None = None
+    recovery: RunRecovery | None = None
     for event in events:
         try:
             recovery = _recover(recovery, event, path)
@@ -185,7 +185,7 @@ _UNTRUSTED = (
 )
 
 
-def _recover(recovery: Recovery | None, event: dict[str, Any], path: Path) -> Recovery | None:
+def _recover(recovery: RunRecovery | None, event: dict[str, Any], path: Path) -> RunRecovery | None:
     """``recovery`` with ``event`` taken in (raises ValidationError, TypeError or ValueError for a malformed one)."""
     kind = event["event"]
     if kind == EventKind.START:
@@ -193,7 +193,7 @@ def _recover(recovery: Recovery | None, event: dict[str, Any], path: Path) -> Re
             genesis = event.get("genesis_version")
             if not isinstance(genesis, str):
                 raise ValueError("a start event without its genesis version")
-            recovery = Recovery(path, genesis)
+            recovery = RunRecovery(path, genesis)
         fixed = event.get("fixed")
         if fixed is not None:
             if not isinstance(fixed, dict):
@@ -252,7 +252,7 @@ def evaluated(
     )
 
 
-def check_standing(sites: list[SiteInfo], group_of: dict[str, str], genesis: str, recovery: Recovery | None) -> None:
+def check_standing(sites: list[SiteInfo], group_of: dict[str, str], genesis: str, recovery: RunRecovery | None) -> None:
     """Refuse, in one line, sites whose model the run (or the fresh run's genesis) does not lead to.
 
     Without ``recovery`` (a fresh run), a site that applied any round holds a later model

@@ -50,7 +50,7 @@ from rich.markup import escape
 from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
 from fedshard.config.layout import KeysLayout
 from fedshard.coordinator.ledger_book import LEDGER_BOOK_FILE
-from fedshard.coordinator.recovery import Recovery, recover
+from fedshard.coordinator.recovery import RunRecovery, recover
 from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
 from fedshard.deploy.host_lock import LOCK_FILE, holding
 from fedshard.deploy.preflight import (
@@ -131,7 +131,7 @@ class AggregatorHost:
         self.tls = self.dep.tls and not self.insecure
         self.keys = KeysLayout(self.dep.keys).aggregator
         self.state_dir = self.dep.state_dir
-        self._recovery: Recovery | None = None  # the run to resume, as its event log says
+        self._recovery: RunRecovery | None = None  # the run to resume, as its event log says
         if self.resume is not None:
             self.run_dir = run_to_resume(self.state_dir, self.resume)
             self._recovery = recover(self.run_dir / "events.jsonl")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedshard.config import FederationConfig
-from fedshard.coordinator.recovery import Recovery, recover
+from fedshard.coordinator.recovery import RunRecovery, recover
 from fedshard.errors import ConfigError
 
 __all__ = ["resumable_config", "resumable_run", "with_rounds"]
@@ -43,7 +43,7 @@ def resumable_config(out: str | Path) -> FederationConfig:
     return load_federation(out / "federation.yaml")
 
 
-def resumable_run(config: FederationConfig, out: Path) -> Recovery:
+def resumable_run(config: FederationConfig, out: Path) -> RunRecovery:
     """What the run in ``out`` recorded, checked for a resume with ``config``.
 
     Raises

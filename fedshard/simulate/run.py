@@ -26,7 +26,7 @@ from fedshard.assembly import SIGNING_KEY_FILE, ServedZones, check_privacy, grpc
 from fedshard.assembly.coordination import coordinate
 from fedshard.config import FederationConfig
 from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.recovery import Recovery
+from fedshard.coordinator.recovery import RunRecovery
 from fedshard.coordinator.results import PhaseObserver, RoundObserver, RunResult
 from fedshard.errors import ConfigError
 from fedshard.observability.server import SNAPSHOT_FILE, MetricsServer, write_snapshot
@@ -77,7 +77,7 @@ def simulate(
     server that exports the zones' metrics too while they run.
     """
     out = Path(out)
-    recovery: Recovery | None = None
+    recovery: RunRecovery | None = None
     if resume:
         if engine is not Engine.INPROCESS:
             raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
@@ -182,7 +182,7 @@ def _run_inprocess(
     served: ServedZones,
     observer: RoundObserver | None,
     events: EventLog,
-    recovery: Recovery | None,
+    recovery: RunRecovery | None,
     connect: ZoneConnector | None,
     workers: int,
 ) -> RunResult:

@@ -76,7 +76,7 @@ from fedshard.zone.norms import NormReference
 from fedshard.zone.policy import ZonePolicy
 from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
 from fedshard.zone.push import PushSession, check_round_weights
-from fedshard.zone.recovery import Recovery, recover_rounds
+from fedshard.zone.recovery import ZoneRecovery, recover_rounds
 from fedshard.zone.reduce import Reduction
 from fedshard.zone.rounds import ZoneRounds
 from fedshard.zone.staging import ByteBudget, StagingPool
@@ -197,7 +197,7 @@ class ZoneAggregator:
         return self._z.residency
 
     @property
-    def recovery(self) -> Recovery:
+    def recovery(self) -> ZoneRecovery:
         """What the zone found in its store when it started (rounds lost, files discarded)."""
         return self._z.recovery
 

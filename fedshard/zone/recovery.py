@@ -18,7 +18,7 @@
   of its aggregates stored before the crash (a publish cut short) are discarded, so no
   partial round is ever served.
 
-Each finding is one line (:attr:`Recovery.notes`): the command prints them and the zone
+Each finding is one line (:attr:`ZoneRecovery.notes`): the command prints them and the zone
 writes them to its audit log (a ``recovered`` record).
 """
 
@@ -35,7 +35,7 @@ from fedshard.protocol.rounds import AggregateSummary
 from fedshard.zone.journal import RoundJournal, RoundState
 from fedshard.zone.publish import AggregateStore
 
-__all__ = ["DISCARDED_DIR", "Recovery", "recover_rounds", "repair_audit_tail"]
+__all__ = ["DISCARDED_DIR", "ZoneRecovery", "recover_rounds", "repair_audit_tail"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ DISCARDED_DIR = "discarded"
 
 
 @dataclass
-class Recovery:
+class ZoneRecovery:
     """What a zone found in its store when it started."""
 
     lost: set[int] = field(default_factory=set)
@@ -104,14 +104,14 @@ def _after_last_newline(fh: IO[bytes], size: int) -> int:
     return 0
 
 
-def recover_rounds(zone: str, store_dir: str | Path, journal: RoundJournal, store: AggregateStore) -> Recovery:
+def recover_rounds(zone: str, store_dir: str | Path, journal: RoundJournal, store: AggregateStore) -> ZoneRecovery:
     """Read a zone's round records and aggregates after a start (see the module docstring).
 
     Rounds still ``open`` are recorded ``lost`` and their stored aggregates discarded;
     every published aggregate is checked against its Merkle root.
     """
     root = Path(store_dir)
-    found = Recovery()
+    found = ZoneRecovery()
     for tmp in sorted(root.glob(".aggregate-*.tmp")):
         tmp.unlink(missing_ok=True)
         found.notes.append(f"zone {zone}: removed {tmp.name}, an aggregate whose write the crash cut short")

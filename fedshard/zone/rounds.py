@@ -16,7 +16,7 @@ from typing import Any
 
 from fedshard.config import AggregationConfig
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.recovery import Recovery
+from fedshard.zone.recovery import ZoneRecovery
 from fedshard.zone.staging import ByteBudget, StagingPool
 from fedshard.zone.state import OpenRound
 from fedshard.zone.stats import ZoneStats
@@ -40,5 +40,5 @@ class ZoneRounds:
     he_context: Any = None  # the federation's public CKKS context (None: encrypted shards refused)
     open: dict[int, OpenRound] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
-    recovery: Recovery = field(default_factory=Recovery)  # what the zone found in its store when it started
+    recovery: ZoneRecovery = field(default_factory=ZoneRecovery)  # what the zone found in its store when it started
     lock: threading.Lock = field(default_factory=threading.Lock)
