@@ -25,7 +25,6 @@ optionally against a pinned certificate and/or the federation CA.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -38,7 +37,16 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedshard.crypto.identity import Identity, Role, claimed_identity, load_cert, load_zone_key, read_identity, read_pem
+from fedshard.crypto.identity import (
+    Identity,
+    Role,
+    ZoneKey,
+    certificate_fingerprint,
+    claimed_identity,
+    load_cert,
+    read_identity,
+    read_pem,
+)
 from fedshard.errors import PkiError
 from fedshard.integrity.canonical import canonical_json
 
@@ -156,11 +164,10 @@ class HeadSigner:
     """
 
     def __init__(self, key_pem: bytes, cert_pem: bytes) -> None:
-        key, cert = load_zone_key(key_pem, cert_pem)
-        self._key = key
-        self._cert_text = cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
-        self.zone = _common_name(cert)
-        self.fingerprint = _fingerprint(cert)
+        self._key = ZoneKey(key_pem, cert_pem)
+        self._cert_text = self._key.certificate_pem.decode("ascii")
+        self.zone = _common_name(self._key.certificate)
+        self.fingerprint = self._key.fingerprint
 
     @classmethod
     def from_files(cls, key: str | os.PathLike[str], cert: str | os.PathLike[str]) -> HeadSigner:
@@ -170,7 +177,7 @@ class HeadSigner:
     def sign(self, lines: int, head: str, when: float) -> SignedHead:
         """Sign "the chain has ``lines`` records ending in ``head``" at time ``when``."""
         unsigned = SignedHead(lines, head, self.zone, float(when), self.fingerprint, self._cert_text, "")
-        signature = self._key.sign(unsigned.payload(), ec.ECDSA(hashes.SHA256()))
+        signature = self._key.sign(unsigned.payload())
         return SignedHead(lines, head, self.zone, float(when), self.fingerprint, self._cert_text, signature.hex())
 
 
@@ -249,15 +256,15 @@ class HeadVerifier:
             embedded = load_cert(head.cert.encode("ascii"), "certificate in the head file")
         except UnicodeEncodeError:
             raise PkiError("the certificate in the head file is not PEM") from None
-        if _fingerprint(embedded) != head.fingerprint:
+        if certificate_fingerprint(embedded) != head.fingerprint:
             raise PkiError("the certificate in the head file does not match the fingerprint the head names")
         cert = embedded
         if self._cert is not None:
             cert = self._cert
-            if _fingerprint(cert) != head.fingerprint:
+            if certificate_fingerprint(cert) != head.fingerprint:
                 raise PkiError(
                     f"the head is signed by certificate {head.fingerprint[:16]}…, "
-                    f"not by the given one {_fingerprint(cert)[:16]}…"
+                    f"not by the given one {certificate_fingerprint(cert)[:16]}…"
                 )
         if _common_name(cert) != head.zone:
             raise PkiError(f"the head names zone {head.zone!r} but its certificate is {_common_name(cert)!r}'s")
@@ -355,10 +362,6 @@ def _write_at(fd: int, data: bytes) -> None:
 
 def _canonical(value: Any) -> bytes:
     return canonical_json(value)
-
-
-def _fingerprint(cert: x509.Certificate) -> str:
-    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
 
 
 def _common_name(cert: x509.Certificate) -> str:

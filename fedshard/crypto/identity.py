@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -49,8 +49,9 @@ __all__ = [
     "Identity",
     "Role",
     "ZoneId",
+    "ZoneKey",
+    "certificate_fingerprint",
     "claimed_identity",
-    "load_zone_key",
     "read_identity",
     "read_pem",
     "zone_host",
@@ -224,8 +225,7 @@ def _identity(cert: x509.Certificate, subject: str) -> Identity:
         raise PkiError(f"certificate of {role.value} {name!r} carries no {what}: re-issue it with fedshard")
     if not PLACE_PATTERN.match(place):
         raise PkiError(f"certificate of {role.value} {name!r} carries a malformed {what}")
-    fingerprint = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
-    return Identity(name, role, place, fingerprint, legacy)
+    return Identity(name, role, place, certificate_fingerprint(cert), legacy)
 
 
 def dns_names(cert: x509.Certificate) -> list[str]:
@@ -400,21 +400,36 @@ def aware_now(now: datetime | None) -> datetime:
     return now
 
 
-def load_zone_key(key_pem: bytes, cert_pem: bytes) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A zone's signing key and its certificate (what signs its audit head and its aggregates).
+def certificate_fingerprint(cert: x509.Certificate) -> str:
+    """The SHA-256 of ``cert``'s DER encoding, hex: how statements and identities name a certificate."""
+    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+class ZoneKey:
+    """A zone's signing key and its certificate: what signs its audit head and its aggregates
+    (ECDSA with SHA-256, the zone's TLS key).
 
     Raises
     ------
     PkiError
         The key or certificate cannot be read, or they do not belong together.
     """
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError):
-        raise PkiError("the zone key is not an unencrypted PEM private key") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise PkiError("the zone key is not an elliptic-curve key: issue it with `fedshard pki issue-zone`")
-    cert = load_cert(cert_pem, "zone certificate")
-    if cert.public_key() != key.public_key():
-        raise PkiError("the zone key does not belong to the zone certificate: pass the matching --key and --cert")
-    return key, cert
+
+    def __init__(self, key_pem: bytes, cert_pem: bytes) -> None:
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None)
+        except (ValueError, TypeError):
+            raise PkiError("the zone key is not an unencrypted PEM private key") from None
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise PkiError("the zone key is not an elliptic-curve key: issue it with `fedshard pki issue-zone`")
+        cert = load_cert(cert_pem, "zone certificate")
+        if cert.public_key() != key.public_key():
+            raise PkiError("the zone key does not belong to the zone certificate: pass the matching --key and --cert")
+        self._key = key
+        self.certificate = cert
+        self.certificate_pem: bytes = cert.public_bytes(serialization.Encoding.PEM)
+        self.fingerprint: str = certificate_fingerprint(cert)
+
+    def sign(self, data: bytes) -> bytes:
+        """The zone's signature of ``data``."""
+        return self._key.sign(data, ec.ECDSA(hashes.SHA256()))

@@ -28,7 +28,6 @@ Stability contract: a statement never changes meaning; another layout gets anoth
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -37,10 +36,10 @@ from datetime import datetime
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedshard.crypto.identity import Role, ZoneId, load_cert, load_zone_key, read_identity
+from fedshard.crypto.identity import Role, ZoneId, ZoneKey, load_cert, read_identity
 from fedshard.errors import IntegrityError, PkiError
 from fedshard.integrity.canonical import canonical_json
 from fedshard.integrity.digest import HASH_NAME
@@ -226,15 +225,14 @@ class AggregateSigner:
     """
 
     def __init__(self, key_pem: bytes, cert_pem: bytes) -> None:
-        key, cert = load_zone_key(key_pem, cert_pem)
-        self._key = key
-        self.certificate = cert.public_bytes(serialization.Encoding.PEM)
-        self.fingerprint = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+        self._key = ZoneKey(key_pem, cert_pem)
+        self.certificate = self._key.certificate_pem
+        self.fingerprint = self._key.fingerprint
 
     def sign(self, statement: AggregateStatement) -> AggregateSignature:
         """Sign ``statement`` (its fingerprint set to this zone's certificate)."""
         data = replace(statement, fingerprint=self.fingerprint).to_bytes()
-        signature = self._key.sign(_DOMAIN + data, ec.ECDSA(hashes.SHA256()))
+        signature = self._key.sign(_DOMAIN + data)
         return AggregateSignature(data, signature, self.certificate)
 
 
