@@ -83,14 +83,14 @@ SCALE = 1e-3  # the synthetic update: every parameter p becomes p · (1 + SCALE)
 # (module, attribute path, phase): the library calls timed in a site process
 SITE_PHASES = (
     ("fedshard.site.site", "Site._open", "load"),
-    ("fedshard.site.model", "HeldModel.split", "split"),
+    ("fedshard.site._model", "HeldModel.split", "split"),
     ("fedshard.site.site", "update_over", "update"),
-    ("fedshard.site.release", "encrypt_shards", "encrypt"),
-    ("fedshard.site.release", "build_manifest", "digest"),
+    ("fedshard.site._release", "encrypt_shards", "encrypt"),
+    ("fedshard.site._release", "build_manifest", "digest"),
     ("fedshard.integrity", "Manifest.signed", "sign"),
     ("fedshard.zone.rpc.client", "GrpcZoneClient.push", "push"),
     ("fedshard.zone.rpc.client", "GrpcZoneClient.fetch", "fetch"),
-    ("fedshard.site.apply", "RoundShards.digests", "verify"),
+    ("fedshard.site._apply", "RoundShards.digests", "verify"),
     ("fedshard.site.site", "decrypt_aggregate", "decrypt"),
     ("fedshard.aggregation", "ServerOptimizer.apply", "apply"),
     ("fedshard.site.site", "Site._save", "save"),

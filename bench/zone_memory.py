@@ -262,7 +262,7 @@ def table(f: Figures) -> list[list[str]]:
 def interpretation(f: Figures) -> str:
     """What the figures say, in words."""
     model, n_sites = f.model, f.n_sites
-    acc_bytes = 4 * f.n  # float32 sums (fedshard.aggregation.accumulator)
+    acc_bytes = 4 * f.n  # float32 sums (fedshard.aggregation._accumulator)
     staged_default = int(min(256 << 20, n_sites * model) // model)
     expect = {DEFAULT: acc_bytes + staged_default * model, MODEL_BUDGET: acc_bytes + model}
     peak = {name: f.med(name, "peak_all") for name in f.budgets}

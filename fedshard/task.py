@@ -78,7 +78,7 @@ class Metrics:
 
     ``loss`` is finite and non-negative and ``accuracy`` (None: the task measures none) lies
     in [0, 1]: the coordinator leaves a site's reply outside these bounds out of the round's
-    metrics, as it would a lying site's (:mod:`fedshard.coordinator.replies`).
+    metrics, as it would a lying site's (:mod:`fedshard.coordinator._replies`).
     """
 
     num_examples: int

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fedshard.deploy.processes import descendants
+from fedshard.deploy._processes import descendants
 
 FEDSHARD = [sys.executable, "-m", "fedshard.cli.main"]
 

@@ -79,7 +79,7 @@ def site_model(state_root: Path, site_id: str) -> tuple[dict[str, Any], Shards]:
 
 def assert_weighted_mean(mean: np.ndarray, updates: list[np.ndarray], weights: list[float]) -> None:
     """``mean`` is the weighted mean of ``updates``, in their dtype, within the bound the
-    accumulator states (:mod:`fedshard.aggregation.accumulator`): a site whose weight is
+    accumulator states (:mod:`fedshard.aggregation._accumulator`): a site whose weight is
     not the round's largest is folded with a factor, so even one site's mean may differ
     from its update in the last bit."""
     from fedshard.aggregation import error_bound

@@ -1,6 +1,6 @@
 """Streaming aggregation of gradient shards: O(model) memory whatever the number of sites."""
 
-from fedshard.aggregation.accumulator import (
+from fedshard.aggregation._accumulator import (
     BLOCK_VALUES,
     FLOAT32_MAX_SITES,
     FLOAT32_SUM_TOLERANCE,
@@ -10,8 +10,8 @@ from fedshard.aggregation.accumulator import (
     error_bound,
     sum_dtype,
 )
+from fedshard.aggregation._server_optimizer import ServerOptimizer
 from fedshard.aggregation.bounds import extremes, fixed_weight_of, norm_scale, squared_norm, within
-from fedshard.aggregation.server_optimizer import ServerOptimizer
 from fedshard.aggregation.server_rules import ServerRule
 
 __all__ = [

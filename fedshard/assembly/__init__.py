@@ -5,11 +5,11 @@ Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and 
 
 * :mod:`~fedshard.assembly.sites`: a site from the federation config (simulation) or
   from its own config file (deployment), with its store, ledger, keys and routes;
-* :mod:`~fedshard.assembly.cache`: the sites a process keeps for its messages, so a
+* :mod:`~fedshard.assembly._cache`: the sites a process keeps for its messages, so a
   site's model is built once per process, not once per message;
-* :mod:`~fedshard.assembly.zones`: a zone from the config, and zones served in this
+* :mod:`~fedshard.assembly._zones`: a zone from the config, and zones served in this
   process (simulation, tests), to which more can be added while a federation runs;
-* :mod:`~fedshard.assembly.connectors`: how parts reach the zones (gRPC, mutual TLS);
+* :mod:`~fedshard.assembly._connectors`: how parts reach the zones (gRPC, mutual TLS);
 * :mod:`~fedshard.assembly.coordination`: the coordinator, wired the same way for the
   in-process engine and the Flower ServerApp;
 * :mod:`~fedshard.assembly.routing`: the federation's residency facts from its config:
@@ -18,8 +18,9 @@ Shared by every engine: the in-process demo, the Flower ServerApp/ClientApp and 
   optimiser, accountant, DP mechanisms), checked before anything runs.
 """
 
-from fedshard.assembly.cache import SITE_CACHE_BYTES, SITE_CACHE_SIZE, deployed_site_for, site_for
-from fedshard.assembly.connectors import grpc_connector, tls_connector
+from fedshard.assembly._cache import SITE_CACHE_BYTES, SITE_CACHE_SIZE, deployed_site_for, site_for
+from fedshard.assembly._connectors import grpc_connector, tls_connector
+from fedshard.assembly._zones import AUDIT_FILE, ServedZones, make_zone, running_zones, serving_zones, streaming_parties
 from fedshard.assembly.sites import (
     LEDGER_ANCHOR_FILE,
     SIGNING_KEY_FILE,
@@ -30,7 +31,6 @@ from fedshard.assembly.sites import (
     make_deployed_site,
     make_site,
 )
-from fedshard.assembly.zones import AUDIT_FILE, ServedZones, make_zone, running_zones, serving_zones, streaming_parties
 
 __all__ = [
     "AUDIT_FILE",

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedshard.assembly.connectors import tls_connector
+from fedshard.assembly._connectors import tls_connector
 from fedshard.config import BudgetConfig, FederationConfig, LayerPolicy
 from fedshard.errors import ConfigError, PrivacyError
 from fedshard.protocol.channels import ZoneConnector

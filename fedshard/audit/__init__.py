@@ -2,12 +2,12 @@
 a partial sum forwarded, an aggregate served), one hash-chained line each, its head signed
 by the zone's key.
 
-``log``    the append-only log: :class:`AuditLog` writes it, :func:`verify_audit_log` checks it
-``lines``  the line format, the hash rule, and how a log file is scanned
-``head``   the signed head beside the log (what a chain alone cannot show: lines appended or cut)
+``_log``   the append-only log: :class:`AuditLog` writes it, :func:`verify_audit_log` checks it
+``_lines`` the line format, the hash rule, and how a log file is scanned
+``_head``  the signed head beside the log (what a chain alone cannot show: lines appended or cut)
 """
 
-from fedshard.audit.log import (
+from fedshard.audit._log import (
     GENESIS,
     Adoption,
     AuditLog,

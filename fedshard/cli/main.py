@@ -18,14 +18,14 @@ import click
 import typer
 from rich.console import Console
 
-from fedshard.cli.budget import budget_app
-from fedshard.cli.deploy import aggregator_app, site_app
-from fedshard.cli.keys import keys_app
-from fedshard.cli.metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
-from fedshard.cli.route import route_app
-from fedshard.cli.security import audit_app, pki_app
-from fedshard.cli.store import store_app, verify_store
-from fedshard.cli.zone import zone_app
+from fedshard.cli._budget import budget_app
+from fedshard.cli._deploy import aggregator_app, site_app
+from fedshard.cli._keys import keys_app
+from fedshard.cli._metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
+from fedshard.cli._route import route_app
+from fedshard.cli._security import audit_app, pki_app
+from fedshard.cli._store import store_app, verify_store
+from fedshard.cli._zone import zone_app
 from fedshard.errors import ConfigError, FedshardError
 from fedshard.observability.server import DEFAULT_METRICS_HOST
 
@@ -120,7 +120,7 @@ def simulate(
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
 ) -> None:
     """Run a whole federation on this machine; zones are real gRPC servers on loopback."""
-    from fedshard.cli.progress import RoundProgress
+    from fedshard.cli._progress import RoundProgress
     from fedshard.observability.run_metrics import RunCollector
     from fedshard.simulate.run import simulate as run
 
@@ -195,7 +195,7 @@ def _run_config(
 
 def _print_result(summary: dict[str, Any], out_dir: Path) -> None:
     """Where the shards went, the accuracy against the central baseline, and where the run's files are."""
-    from fedshard.cli.progress import results_table, zones_table
+    from fedshard.cli._progress import results_table, zones_table
 
     if summary["rounds"]:
         console.print(zones_table(summary))

@@ -1,15 +1,7 @@
 """Configuration: pydantic models (every default in one place) and YAML loading."""
 
-from fedshard.config.deployment import AggregatorDeployment, SiteDeployment
-from fedshard.config.loader import (
-    DeployedSite,
-    load_deployed_site,
-    load_federation,
-    load_model,
-    load_site,
-    parse_model,
-)
-from fedshard.config.models import (
+from fedshard.config._deployment import AggregatorDeployment, SiteDeployment
+from fedshard.config._models import (
     AggregationConfig,
     BoundRule,
     FederationConfig,
@@ -24,6 +16,14 @@ from fedshard.config.models import (
     TrainingConfig,
     ZoneConfig,
     ZoneLimits,
+)
+from fedshard.config.loader import (
+    DeployedSite,
+    load_deployed_site,
+    load_federation,
+    load_model,
+    load_site,
+    parse_model,
 )
 from fedshard.config.privacy import (
     BudgetConfig,

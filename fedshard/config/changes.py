@@ -21,7 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from fedshard.config.models import FederationConfig
+from fedshard.config._models import FederationConfig
 from fedshard.errors import ConfigError
 
 __all__ = ["ConfigChange", "check_change", "check_fixed", "fixed_digests", "membership_digest"]

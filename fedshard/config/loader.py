@@ -9,8 +9,8 @@ from typing import NamedTuple, TypeVar, cast
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fedshard.config.deployment import resolve_paths
-from fedshard.config.models import FederationConfig, SiteConfig, SiteLocalConfig
+from fedshard.config._deployment import resolve_paths
+from fedshard.config._models import FederationConfig, SiteConfig, SiteLocalConfig
 from fedshard.errors import ConfigError
 
 __all__ = ["DeployedSite", "load_deployed_site", "load_federation", "load_model", "load_site", "parse_model"]

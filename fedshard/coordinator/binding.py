@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fedshard.config import FederationConfig
-from fedshard.coordinator.replies import MAX_EXAMPLES, check_privacy, clean_privacy, one_line
+from fedshard.coordinator._replies import MAX_EXAMPLES, check_privacy, clean_privacy, one_line
 from fedshard.errors import FedshardError, RefusalCode
 from fedshard.protocol.binding import proves
 from fedshard.protocol.messages import SiteInfo

@@ -8,7 +8,7 @@ and has sites evaluate. It never sees parameters or updates: those go from sites
 straight to zones.
 
 Sites whose shards end up in the same aggregates form a **residency group**, each
-with its own model-version chain (:mod:`fedshard.coordinator.groups`); a message
+with its own model-version chain (:mod:`fedshard.coordinator._groups`); a message
 carries only the rounds its site has not applied, never the whole history.
 
 A round a zone fails (it cannot open or close it, or lost it) is aborted at every zone
@@ -25,15 +25,10 @@ from collections.abc import Mapping
 from fedshard import faults
 from fedshard.config import FederationConfig
 from fedshard.config.changes import fixed_digests
-from fedshard.coordinator.binding import Binding, NodeRefusal, SiteKeys, bind_nodes
-from fedshard.coordinator.discovery import agreeing_sites
-from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.groups import Group, combine_versions, recorded_names, residency_groups
-from fedshard.coordinator.ledger_book import LedgerBook
-from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
-from fedshard.coordinator.plans import apply_rule, privacy_plan
-from fedshard.coordinator.recovery import RunRecovery, check_standing, evaluated, in_flight_reason
-from fedshard.coordinator.replies import (
+from fedshard.coordinator._discovery import agreeing_sites
+from fedshard.coordinator._groups import Group, combine_versions, recorded_names, residency_groups
+from fedshard.coordinator._plans import apply_rule, privacy_plan
+from fedshard.coordinator._replies import (
     Excluded,
     ReplyBounds,
     check_evaluate,
@@ -43,11 +38,16 @@ from fedshard.coordinator.replies import (
     one_line,
     weighted_mean,
 )
-from fedshard.coordinator.reports import PrivacyReports
+from fedshard.coordinator._reports import PrivacyReports
+from fedshard.coordinator._selection import fixed_weights, select_sites
+from fedshard.coordinator._timings import RoundClock
+from fedshard.coordinator._zone_calls import abort_everywhere, close_everywhere, open_everywhere
+from fedshard.coordinator.binding import Binding, NodeRefusal, SiteKeys, bind_nodes
+from fedshard.coordinator.events import EventLog
+from fedshard.coordinator.ledger_book import LedgerBook
+from fedshard.coordinator.membership import JOIN_QUERIES, JoinQueries, Membership, admit
+from fedshard.coordinator.recovery import RunRecovery, check_standing, evaluated, in_flight_reason
 from fedshard.coordinator.results import RoundObserver, RoundResult, RunResult, aggregate_entries, refusal_line
-from fedshard.coordinator.selection import fixed_weights, select_sites
-from fedshard.coordinator.timings import RoundClock
-from fedshard.coordinator.zone_calls import abort_everywhere, close_everywhere, open_everywhere
 from fedshard.errors import RefusalCode, RoundAbortedError, RoundError
 from fedshard.integrity import merkle_root
 from fedshard.protocol.binding import new_challenge
@@ -257,7 +257,7 @@ class Coordinator:
             group.version = recovery.versions(name)[recovery.last_round]
 
     def _adopt_recorded_names(self, recorded: set[str]) -> None:
-        """Give each group the name the run recorded for it (:func:`~fedshard.coordinator.groups.recorded_names`)."""
+        """Give each group the name the run recorded for it (:func:`~fedshard.coordinator._groups.recorded_names`)."""
         for old, new in recorded_names(list(self._groups), recorded).items():
             self._groups[new] = self._groups.pop(old)
             self._group_of = {site: new if g == old else g for site, g in self._group_of.items()}
@@ -471,7 +471,7 @@ class Coordinator:
     ) -> tuple[dict[str, TrainReport], dict[str, TrainReport | SiteFailure], dict[str, Excluded]]:
         """Send the train messages; by site id: the reports of sites that pushed, the refusals or
         failures of the others, and the replies left out of the round's metrics (checked by
-        :func:`~fedshard.coordinator.replies.check_train`; a site whose reply is left out but
+        :func:`~fedshard.coordinator._replies.check_train`; a site whose reply is left out but
         says it pushed is in neither of the first two: the zones say whether it counted)."""
         weight_scale = max(weights.values())  # encrypted shards carry weight / scale ≤ 1
         instructions = {node: self._instruction(node, rnd, token, weights[node], weight_scale) for node in selected}
@@ -533,7 +533,7 @@ class Coordinator:
     def _evaluate(self, rnd: int, clock: RoundClock | None = None) -> tuple[float, float, dict[str, Excluded]]:
         """Every site applies its aggregates and evaluates; accuracy and loss weighted by the
         coordinator's fixed weights over the replies it takes, and those it leaves out
-        (:func:`~fedshard.coordinator.replies.check_evaluate`: another model version than the
+        (:func:`~fedshard.coordinator._replies.check_evaluate`: another model version than the
         one the coordinator computed for the site's group, figures out of bounds), by site id."""
         messages = {
             node: EvaluateInstruction(

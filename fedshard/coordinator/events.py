@@ -30,8 +30,8 @@ from typing import Annotated, Any, NotRequired
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
+from fedshard.coordinator._groups import residency_groups
 from fedshard.coordinator.binding import NodeRefusal
-from fedshard.coordinator.groups import residency_groups
 from fedshard.coordinator.results import RoundResult, RunResult
 from fedshard.errors import RefusalCode, RoundError
 from fedshard.protocol.messages import SiteInfo

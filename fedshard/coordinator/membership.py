@@ -26,8 +26,8 @@ from typing import Protocol
 
 from fedshard.config import FederationConfig, load_federation
 from fedshard.config.changes import ConfigChange, check_change
+from fedshard.coordinator._groups import Group
 from fedshard.coordinator.events import EventLog
-from fedshard.coordinator.groups import Group
 from fedshard.errors import FedshardError
 from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import SiteInfo

@@ -32,8 +32,8 @@ from pydantic import ValidationError
 
 from fedshard.config import FederationConfig
 from fedshard.config.changes import check_fixed
+from fedshard.coordinator._replies import Excluded, left_out
 from fedshard.coordinator.events import EventKind, EventLog, first_error, round_from_event
-from fedshard.coordinator.replies import Excluded, left_out
 from fedshard.coordinator.results import RoundResult
 from fedshard.errors import RoundError
 from fedshard.integrity import next_version

@@ -49,7 +49,7 @@ class RoundResult:
     that have one (a zone refused the site's push, or refused to serve it an aggregate).
     ``excluded`` says, in one line per site, why the coordinator left the site's train or
     evaluate reply (or both) out of the round's metrics (it disagreed with what the
-    coordinator knows, or was out of bounds: :mod:`fedshard.coordinator.replies`), with their
+    coordinator knows, or was out of bounds: :mod:`fedshard.coordinator._replies`), with their
     codes in ``excluded_codes``; whether its update counted is ``sites`` (the zones' word).
     """
 

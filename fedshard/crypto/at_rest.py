@@ -180,7 +180,7 @@ def generate_kek_file(path: Path, *, force: bool = False) -> Kek:
 
     Refuses to replace an existing file unless ``force``.
     """
-    from fedshard.crypto._files import KEY_MODE, write_files
+    from fedshard.crypto.key_files import KEY_MODE, write_files
 
     kek = Kek.generate()
     write_files([(path, kek.to_text().encode(), KEY_MODE)], force)

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.crypto._files import CERT_MODE, KEY_MODE, write_files
 from fedshard.crypto.ciphertexts import framed, split, tenseal
+from fedshard.crypto.key_files import CERT_MODE, KEY_MODE, write_files
 from fedshard.errors import ConfigError, IntegrityError
 
 if TYPE_CHECKING:

@@ -68,7 +68,7 @@ ZONE_HOST_SUFFIX = "zone.fedshard.invalid"
 """Parent of the DNS names zone certificates hold for their identity (:func:`zone_host`);
 ``.invalid`` never resolves, so the name can only ever be asked for, never dialled."""
 
-# The same shapes as the config's ``Name`` and ``Jurisdiction`` (fedshard.config.models).
+# The same shapes as the config's ``Name`` and ``Jurisdiction`` (fedshard.config._models).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 PLACE_PATTERN = re.compile(r"^[A-Z]{2,8}$")
 

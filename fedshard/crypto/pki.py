@@ -35,7 +35,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedshard.crypto._files import CERT_MODE, KEY_MODE, refuse_existing, write_files
 from fedshard.crypto.identity import (
     JURISDICTION_OID,
     NAME_PATTERN,
@@ -56,6 +55,7 @@ from fedshard.crypto.identity import (
     utf8_string,
     zone_host,
 )
+from fedshard.crypto.key_files import CERT_MODE, KEY_MODE, refuse_existing, write_files
 from fedshard.errors import ConfigError, PkiError
 
 __all__ = [

@@ -18,8 +18,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedshard.crypto._files import CERT_MODE, KEY_MODE, write_files
 from fedshard.crypto.identity import read_pem
+from fedshard.crypto.key_files import CERT_MODE, KEY_MODE, write_files
 from fedshard.errors import PkiError
 
 __all__ = [

@@ -51,7 +51,8 @@ from fedshard.config import FederationConfig, SiteConfig, ZoneConfig
 from fedshard.config.layout import KeysLayout
 from fedshard.coordinator.ledger_book import LEDGER_BOOK_FILE
 from fedshard.coordinator.recovery import RunRecovery, recover
-from fedshard.deploy.flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
+from fedshard.deploy._flower import FlowerCli, console_script, flower_env, superlink_command, write_connection
+from fedshard.deploy._processes import Child, spawn, wait_for_port
 from fedshard.deploy.host_lock import LOCK_FILE, holding
 from fedshard.deploy.preflight import (
     LATEST_RUN,
@@ -62,7 +63,6 @@ from fedshard.deploy.preflight import (
     he_folder,
     run_to_resume,
 )
-from fedshard.deploy.processes import Child, spawn, wait_for_port
 from fedshard.deploy.status import HostState, read_state, write_state, zone_details
 from fedshard.errors import DeployError, FedshardError
 from fedshard.membership.deployed import effective_config

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedshard.config import FederationConfig
 from fedshard.config.layout import KeysLayout
-from fedshard.crypto._files import CERT_MODE, KEY_MODE, refuse_existing, write_files
+from fedshard.crypto.key_files import CERT_MODE, KEY_MODE, refuse_existing, write_files
 from fedshard.errors import ConfigError
 
 __all__ = ["ProvisionReport", "Upgraded", "generate_supernode_key", "provision", "upgrade"]

@@ -26,9 +26,9 @@ from typing import Literal
 
 from fedshard.config import SiteLocalConfig, load_deployed_site
 from fedshard.config.layout import SiteBundle
-from fedshard.crypto._files import KEY_MODE, write_files
-from fedshard.deploy.flower import flower_env, supernode_command
-from fedshard.deploy.processes import Child, spawn
+from fedshard.crypto.key_files import KEY_MODE, write_files
+from fedshard.deploy._flower import flower_env, supernode_command
+from fedshard.deploy._processes import Child, spawn
 from fedshard.errors import ConfigError
 
 __all__ = ["SiteLaunch", "SiteNode", "plan_site"]

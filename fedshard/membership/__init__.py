@@ -15,3 +15,34 @@ A change flows: ``fedshard reconfigure`` / ``fedshard aggregator reconfigure`` �
 zones, registers new SuperNodes, marks it ready) → before the next round the run's
 membership applies it → the coordinator takes the new config and admits the new sites.
 """
+
+from typing import TYPE_CHECKING
+
+from fedshard._surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fedshard.membership.deployed import FolderMembership, request_deployed_change
+    from fedshard.membership.in_process import RunMembership
+    from fedshard.membership.offer import offer_change, request_change
+    from fedshard.membership.zone_reload import ZoneReload
+
+__all__ = [
+    "FolderMembership",
+    "RunMembership",
+    "ZoneReload",
+    "offer_change",
+    "request_change",
+    "request_deployed_change",
+]
+
+__getattr__ = lazy_surface(
+    __name__,
+    {
+        "FolderMembership": "deployed",
+        "RunMembership": "in_process",
+        "ZoneReload": "zone_reload",
+        "offer_change": "offer",
+        "request_change": "offer",
+        "request_deployed_change": "deployed",
+    },
+)

@@ -9,3 +9,20 @@
 Nothing here decides anything: every series is read from records the roles keep
 (the event log, a zone's counters), so what is scraped is what was logged.
 """
+
+from typing import TYPE_CHECKING
+
+from fedshard._surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fedshard.observability.host import HostMetrics
+    from fedshard.observability.run_metrics import RunCollector
+    from fedshard.observability.server import MetricsServer
+    from fedshard.observability.zone_metrics import ZoneCollector
+
+__all__ = ["HostMetrics", "MetricsServer", "RunCollector", "ZoneCollector"]
+
+__getattr__ = lazy_surface(
+    __name__,
+    {"HostMetrics": "host", "MetricsServer": "server", "RunCollector": "run_metrics", "ZoneCollector": "zone_metrics"},
+)

@@ -12,4 +12,60 @@ Transports (in-process, Flower, gRPC) implement the channels; the coordinator, s
 and zones only ever see these types.
 """
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING
+
+from fedshard._surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fedshard.protocol.channels import SiteGateway, ZoneClient, ZoneConnector
+    from fedshard.protocol.codes import RefusalCode
+    from fedshard.protocol.messages import (
+        EvaluateInstruction,
+        EvaluateReport,
+        MessageKind,
+        PrivacyPlan,
+        QueryRequest,
+        SiteInfo,
+        TrainInstruction,
+        TrainReport,
+    )
+    from fedshard.protocol.rounds import AggregateSummary, PushReceipt, RoundSpec
+
+__all__ = [
+    "AggregateSummary",
+    "EvaluateInstruction",
+    "EvaluateReport",
+    "MessageKind",
+    "PrivacyPlan",
+    "PushReceipt",
+    "QueryRequest",
+    "RefusalCode",
+    "RoundSpec",
+    "SiteGateway",
+    "SiteInfo",
+    "TrainInstruction",
+    "TrainReport",
+    "ZoneClient",
+    "ZoneConnector",
+]
+
+__getattr__ = lazy_surface(
+    __name__,
+    {
+        "AggregateSummary": "rounds",
+        "EvaluateInstruction": "messages",
+        "EvaluateReport": "messages",
+        "MessageKind": "messages",
+        "PrivacyPlan": "messages",
+        "PushReceipt": "rounds",
+        "QueryRequest": "messages",
+        "RefusalCode": "codes",
+        "RoundSpec": "rounds",
+        "SiteGateway": "channels",
+        "SiteInfo": "messages",
+        "TrainInstruction": "messages",
+        "TrainReport": "messages",
+        "ZoneClient": "channels",
+        "ZoneConnector": "channels",
+    },
+)

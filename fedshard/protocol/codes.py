@@ -7,7 +7,7 @@ same code (:func:`error_for`), so a site and its user see the zone's own words
 ("zone eu-central refused site-a's push for round 3: shard fc1.weight#r0c0: digest
 does not match the manifest") and a program can branch on ``error.code``. The gRPC
 transport also picks its status from the code, by a table
-(:mod:`fedshard.zone.rpc.status`).
+(:mod:`fedshard.zone.rpc._status`).
 """
 
 from __future__ import annotations

@@ -376,7 +376,7 @@ class ZonePush(_Msg):
 class TrainReport(_Msg):
     """What a site did with a train instruction. Sent by: the site; the coordinator checks every
     field against what it knows and leaves a reply that disagrees or is out of bounds out of
-    the round (:mod:`fedshard.coordinator.replies`, SECURITY.md "Malicious sites").
+    the round (:mod:`fedshard.coordinator._replies`, SECURITY.md "Malicious sites").
 
     ``pushes`` lists each zone's acknowledgement (zones by name) when ``ok``; otherwise
     ``reason`` says why in one line and ``code`` is the :class:`~fedshard.errors.RefusalCode`

@@ -1,5 +1,5 @@
 """``fedshard report``: a run's plots and tables as one HTML page (see README, "See a run")."""
 
-from fedshard.report.build import build_report
+from fedshard.report._build import build_report
 
 __all__ = ["build_report"]

@@ -47,7 +47,7 @@ def list_runs(folder: Path, unfinished: Callable[[Path], str | None] | None = No
     """Every run directly under ``folder`` (a folder holding ``events.jsonl``), oldest first.
     A run whose records cannot be read is listed as unreadable, never skipped in silence.
     ``unfinished``: what to say of a run without a summary (None: nothing known)."""
-    from fedshard.report.run import load_run
+    from fedshard.report._run import load_run
 
     found = sorted(p.parent for p in folder.glob("*/events.jsonl"))
     out = []

@@ -6,8 +6,8 @@ zones re-check each shard against the same policy (:meth:`Policy.permits_region`
 refuse it when the policy forbids their region.
 """
 
-from fedshard.residency.classifier import Classification, SensitivityClassifier
-from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection, refusal
+from fedshard.residency._classifier import Classification, SensitivityClassifier
+from fedshard.residency._policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection, refusal
 from fedshard.residency.router import (
     DEFAULT_GROUP,
     GLOBAL_GROUP,

@@ -29,8 +29,8 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from fedshard.errors import ConfigError, IntegrityError, ResidencyViolationError
-from fedshard.residency.classifier import Classification
-from fedshard.residency.policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection
+from fedshard.residency._classifier import Classification
+from fedshard.residency._policy import ANY_REGION, Policy, PolicyDecision, Selection, ShardProtection
 
 __all__ = [
     "DEFAULT_GROUP",

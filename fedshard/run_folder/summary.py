@@ -74,7 +74,7 @@ def build_summary(
                 "sites": list(r.sites),
                 "refused": {site: r.refusal(site) for site in sorted(r.refused)},
                 "refusal_codes": {site: code.value for site, code in sorted(r.refusal_codes.items())},
-                "excluded": r.excluded,  # replies the coordinator left out (coordinator/replies.py)
+                "excluded": r.excluded,  # replies the coordinator left out (coordinator/_replies.py)
                 "excluded_codes": {site: [c.value for c in codes] for site, codes in r.excluded_codes.items()},
                 "merkle_root": r.merkle_root,
                 "model_version": r.version,

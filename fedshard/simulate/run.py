@@ -111,7 +111,7 @@ def simulate(
             connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
             result = _run_inprocess(config, out, served, observer, events, recovery, connect, workers)
         else:
-            from fedshard.simulate.flower import run_flower_simulation
+            from fedshard.simulate._flower import run_flower_simulation
 
             result = run_flower_simulation(config_path, out, endpoints, events, observer)
         zones = _zone_details(endpoints)

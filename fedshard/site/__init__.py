@@ -2,21 +2,46 @@
 sealing, signing, pushing, and applying aggregates.
 
 ``site``           the :class:`Site` role: handles the coordinator's messages
-``model``          the model a site builds once and holds for its process's life
-``resident``       whether the held model is the one in the store (a message may skip the refill)
+``_model``         the model a site builds once and holds for its process's life
+``_resident``      whether the held model is the one in the store (a message may skip the refill)
 ``base``           the frozen base of a large model, sealed in its own store and streamed through training
 ``model_store``    where the site keeps its parameter shards between messages (sealed store or snapshot)
-``apply``          catching up: fetch, verify, decrypt and apply missed rounds in place
+``_apply``         catching up: fetch, verify, decrypt and apply missed rounds in place
 ``terms``          the privacy terms the site's own config promises; a plan may only tighten them
 ``privacy``        the site's privacy ledger, what each round may spend, the round's DP mechanisms
 ``ledger_anchor``  the ledger's head anchored outside the ledger file (a rollback is caught)
-``private_round``  one round with DP on: reserve its cost in the ledger, then commit (or refuse)
-``release``        the update: split once, CKKS, signed manifests, pushes
+``_private_round`` one round with DP on: reserve its cost in the ledger, then commit (or refuse)
+``_release``       the update: split once, CKKS, signed manifests, pushes
 ``routes``         where each shard goes and which aggregate it applies; the cached classification
-``retry``          retrying a zone call that got no answer (backoff with jitter, within the round)
-``points``         the fault points along what a site sends (crash tests)
+``_retry``         retrying a zone call that got no answer (backoff with jitter, within the round)
+``_points``        the fault points along what a site sends (crash tests)
 
-Nothing heavy is imported here: Flower may start a fresh process per message.
+torch is imported only when a model is built or trained (Flower may start a fresh process
+per message): importing the package costs what its public modules' imports cost.
 """
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING
+
+from fedshard._surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fedshard.site.model_store import ModelStore, SealedModelStore, SnapshotModelStore
+    from fedshard.site.privacy import SitePrivacy
+    from fedshard.site.routes import SiteRouting
+    from fedshard.site.site import Site
+    from fedshard.site.terms import PrivacyTerms
+
+__all__ = ["ModelStore", "PrivacyTerms", "SealedModelStore", "Site", "SitePrivacy", "SiteRouting", "SnapshotModelStore"]
+
+__getattr__ = lazy_surface(
+    __name__,
+    {
+        "ModelStore": "model_store",
+        "PrivacyTerms": "terms",
+        "SealedModelStore": "model_store",
+        "Site": "site",
+        "SitePrivacy": "privacy",
+        "SiteRouting": "routes",
+        "SnapshotModelStore": "model_store",
+    },
+)

@@ -13,7 +13,7 @@ layers ahead of the computation. The base store is separate from the model store
 written once and only read after.
 
 The base store also records the BLAKE3 digest of every frozen tensor as the task built
-it (what the genesis version binds, :meth:`~fedshard.site.model.HeldModel.frozen_digests`).
+it (what the genesis version binds, :meth:`~fedshard.site._model.HeldModel.frozen_digests`).
 A later process that builds a different base (the task or its options changed) is
 refused with one line instead of training on a stale base; a changed ``store.base``
 format reseals the store from the freshly built base.

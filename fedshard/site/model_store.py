@@ -2,7 +2,7 @@
 
 The site's model (parameter shards, server-optimiser state, model version) lives here
 between messages; the site holds the module itself in memory
-(:class:`~fedshard.site.model.HeldModel`) and the store reads straight into the
+(:class:`~fedshard.site._model.HeldModel`) and the store reads straight into the
 module's tensors and writes straight from them: no intermediate copy of the model.
 
 * :class:`SealedModelStore` (default): a :class:`~fedshard.store.SealedShardStore` in
@@ -31,7 +31,7 @@ import numpy as np
 
 from fedshard import faults
 from fedshard.errors import StoreError
-from fedshard.site.model import ShardViews
+from fedshard.site._model import ShardViews
 from fedshard.store import LocalShardStore
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ gradient shards that it pushes straight to a zone; the coordinator only ever see
 metadata in the reports.
 
 A Site lives as long as its process and builds its model once
-(:class:`~fedshard.site.model.HeldModel`); a message refills the model from the store
+(:class:`~fedshard.site._model.HeldModel`); a message refills the model from the store
 (verifying every shard), applies the rounds it missed in place (``apply``), saves
 once, and a train message splits its update once (``release``). While the store is
 as this site last saved or read it (the same catalog file with the same stamp), the
@@ -46,13 +46,13 @@ from fedshard.protocol.messages import (
     TrainReport,
 )
 from fedshard.protocol.timings import Phase, Stopwatch
-from fedshard.site.apply import ModelState, apply_rounds, check_chain, decrypt_aggregate, fetch_view, optimizer_for
-from fedshard.site.model import HeldModel
+from fedshard.site._apply import ModelState, apply_rounds, check_chain, decrypt_aggregate, fetch_view, optimizer_for
+from fedshard.site._model import HeldModel
+from fedshard.site._private_round import Refusal, refused, reserve_round
+from fedshard.site._release import he_packs, push_update, sealed, update_over
+from fedshard.site._resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
 from fedshard.site.model_store import ModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
-from fedshard.site.private_round import Refusal, refused, reserve_round
-from fedshard.site.release import he_packs, push_update, sealed, update_over
-from fedshard.site.resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
 from fedshard.site.routes import RouteSource, SiteRouting, single_zone_routing
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
 
@@ -274,7 +274,7 @@ class Site:
 
     def _kept_copy(self) -> dict[str, np.ndarray] | None:
         """A copy of the held shards to put back after a task used them, when the model is the
-        store's and small enough to copy (:data:`~fedshard.site.resident.RESIDENT_COPY_BYTES`)."""
+        store's and small enough to copy (:data:`~fedshard.site._resident.RESIDENT_COPY_BYTES`)."""
         return self.model.split() if self.model.plan.nbytes <= RESIDENT_COPY_BYTES else None
 
     def _put_back(self, values: Mapping[str, np.ndarray] | None, record: Record | None) -> None:

@@ -15,19 +15,19 @@ cryptography; the other names load on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fedshard.store.local import LocalShardStore
+from fedshard._surface import lazy_surface
+from fedshard.store._local import LocalShardStore
 
 if TYPE_CHECKING:
-    from fedshard.store.backend import Backend, ObjectStat
-    from fedshard.store.fsspec_backend import FsspecBackend
+    from fedshard.store._backend import Backend, ObjectStat
+    from fedshard.store._fsspec_backend import FsspecBackend
+    from fedshard.store._protocol import ShardStat, ShardStore, Tier
     from fedshard.store.local_dir import LocalDirBackend
     from fedshard.store.location import backend_for
     from fedshard.store.model_io import LoadReport, ModelRecord, load_module, record_model, write_tensors
     from fedshard.store.prefetch import Layer, PrefetchLoader, layers_of
-    from fedshard.store.protocol import ShardStat, ShardStore, Tier
     from fedshard.store.quantize import ColdFormat
     from fedshard.store.rotation import RotationReport, rotate_keys
     from fedshard.store.sealed_store import SealedShardStore
@@ -67,10 +67,10 @@ __all__ = [
 ]
 
 _HOME = {
-    "Backend": "backend",
-    "ObjectStat": "backend",
+    "Backend": "_backend",
+    "ObjectStat": "_backend",
     "backend_for": "location",
-    "FsspecBackend": "fsspec_backend",
+    "FsspecBackend": "_fsspec_backend",
     "LocalDirBackend": "local_dir",
     "LoadReport": "model_io",
     "ModelRecord": "model_io",
@@ -80,9 +80,9 @@ _HOME = {
     "Layer": "prefetch",
     "PrefetchLoader": "prefetch",
     "layers_of": "prefetch",
-    "ShardStat": "protocol",
-    "ShardStore": "protocol",
-    "Tier": "protocol",
+    "ShardStat": "_protocol",
+    "ShardStore": "_protocol",
+    "Tier": "_protocol",
     "ColdFormat": "quantize",
     "RotationReport": "rotation",
     "rotate_keys": "rotation",
@@ -97,11 +97,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import the sealed store's names on first use (see the module docstring)."""
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_surface(__name__, _HOME)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 
 __all__ = ["ACCESS", "AccessLog", "Clock", "system_clock"]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from fedshard import faults
 from fedshard._fs import fsync_dir, fsync_file, syncfs, syncfs_supported
 from fedshard.errors import StoreError
-from fedshard.store.backend import TMP_PREFIX, ObjectStat
+from fedshard.store._backend import TMP_PREFIX, ObjectStat
 
 __all__ = ["LocalDirBackend"]
 

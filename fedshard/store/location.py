@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 
 __all__ = ["backend_for"]
 
@@ -15,7 +15,7 @@ def backend_for(location: str | Path | Backend) -> Backend:
     if isinstance(location, Backend):
         return location
     if isinstance(location, str) and "://" in location:
-        from fedshard.store.fsspec_backend import FsspecBackend
+        from fedshard.store._fsspec_backend import FsspecBackend
 
         return FsspecBackend(location)
     from fedshard.store.local_dir import LocalDirBackend

@@ -36,7 +36,7 @@ from typing import Any
 
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import StoreError, StoreKeyError
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, catalog_header, check_kek, keys_header, keys_name
 
 __all__ = ["JOURNAL", "RotationReport", "pending_rotation", "rotate_keys", "store_kek_id"]

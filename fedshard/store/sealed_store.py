@@ -1,7 +1,7 @@
 """The site's shard store: every shard encrypted at rest, verified on read, tiered hot/cold.
 
-:class:`SealedShardStore` implements :class:`~fedshard.store.protocol.ShardStore` on a
-:class:`~fedshard.store.backend.Backend`. Objects on the backend::
+:class:`SealedShardStore` implements :class:`~fedshard.store._protocol.ShardStore` on a
+:class:`~fedshard.store._backend.Backend`. Objects on the backend::
 
     catalog                   index + metadata of generation g: replacing it is the commit
     keys/<g>                  the data keys of generation g, sealed under the KEK
@@ -11,12 +11,12 @@
     .tmp/…                    temporaries of interrupted writes
 
 A write seals the shard under a fresh data key into a *new* blob
-(:func:`~fedshard.store.shard_io.seal_shard`), then commits (the batch's blobs made
+(:func:`~fedshard.store._shard_io.seal_shard`), then commits (the batch's blobs made
 durable together, then key table, then catalog:
-:class:`~fedshard.store.commit.Committer`, :mod:`fedshard.store.catalog`); the
+:class:`~fedshard.store._commit.Committer`, :mod:`fedshard.store.catalog`); the
 superseded blob is deleted only after the commit. A crash at any point leaves the
 previous version readable (its blob and its key are still what the catalog names). A
-read (:func:`~fedshard.store.shard_io.read_shard`) checks, in order: the blob exists and
+read (:func:`~fedshard.store._shard_io.read_shard`) checks, in order: the blob exists and
 is whole, it is this store's, this shard's and this version's (swap and rollback), the
 AES-GCM tag (any other change), then the BLAKE3 shard digest the catalog records for it.
 
@@ -39,14 +39,14 @@ from fedshard import faults
 from fedshard.crypto.at_rest import Kek, check_key_location
 from fedshard.errors import ShardIntegrityError, ShardNotFoundError, StoreError
 from fedshard.integrity.digest import shard_digest
+from fedshard.store._backend import Backend
+from fedshard.store._commit import Committer, read_catalog
+from fedshard.store._protocol import ShardStat, ShardStore, Tier
+from fedshard.store._shard_io import BLOBS, blob_name, normalise, read_shard, seal_shard
 from fedshard.store.access import AccessLog, Clock, system_clock
-from fedshard.store.backend import Backend
 from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, keys_name
-from fedshard.store.commit import Committer, read_catalog
 from fedshard.store.location import backend_for
-from fedshard.store.protocol import ShardStat, ShardStore, Tier
 from fedshard.store.quantize import ColdFormat, encodable
-from fedshard.store.shard_io import BLOBS, blob_name, normalise, read_shard, seal_shard
 from fedshard.store.tiering import StoreStats, TierReport, store_stats
 
 __all__ = ["SealedShardStore", "blob_name"]

@@ -1,29 +1,29 @@
 """The zone aggregator: the :class:`ZoneAggregator` role, which ties a zone's parts together.
 
 Transport-free: the gRPC service (:mod:`fedshard.zone.rpc.service`) and the
-in-process client both drive it. A push is a transaction (:mod:`fedshard.zone.push`):
+in-process client both drive it. A push is a transaction (:mod:`fedshard.zone._push`):
 the manifest is checked before any frame, every frame goes through the one frame
 assembler (:mod:`fedshard.zone.frames`) and each shard is checked as it completes
 (dtype and shape from the plan, digest from the manifest, finite values, ciphertext
 of the federation's context), and only a complete, valid push is folded into the
 sums. A refused push leaves nothing behind, and every refusal carries a
 :class:`~fedshard.errors.RefusalCode` and is counted and audited. Partial sums
-forwarded by other zones arrive the same way (:mod:`fedshard.zone.forward`); closing a
-round publishes one aggregate per group (:mod:`fedshard.zone.publish`). Per-round state
-and counters live in :mod:`fedshard.zone.state`.
+forwarded by other zones arrive the same way (:mod:`fedshard.zone._forward`); closing a
+round publishes one aggregate per group (:mod:`fedshard.zone._publish`). Per-round state
+and counters live in :mod:`fedshard.zone._state`.
 
 What is folded is bounded by the federation (``bounds``, ``aggregation`` in the config):
 each site's weight is the one the coordinator fixed when it opened the round, each
 plaintext value lies within ``±max_value`` and each site's update at this zone within an
 L2 norm (``max_update_norm``, and by default 10× the median of the zone's earlier rounds:
-:mod:`fedshard.zone.norms`); so every sum (float32, of ``(w/unit)·x``: see
-:mod:`fedshard.aggregation.accumulator` for its error bound) stays finite (see
+:mod:`fedshard.zone._norms`); so every sum (float32, of ``(w/unit)·x``: see
+:mod:`fedshard.aggregation._accumulator` for its error bound) stays finite (see
 :class:`~fedshard.config.AggregationConfig`). Encrypted shards cannot be checked.
 
 Staged pushes are bounded by a byte budget, so peak memory is the sums (one float32
 model per aggregate group) plus the budget, however many sites push at once; their
 clear shards are staged in buffers the zone reuses from push to push
-(:mod:`fedshard.zone.staging`), at most the budget's worth.
+(:mod:`fedshard.zone._staging`), at most the budget's worth.
 
 With a :class:`~fedshard.zone.policy.ZonePolicy` the zone also enforces
 residency: it re-decides every shard (refusing, with code ``residency``, what its
@@ -35,7 +35,7 @@ only to sites the policy allows, and writes every decision to its audit log.
 The zone takes its peers from its own config: it forwards only to the reducing zone its
 policy names, at the endpoint ``peers`` gives (its config's, or in simulation its serving
 host's), and refuses a close that names any other target. With a ``signer`` (its TLS
-key) every aggregate it publishes carries its signature (:func:`~fedshard.zone.publish.signed`).
+key) every aggregate it publishes carries its signature (:func:`~fedshard.zone._publish.signed`).
 """
 
 from __future__ import annotations
@@ -67,21 +67,21 @@ from fedshard.protocol.rounds import (
     ShardPayload,
 )
 from fedshard.sharding import ShardPlan
-from fedshard.zone.calls import Call
-from fedshard.zone.forward import ForwardSession
+from fedshard.zone._calls import Call
+from fedshard.zone._forward import ForwardSession
+from fedshard.zone._intake import PushIntake, lost_reason
+from fedshard.zone._journal import JOURNAL_DIR, RoundJournal, RoundState
+from fedshard.zone._norms import NormReference
+from fedshard.zone._publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
+from fedshard.zone._push import PushSession, check_round_weights
+from fedshard.zone._reduce import Reduction
+from fedshard.zone._rounds import ZoneRounds
+from fedshard.zone._staging import ByteBudget, StagingPool
+from fedshard.zone._state import OpenRound
+from fedshard.zone._stats import ZoneStats
 from fedshard.zone.frames import shard_chunks
-from fedshard.zone.intake import PushIntake, lost_reason
-from fedshard.zone.journal import JOURNAL_DIR, RoundJournal, RoundState
-from fedshard.zone.norms import NormReference
 from fedshard.zone.policy import ZonePolicy
-from fedshard.zone.publish import AggregateStore, Publications, build_aggregate, missing_noise_shares, signed
-from fedshard.zone.push import PushSession, check_round_weights
 from fedshard.zone.recovery import ZoneRecovery, recover_rounds
-from fedshard.zone.reduce import Reduction
-from fedshard.zone.rounds import ZoneRounds
-from fedshard.zone.staging import ByteBudget, StagingPool
-from fedshard.zone.state import OpenRound
-from fedshard.zone.stats import ZoneStats
 
 if TYPE_CHECKING:
     from fedshard.integrity.aggregate_signature import AggregateSigner
@@ -91,7 +91,7 @@ __all__ = ["ZoneAggregator"]
 
 
 STATS_FILE = "stats.json"
-"""The zone's counters for its run, in its store (:meth:`~fedshard.zone.stats.ZoneStats.save`)."""
+"""The zone's counters for its run, in its store (:meth:`~fedshard.zone._stats.ZoneStats.save`)."""
 
 
 class ZoneAggregator:
@@ -266,7 +266,7 @@ class ZoneAggregator:
                     session.take(chunk)
             return session.commit()
 
-    # hierarchical reduction (see fedshard.zone.reduce) ----------------------------------------
+    # hierarchical reduction (see fedshard.zone._reduce) ----------------------------------------
     def begin_forward(
         self, partial: PartialSum, timeout: float | None = None, *, certified: str | None = None
     ) -> ForwardSession:
@@ -402,7 +402,7 @@ class ZoneAggregator:
             self.recovery.lost.discard(round)
         self._record(Call.ABORT, by=by, round=round, was_open=state is not None, was_lost=lost)
 
-    # serving aggregates (kept by fedshard.zone.publish) ---------------------------------------
+    # serving aggregates (kept by fedshard.zone._publish) ---------------------------------------
     def fetch(
         self, round: int, group: str = DEFAULT_GROUP, *, jurisdiction: str | None = None, by: str = "-"
     ) -> Aggregate:

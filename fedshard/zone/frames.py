@@ -18,7 +18,7 @@ stream to that :class:`Declared` expectation, with the same checks on every path
 A shard that arrives in one chunk is kept as the bytes received (no copy); a larger
 one is assembled in a buffer of its final size allocated at its first chunk. Values
 are decoded with :func:`numpy.frombuffer` over those bytes. Given ``buffers`` (a zone's
-:class:`~fedshard.zone.staging.StagingPool`), every clear shard, even one of a single
+:class:`~fedshard.zone._staging.StagingPool`), every clear shard, even one of a single
 chunk, is copied into a buffer taken from it, so the received bytes are freed at once
 and the values are read-only views of reused memory. A shard the header says
 is ``encrypted`` is CKKS ciphertext: its first chunk is labelled
@@ -131,7 +131,7 @@ class FrameAssembler:
         What declares the shards, their sizes and digests (named in refusals).
     buffers:
         Gives a writable ``uint8`` buffer of a number of bytes, into which a clear shard
-        is assembled (e.g. :meth:`~fedshard.zone.staging.StagingPool.take`; whoever
+        is assembled (e.g. :meth:`~fedshard.zone._staging.StagingPool.take`; whoever
         gives it takes the buffers back). None: a shard of one chunk is kept as received,
         a larger one assembled in a new ``bytearray``.
     """

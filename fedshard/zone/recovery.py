@@ -12,7 +12,7 @@
   that never finished is removed; one that reads back but fails its root was altered
   after the zone wrote it and stays where it is, as evidence, refused to whoever fetches
   it (code ``corrupt``). The others are kept as they are.
-* its **round records** (:mod:`fedshard.zone.journal`): a round still ``open`` was lost
+* its **round records** (:mod:`fedshard.zone._journal`): a round still ``open`` was lost
   with the sums held in memory. It is recorded ``lost``, the zone refuses pushes,
   forwards and its close with code ``round`` (the coordinator then aborts it), and any
   of its aggregates stored before the crash (a publish cut short) are discarded, so no
@@ -32,8 +32,8 @@ from typing import IO
 
 from fedshard.errors import IntegrityError, StoreError
 from fedshard.protocol.rounds import AggregateSummary
-from fedshard.zone.journal import RoundJournal, RoundState
-from fedshard.zone.publish import AggregateStore
+from fedshard.zone._journal import RoundJournal, RoundState
+from fedshard.zone._publish import AggregateStore
 
 __all__ = ["DISCARDED_DIR", "ZoneRecovery", "recover_rounds", "repair_audit_tail"]
 

@@ -148,8 +148,8 @@ def test_the_report_of_the_demo_draws_every_plot_and_references_only_its_own_fil
 ) -> None:
     from matplotlib.image import imread
 
-    from fedshard.report.build import FLOW_PLOT, REPORT_FILE
-    from fedshard.report.plots import PLOTS
+    from fedshard.report._build import FLOW_PLOT, REPORT_FILE
+    from fedshard.report._plots import PLOTS
 
     _, summary = plain_demo
     target = tmp_path / "report"

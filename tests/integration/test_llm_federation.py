@@ -73,6 +73,6 @@ def test_another_base_starts_from_another_version(base_cache: Path, two_rounds: 
 
 
 def _rounds(n: int) -> Any:
-    from fedshard.config.models import FederationSettings
+    from fedshard.config._models import FederationSettings
 
     return FederationSettings(name="llm", seed=7, rounds=n, min_sites=3)

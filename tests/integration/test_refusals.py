@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from fedshard.assembly import grpc_connector, make_site, running_zones
-from fedshard.cli.progress import RoundProgress
+from fedshard.cli._progress import RoundProgress
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.coordinator.events import EventKind, EventLog, replay

@@ -32,7 +32,7 @@ STEP_ENTRIES = {  # where each step begins, as (module, function); a step's modu
     "fold": [("zone/rpc/service.py", "Push")],
     "forward": [("zone/rpc/service.py", "CloseRound"), ("zone/rpc/service.py", "Forward")],
     "publish": [("zone/rpc/service.py", "CloseRound")],
-    "fetch": [("site/apply.py", "fetch_view"), ("zone/rpc/service.py", "FetchAggregate")],
+    "fetch": [("site/_apply.py", "fetch_view"), ("zone/rpc/service.py", "FetchAggregate")],
     "apply": [("site/site.py", "_catch_up")],
     "save": [("site/site.py", "_save")],
 }

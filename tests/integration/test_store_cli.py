@@ -14,8 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fedshard.cli.keys import keys_app
-from fedshard.cli.store import store_app, verify_store
+from fedshard.cli._keys import keys_app
+from fedshard.cli._store import store_app, verify_store
 from fedshard.crypto.at_rest import KEK_ENV, KEK_FILE_ENV, NEW_KEK_ENV, load_kek
 from fedshard.errors import ConfigError, FedshardError, StoreError, StoreKeyError
 from fedshard.sharding import ShardPlan

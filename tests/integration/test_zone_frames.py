@@ -26,10 +26,10 @@ from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc._status import GRPC_STATUS, REFUSAL_CODE_KEY
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks, summary_to_header
 from fedshard.zone.rpc.service import serve
-from fedshard.zone.rpc.status import GRPC_STATUS, REFUSAL_CODE_KEY
 from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, manifest_for, partial_from, reducing_policy
 
 SITES = ("site-a", "site-b")

@@ -24,9 +24,9 @@ from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc
+from fedshard.zone.rpc._status import REFUSAL_CODE_KEY
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks
-from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, assert_weighted_mean, random_update
 

@@ -25,11 +25,11 @@ from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc._guard import RESERVE_WORKERS, pool_size
+from fedshard.zone.rpc._status import REFUSAL_CODE_KEY
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import GRPC_OPTIONS
-from fedshard.zone.rpc.guard import RESERVE_WORKERS, pool_size
 from fedshard.zone.rpc.service import SERVICE, ZoneService, serve
-from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests.zone_helpers import BASE, TOKEN, manifest_for, random_update
 
 PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32)}, tile=(4, 4))

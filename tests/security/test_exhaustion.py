@@ -32,9 +32,9 @@ from fedshard.errors import RefusalCode
 from fedshard.transports.bounded_http import MAX_CONNECTIONS
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc._status import REFUSAL_CODE_KEY
 from fedshard.zone.rpc.convert import GRPC_OPTIONS
 from fedshard.zone.rpc.service import SERVICE
-from fedshard.zone.rpc.status import REFUSAL_CODE_KEY
 from tests.security.conftest import OUTSIDER, LiveFederation, live_federation
 
 pytestmark = pytest.mark.slow

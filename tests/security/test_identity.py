@@ -45,7 +45,7 @@ from fedshard.integrity.aggregate_signature import AggregateSignature, Aggregate
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate, SignedStatement
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateKey, RoundSpec
 from fedshard.sharding import ShardPlan
-from fedshard.site.apply import fetch_view
+from fedshard.site._apply import fetch_view
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.service import serve

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from fedshard.assembly import STORE_KEYS_DIR, grpc_connector, make_site, running_zones
-from fedshard.cli.budget import recover_ledger
+from fedshard.cli._budget import recover_ledger
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.errors import StoreError

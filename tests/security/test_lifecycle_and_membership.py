@@ -21,8 +21,8 @@ from fedshard.crypto.signing import load_signing_key
 from fedshard.errors import FedshardError, PushRejectedError, RefusalCode
 from fedshard.integrity.merkle import merkle_root
 from fedshard.zone.rpc import zone_pb2 as pb
+from fedshard.zone.rpc._status import GRPC_STATUS, error_from_rpc
 from fedshard.zone.rpc.client import GrpcZoneClient
-from fedshard.zone.rpc.status import GRPC_STATUS, error_from_rpc
 from tests.security.conftest import OUTSIDER, LiveFederation
 from tests.zone_helpers import partial_from
 

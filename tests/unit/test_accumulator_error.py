@@ -1,5 +1,5 @@
 """The accumulator's stated error bound, measured: 1000 sites' random updates against a
-float64 reference (see :mod:`fedshard.aggregation.accumulator`)."""
+float64 reference (see :mod:`fedshard.aggregation._accumulator`)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import cycle inside a package.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -50,8 +51,8 @@ def test_each_contract_breaks_on_its_own_forbidden_import(tree: Path) -> None:
     """One copy with four forbidden changes, one per contract; each contract names its own."""
     _append(tree / "fedshard" / "sharding" / "plan.py", "import clients  # noqa")  # library -> entry point
     _append(tree / "fedshard" / "store" / "catalog.py", "import fedshard.site.site  # noqa")  # domain -> role
-    # zone.push is imported by zone.aggregator; importing back closes a cycle
-    _append(tree / "fedshard" / "zone" / "push.py", "import fedshard.zone.aggregator  # noqa")
+    # zone._push is imported by zone.aggregator (through zone._intake); importing back closes a cycle
+    _append(tree / "fedshard" / "zone" / "_push.py", "import fedshard.zone.aggregator  # noqa")
     _append(tree / "fedshard" / "deploy" / "status.py", "import fedshard.simulate.run  # noqa")  # deploy -> simulate
     result = _lint(tree)
     assert result.returncode != 0
@@ -60,3 +61,46 @@ def test_each_contract_breaks_on_its_own_forbidden_import(tree: Path) -> None:
     assert "fedshard.sharding.plan -> clients" in result.stdout
     assert "fedshard.store.catalog -> fedshard.site.site" in result.stdout
     assert "No cycles are allowed in fedshard.zone" in result.stdout
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module ``path`` imports (``from a import b`` counts as ``a`` and ``a.b``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_a_private_module_is_imported_only_inside_its_own_package() -> None:
+    """A package's surface is its ``__init__`` and its public modules; ``_name`` modules are its own."""
+    leaks = []
+    for package in ("fedshard", "server", "clients", "bench"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            for target in _imported(path):
+                parts = target.split(".")
+                private = next((i for i, p in enumerate(parts) if p.startswith("_") and not p.startswith("__")), None)
+                if private is None or not target.startswith("fedshard.") or private == 1:
+                    continue  # fedshard._fs and the like are the library's own helpers
+                owner = ".".join(parts[:private])
+                if not (module == owner or module.startswith(owner + ".")):
+                    leaks.append(f"{module} imports {target}")
+    assert leaks == []
+
+
+def test_every_package_surface_resolves() -> None:
+    """Every name a package's ``__init__`` lists in ``__all__`` is there."""
+    import importlib
+    import pkgutil
+
+    import fedshard
+
+    for info in pkgutil.walk_packages(fedshard.__path__, "fedshard."):
+        if not info.ispkg:
+            continue
+        package = importlib.import_module(info.name)
+        missing = [name for name in getattr(package, "__all__", []) if not hasattr(package, name)]
+        assert missing == [], info.name

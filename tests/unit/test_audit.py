@@ -26,7 +26,7 @@ from fedshard.audit import (
     record_hash,
     verify_audit_log,
 )
-from fedshard.cli.security import audit_app
+from fedshard.cli._security import audit_app
 from fedshard.crypto.identity import read_identity
 from fedshard.crypto.pki import init_ca, issue_zone
 from fedshard.errors import FedshardError, PkiError, StoreError

@@ -1,4 +1,4 @@
-"""``fedshard.deploy.processes.Child``: real child processes, their logs, restarts and what
+"""``fedshard.deploy._processes.Child``: real child processes, their logs, restarts and what
 they leave behind."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedshard.deploy.processes import Child, spawn
+from fedshard.deploy._processes import Child, spawn
 from fedshard.errors import DeployError
 
 PY = sys.executable

@@ -157,7 +157,7 @@ def test_config_rule_marking_personal_needs_no_override_note() -> None:
 
 def test_declassifying_a_leaky_tensor_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     classifier = SensitivityClassifier([ClassRule(pattern="*.lora_*", shard_class="public")])
-    with caplog.at_level(logging.WARNING, logger="fedshard.residency.classifier"):
+    with caplog.at_level(logging.WARNING, logger="fedshard.residency._classifier"):
         got = classifier.classify_tensor("head.lora_A")
     assert got == Classification("public", f"config rule '*.lora_*' (overrides {LORA})")
     assert "head.lora_A" in caplog.text

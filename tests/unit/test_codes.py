@@ -23,7 +23,7 @@ from fedshard.errors import (
     ZoneError,
 )
 from fedshard.protocol.codes import MAX_REASON_CHARS, error_for, one_line, refusal_code
-from fedshard.zone.rpc.status import GRPC_STATUS, REFUSAL_CODE_KEY, abort_with, error_from_rpc
+from fedshard.zone.rpc._status import GRPC_STATUS, REFUSAL_CODE_KEY, abort_with, error_from_rpc
 
 NOT_PUSH = {
     RefusalCode.BUSY: ZoneError,

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedshard.config import FederationConfig
-from fedshard.coordinator.replies import MAX_EXAMPLES, MAX_TEXT, ReplyBounds, check_train, one_line, weighted_mean
-from fedshard.coordinator.selection import fixed_weights
+from fedshard.coordinator._replies import MAX_EXAMPLES, MAX_TEXT, ReplyBounds, check_train, one_line, weighted_mean
+from fedshard.coordinator._selection import fixed_weights
 from fedshard.errors import RefusalCode
 from fedshard.protocol.messages import PrivacyReport, SiteInfo, TrainReport, ZonePush
 from fedshard.protocol.timings import MAX_PHASE_S, PhaseTimes

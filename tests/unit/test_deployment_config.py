@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from fedshard.config import load_federation, load_site
+from fedshard.deploy._flower import superlink_command, supernode_command
 from fedshard.deploy.app import build_app, write_run_config
-from fedshard.deploy.flower import superlink_command, supernode_command
 from fedshard.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from fedshard.transports.flower.compat import INTERNALS, missing_internals
-from fedshard.transports.flower.compat.release import SUPPORTED
+from fedshard.transports.flower.compat._release import SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fedshard"

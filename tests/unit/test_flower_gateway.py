@@ -13,7 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedshard.coordinator.events import EventLog
 from fedshard.errors import RoundError
 from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
-from fedshard.simulate.flower import _engine_failed
+from fedshard.simulate._flower import _engine_failed
 from fedshard.transports.flower.grid import ENGINE_STOPPED, FlowerSiteGateway
 from fedshard.transports.flower.records import pack
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedshard.coordinator.groups import recorded_names
+from fedshard.coordinator._groups import recorded_names
 
 
 def test_a_group_formed_before_all_its_sites_reconnected_takes_its_recorded_name() -> None:

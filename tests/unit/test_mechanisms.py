@@ -13,10 +13,10 @@ import pytest
 
 from fedshard.config import BudgetConfig, PrivacyConfig
 from fedshard.errors import ConfigError, PrivacyError
+from fedshard.privacy._secure_noise import SecureGaussian
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.mechanisms import MECHANISMS, Mechanism, RoundShape, Sharing, mechanism, register
 from fedshard.privacy.mechanisms.gaussian_update import update_event
-from fedshard.privacy.secure_noise import SecureGaussian
 from fedshard.protocol.messages import UpdatePlan
 from fedshard.site.terms import PrivacyTerms
 

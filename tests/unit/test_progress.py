@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from fedshard.cli.progress import SHOWN_SITES, RoundProgress, packed_lines, results_table, round_line, zones_table
+from fedshard.cli._progress import SHOWN_SITES, RoundProgress, packed_lines, results_table, round_line, zones_table
 from fedshard.coordinator.results import RoundResult
 from fedshard.errors import RefusalCode
 from fedshard.protocol.messages import SiteInfo

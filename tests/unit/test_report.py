@@ -16,8 +16,8 @@ from fedshard.coordinator.results import RoundResult, RunResult
 from fedshard.errors import ConfigError, RefusalCode
 from fedshard.protocol.messages import SiteInfo
 from fedshard.report import build_report
-from fedshard.report.flow import flows
-from fedshard.report.run import RunRecord
+from fedshard.report._flow import flows
+from fedshard.report._run import RunRecord
 
 SITES = 20  # beyond the dozen a plot draws one by one
 
@@ -143,7 +143,7 @@ def test_residency_lines_name_partial_sums_that_left_a_region() -> None:
 
 
 def test_sites_with_the_same_epsilon_are_drawn_apart_and_zone_colours_hold_across_reports() -> None:
-    from fedshard.report.plots import ZONE_PALETTE, _apart, _epsilon_by_site, class_colour, zone_colours
+    from fedshard.report._plots import ZONE_PALETTE, _apart, _epsilon_by_site, class_colour, zone_colours
 
     sites = [_site(i) for i in range(4)]
     record = RunRecord(Path("."), RunResult(sites, "g", "g", rounds=[_round(r, sites) for r in (1, 2)]))

@@ -116,7 +116,7 @@ def test_a_shared_channel_that_found_its_zone_down_is_replaced() -> None:
 
 
 def test_a_process_keeps_every_small_site_and_drops_big_ones(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import fedshard.assembly.cache as assembly
+    import fedshard.assembly._cache as assembly
 
     monkeypatch.setattr(assembly, "_SITES", type(assembly._SITES)())
     config = _config(12)
@@ -147,7 +147,7 @@ def test_the_synthetic_task_gives_each_site_its_own_examples_and_the_baseline_al
 def test_progress_lines_count_sites_beyond_a_dozen() -> None:
     from rich.console import Console
 
-    from fedshard.cli.progress import SHOWN_SITES, RoundProgress
+    from fedshard.cli._progress import SHOWN_SITES, RoundProgress
     from fedshard.coordinator.results import RoundResult
     from fedshard.protocol.messages import SiteInfo
 

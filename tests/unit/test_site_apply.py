@@ -13,7 +13,7 @@ from fedshard.integrity import build_manifest, merkle_root, next_version
 from fedshard.protocol.messages import AppliedRound, PublishedAggregate
 from fedshard.protocol.rounds import DEFAULT_GROUP, AggregateKey, AggregateSummary, RoundSpec
 from fedshard.sharding import ShardPlan
-from fedshard.site.apply import ModelState, RoundShards, apply_rounds, decrypt_aggregate, fetch_view
+from fedshard.site._apply import ModelState, RoundShards, apply_rounds, decrypt_aggregate, fetch_view
 from fedshard.transports.inprocess import in_process_connector
 from fedshard.zone.aggregator import ZoneAggregator
 from tests.zone_helpers import BASE, TOKEN

@@ -15,10 +15,10 @@ from clients.tasks.llm.model import SIZES, AdapterScheme, add_lora, build_classi
 from fedshard.config import FederationConfig
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import ShardIntegrityError, StoreError
+from fedshard.site._model import HeldModel
 from fedshard.site.base import SealedBase
-from fedshard.site.model import HeldModel
+from fedshard.store._shard_io import blob_name
 from fedshard.store.sealed_store import SealedShardStore
-from fedshard.store.shard_io import blob_name
 from fedshard.store.streamed import BASE_META, StreamedLinear
 
 TILE = (64, 64)

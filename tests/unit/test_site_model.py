@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedshard.errors import ShardError
-from fedshard.site.model import HeldModel
+from fedshard.site._model import HeldModel
 
 
 def _build() -> nn.Module:

@@ -1,4 +1,4 @@
-"""A site's pushes to its zones (``fedshard.site.release.push_update``): in parallel, errors per zone."""
+"""A site's pushes to its zones (``fedshard.site._release.push_update``): in parallel, errors per zone."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.messages import TrainInstruction
 from fedshard.protocol.rounds import PushReceipt, ShardPayload
 from fedshard.residency.router import RouteDecision
-from fedshard.site.release import push_update
+from fedshard.site._release import push_update
 from fedshard.site.routes import SiteRouting
 
 ZONES = ("zone-a", "zone-b", "zone-c")

@@ -1,4 +1,4 @@
-"""A site retries zone calls that got no answer (:mod:`fedshard.site.retry`), never a refusal;
+"""A site retries zone calls that got no answer (:mod:`fedshard.site._retry`), never a refusal;
 a retried push the zone holds counts as pushed only if it holds that very manifest."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.messages import ZonePush
 from fedshard.protocol.rounds import PushReceipt, ShardPayload
 from fedshard.residency.router import RouteDecision
-from fedshard.site.release import push_update
-from fedshard.site.retry import Retry, held_push
+from fedshard.site._release import push_update
+from fedshard.site._retry import Retry, held_push
 from fedshard.site.routes import SiteRouting
 from fedshard.zone.rpc.client import GrpcZoneClient
 from tests.unit.test_site_release import _message

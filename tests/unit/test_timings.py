@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from fedshard.coordinator.timings import RoundClock
+from fedshard.coordinator._timings import RoundClock
 from fedshard.protocol import timings as timings_module
 from fedshard.protocol.messages import EvaluateReport, TrainReport, ZonePush
 from fedshard.protocol.timings import MAX_PHASE_S, Phase, PhaseTimes, Stopwatch

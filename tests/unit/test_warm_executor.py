@@ -23,8 +23,9 @@ def test_the_installed_flower_has_the_internals_the_warm_executor_relies_on() ->
 
 
 def test_another_flower_release_is_refused_by_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One release range for every patch (fedshard.transports.flower.compat.release): each falls back on another."""
-    from fedshard.transports.flower.compat import delivery, release, waits
+    """One release range for every patch (fedshard.transports.flower.compat._release): each falls back on another."""
+    from fedshard.transports.flower.compat import _release as release
+    from fedshard.transports.flower.compat import delivery, waits
 
     monkeypatch.setattr(release, "version", lambda _: "1.43.0")
     assert warm_checks.problem() == ("flwr 1.43.0 is installed; the warm executor was written against flwr 1.42.*")

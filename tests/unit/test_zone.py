@@ -27,9 +27,9 @@ from fedshard.integrity import Manifest, merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
+from fedshard.zone._push import PushSession
+from fedshard.zone._staging import ByteBudget
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.push import PushSession
-from fedshard.zone.staging import ByteBudget
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, assert_weighted_mean, random_update
 
@@ -667,7 +667,7 @@ def test_budget_release_wakes_a_waiter() -> None:
 
 def test_budget_trims_the_heap_only_when_freed_staging_memory_could_exceed_it(monkeypatch: pytest.MonkeyPatch) -> None:
     trims: list[int] = []
-    monkeypatch.setattr("fedshard.zone.staging.trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr("fedshard.zone._staging.trim_heap", lambda: trims.append(1) or True)
     budget = ByteBudget(100)
 
     for _ in range(2):  # 40 in use, then 40 retained + 40 in use: within the capacity
@@ -696,7 +696,7 @@ def test_zone_busy_when_staging_budget_is_full() -> None:
 def test_trim_heap_works_where_glibc_is_the_allocator() -> None:
     import platform
 
-    from fedshard.zone.heap import trim_heap
+    from fedshard.zone._heap import trim_heap
 
     assert trim_heap() is (platform.libc_ver()[0] == "glibc")
 
@@ -704,7 +704,7 @@ def test_trim_heap_works_where_glibc_is_the_allocator() -> None:
 def test_a_zone_counts_what_left_it_in_partial_sums_by_class_and_origin_and_keeps_it(tmp_path: Path) -> None:
     """The report says what left a region from these counts: each site's shard inside a
     forwarded partial sum, by the shard's class and the site's jurisdiction."""
-    from fedshard.zone.stats import ZoneStats
+    from fedshard.zone._stats import ZoneStats
 
     stats = ZoneStats()
     entries = [("w#r0c0", ("mayo", "nyp")), ("b#r0c0", ("mayo",))]

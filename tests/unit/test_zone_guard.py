@@ -12,8 +12,8 @@ import pytest
 
 from fedshard.config import ZoneLimits
 from fedshard.errors import RefusalCode, ZoneError
-from fedshard.zone.calls import Call
-from fedshard.zone.rpc.guard import COORDINATORS, RESERVE_WORKERS, STREAMS, StreamGuard, end_call, pool_size
+from fedshard.zone._calls import Call
+from fedshard.zone.rpc._guard import COORDINATORS, RESERVE_WORKERS, STREAMS, StreamGuard, end_call, pool_size
 
 LIMITS = ZoneLimits(streams_per_party=2, calls_per_party=3, idle_s=5, grace_s=10, min_rate_kib_s=1)
 

@@ -1,5 +1,5 @@
 """A zone started again on the store of one that stopped (:mod:`fedshard.zone.recovery`,
-:mod:`fedshard.zone.journal`): published rounds kept, open rounds lost and refused, torn
+:mod:`fedshard.zone._journal`): published rounds kept, open rounds lost and refused, torn
 and half-written files cut off without touching the rest; and a retried push that the
 zone holds (:class:`~fedshard.errors.HeldPush`)."""
 
@@ -14,8 +14,8 @@ import pytest
 from fedshard.audit import AuditLog, verify_audit_log
 from fedshard.errors import HeldPush, PushRejectedError, RefusalCode, StoreError, ZoneError
 from fedshard.protocol.rounds import RoundSpec
+from fedshard.zone._journal import RoundJournal, RoundState
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.journal import RoundJournal, RoundState
 from fedshard.zone.recovery import DISCARDED_DIR, repair_audit_tail
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.service import serve

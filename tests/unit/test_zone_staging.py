@@ -1,4 +1,4 @@
-"""Unit tests of the zone's staging pool (:mod:`fedshard.zone.staging`) and of pushes staged in it.
+"""Unit tests of the zone's staging pool (:mod:`fedshard.zone._staging`) and of pushes staged in it.
 
 A push's clear shards are copied into buffers the zone reuses from push to push; these
 tests check that the buffers are reused, bounded, given back however a push ends, and
@@ -13,9 +13,9 @@ import pytest
 from fedshard.errors import PushRejectedError, RefusalCode
 from fedshard.protocol.rounds import DEFAULT_GROUP, RoundSpec
 from fedshard.sharding import ShardPlan
+from fedshard.zone._staging import ByteBudget, StagingPool
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header, shard_chunks
-from fedshard.zone.staging import ByteBudget, StagingPool
 from tests import zone_helpers
 from tests.zone_helpers import BASE, TOKEN, Shards, assert_weighted_mean, random_update
 
@@ -203,7 +203,7 @@ def test_the_sums_do_not_share_memory_with_the_staging_buffers() -> None:
 
 def test_bytes_kept_in_the_pool_do_not_count_towards_a_heap_trim(monkeypatch: pytest.MonkeyPatch) -> None:
     trims: list[int] = []
-    monkeypatch.setattr("fedshard.zone.staging.trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr("fedshard.zone._staging.trim_heap", lambda: trims.append(1) or True)
     budget = ByteBudget(100)
 
     for _ in range(5):  # 40 in use each time, none of it freed

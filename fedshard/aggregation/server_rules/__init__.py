@@ -13,10 +13,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from fedshard.aggregation.server_rules._slots import Hyper, Slots
 from fedshard.aggregation.server_rules.adam import Adam
 from fedshard.aggregation.server_rules.avg import Avg
 from fedshard.aggregation.server_rules.momentum import Momentum
-from fedshard.aggregation.server_rules.slots import Hyper, Slots
 from fedshard.registry import Registry
 
 __all__ = ["RULES", "Hyper", "ServerRule", "Slots", "register", "rule"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedshard.aggregation.server_rules.slots import Hyper, Slots
+from fedshard.aggregation.server_rules._slots import Hyper, Slots
 
 __all__ = ["Avg"]
 

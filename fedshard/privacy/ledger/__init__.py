@@ -40,20 +40,20 @@ only by the coordinator's head, i.e. within a run of the coordinator.
 
 Modules
 -------
-``privacy_ledger``  :class:`PrivacyLedger`: reserve / commit / lower the budget / recover; status and queries
+``_privacy_ledger`` :class:`PrivacyLedger`: reserve / commit / lower the budget / recover; status and queries
 ``chain``           :class:`LedgerKey` and the MAC chain over the rows
 ``records``         the values it takes and returns (:class:`Budget`, :class:`Reservation`, …)
 ``spend``           ε spent, the cost of new events, rounds left: pure functions
-``rows``            reading and writing rows inside a transaction
-``schema``          the file: format version, tables and triggers, creation, checked opening
+``_rows``           reading and writing rows inside a transaction
+``_schema``         the file: format version, tables and triggers, creation, checked opening
 """
 
 from __future__ import annotations
 
+from fedshard.privacy.ledger._privacy_ledger import PrivacyLedger
+from fedshard.privacy.ledger._schema import FORMAT_VERSION
 from fedshard.privacy.ledger.chain import UNKEYED, LedgerKey
-from fedshard.privacy.ledger.privacy_ledger import PrivacyLedger
 from fedshard.privacy.ledger.records import CARRIED_ROUND, Budget, LedgerEntry, LedgerHead, LedgerStatus, Reservation
-from fedshard.privacy.ledger.schema import FORMAT_VERSION
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
 
 __all__ = [

@@ -11,7 +11,7 @@ A new mechanism is one module here defining a class with the :class:`Mechanism` 
 plus its line in :data:`MECHANISMS` (or :func:`register` from a task). Its cost is stated
 as :class:`~fedshard.privacy.events.DPEvent` (Poisson-subsampled Gaussian steps), the only
 events the accountants compose; what noise a site adds when several sites share it is
-:func:`~fedshard.privacy.mechanisms.shares.noise_share`'s maths, here too.
+:func:`~fedshard.privacy.mechanisms._shares.noise_share`'s maths, here too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from fedshard.errors import ConfigError
 from fedshard.privacy.events import DPEvent, Guarantee
+from fedshard.privacy.mechanisms._shares import RoundShape, Sharing, noise_share
 from fedshard.privacy.mechanisms.dpsgd import DpSgd, RecordPrivacy
 from fedshard.privacy.mechanisms.gaussian_update import GaussianUpdate
-from fedshard.privacy.mechanisms.shares import RoundShape, Sharing, noise_share
 from fedshard.registry import Registry
 
 if TYPE_CHECKING:

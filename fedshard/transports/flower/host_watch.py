@@ -2,7 +2,7 @@
 
 ``fedshard aggregator up`` starts the SuperLink, which starts Flower's SuperExec, which
 starts the ServerApp: the ServerApp is not the host's child, so the kernel's parent-death
-signal (:mod:`fedshard.deploy.processes`) does not reach it. The host therefore names
+signal (:mod:`fedshard.deploy._processes`) does not reach it. The host therefore names
 itself in :data:`HOST_PID_ENV`, which Flower's processes pass on, and the ServerApp watches
 that process. When the host is gone (``kill -9`` included), the ServerApp exits, so no
 coordinator goes on headless. A coordinator stuck in a long call would otherwise notice

@@ -38,8 +38,8 @@ from fedshard.protocol.rounds import (
 from fedshard.zone.frames import Declared, FrameAssembler, Header
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
+from fedshard.zone.rpc._status import error_from_rpc
 from fedshard.zone.rpc.convert import CHUNK_BYTES, GRPC_OPTIONS, chunk_of, header_to_summary, push_frames
-from fedshard.zone.rpc.status import error_from_rpc
 
 __all__ = ["GrpcZoneClient"]
 

@@ -2,7 +2,7 @@
 
 Errors leave as a refusal: a gRPC status chosen from the error's
 :class:`~fedshard.errors.RefusalCode`, the code in the trailing metadata and the
-one-line reason as details (:mod:`fedshard.zone.rpc.status`); nothing else (no
+one-line reason as details (:mod:`fedshard.zone.rpc._status`); nothing else (no
 traceback, no internal state) leaves the zone.
 
 Every call is admitted before its request is read (:meth:`ZoneService.handlers`): gRPC
@@ -11,10 +11,10 @@ came used to hold a worker before any of this code ran. Each method is therefore
 registered at the server as client-streaming (identical on the wire: clients keep their
 plain unary and server-streaming stubs); its caller's certificate is checked first (a
 non-member is refused at once and audited; the handler checks the role), then the
-zone's :class:`~fedshard.zone.rpc.guard.StreamGuard` admits it within its party's
+zone's :class:`~fedshard.zone.rpc._guard.StreamGuard` admits it within its party's
 allowance (``limits.streams_per_party`` streams, ``limits.calls_per_party`` unary
 calls) and its watchdog ends a call that waits on its peer too long, a request that
-never comes among them (:mod:`fedshard.zone.rpc.guard`). The handler bodies below
+never comes among them (:mod:`fedshard.zone.rpc._guard`). The handler bodies below
 then see the request as for any unary call.
 """
 
@@ -35,16 +35,16 @@ from fedshard.errors import FedshardError, PushRejectedError, RefusalCode, ZoneE
 from fedshard.integrity import Manifest
 from fedshard.protocol.codes import refusal_code
 from fedshard.protocol.rounds import DEFAULT_GROUP, Aggregate, PartialSum, RoundSpec
+from fedshard.zone._calls import Call
+from fedshard.zone._forward import ForwardSession
+from fedshard.zone._push import PushSession
 from fedshard.zone.aggregator import ZoneAggregator
-from fedshard.zone.calls import Call
-from fedshard.zone.forward import ForwardSession
-from fedshard.zone.push import PushSession
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
-from fedshard.zone.rpc.authority import Authority, Members, caller_name
+from fedshard.zone.rpc._authority import Authority, Members, caller_name
+from fedshard.zone.rpc._guard import Stream, StreamEndedError, StreamGuard, pool_size
+from fedshard.zone.rpc._status import abort_with
 from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_to_header
-from fedshard.zone.rpc.guard import Stream, StreamEndedError, StreamGuard, pool_size
-from fedshard.zone.rpc.status import abort_with
 
 if TYPE_CHECKING:
     from fedshard.zone.policy import ZonePolicy
@@ -91,11 +91,11 @@ class ZoneService(pb_grpc.ZoneServicer):
     """gRPC front of one zone aggregator.
 
     With mTLS (``ca_pem`` given) every call is authorised from the caller's
-    certificate (:mod:`fedshard.zone.rpc.authority`): rounds are opened and closed by
+    certificate (:mod:`fedshard.zone.rpc._authority`): rounds are opened and closed by
     the coordinator only, a push is accepted only from the member site its manifest
     names, a forward only from a member zone to the reducing zone, a fetch only from a
     member site, a reconfiguration only from the coordinator. Every refusal is counted
-    and audited. ``limits`` bound what one caller may hold (:mod:`fedshard.zone.rpc.guard`);
+    and audited. ``limits`` bound what one caller may hold (:mod:`fedshard.zone.rpc._guard`);
     ``reload`` takes a new membership between rounds (None: the zone refuses to);
     ``pool``, the server's worker pool where it was sized for the membership, grows
     with a reconfiguration that adds parties.
@@ -377,7 +377,7 @@ class ZoneService(pb_grpc.ZoneServicer):
 
     def _fit_pool(self, parties: int) -> None:
         """Grow the worker pool so that ``parties`` (sites and zones) each fit their full
-        allowance (:func:`~fedshard.zone.rpc.guard.pool_size`); it never shrinks."""
+        allowance (:func:`~fedshard.zone.rpc._guard.pool_size`); it never shrinks."""
         if self._pool is None:
             return
         need = pool_size(self.limits, parties)
@@ -419,7 +419,7 @@ def serve(
     ``tls`` the data plane is plain text and nothing is authorised: loopback only.
     ``limits`` bound what each caller may hold and how long connections last
     (:func:`~fedshard.zone.rpc.convert.server_options`); the worker pool is
-    ``max_workers``, else :func:`~fedshard.zone.rpc.guard.pool_size` for ``parties``
+    ``max_workers``, else :func:`~fedshard.zone.rpc._guard.pool_size` for ``parties``
     (the sites and zones that may call it; a reconfiguration that adds parties grows
     it). ``reload`` lets the coordinator hand the zone a new membership between rounds
     (see :class:`ZoneService`).

@@ -10,7 +10,7 @@ import pytest
 
 from fedshard.crypto.at_rest import Kek
 from fedshard.store import FsspecBackend, LocalDirBackend
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 
 BACKENDS = ["local-dir", "fsspec-memory", "fsspec-local"]
 

@@ -12,7 +12,7 @@ from fedshard.crypto.at_rest import Kek
 from fedshard.errors import IntegrityError, ShardIntegrityError, ShardNotFoundError, StoreError, StoreKeyError
 from fedshard.integrity.digest import shard_digest
 from fedshard.store import SealedShardStore, ShardStore, Tier
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 from fedshard.store.catalog import CATALOG
 from fedshard.store.sealed_store import blob_name
 from fedshard.store.verify import check_store

@@ -12,7 +12,7 @@ import pytest
 from fedshard.crypto.at_rest import KEK_ENV, KEK_FILE_ENV, Kek, generate_kek_file, load_kek
 from fedshard.errors import FedshardError, PkiError, StoreError, StoreKeyError
 from fedshard.store import LocalDirBackend, SealedShardStore, rotate_keys
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 from fedshard.store.catalog import CATALOG
 from fedshard.store.rotation import JOURNAL, pending_rotation
 

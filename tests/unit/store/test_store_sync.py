@@ -21,9 +21,9 @@ from fedshard._fs import syncfs_supported
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import ShardIntegrityError, StoreError
 from fedshard.store import LocalDirBackend, SealedShardStore
-from fedshard.store.backend import TMP_PREFIX, Backend, DeferredWrites, DefersSync, ObjectStat
+from fedshard.store._backend import TMP_PREFIX, Backend, DeferredWrites, DefersSync, ObjectStat
+from fedshard.store._shard_io import BLOBS, blob_name
 from fedshard.store.catalog import CATALOG, KEYS_PREFIX
-from fedshard.store.shard_io import BLOBS, blob_name
 from fedshard.store.verify import check_store
 
 N = 40  # shards per batch, in 4 blob folders: 40 fsyncs per batch would be per blob, 4 per folder

@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import ConfigError
 from fedshard.store import ColdFormat, SealedShardStore, Tier, parse_age
-from fedshard.store.backend import Backend
+from fedshard.store._backend import Backend
 from fedshard.store.quantize import (
     BLOCK,
     _fp8_values,

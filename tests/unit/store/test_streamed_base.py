@@ -18,9 +18,9 @@ from torch import nn
 from clients.tasks.llm.model import SIZES, AdapterScheme, add_lora, build_classifier
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import ShardIntegrityError, StoreError
+from fedshard.store._shard_io import blob_name
 from fedshard.store.quantize import ColdFormat
 from fedshard.store.sealed_store import SealedShardStore
-from fedshard.store.shard_io import blob_name
 from fedshard.store.streamed import AbsentWeight, StreamedBase, StreamedEmbedding, StreamedLinear, base_name, seal_base
 from fedshard.store.weight_stream import WeightStream
 

@@ -2,7 +2,7 @@
 (``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp``, ``flwr.simulation``, ``flwr.common``),
 in one package, listed in :data:`INTERNALS`.
 
-``release``        the one release line the internals were read in (:data:`~.release.SUPPORTED`)
+``_release``       the one release line the internals were read in (:data:`~.release.SUPPORTED`)
 ``delivery``       the simulation engine's one-pass delivery of messages to its actors
 ``waits``          the SuperNode's and the Grid's fixed waits and object-pull backoffs, shortened
 ``supernode``      ``python -m fedshard.transports.flower.compat.supernode``: ``flower-supernode``

@@ -36,7 +36,7 @@ from queue import Queue
 from types import SimpleNamespace
 from typing import Any
 
-from fedshard.transports.flower.compat.release import release_problem
+from fedshard.transports.flower.compat._release import release_problem
 
 __all__ = ["install", "problem"]
 

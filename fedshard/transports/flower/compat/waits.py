@@ -27,7 +27,7 @@ import inspect
 import time
 from typing import Any
 
-from fedshard.transports.flower.compat.release import release_problem
+from fedshard.transports.flower.compat._release import release_problem
 
 __all__ = [
     "GRID_PULLS",
@@ -87,7 +87,7 @@ def shorten_object_pulls(module_name: str) -> bool:
     """Rebind the object-pull function ``module_name`` imported to one with a short backoff.
 
     Returns whether it did: False (nothing changed) when the installed Flower is not the
-    supported release (:mod:`fedshard.transports.flower.compat.release`), the module lacks the
+    supported release (:mod:`fedshard.transports.flower.compat._release`), the module lacks the
     function or the function has no ``initial_backoff``/``backoff_cap`` parameters.
     """
     if release_problem("the short object pulls") is not None:

@@ -27,7 +27,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from fedshard.transports.flower.compat.release import SUPPORTED, release_problem
+from fedshard.transports.flower.compat._release import SUPPORTED, release_problem
 
 __all__ = ["SUPPORTED", "problem"]
 
