@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.time_budget import BUDGET_S, GROUPS, SLOW_ALLOWED, SPREAD
+from tests.toy_parts import PerTensorGaussian, PerTensorNoise
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -68,3 +69,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
             f"{_node_id(item)}: its {report.when} took {report.duration:.1f} s, over the suite's {BUDGET_S:g} s "
             "budget; make it faster, or list it in tests/time_budget.py with the reason it cannot be"
         )
+
+
+@pytest.fixture
+def per_tensor() -> Generator[PerTensorGaussian, None, None]:
+    """:class:`~tests.toy_parts.PerTensorGaussian` registered for one test (its releases counted afresh)."""
+    from fedshard.privacy.mechanisms import MECHANISMS, register
+
+    toy = PerTensorGaussian()
+    register(toy)
+    PerTensorNoise.released.clear()
+    yield toy
+    MECHANISMS.remove(toy.name)

@@ -9,6 +9,7 @@ import numpy as np
 
 from fedshard.config import ResidencyConfig
 from fedshard.integrity import Manifest, build_manifest, shard_digest
+from fedshard.protocol.messages import TrainInstruction
 from fedshard.protocol.rounds import PartialEntry, PartialSum
 from fedshard.residency import Policy, Router, ZoneInfo
 from fedshard.sharding import ShardPlan
@@ -90,3 +91,34 @@ def assert_weighted_mean(mean: np.ndarray, updates: list[np.ndarray], weights: l
     assert mean.dtype == updates[0].dtype
     assert mean.shape == updates[0].shape
     assert np.all(np.abs(mean - exact) <= error_bound(len(updates), magnitude))
+
+
+SMALL_PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32), "b": np.zeros(5, np.float32)}, tile=(4, 4))
+"""The zone tests' model: w (6, 8) -> 4 shards of (4, 4) and (2, 4); b (5,) -> (4, 1) and (1, 1)."""
+
+ONE_ZONE = "eu-1"
+ONE_ZONE_SITES = ("site-a", "site-b", "site-c")
+ONE_ZONE_WEIGHTS = {"site-a": 1.0, "site-b": 3.0, "site-c": 2.0}  # what round 1 fixes for each site
+
+
+def one_zone_manifest(site: str, shards: Shards, **kwargs: Any) -> Manifest:
+    """``site``'s manifest for ``shards`` at :data:`ONE_ZONE`, with the weight round 1 fixed for it unless told."""
+    kwargs.setdefault("weight", ONE_ZONE_WEIGHTS.get(site, 1.0))
+    kwargs.setdefault("plan", SMALL_PLAN)
+    kwargs.setdefault("zone", ONE_ZONE)
+    return manifest_for(site, shards, **kwargs)
+
+
+def train_instruction(zones: tuple[str, ...]) -> TrainInstruction:
+    """A round-1 train message naming ``zones`` (at made-up endpoints ``zone:1``)."""
+    return TrainInstruction(
+        round=1,
+        token="tok",
+        base_version="0" * 64,
+        missed=[],
+        zones={z: f"{z}:1" for z in zones},
+        epochs=1,
+        batch_size=1,
+        learning_rate=0.1,
+        seed=0,
+    )

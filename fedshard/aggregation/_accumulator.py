@@ -30,7 +30,7 @@ with ``γ_k = k·u / (1 − k·u)`` ≈ ``k·u``: one rounding per fold, two for
 factor and two for the final scaling. :func:`sum_dtype` keeps float32 only while that
 bound is at most :data:`FLOAT32_SUM_TOLERANCE` (2^-14 ≈ 6·10^-5 of ``T``), i.e. for
 shards that at most :data:`FLOAT32_MAX_SITES` sites contribute to; a round that selects
-more sites sums in float64 (twice the memory). ``tests/unit/test_accumulator_error.py``
+more sites sums in float64 (twice the memory). ``tests/unit/aggregation/test_accumulator_error.py``
 measures the error of 1000 sites' random updates against a float64 reference.
 
 The folds that need a factor are done in cache-sized blocks: multiplying a block into

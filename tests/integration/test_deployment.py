@@ -198,7 +198,7 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
 def _check_site_status(root: Path, layout: dict[str, Path]) -> None:
     """`site status` on a site's host: a running site (its ledger read as it runs), one whose
     `site up` was killed (said, with the command that restarts it). (A second `site up` of a
-    running site is refused: tests/unit/test_host_lock.py.)"""
+    running site is refused: tests/unit/deploy/test_host_lock.py.)"""
     running = fedshard("site", "status", "--config", str(layout["charite-berlin"]), "--json", cwd=root)
     assert running.returncode == 0, running.stderr
     doc = json.loads(running.stdout)

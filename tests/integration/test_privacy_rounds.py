@@ -17,7 +17,7 @@ from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.simulate.run import simulate
 from fedshard.site.model_store import site_kek
 from fedshard.site.privacy import LEDGER_FILE, ledger_key
-from tests.unit.test_mechanisms import PerTensorNoise, per_tensor  # noqa: F401 (a mechanism of a task's own)
+from tests.toy_parts import PerTensorNoise  # a mechanism of a task's own (fixture per_tensor: conftest)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,6 @@ from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
 from fedshard.transports.inprocess import InProcessSiteGateway
 from fedshard.zone.rpc.client import GrpcZoneClient
-from tests.integration.test_residency import _config
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = str(ROOT / "fedshard") + "/"
@@ -82,14 +81,23 @@ def test_the_readme_lists_the_modules_one_shard_passes_through(tmp_path: Path) -
     assert len(listed) <= 25, sorted(listed)
 
     he_init(tmp_path / "keys")
-    data = _config().model_dump(mode="json", by_alias=True)
-    data["residency"]["encrypt"] = ["personal"]
-    data["he"] = {"keys": str(tmp_path / "keys"), "value_range": 8.0, "max_sites": 8}
-    data["privacy"] = {
-        "update_level": {"enabled": True, "clip_norm": 1.0, "noise_multiplier": 1.0},
-        "budget": {"epsilon": 50.0, "delta": 1e-3},
-    }
-    config = FederationConfig.model_validate(data)
+    config = FederationConfig.model_validate(
+        {
+            "federation": {"name": "trip", "seed": 5, "rounds": 2, "min_sites": 2, "round_timeout_s": 60},
+            "task": {"target": "tests.toy_task:task", "options": {"examples": 40}},
+            "training": {"local_epochs": 2, "batch_size": 8, "learning_rate": 0.05},
+            "sharding": {"tile": [4, 4]},
+            "zones": [{"name": n, "region": r} for n, r in (("eu-central", "EU"), ("us-east", "US"))],
+            "reducing_zone": "eu-central",
+            "sites": [{"id": s, "jurisdiction": j} for s, j in (("eu-a", "EU"), ("eu-b", "EU"), ("us-a", "US"))],
+            "residency": {"encrypt": ["personal"]},
+            "he": {"keys": str(tmp_path / "keys"), "value_range": 8.0, "max_sites": 8},
+            "privacy": {
+                "update_level": {"enabled": True, "clip_norm": 1.0, "noise_multiplier": 1.0},
+                "budget": {"epsilon": 50.0, "delta": 1e-3},
+            },
+        }
+    )
     routing = FederationRouting(config)
     trace = _Trace()
     with running_zones(config, tmp_path / "zones") as endpoints:

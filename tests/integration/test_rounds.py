@@ -27,7 +27,7 @@ from fedshard.protocol.messages import (
 from fedshard.site.site import Site
 from fedshard.store import LocalShardStore
 from fedshard.transports.inprocess import InProcessSiteGateway
-from tests.unit.test_server_optimizer import SignMomentum  # a rule of a task's own
+from tests.toy_parts import SignMomentum  # a rule of a task's own
 from tests.zone_helpers import site_model
 
 

@@ -104,3 +104,13 @@ def test_every_package_surface_resolves() -> None:
         package = importlib.import_module(info.name)
         missing = [name for name in getattr(package, "__all__", []) if not hasattr(package, name)]
         assert missing == [], info.name
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in helper modules (``tests/*_helpers.py``, ``tests/toy_*.py``)."""
+    imports = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        imports += [
+            f"{path.relative_to(ROOT)} imports {t}" for t in _imported(path) if t.split(".")[-1].startswith("test_")
+        ]
+    assert imports == []

@@ -39,6 +39,6 @@ def test_a_test_over_the_budget_fails_unless_it_is_listed(
 
 def test_every_test_has_its_group() -> None:
     assert suite._group("tests/integration/test_ray_cluster.py::test_x") == RAY
-    assert suite._group("tests/unit/test_codes.py::test_y[a]") == "tests/unit/test_codes.py"
+    assert suite._group("tests/unit/protocol/test_codes.py::test_y[a]") == "tests/unit/protocol/test_codes.py"
     assert all(suite._group(f"{module}::test_z") is None for module in SPREAD)
     assert all(prefix.startswith("tests/") for prefix in GROUPS)

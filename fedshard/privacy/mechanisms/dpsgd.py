@@ -6,7 +6,7 @@ per-sample clipping, Gaussian noise). The site reserves the planned cost in its 
 *before* training and checks afterwards that the task took exactly the planned steps.
 
 The noise comes from a cryptographically secure source keyed by the operating system
-(:mod:`fedshard.privacy._secure_noise`: ChaCha20, sampled against the floating-point
+(:mod:`fedshard.privacy.secure_noise`: ChaCha20, sampled against the floating-point
 attacks on Gaussian samplers), never from the federation's seed: the coordinator knows
 that seed, and noise it could predict it could subtract.
 """
@@ -20,9 +20,9 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from fedshard.errors import PrivacyError
-from fedshard.privacy._secure_noise import install as install_secure_noise
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.mechanisms._shares import RoundShape, Sharing, noise_share
+from fedshard.privacy.secure_noise import install as install_secure_noise
 
 if TYPE_CHECKING:
     import numpy as np

@@ -5,7 +5,7 @@ One release per round is one Gaussian mechanism with sensitivity ``clip_norm`` a
 noise ``σ · clip_norm``; the ledger records it as an event with sample rate 1 (a site
 cannot count on being sampled by the coordinator: that is the coordinator's choice).
 The noise comes from a cryptographically secure source keyed by the operating system
-(:class:`~fedshard.privacy._secure_noise.SecureGaussian`), never from the federation's seed.
+(:class:`~fedshard.privacy.secure_noise.SecureGaussian`), never from the federation's seed.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fedshard.privacy._secure_noise import SecureGaussian
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.mechanisms._shares import RoundShape, Sharing
+from fedshard.privacy.secure_noise import SecureGaussian
 
 __all__ = ["GaussianUpdate", "UpdateNoise", "clip_and_noise", "update_event"]
 
@@ -37,7 +37,7 @@ def clip_and_noise(
 
     Returns the noised update (same dtypes) and the update's norm before clipping.
     ``rng`` is for tests only (reproducible noise); by default the noise is
-    :class:`~fedshard.privacy._secure_noise.SecureGaussian`'s.
+    :class:`~fedshard.privacy.secure_noise.SecureGaussian`'s.
     """
     source = SecureGaussian() if rng is None else None
     norm = math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in update.values()))

@@ -134,7 +134,7 @@ def end_call(context: grpc.ServicerContext, code: RefusalCode, reason: str) -> N
     ``ServicerContext.cancel`` alone ends the call as CANCELLED; the call object under
     it can cancel with a status (grpc's core sends it as the call's trailers). That
     object is not public API, so a grpc without it falls back to the plain cancel
-    (tests/unit/test_zone_guard.py checks which one runs).
+    (tests/unit/zone/test_zone_guard.py checks which one runs).
     """
     call = getattr(getattr(context, "_rpc_event", None), "call", None)
     cancel = getattr(call, "cancel", None)

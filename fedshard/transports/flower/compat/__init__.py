@@ -14,7 +14,7 @@ in one package, listed in :data:`INTERNALS`.
 Every patch checks the release first and, where it can, the behaviour it relies on (a
 state built as Flower builds it, a parser fed the option it needs); on any other Flower it
 falls back to Flower's stock path and says why in one line. Nothing outside this package
-names a Flower internal (``tests/unit/test_flower_compat.py`` holds every module to it).
+names a Flower internal (``tests/unit/transports/test_flower_compat.py`` holds every module to it).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from fedshard.aggregation import ServerOptimizer
-from fedshard.aggregation.server_rules import RULES, Hyper, Slots, register
+from fedshard.aggregation.server_rules import RULES, register
 from fedshard.errors import ConfigError
+from tests.toy_parts import SignMomentum
 
 
 def _params() -> dict[str, np.ndarray]:
@@ -55,18 +56,6 @@ def test_every_site_computes_the_same_bits() -> None:
 
 def test_describe_names_the_rule() -> None:
     assert ServerOptimizer("momentum", 0.5).describe().startswith("momentum:lr=0.5")
-
-
-class SignMomentum:
-    """A toy rule of a task's own: m ← β₁ m + Δ; θ ← θ + η sign(m)."""
-
-    name = "sign-momentum"
-
-    def step(self, delta: np.ndarray, slots: Slots, hyper: Hyper) -> np.ndarray:
-        m = slots.get("m") * hyper.beta1 + delta
-        slots.set("m", m)
-        step: np.ndarray = np.sign(m) * hyper.learning_rate
-        return step
 
 
 def test_a_new_rule_is_one_class_and_one_registration() -> None:

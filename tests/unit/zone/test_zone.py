@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,45 +22,33 @@ from fedshard.errors import (
     ShardError,
     ZoneError,
 )
-from fedshard.integrity import Manifest, merkle_root, shard_digest
+from fedshard.integrity import merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
 from fedshard.zone._push import PushSession
 from fedshard.zone._staging import ByteBudget
 from fedshard.zone.aggregator import ZoneAggregator
-from tests import zone_helpers
-from tests.zone_helpers import BASE, TOKEN, Shards, assert_weighted_mean, random_update
+from tests.zone_helpers import (
+    BASE,
+    ONE_ZONE,
+    ONE_ZONE_SITES,
+    ONE_ZONE_WEIGHTS,
+    SMALL_PLAN,
+    TOKEN,
+    Shards,
+    assert_weighted_mean,
+    one_zone_manifest,
+    random_update,
+)
 
-ZONE = "eu-1"
-SITES = ("site-a", "site-b", "site-c")
+ZONE, SITES, PLAN, WEIGHTS = ONE_ZONE, ONE_ZONE_SITES, SMALL_PLAN, ONE_ZONE_WEIGHTS
 GOOD_SITE = "site-c"
-
-
-def make_plan() -> ShardPlan:
-    # w (6, 8) -> 4 shards of (4, 4) and (2, 4); b (5,) -> (4, 1) and (1, 1).
-    return ShardPlan.from_state_dict(
-        {"w": np.zeros((6, 8), np.float32), "b": np.zeros(5, np.float32)},
-        tile=(4, 4),
-    )
-
-
-PLAN = make_plan()
+manifest_for = one_zone_manifest
 
 
 def make_update(seed: int, plan: ShardPlan = PLAN) -> Shards:
     return random_update(seed, plan)
-
-
-WEIGHTS = {"site-a": 1.0, "site-b": 3.0, GOOD_SITE: 2.0}  # what round 1 fixes for each site
-
-
-def manifest_for(site: str, shards: Shards, **kwargs: Any) -> Manifest:
-    """``site``'s manifest for ``shards`` at ZONE, with the weight round 1 fixed for it unless told."""
-    kwargs.setdefault("weight", WEIGHTS.get(site, 1.0))
-    kwargs.setdefault("plan", PLAN)
-    kwargs.setdefault("zone", ZONE)
-    return zone_helpers.manifest_for(site, shards, **kwargs)
 
 
 def open_zone(plan: ShardPlan = PLAN, **kwargs: object) -> ZoneAggregator:

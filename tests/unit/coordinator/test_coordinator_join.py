@@ -10,7 +10,7 @@ from fedshard.config import load_federation
 from fedshard.coordinator.coordinator import JOIN_QUERIES, Coordinator
 from fedshard.protocol.messages import SiteInfo
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Gateway:

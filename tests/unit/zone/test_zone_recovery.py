@@ -19,8 +19,16 @@ from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.recovery import DISCARDED_DIR, repair_audit_tail
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.service import serve
-from tests.unit.test_zone import PLAN, SITES, WEIGHTS, ZONE, make_update, manifest_for
-from tests.zone_helpers import BASE, TOKEN
+from tests.zone_helpers import BASE, TOKEN, random_update
+from tests.zone_helpers import ONE_ZONE as ZONE
+from tests.zone_helpers import ONE_ZONE_SITES as SITES
+from tests.zone_helpers import ONE_ZONE_WEIGHTS as WEIGHTS
+from tests.zone_helpers import SMALL_PLAN as PLAN
+from tests.zone_helpers import one_zone_manifest as manifest_for
+
+
+def make_update(seed: int) -> dict[str, np.ndarray]:
+    return random_update(seed, PLAN)
 
 
 def _open(zone: ZoneAggregator, rnd: int) -> None:
@@ -204,12 +212,13 @@ def test_a_reducing_zone_that_restarts_has_lost_the_forwarded_sums_and_refuses_t
     from dataclasses import replace
 
     from fedshard.integrity import build_manifest
-    from tests.unit.test_zone_forward import PLAN as FPLAN
-    from tests.unit.test_zone_forward import SITES as FSITES
     from tests.zone_helpers import FORWARD_WEIGHTS, random_update, reducing_policy
+    from tests.zone_helpers import SMALL_PLAN as FPLAN
 
-    spec = RoundSpec(1, TOKEN, FPLAN.to_json(), BASE, FSITES, weights=FORWARD_WEIGHTS)
-    policy = reducing_policy(FPLAN, FSITES)
+    fsites = ("site-a", "site-b")  # the forwarding tests' two sites
+
+    spec = RoundSpec(1, TOKEN, FPLAN.to_json(), BASE, fsites, weights=FORWARD_WEIGHTS)
+    policy = reducing_policy(FPLAN, fsites)
     reducer = {"eu-1": ZoneAggregator("eu-1", "EU", store_dir=tmp_path, residency=policy)}
 
     class Link:  # us-1's client of whichever eu-1 process is running

@@ -37,7 +37,7 @@ def test_tables_at_80_columns_wrap_identifiers_and_never_cut_them() -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "COLUMNS": "80", "FLWR_TELEMETRY_ENABLED": "0"}
     args = ["route", "explain", "--config", "configs/demo.yaml", "--site", "charite-berlin"]
     shown = subprocess.run(

@@ -19,14 +19,22 @@ from fedshard.aggregation import error_bound
 from fedshard.errors import PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import GLOBAL_GROUP, PartialEntry, PartialSum, RoundSpec
-from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.frames import shard_chunks
-from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, partial_from, random_update, reducing_policy
+from tests.zone_helpers import (
+    BASE,
+    FORWARD_WEIGHTS,
+    SMALL_PLAN,
+    TOKEN,
+    Shards,
+    partial_from,
+    random_update,
+    reducing_policy,
+)
 
 SITES = ("site-a", "site-b")
 UNIT = max(w for _, w in FORWARD_WEIGHTS)
-PLAN = ShardPlan.from_state_dict({"w": np.zeros((6, 8), np.float32), "b": np.zeros(5, np.float32)}, tile=(4, 4))
+PLAN = SMALL_PLAN
 
 
 def sums(seed: int) -> Shards:

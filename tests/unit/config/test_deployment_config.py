@@ -13,7 +13,7 @@ from fedshard.deploy._flower import superlink_command, supernode_command
 from fedshard.deploy.app import build_app, write_run_config
 from fedshard.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_layout_resolves_paths_against_each_file() -> None:

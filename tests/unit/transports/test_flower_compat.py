@@ -11,7 +11,7 @@ from pathlib import Path
 from fedshard.transports.flower.compat import INTERNALS, missing_internals
 from fedshard.transports.flower.compat._release import SUPPORTED
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "fedshard"
 COMPAT = PACKAGE / "transports" / "flower" / "compat"
 PUBLIC = ("flwr.app", "flwr.clientapp", "flwr.serverapp", "flwr.simulation", "flwr.common")

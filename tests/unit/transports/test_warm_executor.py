@@ -15,7 +15,7 @@ import pytest
 from fedshard.deploy.site import plan_site
 from fedshard.transports.flower.compat import supernode, waits, warm_checks, warm_executor
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_installed_flower_has_the_internals_the_warm_executor_relies_on() -> None:

@@ -19,7 +19,7 @@ from fedshard.site._release import push_update
 from fedshard.site._retry import Retry, held_push
 from fedshard.site.routes import SiteRouting
 from fedshard.zone.rpc.client import GrpcZoneClient
-from tests.unit.test_site_release import _message
+from tests.zone_helpers import train_instruction
 
 
 class _Clock:
@@ -127,7 +127,7 @@ class _Flaky:
 def _push(zone: _Flaky) -> list[ZonePush]:
     payload = {"s0": np.zeros(4, np.float32)}
     routing = SiteRouting({"s0": RouteDecision("s0", "public", "test", "test", ["*"], "zone-a")}, "policy")
-    message = _message(("zone-a",))
+    message = train_instruction(("zone-a",))
     return push_update(
         payload,
         routing,

@@ -5,69 +5,18 @@ in one line; a coordinator cannot switch a site to another mechanism than its ow
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from fedshard.config import BudgetConfig, PrivacyConfig
 from fedshard.errors import ConfigError, PrivacyError
-from fedshard.privacy._secure_noise import SecureGaussian
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.mechanisms import MECHANISMS, Mechanism, RoundShape, Sharing, mechanism, register
 from fedshard.privacy.mechanisms.gaussian_update import update_event
 from fedshard.protocol.messages import UpdatePlan
 from fedshard.site.terms import PrivacyTerms
-
-
-class PerTensorNoise:
-    """One round of :class:`PerTensorGaussian`."""
-
-    training = None
-    released: ClassVar[list[float]] = []  # what each release's norm was before the noise, for tests
-
-    def __init__(self, clip: float, added: float) -> None:
-        self.clip, self.added = clip, added
-
-    def verify(self) -> None:
-        """Nothing to check before release."""
-
-    def release(self, update: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Each of the ``k`` tensors clipped to ``clip/√k`` (so the whole update stays within
-        ``clip``), then Gaussian noise of ``added × clip``."""
-        bound = self.clip / math.sqrt(len(update))
-        out, clipped = {}, 0.0
-        for name, values in update.items():
-            norm = float(np.linalg.norm(values.astype(np.float64)))
-            scaled = values * (min(1.0, bound / norm) if norm > 0 else 1.0)
-            clipped += float(np.square(scaled, dtype=np.float64).sum())
-            noise = SecureGaussian().normal(self.added * self.clip, values.size).reshape(values.shape)
-            out[name] = (scaled + noise).astype(values.dtype)
-        PerTensorNoise.released.append(math.sqrt(clipped))
-        return out
-
-
-class PerTensorGaussian:
-    """A task's own update-level mechanism: per-tensor clipping, the Gaussian mechanism's cost."""
-
-    name = "per-tensor"
-    guarantee = Guarantee.UPDATE
-
-    def event(self, shape: RoundShape, noise_multiplier: float) -> DPEvent:
-        return update_event(noise_multiplier)
-
-    def start(self, planned: DPEvent, clip: float, sharing: Sharing) -> PerTensorNoise:
-        return PerTensorNoise(clip, planned.noise_multiplier * sharing.share())
-
-
-@pytest.fixture
-def per_tensor() -> Iterator[PerTensorGaussian]:
-    toy = PerTensorGaussian()
-    register(toy)
-    PerTensorNoise.released.clear()
-    yield toy
-    MECHANISMS.remove(toy.name)
+from tests.toy_parts import PerTensorGaussian
 
 
 def test_the_built_in_mechanisms_follow_the_protocol_one_per_guarantee() -> None:

@@ -11,7 +11,7 @@ from fedshard.assembly.routing import explain_routes
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
 
 
 def _three_zones(**extra: object) -> FederationConfig:

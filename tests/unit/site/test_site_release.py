@@ -15,6 +15,7 @@ from fedshard.protocol.rounds import PushReceipt, ShardPayload
 from fedshard.residency.router import RouteDecision
 from fedshard.site._release import push_update
 from fedshard.site.routes import SiteRouting
+from tests.zone_helpers import train_instruction
 
 ZONES = ("zone-a", "zone-b", "zone-c")
 PAYLOAD = {f"s{i}": np.full(4, float(i), dtype=np.float32) for i in range(6)}
@@ -28,17 +29,7 @@ def _routing() -> SiteRouting:
 
 
 def _message(zones: tuple[str, ...] = ZONES) -> TrainInstruction:
-    return TrainInstruction(
-        round=1,
-        token="tok",
-        base_version="0" * 64,
-        missed=[],
-        zones={z: f"{z}:1" for z in zones},
-        epochs=1,
-        batch_size=1,
-        learning_rate=0.1,
-        seed=0,
-    )
+    return train_instruction(zones)
 
 
 class _Zones:

@@ -1,4 +1,4 @@
-"""DP-SGD noise from a cryptographically secure source (fedshard.privacy._secure_noise)."""
+"""DP-SGD noise from a cryptographically secure source (fedshard.privacy.secure_noise)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedshard.privacy._secure_noise import SecureGaussian
 from fedshard.privacy.mechanisms.dpsgd import RecordPrivacy, planned_record_event
+from fedshard.privacy.secure_noise import SecureGaussian
 
 
 def test_the_noise_is_gaussian_with_the_asked_deviation_and_never_repeats() -> None:

@@ -14,6 +14,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant  # type: ignore[impo
 from fedshard.errors import PrivacyError
 from fedshard.privacy.accountant import AccountantKind, calibrate_noise, epsilon, merge_events
 from fedshard.privacy.events import DPEvent, Guarantee
+from tests.toy_parts import ZeroConcentrated
 
 RDP = AccountantKind.RDP
 PRV = AccountantKind.PRV
@@ -142,20 +143,6 @@ def test_importing_the_accountant_does_not_import_opacus() -> None:
     code = "import sys, fedshard.privacy.accountant, fedshard.privacy.ledger; print('opacus' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
-
-
-class ZeroConcentrated:
-    """A toy accountant of a test's own: Gaussian zCDP without subsampling amplification
-    (ρ = Σ steps / 2σ², ε = ρ + 2√(ρ ln 1/δ)): a valid, loose bound, and one class."""
-
-    name = "zcdp"
-    opacus_name: str | None = None  # Opacus cannot calibrate for it: fedshard bisects
-
-    def epsilon(self, merged: tuple[tuple[float, float, int], ...], delta: float) -> float:
-        import math
-
-        rho = sum(steps / (2 * sigma**2) for sigma, _, steps in merged)
-        return rho + 2 * math.sqrt(rho * math.log(1 / delta))
 
 
 def test_a_new_accountant_is_one_class_and_one_registration(tmp_path) -> None:  # type: ignore[no-untyped-def]

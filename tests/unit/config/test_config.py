@@ -10,7 +10,7 @@ import yaml
 from fedshard.config import FederationConfig, load_federation
 from fedshard.errors import ConfigError
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
 
 
 def _base() -> dict:
