@@ -49,7 +49,7 @@ FetchTensor = Callable[[str], np.ndarray]
 
 @dataclass(slots=True)
 class StreamStats:
-    """Counters of a stream since it was made (or since :meth:`WeightStream.reset_stats`)."""
+    """Counters of a stream since it was made."""
 
     fetches: int = 0  # tensors fetched (ahead or on the spot)
     misses: int = 0  # tensors fetched on the spot after the schedule was complete
@@ -196,14 +196,6 @@ class WeightStream:
             if schedule.keys[pos] == key:
                 return pos
         return None
-
-    # housekeeping ---------------------------------------------------------------------------------
-    def reset_stats(self) -> None:
-        """Zero the counters (the peaks restart from what is resident now)."""
-        self.stats = StreamStats()
-        with self._lock:
-            self.peak_resident = self.resident
-            self.peak_bytes = self.resident_bytes
 
     def schedule(self, mode: str) -> list[Key]:
         """The keys recorded for ``mode`` (empty if none yet)."""

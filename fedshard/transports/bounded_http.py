@@ -134,11 +134,6 @@ class BoundedHttpServer:
         self._thread = threading.Thread(target=self._run, name=f"http-{self.port}", daemon=True)
         self._thread.start()
 
-    @property
-    def open_connections(self) -> int:
-        """Connections accepted and not yet closed (read from the loop's thread: approximate)."""
-        return len(self._connections)
-
     def close(self) -> None:
         """Stop serving: close every connection and the port."""
         self._stop.set()
