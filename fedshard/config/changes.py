@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from fedshard.config._models import FederationConfig
 from fedshard.errors import ConfigError
+from fedshard.integrity.canonical import canonical_json
 
 __all__ = ["ConfigChange", "check_change", "check_fixed", "fixed_digests", "membership_digest"]
 
@@ -140,7 +141,7 @@ def membership_digest(config: FederationConfig) -> str:
         "residency": config.residency.model_dump(mode="json"),
         "reducing_zone": config.reducing_zone,
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(parts)).hexdigest()
 
 
 def fixed_digests(config: FederationConfig) -> dict[str, str]:
