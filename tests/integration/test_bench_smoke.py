@@ -245,7 +245,8 @@ def _site_overhead_shown(h: dict[str, Any], section: str) -> None:
 def _llm_stream(h: dict[str, Any]) -> None:
     # --quick: the small model, whose base (11.6 MB) is dwarfed by torch's own memory: the
     # fractions are noise there; the step ratios too under load (no timing is asserted)
-    assert 0 < h["streamed_step_ratio"] < 20 and 0 < h["fp8_step_ratio"] < 20  # a ratio, not a timing goal
+    # ratios of step times: measured and positive (a bound would be a timing goal, noisy on a shared machine)
+    assert all(0 < h[key] < math.inf for key in ("streamed_step_ratio", "fp8_step_ratio"))
     assert h["base_fp32_bytes"] > 1e6 and h["fetch_ns_per_value"] > 0
     assert h["step_ratio_floor_2_cores"] > 1 and h["base_memory_fraction"] > 0
 
