@@ -36,6 +36,7 @@ class How(StrEnum):
     SUITE = "suite"  # run as pasted by `make test`
     SLOW = "slow"  # run as pasted by `make test-readme` only
     MAKE = "make"  # `make` targets: the walk runs `make demo`'s recipe first; `make test` is the suite itself
+    CONTAINERS = "containers"  # docker commands: `make test-containers` runs them (tests/containers/)
 
 
 PLAN: dict[str, tuple[How, str]] = {
@@ -49,12 +50,13 @@ PLAN: dict[str, tuple[How, str]] = {
     "Run across machines #1": (How.SLOW, "a deployment of 5 rounds: about 2 minutes"),
     "Run across machines #2": (How.SLOW, "upgrades the keys the block before wrote"),
     "Growing a deployed federation #1": (How.SLOW, "a deployment of 20 rounds that grows: about 2 minutes"),
+    "Run in containers #1": (How.CONTAINERS, "docker: make test-containers builds the image and runs this federation"),
     "Development #1": (How.MAKE, "the developer's make targets: make test is this suite"),
 }
 """Each bash block of the README (``heading #n``: its n-th block under that heading) → how the
 suite runs it, and why not in ``make test`` where it does not."""
 
-BLOCK_TIMEOUT_S = {How.SUITE: 300.0, How.SLOW: 2400.0, How.MAKE: 300.0}
+BLOCK_TIMEOUT_S = {How.SUITE: 300.0, How.SLOW: 2400.0, How.MAKE: 300.0, How.CONTAINERS: 900.0}
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ def walk(folder: Path, *, slow: bool) -> Walk:
         return done
     for block in blocks():
         how = block.how
-        if how is How.MAKE or (how is How.SLOW and not slow):
+        if how in (How.MAKE, How.CONTAINERS) or (how is How.SLOW and not slow):
             continue
         if done.run(block.key, block.text, how).proc.returncode != 0:
             break

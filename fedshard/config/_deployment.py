@@ -42,7 +42,8 @@ class AggregatorDeployment(_Model):
         default_factory=list, description="extra DNS names/IPs for the SuperLink certificate (its address's host is in)"
     )
     zones: list[Annotated[str, Field(pattern=_NAME)]] | None = Field(
-        None, description="zones this host runs (default: every zone of the federation)"
+        None,
+        description="zones this host runs (default: every zone of the federation; []: none, each runs on its own host)",
     )
     tls: bool = Field(True, description="TLS and SuperNode authentication; false needs `--insecure`")
     wait_s: float = Field(300.0, gt=0, description="how long to wait for federation.min_sites sites to connect")

@@ -265,7 +265,8 @@ class AggregatorHost:
 
     def _hosted(self, config: FederationConfig) -> list[ZoneConfig]:
         """The zones of ``config`` this host runs (``deployment.zones``, default: all)."""
-        return [z for z in config.zones if z.name in (self.dep.zones or [z.name for z in config.zones])]
+        hosted = self.dep.zones if self.dep.zones is not None else [z.name for z in config.zones]
+        return [z for z in config.zones if z.name in hosted]
 
     def _start_zones(self, hosted: list[ZoneConfig] | None = None) -> None:
         """Start ``hosted`` (default: every zone this host runs) and wait until each listens."""
@@ -497,7 +498,10 @@ class AggregatorHost:
                     self.config,
                     result,
                     "deployment",
-                    zone_details(self.state.zones, self.keys.coordinator if self.tls else None),
+                    zone_details(  # every zone of the run, those on other hosts too
+                        {z.name: {"endpoint": z.endpoint} for z in self.config.zones},
+                        self.keys.coordinator if self.tls else None,
+                    ),
                     None,
                     time.perf_counter() - self._started,
                 )

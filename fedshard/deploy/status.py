@@ -160,7 +160,8 @@ def render_status(config: FederationConfig, state: HostState, running: bool | No
 
 def zone_details(zones: dict[str, dict[str, Any]], tls: TlsFiles | None) -> list[dict[str, Any]]:
     """Each zone's counters, residency role and audit head as it reports them over ``Info``
-    (``zones``: :attr:`HostState.zones`); a zone that does not answer is an entry with its ``error``."""
+    (``zones``: name → ``{"endpoint": …}``, as :attr:`HostState.zones` has them); a zone that does not
+    answer is an entry with its ``error``."""
     from fedshard.zone.rpc.client import GrpcZoneClient
 
     out = []

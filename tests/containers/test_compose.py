@@ -1,0 +1,96 @@
+"""The README's example federation as containers (``deploy/compose.yaml``), from the image this
+checkout builds: ``make test-containers`` (FEDSHARD_CONTAINERS=1) runs it; ``make test`` skips it.
+
+One run, read by every assertion: keys made once and handed out per container, three zones and
+the aggregator, four sites each in its own container; one site killed mid-run comes back by its
+restart policy and catches up; the run ends after its rounds and its summary is read from the
+aggregator's volume on the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+
+from tests.container_helpers import ROOT, WORK, build_image, docker_daemon, run, tools_missing
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("FEDSHARD_CONTAINERS") != "1", reason="`make test-containers` runs it"),
+    pytest.mark.skipif(tools_missing() is not None, reason=str(tools_missing())),
+]
+
+COMPOSE = ROOT / "deploy" / "compose.yaml"
+PROJECT = "fedshard-test"
+SITES = ("charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore")
+CRASHED = "sgh-singapore"
+Compose = Callable[..., CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def compose() -> Iterator[Compose]:
+    """``docker-compose`` on the test project, the image built from this checkout; everything it
+    started (containers, network, volumes) is removed after, and the daemon stopped if started here."""
+    with docker_daemon():
+        env = {**os.environ, "FEDSHARD_IMAGE": build_image()}
+
+        def dc(*args: str, **kwargs: Any) -> CompletedProcess[str]:
+            return run("docker-compose", "-p", PROJECT, "-f", str(COMPOSE), *args, env=env, **kwargs)
+
+        dc("down", "-v", "--remove-orphans", check=False)
+        try:
+            yield dc
+        finally:
+            WORK.mkdir(parents=True, exist_ok=True)
+            (WORK / "compose.log").write_text(dc("logs", "--no-color", check=False).stdout)
+            dc("down", "-v", "--remove-orphans", check=False, timeout=120)
+
+
+def _container(dc: Compose, service: str) -> str:
+    return dc("ps", "-q", service).stdout.strip()
+
+
+def _rounds_done(dc: Compose) -> int:
+    out = dc("exec", "-T", "aggregator", "sh", "-c", "cat /state/run-*/events.jsonl 2>/dev/null", check=False).stdout
+    return sum(1 for line in out.splitlines() if line.strip() and json.loads(line).get("event") == "round")
+
+
+def test_the_compose_federation_runs_and_a_killed_site_comes_back(compose: Compose, tmp_path: Path) -> None:
+    dc = compose
+    dc("up", "-d", timeout=600)
+    # every site sees its own keys and nothing else
+    for site in SITES:
+        assert dc("exec", "-T", site, "ls", "/keys").stdout.split() == [site]
+        listed = set(dc("exec", "-T", site, "ls", "-A", f"/keys/{site}").stdout.split())
+        assert f"{site}.pem" in listed and "supernode.key" in listed, listed
+        assert not any(name.endswith(".pem") and name not in {"ca.pem", f"{site}.pem"} for name in listed), listed
+    # one site's `site up` killed once a round is in: its container exits, its restart policy brings it back
+    deadline = time.monotonic() + 300
+    while _rounds_done(dc) < 1:
+        assert time.monotonic() < deadline, dc("logs", "--tail", "50", check=False).stdout
+        time.sleep(2)
+    crashed = _container(dc, CRASHED)
+    kill = "import os, signal; os.kill(int(open('/proc/1/task/1/children').read().split()[0]), signal.SIGKILL)"
+    run("docker", "exec", crashed, "python3", "-c", kill)  # `site up` (init's child) dies: the container exits
+    # the run ends after its rounds: the aggregator exits
+    aggregator = _container(dc, "aggregator")
+    status = run("docker", "wait", aggregator, timeout=420).stdout.strip()
+    assert status == "0", dc("logs", "--tail", "80", "aggregator", check=False).stdout
+    restarts = run("docker", "inspect", "-f", "{{.RestartCount}}", crashed).stdout.strip()
+    assert int(restarts) >= 1
+    run("docker", "cp", f"{aggregator}:/state", str(tmp_path / "state"))
+    summary = json.loads(next((tmp_path / "state").glob("run-*/summary.json")).read_text())
+    history = summary["history"]
+    assert summary["rounds"] == 5 and not summary["stopped_reason"], summary["stopped_reason"]
+    assert all(len(h["sites"]) >= 3 for h in history)
+    assert CRASHED in history[-1]["sites"], history  # back, caught up, and trained again
+    # residency: EU personal shards only at the EU zone, and nothing refused
+    zones = {z["name"]: z for z in summary["zones"]}
+    assert zones["eu-central"]["shards_by_class"]["personal from EU"] > 0
+    assert not any("from EU" in k for name in ("us-east", "sg-central") for k in zones[name]["shards_by_class"])
+    assert all(z["refused"] == 0 for z in zones.values())
