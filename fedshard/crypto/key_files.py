@@ -11,10 +11,22 @@ from pathlib import Path
 from fedshard._fs import fsync_dir
 from fedshard.errors import PkiError
 
-__all__ = ["CERT_MODE", "KEY_MODE", "refuse_existing", "write_files"]
+__all__ = ["CERT_MODE", "KEY_MODE", "loose_key", "refuse_existing", "write_files"]
 
 KEY_MODE = 0o600
 CERT_MODE = 0o644
+
+
+def loose_key(paths: Iterable[Path]) -> str | None:
+    """The first of ``paths`` (private keys) that other users may read or write, as one line
+    saying how to mend it; None when every one is private to its owner (or not POSIX)."""
+    if os.name != "posix":
+        return None
+    for path in paths:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            return f"{path} is accessible to other users (mode {mode:o}): chmod 600 {path}"
+    return None
 
 
 def refuse_existing(paths: Iterable[Path], force: bool) -> None:

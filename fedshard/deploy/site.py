@@ -26,7 +26,7 @@ from typing import Literal
 
 from fedshard.config import SiteLocalConfig, load_deployed_site
 from fedshard.config.layout import SiteBundle
-from fedshard.crypto.key_files import KEY_MODE, write_files
+from fedshard.crypto.key_files import KEY_MODE, loose_key, write_files
 from fedshard.deploy._flower import flower_env, supernode_command
 from fedshard.deploy._processes import Child, spawn
 from fedshard.errors import ConfigError
@@ -151,6 +151,10 @@ def plan_site(site_config: Path, *, insecure: bool = False, executor: Executor |
             f"{missing[0]} is missing: deployment.keys must be this site's bundle from `fedshard keys init` "
             f"(keys/sites/{local.site.id})"
         )
+    private = [p for p in needed if p.suffix in (".key", ".kek", ".ctx")]  # what keys init writes mode 600
+    loose = loose_key(private)
+    if loose is not None:  # a bundle copied or mounted with loose permissions
+        raise ConfigError(loose)
     state_dir = local.site.state_dir
     command = supernode_command(
         superlink=dep.superlink,

@@ -96,6 +96,14 @@ def site_config(site_id: str = "charite-berlin", jurisdiction: str = "EU", **dep
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def loose_bundle(work: Path) -> None:
+    """A deployed site whose bundle was copied (or mounted) with its signing key readable by all."""
+    files({"fed.yaml": federation(**DEPLOYED), "site.yaml": site_config()})(work)
+    keys_init = [*FEDSHARD, "keys", "init", "--config", "fed.yaml", "--out", "keys"]
+    subprocess.run(keys_init, cwd=work, check=True, capture_output=True)
+    (work / "keys" / "sites" / "charite-berlin" / "signing.key").chmod(0o644)
+
+
 def files(contents: dict[str, str | bytes]) -> Prepare:
     """Write files: path (under the work folder) → text or bytes."""
 
@@ -660,6 +668,12 @@ CASES = [
         "site up --config site.yaml",
         "keys init",
         files({"fed.yaml": federation(**DEPLOYED), "site.yaml": site_config()}),
+    ),
+    case(
+        "site-keys-loose",
+        "site up --config site.yaml",
+        "keys/sites/charite-berlin/signing.key is accessible to other users (mode 644): chmod 600",
+        loose_bundle,
     ),
     case(
         "site-missing-federation",
