@@ -8,8 +8,7 @@ from __future__ import annotations
 from fedshard.aggregation.server_rules import rule as server_rule
 from fedshard.config import FederationConfig
 from fedshard.privacy.accountants import accountant
-from fedshard.privacy.events import Guarantee
-from fedshard.privacy.mechanisms import mechanism
+from fedshard.privacy.mechanisms import check_configured
 
 __all__ = ["check_parts"]
 
@@ -21,7 +20,4 @@ def check_parts(config: FederationConfig) -> None:
     privacy = config.privacy
     if privacy.enabled:
         accountant(privacy.record_level.accountant)
-    if privacy.record_level.enabled:
-        mechanism(privacy.record_level.mechanism, Guarantee.RECORD)
-    if privacy.update_level.enabled:
-        mechanism(privacy.update_level.mechanism, Guarantee.UPDATE)
+    check_configured(privacy)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -29,6 +28,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from fedshard.crypto.key_files import loose_key
 from fedshard.errors import StoreError, StoreKeyError
 
 __all__ = [
@@ -161,7 +161,7 @@ def load_kek(path: Path | None = None, *, env: str = KEK_ENV, store_root: Path |
         )
     check_key_location(path, store_root)
     try:
-        mode = path.stat().st_mode
+        loose = loose_key([path])
         text = path.read_text()
     except FileNotFoundError:
         raise StoreKeyError(
@@ -170,8 +170,8 @@ def load_kek(path: Path | None = None, *, env: str = KEK_ENV, store_root: Path |
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise StoreKeyError(f"cannot read key file {path}: {exc}") from None
-    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise StoreKeyError(f"key file {path} is accessible to other users (mode {mode & 0o777:o}): chmod 600 {path}")
+    if loose is not None:
+        raise StoreKeyError(loose)
     return Kek.from_text(text, source=path, what=f"key file {path}")
 
 

@@ -25,7 +25,7 @@ def loose_key(paths: Iterable[Path]) -> str | None:
     for path in paths:
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
-            return f"{path} is accessible to other users (mode {mode:o}): chmod 600 {path}"
+            return f"key file {path} is accessible to other users (mode {mode:o}): chmod 600 {path}"
     return None
 
 

@@ -25,7 +25,7 @@ from fedshard.integrity.aggregate_signature import (
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import Guarantee
 from fedshard.privacy.ledger.spend import MAX_PROJECTED_ROUNDS
-from fedshard.privacy.mechanisms import MECHANISMS
+from fedshard.privacy.mechanisms import find, known
 from fedshard.protocol.rounds import AggregateSummary
 from fedshard.protocol.timings import PhaseSeconds, PhaseTimes
 from fedshard.residency.router import AggregateKey
@@ -165,10 +165,10 @@ class AppliedRound(_Msg):
 
 def _mechanism_of(guarantee: Guarantee, name: str) -> str:
     """``name`` if it is a registered mechanism giving ``guarantee`` (a site never runs one it does not know)."""
-    found = MECHANISMS.get(name)
-    if found is None or found.guarantee is not guarantee:
-        known = ", ".join(sorted(n for n, m in MECHANISMS.items() if m.guarantee is guarantee))
-        raise ValueError(f"{name[:40]!r} is not a {guarantee.value}-level DP mechanism this party knows ({known})")
+    if find(name, guarantee) is None:
+        raise ValueError(
+            f"{name[:40]!r} is not a {guarantee.value}-level DP mechanism this party knows ({known(guarantee)})"
+        )
     return name
 
 

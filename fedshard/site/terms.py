@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from fedshard.config import BudgetConfig, FederationConfig, PrivacyConfig
 from fedshard.errors import PrivacyError, RefusalCode
 from fedshard.privacy.accountant import AccountantKind
-from fedshard.privacy.events import Guarantee
-from fedshard.privacy.mechanisms import mechanism
+from fedshard.privacy.mechanisms import check_configured
 from fedshard.protocol.messages import PrivacyPlan, RecordPlan, UpdatePlan
 
 __all__ = ["PrivacyTerms"]
@@ -79,10 +78,7 @@ class PrivacyTerms:
 
     def __post_init__(self) -> None:
         """Refuse (:class:`~fedshard.errors.ConfigError`, one line) own mechanisms no one registered."""
-        if self.config.record_level.enabled:
-            mechanism(self.config.record_level.mechanism, Guarantee.RECORD)
-        if self.config.update_level.enabled:
-            mechanism(self.config.update_level.mechanism, Guarantee.UPDATE)
+        check_configured(self.config)
 
     @classmethod
     def of(cls, config: FederationConfig, site_id: str, cap: BudgetConfig | None = None) -> PrivacyTerms:

@@ -28,6 +28,8 @@ from fedshard.registry import Registry
 if TYPE_CHECKING:
     import numpy as np
 
+    from fedshard.config.privacy import PrivacyConfig
+
 __all__ = [
     "MECHANISMS",
     "Mechanism",
@@ -35,6 +37,9 @@ __all__ = [
     "RecordPrivacy",
     "RoundShape",
     "Sharing",
+    "check_configured",
+    "find",
+    "known",
     "mechanism",
     "noise_share",
     "register",
@@ -95,12 +100,32 @@ def register(new: Mechanism) -> None:
     MECHANISMS.register(new)
 
 
+def known(guarantee: Guarantee) -> str:
+    """The registered mechanisms giving ``guarantee``, by name, comma-separated (for one-line refusals)."""
+    return ", ".join(sorted(n for n, m in MECHANISMS.items() if m.guarantee is guarantee))
+
+
+def find(name: str, guarantee: Guarantee) -> Mechanism | None:
+    """The mechanism named ``name`` if it is registered and gives ``guarantee``; else None."""
+    found = MECHANISMS.get(name)
+    return found if found is not None and found.guarantee is guarantee else None
+
+
 def mechanism(name: str, guarantee: Guarantee) -> Mechanism:
     """The mechanism named ``name``, which must give ``guarantee``; :class:`ConfigError` in one
     line naming those that exist."""
-    found = MECHANISMS.get(name)
-    if found is not None and found.guarantee is guarantee:
+    found = find(name, guarantee)
+    if found is not None:
         return found
-    fitting = ", ".join(sorted(n for n, m in MECHANISMS.items() if m.guarantee is guarantee))
-    what = "no such DP mechanism" if found is None else f"a {found.guarantee.value}-level DP mechanism"
-    raise ConfigError(f"{_KEYS[guarantee]} {name!r}: {what}; {guarantee.value}-level ones: {fitting}")
+    other = MECHANISMS.get(name)
+    what = "no such DP mechanism" if other is None else f"a {other.guarantee.value}-level DP mechanism"
+    raise ConfigError(f"{_KEYS[guarantee]} {name!r}: {what}; {guarantee.value}-level ones: {known(guarantee)}")
+
+
+def check_configured(privacy: PrivacyConfig) -> None:
+    """Refuse (:class:`ConfigError`, one line) a mechanism that ``privacy`` turns on and no one
+    registered, or registered for the other guarantee."""
+    if privacy.record_level.enabled:
+        mechanism(privacy.record_level.mechanism, Guarantee.RECORD)
+    if privacy.update_level.enabled:
+        mechanism(privacy.update_level.mechanism, Guarantee.UPDATE)
