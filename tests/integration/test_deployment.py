@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,11 +82,7 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
         # An impostor: a valid site config and certificate, but a SuperNode key nobody registered.
         rogue = tmp_path / "rogue-keys" / "mayo-rochester"
         bundle = tmp_path / "keys" / "sites" / "mayo-rochester"
-        rogue.mkdir(parents=True)
-        for f in bundle.rglob("*"):
-            if f.is_file():
-                (rogue / f.relative_to(bundle)).parent.mkdir(parents=True, exist_ok=True)
-                (rogue / f.relative_to(bundle)).write_bytes(f.read_bytes())
+        shutil.copytree(bundle, rogue)  # modes kept: a bundle whose keys others may read is refused first
         (rogue / "supernode.key").unlink()
         generate_supernode_key(rogue / "supernode.key", tmp_path / "rogue.pub")
         rogue_cfg = yaml.safe_load(layout["mayo-rochester"].read_text())
