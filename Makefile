@@ -7,7 +7,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export GRPC_VERBOSITY := ERROR
 
-.PHONY: demo demo-flower test test-fast test-readme test-containers lint proto bench bench-dp report-images clean
+.PHONY: demo demo-flower test test-fast test-readme test-containers test-hosts lint proto bench bench-dp report-images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ test-containers: $(STAMP)
 	command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null \
 		|| DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose debootstrap
 	FEDSHARD_CONTAINERS=1 FEDSHARD_TEST_BUDGET_S=0 $(BIN)/python -m pytest -q -s tests/containers
+
+# The README's "On separate hosts" blocks, each party on its own host: network namespaces with
+# their own addresses and names, links shaped with tc tbf (Debian's iproute2 and iptables are
+# installed when missing; needs root)
+test-hosts: $(STAMP)
+	command -v ip >/dev/null && command -v tc >/dev/null && command -v iptables >/dev/null \
+		|| DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 iptables
+	FEDSHARD_HOSTS=1 FEDSHARD_TEST_BUDGET_S=0 $(BIN)/python -m pytest -q -s tests/hosts
 
 lint: $(STAMP)
 	$(BIN)/ruff check fedshard server clients tests bench

@@ -37,6 +37,7 @@ class How(StrEnum):
     SLOW = "slow"  # run as pasted by `make test-readme` only
     MAKE = "make"  # `make` targets: the walk runs `make demo`'s recipe first; `make test` is the suite itself
     CONTAINERS = "containers"  # docker commands: `make test-containers` runs them (tests/containers/)
+    HOSTS = "hosts"  # each on its own host: `make test-hosts` runs them (tests/hosts/)
 
 
 PLAN: dict[str, tuple[How, str]] = {
@@ -49,6 +50,11 @@ PLAN: dict[str, tuple[How, str]] = {
     "Fine-tune a large model (LoRA over a frozen base) #1": (How.SLOW, "pretrains its base first: about 3 minutes"),
     "Run across machines #1": (How.SLOW, "a deployment of 5 rounds: about 2 minutes"),
     "Run across machines #2": (How.SLOW, "upgrades the keys the block before wrote"),
+    "On separate hosts #1": (How.HOSTS, "the machine keeping the CA: make test-hosts runs it"),
+    "On separate hosts #2": (How.HOSTS, "each zone's host: make test-hosts runs it on three"),
+    "On separate hosts #3": (How.HOSTS, "the aggregator's host: make test-hosts runs it"),
+    "On separate hosts #4": (How.HOSTS, "each hospital's host: make test-hosts runs it on four"),
+    "On separate hosts #5": (How.HOSTS, "the aggregator's host after the run: make test-hosts runs it"),
     "Growing a deployed federation #1": (How.SLOW, "a deployment of 20 rounds that grows: about 2 minutes"),
     "Run in containers #1": (How.CONTAINERS, "docker: make test-containers builds the image and runs this federation"),
     "Development #1": (How.MAKE, "the developer's make targets: make test is this suite"),
@@ -56,7 +62,7 @@ PLAN: dict[str, tuple[How, str]] = {
 """Each bash block of the README (``heading #n``: its n-th block under that heading) → how the
 suite runs it, and why not in ``make test`` where it does not."""
 
-BLOCK_TIMEOUT_S = {How.SUITE: 300.0, How.SLOW: 2400.0, How.MAKE: 300.0, How.CONTAINERS: 900.0}
+BLOCK_TIMEOUT_S = {How.SUITE: 300.0, How.SLOW: 2400.0, How.MAKE: 300.0, How.CONTAINERS: 900.0, How.HOSTS: 900.0}
 
 
 @dataclass(frozen=True)
@@ -182,7 +188,7 @@ def walk(folder: Path, *, slow: bool) -> Walk:
         return done
     for block in blocks():
         how = block.how
-        if how in (How.MAKE, How.CONTAINERS) or (how is How.SLOW and not slow):
+        if how in (How.MAKE, How.CONTAINERS, How.HOSTS) or (how is How.SLOW and not slow):
             continue
         if done.run(block.key, block.text, how).proc.returncode != 0:
             break

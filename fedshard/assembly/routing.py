@@ -47,6 +47,7 @@ __all__ = [
     "model_classes",
     "router_for",
     "shard_protection",
+    "site_zones",
 ]
 
 _CLASSIFIED: dict[str, tuple[ShardPlan, dict[str, Classification]]] = {}
@@ -57,6 +58,24 @@ def router_for(config: FederationConfig) -> Router:
     """The federation's router: its policy over its zones (a drained zone is routed nothing)."""
     zones = [ZoneInfo(z.name, z.region) for z in config.zones if not z.drain]
     return Router(Policy.from_config(config.residency), zones, config.reducing_zone)
+
+
+def site_zones(config: FederationConfig, site_id: str) -> dict[str, list[str]]:
+    """The zones site ``site_id`` may push to (its first hop), each with the shard classes it
+    would send there: every built-in class and every class the config assigns, whether or not
+    the model has shards of it (no model is built: what a site checks before it starts)."""
+    from fedshard.config.residency import ShardClass
+
+    jurisdiction = config.site(site_id).jurisdiction
+    router = router_for(config)
+    classes = dict.fromkeys([*(c.value for c in ShardClass), *(r.shard_class for r in config.residency.classes)])
+    zones: dict[str, list[str]] = {}
+    for shard_class in classes:
+        decision = router.policy.decide(shard_class, jurisdiction, shard_protection(config, site_id, shard_class))
+        zone = router.zone_for(decision, jurisdiction)
+        if zone is not None:
+            zones.setdefault(zone, []).append(shard_class)
+    return zones
 
 
 def shard_protection(config: FederationConfig, site_id: str, shard_class: str = "") -> ShardProtection:

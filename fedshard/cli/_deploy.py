@@ -345,6 +345,7 @@ def _run_site(launch: SiteLaunch, retry_s: float, state: SiteState) -> None:
     """Run the site's SuperNode until interrupted, restarting it while its SuperLink refuses or
     is unreachable (at most ``retry_s``); ``state`` is kept current in the site's status file."""
     from fedshard.crypto.tls import describe_superlink
+    from fedshard.deploy.site import unreachable_zones
     from fedshard.deploy.site_status import write_site_state
 
     site = launch.config.site
@@ -363,6 +364,9 @@ def _run_site(launch: SiteLaunch, retry_s: float, state: SiteState) -> None:
         f"state {site.state_dir}; {launch.executor} executor; log {launch.log}",
         highlight=False,
     )
+    if launch.federation is not None:  # a firewall or a wrong name: said now, not at the first round
+        for line in unreachable_zones(launch.federation, site.id):
+            err_console.print(f"[yellow]warning: {escape(line)}[/]", highlight=False)
     sys.stdout.flush()
     deadline = time.monotonic() + retry_s
     while True:

@@ -65,7 +65,7 @@ def zone_up(
     from fedshard.observability.zone_metrics import ZoneCollector
     from fedshard.zone.rpc.service import serve
 
-    cfg = load_federation(config)
+    cfg = _with_public_context(load_federation(config))
     zc = _zone_config(cfg, zone, store, config)
     tls = _tls_files(cert, key, ca, insecure)
     _check_can_listen(zc.name, zc.endpoint, config)  # before the zone's store and audit log are touched
@@ -99,6 +99,18 @@ def zone_up(
     server.stop(grace=2.0).wait()
     aggregator.close()
     console.print(f"zone {zc.name} stopped")
+
+
+def _with_public_context(cfg: FederationConfig) -> FederationConfig:
+    """``cfg`` with ``he.keys`` where the aggregator's keys keep the public CKKS context, when it
+    encrypts, names no ``he.keys`` and has a ``deployment`` (a zone on its own host, handed the
+    aggregator's ``he/`` folder as `keys init` wrote it)."""
+    if not cfg.residency.encrypting or cfg.he.keys is not None or cfg.deployment is None:
+        return cfg
+    from fedshard.config.layout import KeysLayout
+
+    he = KeysLayout(cfg.deployment.keys).aggregator.he
+    return cfg.model_copy(update={"he": cfg.he.model_copy(update={"keys": he})})
 
 
 def _zone_config(cfg: FederationConfig, zone: str, store: Path | None, config: Path) -> ZoneConfig:

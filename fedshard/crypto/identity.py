@@ -23,6 +23,7 @@ upgrade`` re-issues it. Issuing lives in :mod:`fedshard.crypto.pki`.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 import threading
@@ -52,6 +53,8 @@ __all__ = [
     "ZoneKey",
     "certificate_fingerprint",
     "claimed_identity",
+    "host_names",
+    "names_host",
     "read_identity",
     "read_pem",
     "zone_host",
@@ -236,6 +239,25 @@ def dns_names(cert: x509.Certificate) -> list[str]:
         )
     except x509.ExtensionNotFound:
         return []
+
+
+def host_names(cert: x509.Certificate) -> list[str]:
+    """The DNS names and IP addresses among a certificate's subject alternative names."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [*sans.get_values_for_type(x509.DNSName), *map(str, sans.get_values_for_type(x509.IPAddress))]
+
+
+def names_host(cert: x509.Certificate, host: str) -> bool:
+    """Whether ``cert`` names ``host`` (a DNS name, case-insensitive, or an IP address) among its
+    subject alternative names: what TLS checks of the server a party dials."""
+    try:
+        wanted = str(ipaddress.ip_address(host))
+    except ValueError:
+        wanted = host.lower().rstrip(".")
+    return wanted in (name.lower() for name in host_names(cert))
 
 
 def read_pem(path: str | os.PathLike[str]) -> bytes:

@@ -32,7 +32,9 @@ from fedshard.crypto.identity import (
     ZoneId,
     claimed_identity,
     dns_names,
+    host_names,
     load_cert,
+    names_host,
     read_identity,
 )
 from fedshard.errors import PkiError
@@ -162,11 +164,19 @@ def describe_superlink(endpoint: str, ca_pem: bytes, *, timeout: float = 5.0) ->
                 "aggregator's operator for this party's bundle"
             )
         return f"the server at {endpoint} is not this federation's SuperLink: {exc}{claimed}{hint}"
-    if held.role is Role.SUPERLINK:
+    if held.role is not Role.SUPERLINK:
+        return (
+            f"the server at {endpoint} holds the certificate of {held} (role {held.role.value}), not the SuperLink's: "
+            "deployment.superlink points at another party's port; give the SuperLink's address"
+        )
+    host = endpoint.rpartition(":")[0].strip("[]")
+    cert = load_cert(pem, "SuperLink certificate")
+    if names_host(cert, host):
         return None
     return (
-        f"the server at {endpoint} holds the certificate of {held} (role {held.role.value}), not the SuperLink's: "
-        "deployment.superlink points at another party's port; give the SuperLink's address"
+        f"the SuperLink's certificate does not name {host} (it names {', '.join(host_names(cert))}); dial a name "
+        "it holds in deployment.superlink, or list this one in the aggregator config's deployment.hosts and issue "
+        "the federation's keys again (`fedshard keys init`)"
     )
 
 

@@ -19,19 +19,21 @@ with ``executor: flower``, it is Flower's stock SuperNode.
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fedshard.config import SiteLocalConfig, load_deployed_site
+from fedshard.config import FederationConfig, SiteLocalConfig, load_deployed_site
 from fedshard.config.layout import SiteBundle
 from fedshard.crypto.key_files import KEY_MODE, loose_key, write_files
 from fedshard.deploy._flower import flower_env, supernode_command
 from fedshard.deploy._processes import Child, spawn
 from fedshard.errors import ConfigError
 
-__all__ = ["SiteLaunch", "SiteNode", "plan_site"]
+__all__ = ["SiteLaunch", "SiteNode", "plan_site", "unreachable_zones"]
 
 Executor = Literal["warm", "flower"]
 
@@ -52,6 +54,7 @@ class SiteLaunch:
     executor: Executor = "flower"
     fallback: str | None = None
     ca: Path | None = None  # the federation CA the SuperLink's certificate must chain to (None: no TLS)
+    federation: FederationConfig | None = None  # the site's copy of the federation config
 
     @property
     def secret(self) -> Path:
@@ -175,4 +178,33 @@ def plan_site(site_config: Path, *, insecure: bool = False, executor: Executor |
         fallback = problem()
         chosen = "flower" if fallback else "warm"
     ca = bundle.tls.ca if tls else None
-    return SiteLaunch(local, command, flower_env(state_dir / "flwr"), state_dir / "supernode.log", chosen, fallback, ca)
+    log = state_dir / "supernode.log"
+    return SiteLaunch(local, command, flower_env(state_dir / "flwr"), log, chosen, fallback, ca, config)
+
+
+def unreachable_zones(config: FederationConfig, site_id: str, *, timeout: float = 3.0) -> list[str]:
+    """One line per zone site ``site_id`` would push to that no TCP connection reaches from
+    this host now (a firewall, a wrong host name, a zone not up yet), naming what it would
+    send there; empty when every one answers. Checked in parallel, ``timeout`` each."""
+    from fedshard.assembly.routing import site_zones
+
+    endpoints = {z.name: z.endpoint for z in config.zones}
+    wanted = site_zones(config, site_id)
+
+    def why(zone: str) -> str | None:
+        host, _, port = endpoints[zone].rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except OSError as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+            classes = ", ".join(wanted[zone])
+            return (
+                f"zone {zone} at {endpoints[zone]} is unreachable from this host ({reason}): this site's "
+                f"{classes} shards go there; open the zone's port to this host, or check its name and that it is up"
+            )
+        return None
+
+    if not wanted:
+        return []
+    with ThreadPoolExecutor(len(wanted)) as pool:
+        return [line for line in pool.map(why, sorted(wanted)) if line is not None]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedshard.assembly.routing import explain_routes
+from fedshard.assembly.routing import explain_routes, site_zones
 from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
 
@@ -34,6 +34,20 @@ def test_eu_personal_shards_stay_in_the_eu_and_the_rest_goes_to_the_reducer() ->
     assert {d.zone for d in decisions if d.shard_class == "public"} == {"eu-central"}  # own region first
     us = explain_routes(_three_zones(), "mayo-rochester")
     assert {d.zone for d in us} == {"us-east"}
+
+
+def test_a_sites_zones_are_known_without_its_model_and_agree_with_its_routes() -> None:
+    genomic = {
+        "classes": [{"pattern": "fc2.*", "class": "genomic"}],
+        "rules": [
+            {"class": "genomic", "allow_regions": ["SG"], "serve_to": "*"},
+            {"class": "*", "allow_regions": ["EU"], "serve_to": "*"},
+        ],
+    }
+    config = _three_zones(residency=genomic)
+    zones = site_zones(config, "charite-berlin")
+    assert zones == {"eu-central": ["public", "restricted", "personal"], "ap-southeast": ["genomic"]}
+    assert {d.zone for d in explain_routes(config, "charite-berlin")} <= set(zones)
 
 
 def test_config_rules_win_over_detectors_and_tensor_filter() -> None:

@@ -385,3 +385,14 @@ def test_a_certificate_claiming_a_role_against_its_key_usage_is_refused(ca: CaPa
             read_identity(pem, ca.cert.read_bytes(), now=T0)
         with pytest.raises(PkiError, match="role"):
             claimed_identity(pem)
+
+
+def test_a_certificate_names_the_hosts_it_was_issued_for_and_no_other(ca: CaPaths, tmp_path: Path) -> None:
+    from fedshard.crypto.identity import host_names, names_host
+
+    paths = issue_superlink(ca.cert.parent, "EU", tmp_path, hosts=("Aggregator.example", "10.0.0.2"), now=T0)
+    cert = x509.load_pem_x509_certificate(paths.cert.read_bytes())
+    assert host_names(cert) == ["Aggregator.example", "10.0.0.2"]
+    assert names_host(cert, "aggregator.example") and names_host(cert, "aggregator.example.")
+    assert names_host(cert, "10.0.0.2")
+    assert not names_host(cert, "10.0.0.3") and not names_host(cert, "other.example")
