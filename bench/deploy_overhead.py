@@ -41,8 +41,6 @@ message pays) and ``wall_s`` (the whole benchmark).
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import os
 import shutil
 import signal
@@ -58,11 +56,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import REPO, add_output_args, cpu_ticks, fmt, publish, steal_note
+from _deployed_runs import fedshard_rounds, flower_rounds
 
 from fedshard.config import load_federation
-from fedshard.coordinator.events import EventKind
 from fedshard.deploy.aggregator_host import AggregatorHost
-from fedshard.deploy.app import write_run_config
 from fedshard.deploy.keys import provision
 from fedshard.deploy.loopback import write_loopback_layout
 
@@ -162,28 +159,13 @@ class Deployment:
 
     def flower_round_times(self, rounds: int, tag: str) -> tuple[list[float], float]:
         """Run plain Flower FedAvg for ``rounds`` on this deployment; per-round wall times and final accuracy."""
-        times = self.root / f"flower-times-{tag}.jsonl"
-        config = self.root / f"flower-run-{tag}.toml"
-        settings = {"config": str(self.paths["aggregator"]), "times": str(times), "rounds": str(rounds)}
-        write_run_config(config, settings)
-        run_id = self.host.flwr.submit(REPO / "bench" / "flower_fedavg", config)
-        while self.host.flwr.run_status(run_id) not in ("finished:completed", "finished:failed", "finished:stopped"):
-            time.sleep(0.5)
-        lines = [json.loads(line) for line in times.read_text().splitlines()]
-        marks = [x["at"] for x in lines if "round" in x]
-        done = next(x for x in lines if x.get("done"))
-        last = done["metrics"][str(max(int(r) for r in done["metrics"]))]
-        return [b - a for a, b in itertools.pairwise(marks)], float(last["accuracy"])
+        run = flower_rounds(self.host, self.paths["aggregator"], self.root, rounds, tag)
+        return run.times, run.accuracy
 
     def fedshard_round_times(self) -> tuple[list[float], float]:
         """Run fedshard on this deployment; per-round wall times and final accuracy."""
-        summary = self.host.run()
-        events = [json.loads(line) for line in (self.host.run_dir / "events.jsonl").read_text().splitlines()]
-        if not summary or summary["stopped_reason"]:
-            reason = summary.get("stopped_reason") or [e.get("reason") for e in events if e["event"] == EventKind.STOP]
-            raise RuntimeError(f"the fedshard run in {self.host.run_dir} did not complete: {reason}")
-        marks = [e["at"] for e in events if e["event"] in (EventKind.START, EventKind.ROUND)]
-        return [b - a for a, b in itertools.pairwise(marks)], float(summary["final_accuracy"])
+        run = fedshard_rounds(self.host)
+        return run.times, run.accuracy
 
 
 def _import_seconds(statement: str, runs: int) -> float:

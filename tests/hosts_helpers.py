@@ -18,12 +18,19 @@ from typing import Any
 import yaml
 
 from tests.netns import Hosts
+from tests.readme_walk import blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS_CONFIGS = ROOT / "deploy" / "hosts"
 ZONE_HOSTS = {"eu-central": "zone-eu-central", "us-east": "zone-us-east", "sg-central": "zone-sg-central"}
 SITES = ("charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore")
 CLOUD, HOSPITAL = "1gbit", "100mbit"
+
+
+def readme_steps() -> dict[int, str]:
+    """The README's "On separate hosts" blocks by their number: 1 keys, 2 a zone (``ZONE``),
+    3 the aggregator, 4 a site (``SITE``), 5 the aggregator's status."""
+    return {b.index: b.text for b in blocks() if b.heading == "On separate hosts"}
 
 
 def links(cloud: str | None = CLOUD, hospital: str | None = HOSPITAL) -> dict[str, str | None]:
@@ -136,3 +143,22 @@ class Hosted:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def start_zones(hosted: Hosted, zones: Mapping[str, str]) -> None:
+    """Step 2 on each zone's host (``zones``: zone → host); waits until every one listens."""
+    for zone, host in zones.items():
+        hosted.start(host, readme_steps()[2], host, {"ZONE": zone})
+    hosted.wait_for(lambda: all("listening on" in hosted.log(h) for h in zones.values()), 120, "the zones")
+
+
+def start_sites(hosted: Hosted, sites: tuple[str, ...]) -> None:
+    """Step 4 on each site's host."""
+    for site in sites:
+        hosted.start(site, readme_steps()[4], site, {"SITE": site})
+
+
+def make_keys(hosted: Hosted) -> None:
+    """Step 1 on the machine itself."""
+    made = hosted.run(readme_steps()[1])
+    assert made.returncode == 0, made.stderr

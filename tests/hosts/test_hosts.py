@@ -12,7 +12,10 @@ LoRA federation runs on the same hosts by the same blocks.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,17 +23,26 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.hosts_helpers import SITES, ZONE_HOSTS, Hosted, copy_configs, links
+from tests.hosts_helpers import (
+    ROOT,
+    SITES,
+    ZONE_HOSTS,
+    Hosted,
+    copy_configs,
+    links,
+    make_keys,
+    readme_steps,
+    start_sites,
+    start_zones,
+)
 from tests.netns import Hosts, can_make_hosts
-from tests.readme_walk import blocks
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("FEDSHARD_HOSTS") != "1", reason="`make test-hosts` runs it"),
     pytest.mark.skipif(can_make_hosts() is not None, reason=str(can_make_hosts())),
 ]
 
-STEPS = {b.index: b.text for b in blocks() if b.heading == "On separate hosts"}
-KEYS, ZONE_UP, AGGREGATOR_UP, SITE_UP, STATUS = (STEPS[i] for i in range(1, 6))
+AGGREGATOR_UP, STATUS = readme_steps()[3], readme_steps()[5]
 LORA_SITES = ("charite-berlin", "ap-hp-paris", "mayo-rochester")
 
 
@@ -43,14 +55,10 @@ def hosts() -> Iterator[Hosts]:
 
 def _start(hosted: Hosted, zones: dict[str, str], sites: tuple[str, ...]) -> None:
     """The README's steps 1-4 on their hosts: keys, zones, the aggregator, the sites."""
-    made = hosted.run(KEYS)
-    assert made.returncode == 0, made.stderr
-    for zone, host in zones.items():
-        hosted.start(host, ZONE_UP, host, {"ZONE": zone})
-    hosted.wait_for(lambda: all("listening on" in hosted.log(h) for h in zones.values()), 120, "the zones")
+    make_keys(hosted)
+    start_zones(hosted, zones)
     hosted.start("aggregator", AGGREGATOR_UP, "aggregator")
-    for site in sites:
-        hosted.start(site, SITE_UP, site, {"SITE": site})
+    start_sites(hosted, sites)
 
 
 def _finish(hosted: Hosted) -> dict[str, Any]:
@@ -159,3 +167,23 @@ def test_the_lora_federation_runs_on_the_same_hosts(hosts: Hosts, tmp_path: Path
     assert all(len(h["sites"]) == len(LORA_SITES) for h in summary["history"])
     by_zone = {z["name"]: z["shards_by_class"] for z in summary["zones"]}
     assert set(by_zone["eu-central"]) == {"personal from EU"} and set(by_zone["us-east"]) == {"personal from US"}
+
+
+def test_the_wan_benchmark_runs_in_smoke_mode_and_prints_its_headline(tmp_path: Path) -> None:
+    """``bench/wan.py``'s plumbing at its smallest (its own hosts: one deployment, both systems)."""
+    out = tmp_path / "BENCH.md"
+    proc = subprocess.run(
+        [sys.executable, "bench/wan.py", "--smoke", "--json", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    headline = json.loads(proc.stdout.rstrip("\n").rsplit("\n", 1)[-1])
+    demo = {key: value["demo"] for key, value in headline.items() if isinstance(value, dict)}
+    assert demo["round_s_100mbit"] > demo["link_floor_s_100mbit"] > 0 and demo["flower_round_s_100mbit"] > 0
+    assert demo["vs_link_floor_100mbit"] == pytest.approx(demo["round_s_100mbit"] / demo["link_floor_s_100mbit"])
+    assert demo["vs_flower_100mbit"] == pytest.approx(demo["round_s_100mbit"] / demo["flower_round_s_100mbit"])
+    section = out.read_text().split("<!-- bench:wan -->", 1)[1].split("<!-- /bench:wan -->", 1)[0]
+    assert f"| 100 Mbit/s | demo | fedshard | 1 | {demo['round_s_100mbit']:.2f} |" in section
+    assert "**Interpretation.**" in section
