@@ -217,8 +217,9 @@ def measure(settings: list[str], tasks: list[str], rounds: int, flower_rounds: i
                 folder.mkdir(parents=True)
                 with LinkSampler(hosts) as sampler:
                     marks = deploy(hosts, folder, task, rounds, flower, cache)
-                runs += _runs_of(marks, sampler, setting, task, rates)
-                print(f"{setting:>10} {task:>5}: " + ", ".join(f"{r.system} {r.median_s:.2f} s" for r in runs[-2:]))
+                made = _runs_of(marks, sampler, setting, task, rates)
+                print(f"{setting:>10} {task:>5}: " + ", ".join(f"{r.system} {r.median_s:.2f} s" for r in made))
+                runs += made
     shutil.rmtree(tmp)  # kept when a run fails, for its logs
     return runs
 

@@ -44,6 +44,14 @@ def zone_up(
         Path | None,
         typer.Option("--site-keys", help="Folder of <site>.pub manifest-signing keys; unsigned manifests are refused"),
     ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            help="Interface to bind (default: the endpoint's host); 0.0.0.0 for every one, e.g. a zone on several "
+            "networks",
+        ),
+    ] = None,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = DEFAULT_METRICS_HOST,
 ) -> None:
@@ -68,7 +76,8 @@ def zone_up(
     cfg = _with_public_context(load_federation(config))
     zc = _zone_config(cfg, zone, store, config)
     tls = _tls_files(cert, key, ca, insecure)
-    _check_can_listen(zc.name, zc.endpoint, config)  # before the zone's store and audit log are touched
+    bind = zc.endpoint if listen is None else f"{listen}:{zc.endpoint.rsplit(':', 1)[1]}"
+    _check_can_listen(zc.name, bind, config)  # before the zone's store and audit log are touched
     if cfg.residency.encrypting:  # a zone gets the public CKKS context only, never the secret one
         from fedshard.assembly import he_keys
         from fedshard.deploy.aggregator_host import check_public_context
@@ -82,10 +91,8 @@ def zone_up(
     aggregator = make_zone(zc, Path("runs") / "zones", routing=routing, site_keys=keys, tls=tls)
     served.append(aggregator)
     reload = ZoneReload(aggregator, config, routing, site_keys)  # the coordinator's Reconfigure, between rounds
-    server, port = serve(
-        aggregator, zc.endpoint, tls=tls, limits=zc.limits, parties=streaming_parties(cfg), reload=reload
-    )
-    host = zc.endpoint.rsplit(":", 1)[0]
+    server, port = serve(aggregator, bind, tls=tls, limits=zc.limits, parties=streaming_parties(cfg), reload=reload)
+    host = bind.rsplit(":", 1)[0]
     if tls is None:
         from fedshard.crypto.tls import INSECURE_WARNING
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import os
 import socket
@@ -145,6 +146,11 @@ def start_ray(address: str | None = None) -> None:
     RoundError
         One line: Ray could not be reached or started, and what to try.
     """
+    if "ray" not in sys.modules and importlib.util.find_spec("ray") is None:
+        raise RoundError(
+            "Flower's simulation engine needs Ray, which this installation leaves out (a deployment does not use "
+            "it): pip install 'fedshard[simulation]', or simulate with --engine inprocess"
+        )
     address = ray_address() if address is None else address
     if address is not None and "ray" not in sys.modules:
         for name, value in _CONNECT_ENV.items():

@@ -69,6 +69,12 @@ def test_the_compose_federation_runs_and_a_killed_site_comes_back(compose: Compo
         listed = set(dc("exec", "-T", site, "ls", "-A", f"/keys/{site}").stdout.split())
         assert f"{site}.pem" in listed and "supernode.key" in listed, listed
         assert not any(name.endswith(".pem") and name not in {"ca.pem", f"{site}.pem"} for name in listed), listed
+    # each hospital on a network of its own: the aggregator is reachable by name, another hospital is not
+    probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)"
+    assert dc("exec", "-T", "charite-berlin", "python3", "-c", probe, "aggregator", "9092", check=False).returncode == 0
+    resolve = "import socket, sys; socket.gethostbyname(sys.argv[1])"
+    assert dc("exec", "-T", "charite-berlin", "python3", "-c", resolve, "mayo-rochester", check=False).returncode
+    assert dc("exec", "-T", "charite-berlin", "python3", "-c", resolve, "zone-us-east", check=False).returncode == 0
     # one site's `site up` killed once a round is in: its container exits, its restart policy brings it back
     deadline = time.monotonic() + 300
     while _rounds_done(dc) < 1:
