@@ -29,7 +29,7 @@ CLOUD, HOSPITAL = "1gbit", "100mbit"
 
 def readme_steps() -> dict[int, str]:
     """The README's "On separate hosts" blocks by their number: 1 keys, 2 a zone (``ZONE``),
-    3 the aggregator, 4 a site (``SITE``), 5 the aggregator's status."""
+    3 the aggregator, 4 a site (``SITE_ID``), 5 the aggregator's status."""
     return {b.index: b.text for b in blocks() if b.heading == "On separate hosts"}
 
 
@@ -155,7 +155,7 @@ def start_zones(hosted: Hosted, zones: Mapping[str, str]) -> None:
 def start_sites(hosted: Hosted, sites: tuple[str, ...]) -> None:
     """Step 4 on each site's host."""
     for site in sites:
-        hosted.start(site, readme_steps()[4], site, {"SITE": site})
+        hosted.start(site, readme_steps()[4], site, {"SITE_ID": site})
 
 
 def make_keys(hosted: Hosted) -> None:

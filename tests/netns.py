@@ -51,6 +51,11 @@ class Host:
     veth: str  # the bridge's end of its link (what the host receives leaves through it)
     rate: str | None  # tbf rate each way (``100mbit``), None: unshaped
 
+    @property
+    def bytes_per_second(self) -> float | None:
+        """Its link's rate each way in bytes per second (None: unshaped)."""
+        return None if self.rate is None else _bits_per_second(self.rate) / 8
+
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run on this host."""
         return ["ip", "netns", "exec", self.namespace, *argv]
