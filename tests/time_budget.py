@@ -50,6 +50,10 @@ SLOW_ALLOWED: dict[str, str] = {
         "demos, budget show, the 200-round growing simulation, the HE demo (test_cli reads their runs instead "
         "of running its own)"
     ),
+    "fixture:outcomes": (
+        "every bad-input case of the CLI (96), each a fresh `fedshard` process that imports its command and "
+        "is refused in one line, a few at a time: about 100 s of a quiet machine, over 160 s of a loaded one"
+    ),
     f"{_SMOKE}[scale]": "two Ray runtimes (fedshard's Flower engine, plain Flower's), each started and stopped",
     f"{_SMOKE}[llm_stream]": "four processes each import torch and build the small transformer; three stores sealed",
     f"{_SMOKE}[llm_finetune]": "federated, central, DP and 118 M-share runs of the LLM task, and llm_stream's",

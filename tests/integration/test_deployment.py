@@ -131,7 +131,9 @@ def test_deployed_federation_survives_a_crash_refuses_an_unknown_site_and_grows(
         # a last change: the run ends two rounds on (nothing else changes; every zone takes it again)
         last = yaml.safe_load(grown.read_text())
         last["federation"]["rounds"] = rounds = max(e.get("round") or 0 for e in events(tmp_path)) + 2
-        grown.write_text(yaml.safe_dump(last, sort_keys=False))
+        # written whole, then renamed: the grown site reads this file at every round
+        grown.with_suffix(".tmp").write_text(yaml.safe_dump(last, sort_keys=False))
+        grown.with_suffix(".tmp").replace(grown)
         ending = fedshard("aggregator", "reconfigure", "--config", str(grown), cwd=tmp_path, timeout=300)
         assert ending.returncode == 0, ending.stdout + ending.stderr
         assert f"rounds now {rounds}" in ending.stdout
