@@ -115,8 +115,9 @@ def _with_public_context(cfg: FederationConfig) -> FederationConfig:
     if not cfg.residency.encrypting or cfg.he.keys is not None or cfg.deployment is None:
         return cfg
     from fedshard.config.layout import KeysLayout
+    from fedshard.deploy.aggregator_host import he_folder  # where the aggregator host looks too
 
-    he = KeysLayout(cfg.deployment.keys).aggregator.he
+    he = he_folder(cfg, KeysLayout(cfg.deployment.keys).aggregator)
     return cfg.model_copy(update={"he": cfg.he.model_copy(update={"keys": he})})
 
 
