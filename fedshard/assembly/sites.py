@@ -18,6 +18,8 @@ from fedshard.site.terms import PrivacyTerms
 from fedshard.task import Partition, build_initial_model, load_task
 
 if TYPE_CHECKING:
+    import torch
+
     from fedshard.assembly.routing import FederationRouting
     from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
@@ -37,6 +39,7 @@ __all__ = [
     "load_site_keys",
     "make_deployed_site",
     "make_site",
+    "site_model",
 ]
 
 STORE_KEYS_DIR = "store-keys"
@@ -309,3 +312,29 @@ def check_privacy(config: FederationConfig) -> None:
                 f"site {site.id}: privacy δ={delta:g} is larger than 1/(its {records} records) = {1.0 / records:.3g}; "
                 f"choose δ ≤ {1.0 / records:.3g}"
             )
+
+
+def site_model(config: FederationConfig, state_dir: Path, kek_file: Path) -> tuple[torch.nn.Module, str]:
+    """The model a site's state folder holds, built from ``config``'s task as every party builds
+    it and filled from the site's store (decrypted under ``kek_file``, every shard verified);
+    ``(module, the model version the store records)``.
+
+    Raises
+    ------
+    StoreError
+        The folder holds no model (the site never ran, or this is not its folder).
+    """
+
+    from fedshard.errors import StoreError
+    from fedshard.site.model_store import stored_module
+
+    store = _model_store(config, state_dir, kek_file, create_key=False)
+    if not store.exists():
+        raise StoreError(f"{state_dir}: holds no site model (has this site run a round?)")
+    task = load_task(config.task.target, dict(config.task.options))
+
+    def build() -> torch.nn.Module:
+        return build_initial_model(task, config.federation.seed, config.privacy.layer_policy)
+
+    module, meta = stored_module(build, config.sharding.tile, store)
+    return module, str(meta.get("version", ""))

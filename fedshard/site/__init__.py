@@ -25,13 +25,22 @@ from typing import TYPE_CHECKING
 from fedshard._surface import lazy_surface
 
 if TYPE_CHECKING:
-    from fedshard.site.model_store import ModelStore, SealedModelStore, SnapshotModelStore
+    from fedshard.site.model_store import ModelStore, SealedModelStore, SnapshotModelStore, stored_module
     from fedshard.site.privacy import SitePrivacy
     from fedshard.site.routes import SiteRouting
     from fedshard.site.site import Site
     from fedshard.site.terms import PrivacyTerms
 
-__all__ = ["ModelStore", "PrivacyTerms", "SealedModelStore", "Site", "SitePrivacy", "SiteRouting", "SnapshotModelStore"]
+__all__ = [
+    "ModelStore",
+    "PrivacyTerms",
+    "SealedModelStore",
+    "Site",
+    "SitePrivacy",
+    "SiteRouting",
+    "SnapshotModelStore",
+    "stored_module",
+]
 
 __getattr__ = lazy_surface(
     __name__,
@@ -43,5 +52,6 @@ __getattr__ = lazy_surface(
         "SitePrivacy": "privacy",
         "SiteRouting": "routes",
         "SnapshotModelStore": "model_store",
+        "stored_module": "model_store",
     },
 )

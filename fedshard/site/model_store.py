@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,14 +31,16 @@ import numpy as np
 
 from fedshard import faults
 from fedshard.errors import StoreError
-from fedshard.site._model import ShardViews
+from fedshard.site._model import HeldModel, ShardViews
 from fedshard.store import LocalShardStore
 
 if TYPE_CHECKING:
+    import torch
+
     from fedshard.crypto.at_rest import Kek
     from fedshard.sharding import ShardPlan
 
-__all__ = ["ModelStore", "SealedModelStore", "SnapshotModelStore", "site_kek"]
+__all__ = ["ModelStore", "SealedModelStore", "SnapshotModelStore", "site_kek", "stored_module"]
 
 _META = "site"  # the store metadata key of the site's model state
 _SNAPSHOT = "current"
@@ -309,3 +311,13 @@ def site_kek(key_file: Path, *, create: bool) -> Kek:
         key_file.parent.mkdir(parents=True, exist_ok=True)
         return generate_kek_file(key_file)
     return load_kek(key_file)
+
+
+def stored_module(
+    build: Callable[[], torch.nn.Module], tile: tuple[int, int], store: ModelStore
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model ``store`` holds: built by ``build`` (as the site builds it), its trained tensors
+    decrypted and verified from the store's shards; ``(module, the store's metadata)``."""
+    held = HeldModel(build, tile)
+    meta, _ = store.load_into(held.plan, held.tensors())
+    return held.module(), meta

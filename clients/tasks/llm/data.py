@@ -36,12 +36,13 @@ from importlib import metadata
 import numpy as np
 
 from fedshard.errors import TaskError
+from fedshard.tasks.partition import dirichlet_partition
 
 __all__ = [
     "CLASSES",
     "CorpusSplits",
     "Examples",
-    "dirichlet_partition",
+    "dirichlet_partition",  # fedshard.tasks.partition's, re-exported
     "load_corpus",
     "split_corpus",
     "tokenize",
@@ -140,25 +141,3 @@ def _tokens(vocab: int, seq_len: int) -> np.ndarray:
     tokens = tokenize(load_corpus()[0], vocab, seq_len)
     tokens.flags.writeable = False
     return tokens
-
-
-def dirichlet_partition(labels: np.ndarray, sites: int, alpha: float, seed: int) -> list[np.ndarray]:
-    """Label-skewed partition: each class is shared among sites in Dirichlet(alpha) proportions.
-
-    Returns one sorted index array per site; together they cover every example once.
-    Every site gets at least one example (a site left empty takes one from the largest).
-    """
-    if sites < 1 or alpha <= 0:
-        raise ValueError(f"need sites >= 1 and alpha > 0, got sites={sites}, alpha={alpha}")
-    rng = np.random.default_rng(seed)
-    parts: list[list[int]] = [[] for _ in range(sites)]
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        cuts = (np.cumsum(rng.dirichlet(np.full(sites, alpha)))[:-1] * len(idx)).astype(int)
-        for site, chunk in enumerate(np.split(idx, cuts)):
-            parts[site].extend(chunk.tolist())
-    for site in range(sites):
-        if not parts[site]:
-            donor = max(range(sites), key=lambda s: len(parts[s]))
-            parts[site].append(parts[donor].pop())
-    return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
