@@ -117,53 +117,28 @@ def fit(
     seed: int,
     make_private: Callable[[Any, Any, Any], tuple[Any, Any, Any]] | None = None,
 ) -> tuple[float, int]:
-    """Adam on the model's trainable parameters; returns (mean loss, examples seen)."""
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
+    """Adam on the trainable parameters (:func:`fedshard.tasks.loop.fit_adam`); returns (mean loss, examples seen)."""
+    from fedshard.tasks.loop import fit_adam
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    generator = torch.Generator().manual_seed(seed)
-    dataset = TensorDataset(torch.from_numpy(np.ascontiguousarray(examples.tokens)), torch.from_numpy(examples.labels))
-    loader: Any = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator)
-    optimiser: Any = torch.optim.Adam(params, lr=learning_rate)
-    net: Any = model
-    if make_private is not None:
-        net, optimiser, loader = make_private(model, optimiser, loader)
-    loss_fn = nn.CrossEntropyLoss()
-    net.train()
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for xb, yb in loader:
-            if len(yb) == 0:  # Poisson sampling (DP-SGD) can draw an empty batch
-                continue
-            optimiser.zero_grad()
-            loss = loss_fn(net(xb), yb)
-            loss.backward()
-            optimiser.step()
-            total += loss.item() * len(yb)
-            count += len(yb)
-    return total / max(count, 1), count
+    return fit_adam(model, _tensors(examples), _logits, epochs, batch_size, learning_rate, seed, make_private)
 
 
 def evaluate_examples(model: nn.Module, examples: Examples, batch_size: int = 512) -> tuple[float, float]:
     """(mean loss, accuracy) of ``model`` on ``examples``."""
-    import torch
-    from torch import nn
+    from fedshard.tasks.loop import score
 
-    model.eval()
-    loss, correct = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(examples), batch_size):
-            xb = torch.from_numpy(np.ascontiguousarray(examples.tokens[start : start + batch_size]))
-            yb = torch.from_numpy(examples.labels[start : start + batch_size])
-            logits = model(xb)
-            loss += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(1) == yb).sum())
-    n = max(len(examples), 1)
-    return loss / n, correct / n
+    return score(model, _tensors(examples), _logits, batch_size)
+
+
+def _tensors(examples: Examples) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(examples.tokens)), torch.from_numpy(examples.labels)
+
+
+def _logits(net: Any, inputs: Any) -> torch.Tensor:
+    (tokens,) = inputs
+    return net(tokens)  # type: ignore[no-any-return]
 
 
 def base_key(cfg: TransformerConfig, classes: int, data: dict[str, Any], settings: PretrainSettings) -> str:

@@ -127,10 +127,19 @@ class SequenceClassification:
             raise TaskError(f"task.options.scheme must be one of {', '.join(Scheme)}, got {scheme!r}") from None
         self.labels = tuple(names)
         self.folder: ModelFolder = open_folder(model_dir)
-        columns = {"text_column": text_column, "label_column": label_column, "labels": names}
-        self.table = load_table(data, drop_duplicates=drop_duplicates, **columns)  # type: ignore[arg-type]
+        self.table = load_table(
+            data, text_column=text_column, label_column=label_column, labels=names, drop_duplicates=drop_duplicates
+        )
         self.test_table = (
-            load_table(test_data, what="task.options.test_data", **columns) if test_data else None  # type: ignore[arg-type]
+            load_table(
+                test_data,
+                text_column=text_column,
+                label_column=label_column,
+                labels=names,
+                what="task.options.test_data",
+            )
+            if test_data
+            else None
         )
         self.max_length = max_length
         self.fractions = (0.0 if test_data else test_fraction, validation_fraction)

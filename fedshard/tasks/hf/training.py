@@ -1,4 +1,5 @@
-"""Tokenised examples, and the training and scoring loops of a sequence-classification task.
+"""Tokenised examples, and how a sequence-classification task's batches reach the shared loops
+(:mod:`fedshard.tasks.loop`).
 
 Every text is tokenised once, truncated to ``max_length`` and padded to it; each batch is cut
 to its longest row before the model sees it (tweets average about 30 tokens: a batch costs
@@ -13,7 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard.tasks.loop import fit_adam
+from fedshard.tasks.loop import score as score_tensors
+
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 __all__ = ["Encoded", "encode", "fit", "score"]
@@ -41,11 +46,6 @@ def encode(tokenizer: Any, texts: tuple[str, ...], labels: np.ndarray, max_lengt
     )
 
 
-def _trimmed(ids: Any, mask: Any) -> tuple[Any, Any]:
-    width = max(int(mask.sum(1).max()), 1)
-    return ids[:, :width], mask[:, :width]
-
-
 def fit(
     model: nn.Module,
     data: Encoded,
@@ -57,53 +57,22 @@ def fit(
 ) -> tuple[float, int]:
     """Adam on the model's trainable tensors (DP-SGD through ``make_private`` when given);
     returns (mean training loss, examples seen)."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    dataset = TensorDataset(
-        torch.from_numpy(data.input_ids), torch.from_numpy(data.attention_mask), torch.from_numpy(data.labels)
-    )
-    generator = torch.Generator().manual_seed(seed)
-    loader: Any = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator)
-    optimiser: Any = torch.optim.Adam(params, lr=learning_rate)
-    net: Any = model
-    if make_private is not None:
-        net, optimiser, loader = make_private(model, optimiser, loader)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    net.train()
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for ids, mask, labels in loader:
-            if len(labels) == 0:  # Poisson sampling (DP-SGD) can draw an empty batch
-                continue
-            ids, mask = _trimmed(ids, mask)
-            optimiser.zero_grad()
-            loss = loss_fn(net(input_ids=ids, attention_mask=mask).logits, labels)
-            loss.backward()
-            optimiser.step()
-            total += loss.item() * len(labels)
-            count += len(labels)
-    return total / max(count, 1), count
+    return fit_adam(model, _tensors(data), _logits, epochs, batch_size, learning_rate, seed, make_private)
 
 
 def score(model: nn.Module, data: Encoded, batch_size: int = 128) -> tuple[float, float]:
     """(mean loss, accuracy) of ``model`` on ``data``."""
+    return score_tensors(model, _tensors(data), _logits, batch_size)
+
+
+def _tensors(data: Encoded) -> tuple[torch.Tensor, ...]:
     import torch
 
-    model.eval()
-    loss, correct = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(data), batch_size):
-            ids, mask = _trimmed(
-                torch.from_numpy(data.input_ids[start : start + batch_size]),
-                torch.from_numpy(data.attention_mask[start : start + batch_size]),
-            )
-            labels = torch.from_numpy(data.labels[start : start + batch_size])
-            logits = model(input_ids=ids, attention_mask=mask).logits
-            loss += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
-            correct += int((logits.argmax(1) == labels).sum())
-    n = max(len(data), 1)
-    return loss / n, correct / n
+    return tuple(torch.from_numpy(a) for a in (data.input_ids, data.attention_mask, data.labels))
+
+
+def _logits(net: Any, inputs: Any) -> torch.Tensor:
+    """The model's logits on a batch cut to its longest row."""
+    ids, mask = inputs
+    width = max(int(mask.sum(1).max()), 1)
+    return net(input_ids=ids[:, :width], attention_mask=mask[:, :width]).logits  # type: ignore[no-any-return]

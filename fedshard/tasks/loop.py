@@ -1,0 +1,77 @@
+"""The training and scoring loops fedshard's tasks share: Adam (or DP-SGD through a site's
+``make_private``) over shuffled batches, cross-entropy, and a scoring pass; a task says only
+how a batch's inputs become logits.
+
+A batch is a tuple of tensors with the labels last; ``logits(net, inputs)`` runs the model on
+the others (``net`` is the model, or the DP wrapper ``make_private`` returned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["Logits", "fit_adam", "score"]
+
+Logits = Callable[[Any, Sequence["torch.Tensor"]], "torch.Tensor"]
+"""``(net, the batch's input tensors) → logits``."""
+
+
+def fit_adam(
+    model: nn.Module,
+    tensors: Sequence[torch.Tensor],
+    logits: Logits,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    make_private: Callable[[Any, Any, Any], tuple[Any, Any, Any]] | None = None,
+) -> tuple[float, int]:
+    """Adam on ``model``'s trainable tensors over ``tensors`` (labels last), shuffled by ``seed``;
+    DP-SGD when ``make_private`` is given. Returns (mean training loss, examples seen)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    generator = torch.Generator().manual_seed(seed)
+    loader: Any = DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=True, generator=generator)
+    optimiser: Any = torch.optim.Adam(params, lr=learning_rate)
+    net: Any = model
+    if make_private is not None:
+        net, optimiser, loader = make_private(model, optimiser, loader)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    net.train()
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for *inputs, labels in loader:
+            if len(labels) == 0:  # Poisson sampling (DP-SGD) can draw an empty batch
+                continue
+            optimiser.zero_grad()
+            loss = loss_fn(logits(net, inputs), labels)
+            loss.backward()
+            optimiser.step()
+            total += loss.item() * len(labels)
+            count += len(labels)
+    return total / max(count, 1), count
+
+
+def score(model: nn.Module, tensors: Sequence[torch.Tensor], logits: Logits, batch_size: int) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on ``tensors`` (labels last), in order."""
+    import torch
+
+    model.eval()
+    n = len(tensors[-1])
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            *inputs, labels = (t[start : start + batch_size] for t in tensors)
+            out = logits(model, inputs)
+            loss += float(torch.nn.functional.cross_entropy(out, labels, reduction="sum"))
+            correct += int((out.argmax(1) == labels).sum())
+    return loss / max(n, 1), correct / max(n, 1)
