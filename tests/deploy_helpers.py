@@ -76,3 +76,46 @@ def wait_for(predicate: Any, timeout: float, what: str, procs: list[subprocess.P
             break
         time.sleep(1.0)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def adapter_layout(
+    root: Path, task: dict[str, Any], training: dict[str, Any], sites: list[str], rounds: int
+) -> dict[str, Path]:
+    """The shipped loopback deployment cut to an adapter task (``task``, ``training``) on ``sites``
+    and the EU and US zones: each site seals its base int8; plaintext, no DP (the released bytes
+    are the adapters' own). Keys are provisioned under ``root/keys``; the config paths by party."""
+    from fedshard.config import load_federation
+    from fedshard.deploy.keys import provision
+    from fedshard.deploy.loopback import write_loopback_layout
+
+    def edit(data: dict[str, Any]) -> None:
+        data["federation"].update(rounds=rounds, min_sites=len(sites), round_timeout_s=300)
+        data["task"] = task
+        data["training"] = training
+        data["sharding"] = {"tile": [64, 64]}
+        data["store"] = {"base": "int8"}
+        data.pop("privacy", None)
+        data.pop("residency", None)
+        data["zones"] = [z for z in data["zones"] if z["region"] in ("EU", "US")]
+        data["sites"] = [s for s in data["sites"] if s["id"] in sites]
+        data["deployment"].update(wait_s=300)
+
+    paths = write_loopback_layout(Path(__file__).resolve().parents[1] / "configs", root, edit=edit)
+    provision(load_federation(paths["aggregator"]), root / "keys")
+    return paths
+
+
+def run_deployed(root: Path, paths: dict[str, Path], sites: list[str]) -> None:
+    """``aggregator up`` and ``site up`` for each of ``sites`` in ``root``, until the aggregator ends
+    (it must end well); every process stopped after."""
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    aggregator = start(["aggregator", "up", "--config", str(paths["aggregator"])], root, logs / "agg.log")
+    procs = [aggregator]
+    try:
+        for site in sites:
+            procs.append(start(["site", "up", "--config", str(paths[site])], root, logs / f"{site}.log"))
+        wait_for(lambda: aggregator.poll() is not None, 900, "the aggregator to finish", procs)
+        assert aggregator.returncode == 0, (logs / "agg.log").read_text()[-3000:]
+    finally:
+        stop(procs)

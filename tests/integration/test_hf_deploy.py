@@ -9,19 +9,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fedshard.config import load_federation
-from fedshard.deploy.keys import provision
-from fedshard.deploy.loopback import write_loopback_layout
-from tests.deploy_helpers import start, stop, wait_for
+from tests.deploy_helpers import adapter_layout, run_deployed
 from tests.hf_helpers import hf_options, tiny_model_folder
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester"]
 _FEDSHARD = (sys.executable, "-m", "fedshard.cli.main")
 
@@ -29,32 +25,11 @@ _FEDSHARD = (sys.executable, "-m", "fedshard.cli.main")
 def test_a_deployed_hf_federation_trains_adapters_a_site_exports_for_peft(tmp_path: Path) -> None:
     folder = tiny_model_folder((tmp_path / "tiny-bert").resolve())
 
-    def edit(data: dict[str, Any]) -> None:
-        data["federation"].update(rounds=1, min_sites=len(SITES), round_timeout_s=300)
-        data["task"] = {"target": "fedshard.tasks.hf:sequence_classification", "options": hf_options(folder)}
-        data["training"] = {"local_epochs": 1, "batch_size": 16, "learning_rate": 0.005}
-        data["sharding"] = {"tile": [64, 64]}
-        data["store"] = {"base": "int8"}
-        data.pop("privacy", None)
-        data.pop("residency", None)
-        data["zones"] = [z for z in data["zones"] if z["region"] in ("EU", "US")]
-        data["sites"] = [s for s in data["sites"] if s["id"] in SITES]
-        data["deployment"].update(wait_s=300)
-
-    paths = write_loopback_layout(ROOT / "configs", tmp_path, edit=edit)
+    options = {"target": "fedshard.tasks.hf:sequence_classification", "options": hf_options(folder)}
+    training = {"local_epochs": 1, "batch_size": 16, "learning_rate": 0.005}
+    paths = adapter_layout(tmp_path, options, training, SITES, rounds=1)
     config = load_federation(paths["aggregator"])
-    provision(config, tmp_path / "keys")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    aggregator = start(["aggregator", "up", "--config", str(paths["aggregator"])], tmp_path, logs / "agg.log")
-    procs = [aggregator]
-    try:
-        for site in SITES:
-            procs.append(start(["site", "up", "--config", str(paths[site])], tmp_path, logs / f"{site}.log"))
-        wait_for(lambda: aggregator.poll() is not None, 900, "the aggregator to finish", procs)
-        assert aggregator.returncode == 0, (logs / "agg.log").read_text()[-3000:]
-    finally:
-        stop(procs)
+    run_deployed(tmp_path, paths, SITES)
     summary = json.loads(next((tmp_path / "runs" / "aggregator").glob("run-*/summary.json")).read_text())
     assert summary["engine"] == "deployment" and summary["rounds"] == 1 and not summary["stopped_reason"]
     assert sorted(summary["history"][0]["sites"]) == sorted(SITES)

@@ -15,15 +15,12 @@ from typing import Any
 import pytest
 
 from fedshard.config import load_federation
-from fedshard.deploy.keys import provision
-from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.task import build_initial_model, load_task, trained_state
-from tests.deploy_helpers import start, stop, wait_for
+from tests.deploy_helpers import adapter_layout, run_deployed
 from tests.llm_helpers import SMALL
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 SITES = ["charite-berlin", "ap-hp-paris", "mayo-rochester"]
 ROUNDS = 2
 
@@ -42,45 +39,17 @@ def _options(cache: Path) -> dict[str, Any]:
     return {"size": "tiny", "cache_dir": str(cache), "pretrain_epochs": 1, **SMALL}
 
 
-def _layout(root: Path, cache: Path) -> dict[str, Path]:
-    """The shipped deployment, cut to the LLM task on three sites (two EU, one US) and two zones."""
-
-    def edit(data: dict[str, Any]) -> None:
-        data["federation"].update(rounds=ROUNDS, min_sites=len(SITES), round_timeout_s=300)
-        data["task"] = {"target": "clients.tasks.llm:task", "options": _options(cache)}
-        data["training"] = {"local_epochs": 1, "batch_size": 64, "learning_rate": 0.003}
-        data["sharding"] = {"tile": [64, 64]}
-        data["store"] = {"base": "int8"}
-        data.pop("privacy", None)  # plaintext adapters, no DP: the released bytes are the adapters' own
-        data.pop("residency", None)
-        data["zones"] = [z for z in data["zones"] if z["region"] in ("EU", "US")]
-        data["sites"] = [s for s in data["sites"] if s["id"] in SITES]
-        data["deployment"].update(wait_s=300)
-
-    return write_loopback_layout(ROOT / "configs", root, edit=edit)
-
-
 def test_deployed_sites_stream_their_sealed_base_and_release_adapters_only(tmp_path: Path, base_cache: Path) -> None:
-    paths = _layout(tmp_path, base_cache)
+    task_section = {"target": "clients.tasks.llm:task", "options": _options(base_cache)}
+    training = {"local_epochs": 1, "batch_size": 64, "learning_rate": 0.003}
+    paths = adapter_layout(tmp_path, task_section, training, SITES, ROUNDS)
     config = load_federation(paths["aggregator"])
     assert config.store.base == "int8" and not config.privacy.enabled and not config.residency.encrypting
-    provision(config, tmp_path / "keys")
     task = load_task(config.task.target, dict(config.task.options))
     adapter_bytes = sum(
         t.numel() * t.element_size() for t in trained_state(build_initial_model(task, config.federation.seed)).values()
     )
-
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    aggregator = start(["aggregator", "up", "--config", str(paths["aggregator"])], tmp_path, logs / "agg.log")
-    procs = [aggregator]
-    try:
-        for site in SITES:
-            procs.append(start(["site", "up", "--config", str(paths[site])], tmp_path, logs / f"{site}.log"))
-        wait_for(lambda: aggregator.poll() is not None, 900, "the aggregator to finish", procs)
-        assert aggregator.returncode == 0, (logs / "agg.log").read_text()[-3000:]
-    finally:
-        stop(procs)
+    run_deployed(tmp_path, paths, SITES)
 
     run_dir = next((tmp_path / "runs" / "aggregator").glob("run-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
