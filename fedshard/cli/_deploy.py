@@ -418,7 +418,7 @@ def _run_site(launch: SiteLaunch, retry_s: float, state: SiteState) -> None:
         if _STALE_SESSION in reason:  # Flower's words for it say nothing of why
             reason += (
                 " The SuperLink still holds this site's previous session (a crash or a kill leaves it open); "
-                "it lapses two heartbeats after the last one, 20 s with the warm SuperNode, 60 s with Flower's own."
+                "it lapses two missed heartbeats after the last one (Flower's SuperNode beats every 30 s)."
             )
         pause = 2.0 if _STALE_SESSION in reason else 5.0  # the session lapses on its own: look again soon
         record("retrying", f"{child.name} exited ({reason})")

@@ -31,7 +31,7 @@ SITES = ("charite-berlin", "ap-hp-paris", "mayo-rochester", "sgh-singapore")
 CRASHED = "sgh-singapore"
 ROUNDS = 7
 """The compose run's rounds (FEDSHARD_ROUNDS; the file's default is 5): the round after the kill
-waits out the killed site's SuperLink session (≤ 20 s), the restarted site joins a round or two
+waits out the killed site's SuperLink session (≤ 60 s), the restarted site joins a round or two
 later, and rounds are left for it to train in on any machine; 7 stay within every site's ε budget."""
 Compose = Callable[..., CompletedProcess[str]]
 

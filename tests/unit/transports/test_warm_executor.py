@@ -31,22 +31,6 @@ def test_another_flower_release_is_refused_by_version(monkeypatch: pytest.Monkey
     assert warm_checks.problem() == ("flwr 1.43.0 is installed; the warm executor was written against flwr 1.42.*")
     assert delivery.problem() == "flwr 1.43.0 is installed; the one-pass delivery was written against flwr 1.42.*"
     assert waits.shorten_object_pulls("flwr.supernode.start_client_internal") is False  # changed nothing
-    assert waits.shorten_heartbeat() is False
-
-
-def test_the_supernode_declares_and_keeps_a_short_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A crashed site's SuperLink session lapses two intervals after its last beat: 20 s, not 60 s."""
-    from flwr.supercore import heartbeat
-    from flwr.supernode import fleet_http_connection
-
-    for module in (heartbeat, fleet_http_connection):
-        monkeypatch.setattr(module, "HEARTBEAT_DEFAULT_INTERVAL", 30)
-    assert waits.shorten_heartbeat()
-    assert heartbeat.HEARTBEAT_DEFAULT_INTERVAL == fleet_http_connection.HEARTBEAT_DEFAULT_INTERVAL == 10
-    monkeypatch.setattr(heartbeat, "HEARTBEAT_DEFAULT_INTERVAL", 45)  # a release that changed it: left alone
-    monkeypatch.setattr(fleet_http_connection, "HEARTBEAT_DEFAULT_INTERVAL", 30)
-    assert not waits.shorten_heartbeat()
-    assert fleet_http_connection.HEARTBEAT_DEFAULT_INTERVAL == 30
 
 
 def test_a_changed_run_clientapp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,8 +52,6 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal("flwr.supernode.start_client_internal", "pull_objects", "waits (the SuperNode's pulls)"),
     Internal("flwr.superlink.grid.http_grid", "pull_objects", "waits (the ServerApp's pulls)"),
-    Internal("flwr.supernode.fleet_http_connection", "HEARTBEAT_DEFAULT_INTERVAL", "waits (the heartbeat declared)"),
-    Internal("flwr.supercore.heartbeat", "HEARTBEAT_DEFAULT_INTERVAL", "waits (the heartbeat's pace)"),
     Internal("flwr.supercore.runtime", "RuntimeHttpClient.AcquireTask", "warm_executor"),
     Internal("flwr.supercore.runtime", "RuntimeHttpClient.from_server_address", "warm_executor"),
     Internal("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor", "warm_executor"),

@@ -6,7 +6,7 @@ ClientApp's reply, and backs off 1 s, 2 s, … when a message's objects are not 
 SuperLink yet; a round that sends each site two messages waits seconds on these alone.
 Flower offers no setting for them, so this entry point gives that one module a ``time``
 whose ``sleep`` waits ``--poll-s`` instead of 3 s and at most ``--wait-s`` instead of
-0.5 s, an object pull with a short backoff and a 10 s heartbeat instead of 30 s
+0.5 s, and an object pull with a short backoff
 (:mod:`fedshard.transports.flower.compat.waits`), then runs ``flower-supernode`` unchanged with
 the remaining arguments. Nothing else changes: the pulls, TLS, SuperNode authentication
 and message handling are Flower's. :mod:`fedshard.transports.flower.compat.warm_checks` checks that
@@ -24,7 +24,7 @@ import argparse
 import importlib
 import sys
 
-from fedshard.transports.flower.compat.waits import PollClock, shorten_heartbeat, shorten_object_pulls
+from fedshard.transports.flower.compat.waits import PollClock, shorten_object_pulls
 
 __all__ = ["LOOP", "install", "main"]
 
@@ -33,13 +33,11 @@ LOOP = "flwr.supernode.start_client_internal"
 
 
 def install(poll_s: float, wait_s: float) -> PollClock:
-    """Give Flower's SuperNode loop a :class:`PollClock`, short object-pull backoffs and a short
-    heartbeat (a crashed site's restart is let in sooner); returns the clock."""
+    """Give Flower's SuperNode loop a :class:`PollClock` and short object-pull backoffs; returns the clock."""
     module = importlib.import_module(LOOP)
     clock = PollClock(poll_s, wait_s)
     module.time = clock  # type: ignore[attr-defined]  # read at every sleep of the loop
     shorten_object_pulls(LOOP)
-    shorten_heartbeat()
     return clock
 
 

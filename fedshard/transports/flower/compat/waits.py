@@ -13,14 +13,7 @@ warm (measured: ``bench/deploy_overhead.py``):
   the pull function a module imported to one whose backoff starts at 20 ms and stops
   growing at 0.1 s; the overall limits (``max_time``, tries per object) stay Flower's.
 
-A third wait decides how soon a site that crashed can come back: the SuperNode declares a
-heartbeat interval of 30 s (``HEARTBEAT_DEFAULT_INTERVAL``) and the SuperLink holds its
-session for two intervals after the last heartbeat, refusing the restarted SuperNode's
-activation (``Failed to activate SuperNode``, code 2004) until then, up to a minute in which a
-federation's rounds go on without it. :func:`shorten_heartbeat` declares Flower's minimum,
-10 s, and beats at that pace, so a restart is let in at most 20 s after the crash.
-
-All three patch module attributes and check first that it is what Flower 1.42 has
+Both patch one module attribute each and check first that it is what Flower 1.42 has
 (:func:`shorten_object_pulls` returns False and changes nothing otherwise;
 :mod:`fedshard.transports.flower.compat.warm_checks` checks the SuperNode loop before ``site up``
 uses it).
@@ -38,13 +31,11 @@ from fedshard.transports.flower.compat._release import release_problem
 
 __all__ = [
     "GRID_PULLS",
-    "HEARTBEAT_S",
     "IDLE_SLEEP_S",
     "PULL_BACKOFF",
     "PULL_BACKOFF_CAP",
     "PollClock",
     "shorten_grid_pulls",
-    "shorten_heartbeat",
     "shorten_object_pulls",
 ]
 
@@ -85,36 +76,6 @@ class PollClock:
 
 GRID_PULLS = "flwr.superlink.grid.http_grid"
 """Where the ServerApp's Grid pulls the objects of the sites' replies."""
-
-
-HEARTBEAT_S = 10
-"""The SuperNode's heartbeat interval (Flower: 30 s; the SuperLink accepts 10 s and more)."""
-
-_HEARTBEAT_MODULES = ("flwr.supernode.fleet_http_connection", "flwr.supercore.heartbeat")
-"""The modules that read ``HEARTBEAT_DEFAULT_INTERVAL``: the interval the SuperNode declares
-to the SuperLink, and the pace its heartbeat thread keeps (both must change together, or the
-SuperLink would expect beats faster than they come)."""
-
-_FLOWER_HEARTBEAT_S = 30
-
-
-def shorten_heartbeat() -> bool:
-    """Have the SuperNode declare and keep a :data:`HEARTBEAT_S` heartbeat; returns whether it did.
-
-    Changes nothing (False) unless the installed Flower is the supported release and both
-    modules hold Flower's 30 s interval as a module global read at every beat.
-    """
-    if release_problem("the short heartbeat") is not None:
-        return False
-    try:
-        modules = [importlib.import_module(name) for name in _HEARTBEAT_MODULES]
-    except ImportError:
-        return False
-    if any(getattr(m, "HEARTBEAT_DEFAULT_INTERVAL", None) not in (_FLOWER_HEARTBEAT_S, HEARTBEAT_S) for m in modules):
-        return False
-    for module in modules:
-        module.HEARTBEAT_DEFAULT_INTERVAL = HEARTBEAT_S  # type: ignore[attr-defined]
-    return True
 
 
 def shorten_grid_pulls() -> bool:
