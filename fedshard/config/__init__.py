@@ -2,6 +2,7 @@
 
 from fedshard.config._deployment import AggregatorDeployment, SiteDeployment
 from fedshard.config._models import (
+    FULL_BATCH,
     AggregationConfig,
     BoundRule,
     FederationConfig,
@@ -16,6 +17,7 @@ from fedshard.config._models import (
     TrainingConfig,
     ZoneConfig,
     ZoneLimits,
+    local_batch,
 )
 from fedshard.config.loader import (
     DeployedSite,
@@ -62,6 +64,8 @@ __all__ = [
     "TrainingConfig",
     "ZoneConfig",
     "ZoneLimits",
+    "FULL_BATCH",
+    "local_batch",
     "DeployedSite",
     "load_deployed_site",
     "load_federation",

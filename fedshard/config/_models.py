@@ -21,6 +21,7 @@ from fedshard.config.privacy import BudgetConfig, PrivacyConfig
 from fedshard.config.residency import ResidencyConfig
 
 __all__ = [
+    "FULL_BATCH",
     "MAX_SITE_WEIGHT_LIMIT",
     "MAX_VALUE_LIMIT",
     "AggregationConfig",
@@ -38,6 +39,7 @@ __all__ = [
     "TrainingConfig",
     "ZoneConfig",
     "ZoneLimits",
+    "local_batch",
 ]
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -183,13 +185,30 @@ class AggregationConfig(_Model):
         return min(max(self.max_weight_over_median * median, 1.0), self.max_site_weight)
 
 
+FULL_BATCH = 0
+"""``training.batch_size: all`` as a round's instruction and privacy plan carry it: every record
+the site holds in one batch (one step per epoch; DP-SGD's sample rate 1)."""
+
+
+def local_batch(batch_size: int, num_examples: int) -> int:
+    """The batch a site with ``num_examples`` records trains with: all of them for :data:`FULL_BATCH`."""
+    return max(num_examples, 1) if batch_size == FULL_BATCH else batch_size
+
+
 class TrainingConfig(_Model):
     """Local training settings sent to every site each round."""
 
     local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
+    batch_size: Annotated[int, Field(ge=1)] | Literal["all"] = Field(
+        32, description="records per step, or all: every record a site holds in one batch (full-batch training)"
+    )
     learning_rate: float = Field(0.05, gt=0)
     server_optimizer: ServerOptimizerConfig = Field(default_factory=ServerOptimizerConfig)
+
+    @property
+    def sent_batch_size(self) -> int:
+        """``batch_size`` as rounds and privacy plans carry it (:data:`FULL_BATCH` for ``all``)."""
+        return FULL_BATCH if self.batch_size == "all" else self.batch_size
 
 
 class ShardingConfig(_Model):

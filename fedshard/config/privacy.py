@@ -70,7 +70,7 @@ class RecordDPConfig(_Model):
         None,
         ge=2,
         description=_DISTRIBUTED_HELP + "; one DP-SGD step per round (training.local_epochs: 1, "
-        "training.batch_size ≥ a site's records) so the released update is linear in the noise",
+        "training.batch_size: all) so the released update is linear in the noise",
     )
 
 

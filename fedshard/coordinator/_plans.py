@@ -44,7 +44,7 @@ def privacy_plan(config: FederationConfig, site_id: str) -> PrivacyPlan | None:
         accountant=AccountantKind(record.accountant),
         epsilon=budget.epsilon,
         delta=budget.delta,
-        batch_size=t.batch_size,
+        batch_size=t.sent_batch_size,
         epochs=t.local_epochs,
         record=RecordPlan(
             mechanism=record.mechanism,

@@ -518,7 +518,7 @@ class Coordinator:
             missed=group.missed(site_id),
             zones=self.endpoints,
             epochs=t.local_epochs,
-            batch_size=t.batch_size,
+            batch_size=t.sent_batch_size,
             learning_rate=t.learning_rate,
             seed=derive_seed(self.config.federation.seed, rnd, site_id),
             privacy=self._privacy_plan(site_id),

@@ -212,7 +212,7 @@ class PrivacyPlan(_Msg):
     accountant: AccountantKind
     epsilon: float
     delta: float
-    batch_size: int  # local training per round, which the cost of a round depends on
+    batch_size: int = Field(ge=0)  # local training per round (0: every record), which a round's cost depends on
     epochs: int
     record: RecordPlan | None = None
     update: UpdatePlan | None = None
@@ -326,7 +326,7 @@ class TrainInstruction(_Msg):
     missed: list[AppliedRound]
     zones: dict[str, str]  # zone name -> endpoint
     epochs: int
-    batch_size: int
+    batch_size: int = Field(ge=0)  # records per step; 0 (FULL_BATCH): every record the site holds
     learning_rate: float
     seed: int
     privacy: PrivacyPlan | None = None

@@ -3,7 +3,7 @@ settings on the union of every site's data, for comparison with the federated mo
 
 from __future__ import annotations
 
-from fedshard.config import FederationConfig
+from fedshard.config import FederationConfig, local_batch
 from fedshard.task import Metrics, Partition, TrainSettings, load_task
 
 __all__ = ["centralized_baseline"]
@@ -19,5 +19,6 @@ def centralized_baseline(config: FederationConfig, rounds: int | None = None) ->
     model = task.build_model()
     t = config.training
     epochs = (rounds or config.federation.rounds) * t.local_epochs
-    task.train(model, data, TrainSettings(epochs, t.batch_size, t.learning_rate, config.federation.seed))
+    batch = local_batch(t.sent_batch_size, data.num_train)
+    task.train(model, data, TrainSettings(epochs, batch, t.learning_rate, config.federation.seed))
     return task.evaluate(model, data)

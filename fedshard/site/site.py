@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from fedshard import faults
-from fedshard.config import LayerPolicy
+from fedshard.config import LayerPolicy, local_batch
 from fedshard.errors import FedshardError, PrivacyError, RoundError, StoreError
 from fedshard.integrity import genesis_version
 from fedshard.protocol.binding import with_proof
@@ -429,7 +429,8 @@ class Site:
         """
         model = self.model
         training = dp.training if dp is not None else None
-        settings = TrainSettings(message.epochs, message.batch_size, message.learning_rate, message.seed, training)
+        batch = local_batch(message.batch_size, self.data.num_train)
+        settings = TrainSettings(message.epochs, batch, message.learning_rate, message.seed, training)
         base = model.split()  # the copy of the model a message makes: the update is computed over it
         stored = self._held.release()
         kept = self._kept_copy() if stored is not None else None  # put back after training: no store read next

@@ -19,6 +19,7 @@ import secrets
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from fedshard.config import local_batch
 from fedshard.errors import PrivacyError
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.mechanisms._shares import RoundShape, Sharing, noise_share
@@ -35,10 +36,11 @@ log = logging.getLogger(__name__)
 
 def planned_record_event(num_examples: int, batch_size: int, epochs: int, noise_multiplier: float) -> DPEvent:
     """The DP event of one round of DP-SGD: Opacus's Poisson loader samples each record
-    with rate ``1 / batches_per_epoch`` and takes ``batches_per_epoch`` steps per epoch."""
+    with rate ``1 / batches_per_epoch`` and takes ``batches_per_epoch`` steps per epoch
+    (``batch_size`` :data:`~fedshard.config.FULL_BATCH`: one batch of every record)."""
     if num_examples < 1:
         raise PrivacyError("record-level DP needs at least one training record at the site")
-    batches = math.ceil(num_examples / batch_size)
+    batches = math.ceil(num_examples / local_batch(batch_size, num_examples))
     return DPEvent(Guarantee.RECORD, noise_multiplier, 1.0 / batches, epochs * batches)
 
 
@@ -99,8 +101,8 @@ class RecordPrivacy:
         if distributed and planned.steps != 1:
             raise PrivacyError(
                 f"distributed record-level DP needs one DP-SGD step per round, but this round plans {planned.steps} "
-                f"(sample rate {planned.sample_rate:.3g}); set training.local_epochs: 1 and training.batch_size at "
-                "least the site's number of training records"
+                f"(sample rate {planned.sample_rate:.3g}); set training.local_epochs: 1 and training.batch_size: all "
+                "(every record of the site in one batch)"
             )
         self.planned = planned
         self.max_grad_norm = max_grad_norm

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedshard.config import FederationConfig, load_federation
+from fedshard.config import FULL_BATCH, FederationConfig, load_federation
 from fedshard.errors import ConfigError
 
 DEMO = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
@@ -56,6 +56,8 @@ def test_defaults_live_in_the_model(tmp_path: Path) -> None:
         (lambda d: d.pop("task"), "task: required key is missing"),
         (lambda d: d["task"].update(target="no-colon"), "task.target"),
         (lambda d: d["federation"].update(sample_fraction=1.5), "federation.sample_fraction"),
+        (lambda d: d["training"].update(batch_size=0), "training.batch_size"),
+        (lambda d: d["training"].update(batch_size="everything"), "training.batch_size"),
     ],
 )
 def test_bad_values_are_one_line_naming_key_and_file(tmp_path: Path, mutate, expected: str) -> None:
@@ -68,6 +70,14 @@ def test_bad_values_are_one_line_naming_key_and_file(tmp_path: Path, mutate, exp
     assert "\n" not in message
     assert str(path) in message
     assert expected in message
+
+
+def test_a_full_batch_is_written_all_and_sent_as_full_batch(tmp_path: Path) -> None:
+    data = _base()
+    data["training"]["batch_size"] = "all"
+    cfg = load_federation(_write(tmp_path, data))
+    assert cfg.training.batch_size == "all" and cfg.training.sent_batch_size == FULL_BATCH
+    assert load_federation(DEMO).training.sent_batch_size == 16
 
 
 def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:

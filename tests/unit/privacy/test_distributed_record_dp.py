@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fedshard.config import FULL_BATCH, local_batch
 from fedshard.errors import PrivacyError
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.mechanisms import noise_share
@@ -135,3 +136,15 @@ def test_update_level_shares_scale_to_the_rounds_largest_weight() -> None:
     assert np.std(noised(5, 1.0)) == pytest.approx(2.0 / 2, rel=0.05)
     assert np.std(noised(5, 3.0)) == pytest.approx(3 * 2.0 / 2, rel=0.05)
     assert np.std(noised(None, 3.0)) == pytest.approx(2.0, rel=0.05)  # alone: all of σ, whatever the weights
+
+
+def test_a_full_batch_is_one_step_whatever_a_sites_record_count() -> None:
+    """``training.batch_size: all`` (FULL_BATCH in the plan): every record in one step, sample rate 1,
+    for 40 records or for 1,260, where a fixed batch of 512 would plan three steps and be refused."""
+    for records in (RECORDS, 1260):
+        event = planned_record_event(records, FULL_BATCH, 1, SIGMA)
+        assert (event.steps, event.sample_rate) == (1, 1.0)
+        RecordPrivacy(event, CLIP, noise_share(5), distributed=True)  # accepted: one step per round
+    with pytest.raises(PrivacyError, match="this round plans 3"):
+        RecordPrivacy(planned_record_event(1260, 512, 1, SIGMA), CLIP, noise_share(5), distributed=True)
+    assert local_batch(FULL_BATCH, 1260) == 1260 and local_batch(64, 1260) == 64
