@@ -1,6 +1,6 @@
-"""The training and scoring loops fedshard's tasks share: Adam (or DP-SGD through a site's
-``make_private``) over shuffled batches, cross-entropy, and a scoring pass; a task says only
-how a batch's inputs become logits.
+"""The training and scoring loops fedshard's tasks share: an optimiser (Adam by default; DP-SGD
+through a site's ``make_private``) over shuffled batches, cross-entropy, and a scoring pass; a
+task says only how a batch's inputs become logits.
 
 A batch is a tuple of tensors with the labels last; ``logits(net, inputs)`` runs the model on
 the others (``net`` is the model, or the DP wrapper ``make_private`` returned).
@@ -15,13 +15,34 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["Logits", "fit_adam", "score"]
+__all__ = ["Logits", "Optimiser", "adam", "fit", "score", "sgd"]
 
 Logits = Callable[[Any, Sequence["torch.Tensor"]], "torch.Tensor"]
 """``(net, the batch's input tensors) → logits``."""
 
+Optimiser = Callable[[list[Any], float], Any]
+"""``(trainable parameters, learning rate) → a torch optimiser``."""
 
-def fit_adam(
+
+def adam(params: list[Any], learning_rate: float) -> Any:
+    """torch's Adam (the default)."""
+    import torch
+
+    return torch.optim.Adam(params, lr=learning_rate)
+
+
+def sgd(momentum: float = 0.0) -> Optimiser:
+    """torch's SGD with ``momentum`` (plain SGD, as distributed DP noise needs, at 0)."""
+
+    def make(params: list[Any], learning_rate: float) -> Any:
+        import torch
+
+        return torch.optim.SGD(params, lr=learning_rate, momentum=momentum)
+
+    return make
+
+
+def fit(
     model: nn.Module,
     tensors: Sequence[torch.Tensor],
     logits: Logits,
@@ -30,9 +51,13 @@ def fit_adam(
     learning_rate: float,
     seed: int,
     make_private: Callable[[Any, Any, Any], tuple[Any, Any, Any]] | None = None,
+    after_epoch: Callable[[int], bool] | None = None,
+    optimiser: Optimiser = adam,
 ) -> tuple[float, int]:
-    """Adam on ``model``'s trainable tensors over ``tensors`` (labels last), shuffled by ``seed``;
-    DP-SGD when ``make_private`` is given. Returns (mean training loss, examples seen)."""
+    """``optimiser`` (Adam) on ``model``'s trainable tensors over ``tensors`` (labels last), shuffled
+    by ``seed``; DP-SGD when ``make_private`` is given. ``after_epoch(epoch)`` (1, 2, …), when given, is
+    called after each epoch and stops the training by returning True (early stopping: the
+    optimiser's state carries over between epochs). Returns (mean training loss, examples seen)."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -41,23 +66,26 @@ def fit_adam(
         raise ValueError("the model has no trainable parameters")
     generator = torch.Generator().manual_seed(seed)
     loader: Any = DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=True, generator=generator)
-    optimiser: Any = torch.optim.Adam(params, lr=learning_rate)
+    step: Any = optimiser(params, learning_rate)
     net: Any = model
     if make_private is not None:
-        net, optimiser, loader = make_private(model, optimiser, loader)
+        net, step, loader = make_private(model, step, loader)
     loss_fn = torch.nn.CrossEntropyLoss()
     net.train()
     total, count = 0.0, 0
-    for _ in range(epochs):
+    for epoch in range(1, epochs + 1):
         for *inputs, labels in loader:
             if len(labels) == 0:  # Poisson sampling (DP-SGD) can draw an empty batch
                 continue
-            optimiser.zero_grad()
+            step.zero_grad()
             loss = loss_fn(logits(net, inputs), labels)
             loss.backward()
-            optimiser.step()
+            step.step()
             total += loss.item() * len(labels)
             count += len(labels)
+        if after_epoch is not None and after_epoch(epoch):
+            break
+        net.train()  # after_epoch may have scored the model
     return total / max(count, 1), count
 
 

@@ -117,10 +117,10 @@ def fit(
     seed: int,
     make_private: Callable[[Any, Any, Any], tuple[Any, Any, Any]] | None = None,
 ) -> tuple[float, int]:
-    """Adam on the trainable parameters (:func:`fedshard.tasks.loop.fit_adam`); returns (mean loss, examples seen)."""
-    from fedshard.tasks.loop import fit_adam
+    """Adam on the trainable parameters (:func:`fedshard.tasks.loop.fit`); returns (mean loss, examples seen)."""
+    from fedshard.tasks.loop import fit as fit_loop
 
-    return fit_adam(model, _tensors(examples), _logits, epochs, batch_size, learning_rate, seed, make_private)
+    return fit_loop(model, _tensors(examples), _logits, epochs, batch_size, learning_rate, seed, make_private)
 
 
 def evaluate_examples(model: nn.Module, examples: Examples, batch_size: int = 512) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.tasks.loop import fit_adam
+from fedshard.tasks.loop import fit as fit_loop
 from fedshard.tasks.loop import score as score_tensors
 
 if TYPE_CHECKING:
@@ -54,10 +54,12 @@ def fit(
     learning_rate: float,
     seed: int,
     make_private: Callable[[Any, Any, Any], tuple[Any, Any, Any]] | None = None,
+    after_epoch: Callable[[int], bool] | None = None,
 ) -> tuple[float, int]:
-    """Adam on the model's trainable tensors (DP-SGD through ``make_private`` when given);
-    returns (mean training loss, examples seen)."""
-    return fit_adam(model, _tensors(data), _logits, epochs, batch_size, learning_rate, seed, make_private)
+    """Adam on the model's trainable tensors (DP-SGD through ``make_private`` when given;
+    ``after_epoch``: see :func:`~fedshard.tasks.loop.fit`); returns (mean training loss,
+    examples seen)."""
+    return fit_loop(model, _tensors(data), _logits, epochs, batch_size, learning_rate, seed, make_private, after_epoch)
 
 
 def score(model: nn.Module, data: Encoded, batch_size: int = 128) -> tuple[float, float]:
