@@ -226,6 +226,26 @@ def _llm_dp_shown(h: dict[str, Any], section: str) -> None:
     assert "Every site spent at most its budget: yes" in section
 
 
+def _hf_finetune(h: dict[str, Any]) -> None:
+    # --smoke: MiniLM on 96 examples, two central rates chosen on validation, one test seed, two steps at most
+    assert h["seeds"] == 1 and h["test_examples"] == 48 and h["fed_lr"] == 0.005 and h["central_lr"] in (0.002, 0.005)
+    assert 1 <= h["rounds_to_convergence"] <= 2 and 1 <= h["epochs_to_convergence"] <= 2
+    assert -100 < h["fed_vs_central_pp"] < 100 and h["fed_vs_central_se_pp"] == 0
+    assert h["variants_vs_central_pp"] == {"fedavg": h["fed_vs_central_pp"]}
+    assert h["bytes_per_round"] > 6 * 384 * 3 * 4 and h["base_bytes_per_round"] == 0  # six sites' adapters and heads
+    assert h["fed_wall_s"] > 0 and h["central_wall_s"] > 0 and h["peak_rss_mb"] > 100
+    # DP at ε = 8, federated and pooled, every party within its budget
+    assert set(h["dp_vs_central_pp"]) == set(h["dp_vs_central_dp_pp"]) == {"8"} and h["budget_respected"] is True
+
+
+def _hf_finetune_shown(h: dict[str, Any], section: str) -> None:
+    row = _row(section, f"fedavg (FFA-LoRA r=8), lr {h['fed_lr']:g}")
+    assert _cells(row)[2] == f"{h['fed_vs_central_pp']:+.2f} ± 0.00"
+    assert f"base bytes released: {h['base_bytes_per_round']:,}" in section
+    assert "goal: within 0.3 pp" in section
+    assert f"(vs central DP-SGD: {h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00 pp)" in _row(section, "DP ε=8: fedavg")
+
+
 def _site_overhead(h: dict[str, Any]) -> None:
     assert h["mode"] == "quick"
     assert h["demo_message_s"] > 0 and h["transformer_message_s"] > 0 and h["transformer_params"] > 1e6
@@ -531,6 +551,30 @@ EXPECT: dict[str, Expect] = {
         },
         _llm_dp,
         _llm_dp_shown,
+    ),
+    "hf_finetune": Expect(
+        {
+            "fed_vs_central_pp",
+            "fed_vs_central_se_pp",
+            "seeds",
+            "test_examples",
+            "fed_lr",
+            "central_lr",
+            "rounds_to_convergence",
+            "epochs_to_convergence",
+            "fed_wall_s",
+            "central_wall_s",
+            "bytes_per_round",
+            "base_bytes_per_round",
+            "peak_rss_mb",
+            "variants_vs_central_pp",
+            "dp_vs_central_pp",
+            "dp_vs_central_dp_pp",
+            "dp_vs_central_dp_se_pp",
+            "budget_respected",
+        },
+        _hf_finetune,
+        _hf_finetune_shown,
     ),
     "deploy_overhead": Expect(
         {
