@@ -31,6 +31,7 @@ __all__ = [
     "job_key",
     "load_cache",
     "mean_se",
+    "memoise_calibration",
     "paired_gap",
     "pct",
     "pp",
@@ -52,7 +53,7 @@ _CALIBRATIONS: list[tuple[tuple[Any, ...], float]] = []  # (calibrate_noise args
 
 
 @functools.cache
-def _memoise_calibration() -> None:
+def memoise_calibration() -> None:
     """σ calibration, memoised in this process.
 
     Each site calibrates σ once per federation and caches it in its state folder; every
@@ -114,7 +115,7 @@ def run_federated(s: Federated, epsilon: float, seed: int, fold: int, validation
     from fedshard.simulate.run import simulate
 
     quiet()
-    _memoise_calibration()
+    memoise_calibration()
     config = dp_config(s, epsilon, seed, fold, validation)
     _CALIBRATIONS.clear()
     t0 = time.perf_counter()

@@ -246,6 +246,22 @@ def _hf_finetune_shown(h: dict[str, Any], section: str) -> None:
     assert f"(vs central DP-SGD: {h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00 pp)" in _row(section, "DP ε=8: fedavg")
 
 
+def _dp_tables(h: dict[str, Any]) -> None:
+    # --smoke: the smallest table (137 records), one fold, ε = 3, 2 rounds
+    assert h["tables"] == 1 and h["folds"] == 1 and set(h["defaults_vs_floor_pp"]) == {"veterans_lung_cancer"}
+    assert -100 < h["worst_defaults_vs_floor_pp"] < 100 and h["budget_respected"] is True
+    assert h["within_goal"] == (h["worst_defaults_vs_floor_pp"] >= -0.5)
+    assert h["ahead_of_per_site"] == (h["defaults_vs_central_mean_pp"] > h["per_site_vs_central_mean_pp"])
+
+
+def _dp_tables_shown(h: dict[str, Any], section: str) -> None:
+    row = _cells(_row(section, "veterans_lung_cancer (137 records), ε = 3"))
+    assert row[6] == f"{h['defaults_vs_floor_pp']['veterans_lung_cancer']:+.2f} ± 0.00"
+    assert f"on their worst table (goal: within 0.5 pp on every table: {'met' if h['within_goal'] else 'not met'})" in (
+        " ".join(section.split())
+    )
+
+
 def _site_overhead(h: dict[str, Any]) -> None:
     assert h["mode"] == "quick"
     assert h["demo_message_s"] > 0 and h["transformer_message_s"] > 0 and h["transformer_params"] > 1e6
@@ -575,6 +591,22 @@ EXPECT: dict[str, Expect] = {
         },
         _hf_finetune,
         _hf_finetune_shown,
+    ),
+    "dp_tables": Expect(
+        {
+            "defaults_vs_floor_pp",
+            "per_site_vs_floor_pp",
+            "worst_defaults_vs_floor_pp",
+            "defaults_vs_central_mean_pp",
+            "per_site_vs_central_mean_pp",
+            "within_goal",
+            "ahead_of_per_site",
+            "budget_respected",
+            "folds",
+            "tables",
+        },
+        _dp_tables,
+        _dp_tables_shown,
     ),
     "deploy_overhead": Expect(
         {
