@@ -342,7 +342,8 @@ _DISTRIBUTED_TUNING_INTERPRETATION = (
     "(95.47 %, 95.00 %), 30 or 40 rounds (95.58 %), server momentum (95.65 %, 95.32 %), clipping at 1 "
     "(95.47 %, 94.70 %) and all 30 features (94.70 %) are no better; differences below ~1 pp are within noise "
     "(SE ≈ 0.5 pp per candidate over 30 splits; the first 15 splits had `dist-r20-lr60` at 96.78 %, the next "
-    "15 pulled it back). Chosen: `dist-r20-lr60` (`configs/demo-dp-he.yaml`). It is still 1.35 pp below the "
+    "15 pulled it back). Chosen: `dist-r20-lr60` (`configs/demo-dp-he.yaml` until the cross-table defaults). "
+    "It is still 1.35 pp below the "
     "best non-private candidate on these splits (`c-worst-lin-lr0.1-e100`, 97.48 %)."
 )
 TUNING_INTERPRETATIONS = {

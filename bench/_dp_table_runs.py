@@ -5,9 +5,9 @@ table, each scored on the whole test fold by this bench.
   momentum 0.9, batch 32, 100 epochs: textbook settings);
 * ``central-dp``: the floor: the DP-SGD schedule of fedshard's defaults run by one trusted
   curator on the pooled data (one site, σ calibrated to ε over the schedule);
-* ``defaults``: ``configs/demo-dp-he.yaml`` with the table swapped in and nothing else
-  changed (five EU sites with label skew, record-level noise shared under CKKS): fedshard's
-  recommended private setting, as a user would take it;
+* ``defaults``: ``configs/demo-dp-he.yaml`` (or the config ``--defaults`` names) with the
+  table swapped in and nothing else changed (five EU sites with label skew, record-level
+  noise shared under CKKS): fedshard's recommended private setting, as a user would take it;
 * ``per-site``: plain per-site DP-SGD with textbook settings: an MLP (64-32), batch 64, local
   SGD lr 0.05, clip 1, 20 rounds of one local epoch, FedAvg, each site adding all of its noise
   with σ calibrated to its budget.
@@ -65,17 +65,27 @@ def task_options(data: Path, repeat: int, fold: int, folds: int, **extra: Any) -
     }
 
 
-def _demo() -> dict[str, Any]:
+def _loaded(path: Path) -> dict[str, Any]:
     from fedshard.config.loader import load_federation
 
-    return load_federation(DEMO).model_dump(mode="json")
+    return load_federation(path).model_dump(mode="json")
 
 
-def config(method: str, data: Path, epsilon: float, repeat: int, fold: int, folds: int, rounds: int | None) -> Any:
-    """The federation of ``method`` (``central-dp``, ``defaults`` or ``per-site``) on one fold."""
+def config(
+    method: str,
+    data: Path,
+    epsilon: float,
+    repeat: int,
+    fold: int,
+    folds: int,
+    rounds: int | None,
+    defaults: Path = DEMO,
+) -> Any:
+    """The federation of ``method`` (``central-dp``, ``defaults`` or ``per-site``) on one fold;
+    ``defaults``: the config whose private settings ``defaults`` and ``central-dp`` take."""
     from fedshard.config import FederationConfig
 
-    cfg = _demo()
+    cfg = _loaded(DEMO if method == "per-site" else defaults)
     cfg["federation"].update(seed=repeat * folds + fold, name=f"dp-tables-{method}")
     if rounds is not None:
         cfg["federation"]["rounds"] = rounds
@@ -98,13 +108,21 @@ def config(method: str, data: Path, epsilon: float, repeat: int, fold: int, fold
 
 
 def run_federated(
-    method: str, data: Path, table: str, epsilon: float, repeat: int, fold: int, folds: int, rounds: int | None
+    method: str,
+    data: Path,
+    table: str,
+    epsilon: float,
+    repeat: int,
+    fold: int,
+    folds: int,
+    rounds: int | None,
+    defaults: Path = DEMO,
 ) -> Outcome:
     """Simulate ``method``'s federation on one fold; score the model a site holds on the test fold."""
     from fedshard.assembly.sites import STORE_KEYS_DIR, site_model
     from fedshard.simulate.run import simulate
 
-    cfg = config(method, data, epsilon, repeat, fold, folds, rounds)
+    cfg = config(method, data, epsilon, repeat, fold, folds, rounds, defaults)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dp-tables-") as scratch:
         out = Path(scratch) / "run"
@@ -154,3 +172,29 @@ def majority_rate(data: Path) -> float:
 
     labels = Classification(**task_options(data, 0, 0, 5)).records.y
     return float(np.bincount(labels).max() / len(labels))
+
+
+def settings_digest(defaults: Path) -> str:
+    """What identifies the config ``defaults`` in the cache: a digest of its loaded settings (its
+    comments and layout do not count)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(_loaded(defaults), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def describe(defaults: Path) -> str:
+    """The private settings of the config ``defaults``, in words."""
+    cfg = _loaded(defaults)
+    t, record = cfg["training"], cfg["privacy"]["record_level"]
+    server = t["server_optimizer"]
+    step = (
+        f"server step {server['learning_rate']:g}"
+        if server["kind"] == "avg"
+        else f"server {server['kind']} lr {server['learning_rate']:g}"
+    )
+    batch = "full batch" if t["batch_size"] == "all" else f"batch {t['batch_size']}"
+    return (
+        f"{batch}, local lr {t['learning_rate']:g}, clip {record['max_grad_norm']:g}, {step}, "
+        f"{cfg['federation']['rounds']} rounds"
+    )

@@ -58,12 +58,15 @@ GOAL_PP = 0.5
 Job = tuple[str, str, float | None, int, int]  # (method, table, ε, repeat, fold)
 
 
-def _key(job: Job) -> str:
+def _key(job: Job, defaults: str) -> str:
+    """The cache key of ``job``; ``defaults`` identifies the defaults' config (its digest), which the
+    ``central-dp`` and ``defaults`` runs follow."""
     method, table, epsilon, repeat, fold = job
-    return f"{method}|{table}|{epsilon}|{repeat}|{fold}"
+    follows = f"|{defaults}" if method in ("central-dp", "defaults") else ""
+    return f"{method}|{table}|{epsilon}|{repeat}|{fold}{follows}"
 
 
-def _execute(job: Job, data: Path, folds: int, rounds: int | None) -> runs.Outcome:
+def _execute(job: Job, data: Path, folds: int, rounds: int | None, defaults: Path) -> runs.Outcome:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     memoise_calibration()  # σ for a (sample rate, steps) pair once per process, not once per site and run
@@ -71,10 +74,10 @@ def _execute(job: Job, data: Path, folds: int, rounds: int | None) -> runs.Outco
     if method == "central":
         return runs.run_central(data, table, repeat, fold, folds, epochs=rounds or 100)
     assert epsilon is not None
-    return runs.run_federated(method, data, table, epsilon, repeat, fold, folds, rounds)
+    return runs.run_federated(method, data, table, epsilon, repeat, fold, folds, rounds, defaults)
 
 
-def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, runs.Outcome]:
+def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[Job, runs.Outcome]:
     """Every job's outcome (cached ones read back), printing progress."""
     jobs: list[Job] = []
     for table in args.tables:
@@ -85,12 +88,13 @@ def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, runs.
     cache: dict[str, dict[str, Any]] = (
         json.loads(args.cache.read_text()) if args.cache is not None and args.cache.exists() else {}
     )
-    todo = [job for job in jobs if _key(job) not in cache]
+    digest = runs.settings_digest(args.defaults)
+    todo = [job for job in jobs if _key(job, digest) not in cache]
     t0 = time.perf_counter()
     print(f"{len(jobs)} runs, {len(jobs) - len(todo)} cached", flush=True)
 
     def record(job: Job, outcome: runs.Outcome) -> None:
-        cache[_key(job)] = asdict(outcome)
+        cache[_key(job, digest)] = asdict(outcome)
         if args.cache is not None:
             args.cache.parent.mkdir(parents=True, exist_ok=True)
             args.cache.write_text(json.dumps(cache, indent=1))
@@ -103,13 +107,15 @@ def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, runs.
 
     if args.processes > 1:
         with ProcessPoolExecutor(args.processes) as pool:
-            futures = {job: pool.submit(_execute, job, paths[job[1]], args.folds, args.rounds) for job in todo}
+            futures = {
+                job: pool.submit(_execute, job, paths[job[1]], args.folds, args.rounds, args.defaults) for job in todo
+            }
             for job, future in futures.items():
                 record(job, future.result())
     else:
         for job in todo:
-            record(job, _execute(job, paths[job[1]], args.folds, args.rounds))
-    return {_key(job): runs.Outcome(**cache[_key(job)]) for job in jobs}
+            record(job, _execute(job, paths[job[1]], args.folds, args.rounds, args.defaults))
+    return {job: runs.Outcome(**cache[_key(job, digest)]) for job in jobs}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,6 +127,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epsilons", default=None, help="ε per site (default 1,3,8; --quick 3)")
     parser.add_argument("--repeats", type=int, default=None, help="shuffles of the fold split (default 4; --quick 1)")
     parser.add_argument("--folds", type=int, default=5, help="folds per shuffle (default 5)")
+    parser.add_argument(
+        "--defaults",
+        type=Path,
+        default=runs.DEMO,
+        help="the config whose private settings are fedshard's defaults (default configs/demo-dp-he.yaml)",
+    )
     parser.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--cache", type=Path, default=None, help="finished runs (default runs/dp-tables/cache.json)")
     args = parser.parse_args(argv)
@@ -140,7 +152,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run every method on every fold of every table, publish the gaps (see the module docstring)."""
     args = parse_args(argv)
-    t0 = time.perf_counter()
     folder = c.REPO / "runs" / "dp-tables" / "tables"
     paths, sizes, majority = {}, {}, {}
     for table in TABLES:
@@ -151,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def accuracies(method: str, table: str, eps: float | None) -> list[float]:
         return [
-            outcomes[_key((method, table, eps, r, f))].accuracy
-            for r in range(args.repeats)
-            for f in range(args.fold_count)
+            outcomes[(method, table, eps, r, f)].accuracy for r in range(args.repeats) for f in range(args.fold_count)
         ]
 
     def gap(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -200,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         args,
         SECTION,
         "DP across public medical tables: fedshard's private defaults against the central DP floor",
-        f"{args.repeats * args.fold_count} test fold(s) per table and ε, paired; "
-        f"{(time.perf_counter() - t0) / 60:.0f} min",
+        f"{args.repeats * args.fold_count} test fold(s) per table and ε, paired; {len(outcomes)} runs, "
+        f"{sum(o.seconds for o in outcomes.values()) / 60:.0f} min of training (cached runs included)",
         c.machine_description(),
         notes=[
             "- Tables (`bench/_tables.py`), each written as a CSV and read by `fedshard.tasks.tabular:classification` "
@@ -209,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             + "; ".join(f"`{t.name}` ({t.source}): {t.outcome}" for t in TABLES if t.name in args.tables)
             + ".",
             "- `central`: non-private, pooled data, SGD lr 0.1, momentum 0.9, batch 32, 100 epochs. `central-dp`: the "
-            "defaults' schedule by one curator of the pooled data (full batch, clip 0.3, server step 60, 20 rounds), "
-            "σ calibrated to ε. `defaults`: `configs/demo-dp-he.yaml` with the table swapped in (five EU sites, label "
+            f"defaults' schedule by one curator of the pooled data ({runs.describe(args.defaults)}), "
+            f"σ calibrated to ε. `defaults`: `{args.defaults.name}` with the table swapped in (five EU sites, label "
             "skew Dirichlet 1.0, noise shared under CKKS). `per-site`: MLP 64-32, batch 64, SGD lr 0.05, clip 1, 20 "
             f"rounds, FedAvg, each site adding all of its noise. δ = {runs.DELTA:g}; every model is scored on the "
             f"whole test fold. Largest share of its budget any site spent: {spent:.3f}.",

@@ -400,7 +400,7 @@ def test_shared_noise_demo_runs_encrypted_and_every_ledger_spends_its_budget(rea
     spent = epsilon([DPEvent(Guarantee.RECORD, sigma, 1.0, 20)], 1e-5)
     for site in summary["sites"]:
         assert site["epsilon_record"] == pytest.approx(spent, rel=1e-6) and spent <= 3.0
-    assert summary["final_accuracy"] > 0.9  # the tuned private setting (bench/dp_accuracy.py: ~96 %)
+    assert summary["final_accuracy"] > 0.9  # fedshard's private defaults (96.5 % in one run here)
     assert (out / "keys").is_dir()  # the run's own CKKS contexts
 
 
