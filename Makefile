@@ -76,6 +76,7 @@ bench: $(STAMP)
 # DP utility: 45 folds x 12 runs of real federations (about an hour on 2 cores with --jobs 2),
 # then the large-model task's DP gap with its rate chosen on validation data (about 30 minutes)
 bench-dp: $(STAMP)
+	$(BIN)/python bench/dp_tables.py --processes 2
 	$(BIN)/python bench/dp_accuracy.py --jobs 2
 	$(BIN)/python bench/llm_dp.py
 
