@@ -149,6 +149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fed-lrs", default=None, help="federated Adam rates to choose from (default 5e-3,1e-2)")
     parser.add_argument("--central-lrs", default=None, help="central Adam rates (default 2e-3,5e-3,1e-2)")
     parser.add_argument("--variants", default="fedavg", help=f"federated recipes: {', '.join(runs.VARIANTS)}")
+    parser.add_argument("--dp-lrs", default=None, help="DP Adam rates to choose from (default: the non-private picks)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
     parser.add_argument("--epsilons", default=None, help="DP budgets per site (default 3,8; --quick none)")
     parser.add_argument("--examples", type=int, default=None, help="training pool (default 1200; --quick 600)")
@@ -161,6 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     quick = args.quick
     args.seeds = args.seeds or (1 if args.smoke else 2 if quick else 5)
     args.dp_seeds = min(args.dp_seeds or args.seeds, args.seeds)
+    args.dp_lrs = [float(x) for x in args.dp_lrs.split(",")] if args.dp_lrs else None
     args.examples = args.examples or (96 if args.smoke else 600 if quick else 1200)
     args.validation = args.validation or (48 if args.smoke else 300 if quick else 600)
     args.test = args.test or (48 if args.smoke else 600 if quick else 1200)
@@ -191,13 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(args.seeds)
     central = [bench.central(central_lr, seed, True) for seed in seeds]
     federated = {v: [bench.federated(v, fed_lr, seed, True) for seed in seeds] for v in args.variants}
-    private = {
-        eps: (
-            [bench.federated(f"dp-eps{eps:g}", fed_lr, seed, True) for seed in range(args.dp_seeds)],
-            [bench.central(central_lr, seed, True, eps) for seed in range(args.dp_seeds)],
+    private, dp_tuning = {}, []
+    for eps in args.epsilons:  # each DP recipe's rate chosen on validation too (default: the non-private pick)
+        dp_fed_lr, fed_means = bench.choose(
+            args.dp_lrs or [fed_lr], lambda lr, seed, e=eps: bench.federated(f"dp-eps{e:g}", lr, seed, False)
         )
-        for eps in args.epsilons
-    }
+        dp_central_lr, central_means = bench.choose(
+            args.dp_lrs or [central_lr], lambda lr, seed, e=eps: bench.central(lr, seed, False, e)
+        )
+        dp_tuning += [f"DP ε={eps:g} federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_means.items()]
+        dp_tuning += [f"DP ε={eps:g} central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_means.items()]
+        private[eps] = (
+            [bench.federated(f"dp-eps{eps:g}", dp_fed_lr, seed, True) for seed in range(args.dp_seeds)],
+            [bench.central(dp_central_lr, seed, True, eps) for seed in range(args.dp_seeds)],
+        )
 
     def gap(outcomes: list[runs.Outcome], against: list[runs.Outcome] = central) -> tuple[float, float]:
         pairs = zip(outcomes, against[: len(outcomes)], strict=True)  # the DP runs may have fewer seeds
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for eps, (fed_dp, central_dp) in private.items():
         rows.append(
             [
-                f"DP ε={eps:g}: fedavg, σ {fed_dp[0].noise_multiplier:.3g} (vs central DP-SGD: "
+                f"DP ε={eps:g}: fedavg, lr {fed_dp[0].lr:g}, σ {fed_dp[0].noise_multiplier:.3g} (vs central DP-SGD: "
                 f"{pp(*gap(fed_dp, central_dp))} pp)",
                 f"{mean_acc(fed_dp):.2f}",
                 pp(*gap(fed_dp)),
@@ -240,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         rows.append(
             [
-                f"DP ε={eps:g}: central DP-SGD (pooled), σ {central_dp[0].noise_multiplier:.3g}",
+                f"DP ε={eps:g}: central DP-SGD (pooled), lr {central_dp[0].lr:g}, "
+                f"σ {central_dp[0].noise_multiplier:.3g}",
                 f"{mean_acc(central_dp):.2f}",
                 pp(*gap(central_dp)),
                 f"{statistics.fmean(o.best for o in central_dp):.1f} epochs",
@@ -251,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     tuning = "; ".join(
         [f"federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_tuning.items()]
         + [f"central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_tuning.items()]
+        + dp_tuning
     )
     headline = {
         "fed_vs_central_pp": main_gap[0],
@@ -295,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             f"head), base bytes released: {headline['base_bytes_per_round']:,}. Peak memory of the bench process "
             f"(six sites, two zones, the scoring): {headline['peak_rss_mb']:,.0f} MB.",
             f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
-            f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, at the non-private picks' rates, test seeds "
-            f"0-{args.dp_seeds - 1}; σ fixed for the "
+            f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, at rates chosen on validation among `--dp-lrs` "
+            f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; σ fixed for the "
             f"{s.max_steps}-round horizon so that every site spends at most ε (stopping earlier spends less); "
             f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "
             f"party spent: {spent:.3f}.",
