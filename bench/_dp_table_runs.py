@@ -52,6 +52,22 @@ class Outcome:
         return self.correct / self.total
 
 
+@dataclasses.dataclass(frozen=True)
+class Fold:
+    """One test fold of one table: fold ``index`` of ``count`` in shuffle ``repeat``."""
+
+    data: Path
+    table: str
+    repeat: int
+    index: int
+    count: int
+
+    @property
+    def seed(self) -> int:
+        """The federation's seed on this fold."""
+        return self.repeat * self.count + self.index
+
+
 def task_options(data: Path, repeat: int, fold: int, folds: int, **extra: Any) -> dict[str, Any]:
     """The tabular task over ``data`` for one fold of repeat ``repeat``."""
     return {
@@ -65,34 +81,26 @@ def task_options(data: Path, repeat: int, fold: int, folds: int, **extra: Any) -
     }
 
 
+def _options(fold: Fold, **extra: Any) -> dict[str, Any]:
+    return task_options(fold.data, fold.repeat, fold.index, fold.count, **extra)
+
+
 def _loaded(path: Path) -> dict[str, Any]:
     from fedshard.config.loader import load_federation
 
     return load_federation(path).model_dump(mode="json")
 
 
-def config(
-    method: str,
-    data: Path,
-    epsilon: float,
-    repeat: int,
-    fold: int,
-    folds: int,
-    rounds: int | None,
-    defaults: Path = DEMO,
-) -> Any:
-    """The federation of ``method`` (``central-dp``, ``defaults`` or ``per-site``) on one fold;
+def config(method: str, fold: Fold, epsilon: float, rounds: int | None, defaults: Path = DEMO) -> Any:
+    """The federation of ``method`` (``central-dp``, ``defaults`` or ``per-site``) on ``fold``;
     ``defaults``: the config whose private settings ``defaults`` and ``central-dp`` take."""
     from fedshard.config import FederationConfig
 
     cfg = _loaded(DEMO if method == "per-site" else defaults)
-    cfg["federation"].update(seed=repeat * folds + fold, name=f"dp-tables-{method}")
+    cfg["federation"].update(seed=fold.seed, name=f"dp-tables-{method}")
     if rounds is not None:
         cfg["federation"]["rounds"] = rounds
-    cfg["task"] = {
-        "target": "fedshard.tasks.tabular:classification",
-        "options": task_options(data, repeat, fold, folds),
-    }
+    cfg["task"] = {"target": "fedshard.tasks.tabular:classification", "options": _options(fold)}
     cfg["privacy"]["budget"]["epsilon"] = epsilon
     if method == "central-dp":  # one curator: no distribution, no encryption needed
         cfg["sites"] = cfg["sites"][:1]
@@ -107,59 +115,52 @@ def config(
     return FederationConfig.model_validate(cfg)
 
 
-def run_federated(
-    method: str,
-    data: Path,
-    table: str,
-    epsilon: float,
-    repeat: int,
-    fold: int,
-    folds: int,
-    rounds: int | None,
-    defaults: Path = DEMO,
-) -> Outcome:
-    """Simulate ``method``'s federation on one fold; score the model a site holds on the test fold."""
+def run_federated(method: str, fold: Fold, epsilon: float, rounds: int | None, defaults: Path = DEMO) -> Outcome:
+    """Simulate ``method``'s federation on ``fold``; score the model a site holds on the test fold."""
     from fedshard.assembly.sites import STORE_KEYS_DIR, site_model
     from fedshard.simulate.run import simulate
 
-    cfg = config(method, data, epsilon, repeat, fold, folds, rounds, defaults)
+    cfg = config(method, fold, epsilon, rounds, defaults)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dp-tables-") as scratch:
         out = Path(scratch) / "run"
         summary = simulate(cfg, out)
         if summary["rounds"] != cfg.federation.rounds or summary["stopped_reason"]:
-            raise RuntimeError(f"{method} {table} ε={epsilon:g} fold {repeat}.{fold}: {summary['stopped_reason']}")
+            where = f"{method} {fold.table} ε={epsilon:g} fold {fold.repeat}.{fold.index}"
+            raise RuntimeError(f"{where}: {summary['stopped_reason']}")
         site = cfg.sites[0].id
         model, _ = site_model(cfg, out / "sites" / site, out / STORE_KEYS_DIR / f"{site}.kek")
     spent = max(float(s.get("epsilon_spent") or 0.0) for s in summary["sites"])
-    correct, total = _score(model, data, repeat, fold, folds)
-    return Outcome(method, table, epsilon, repeat, fold, correct, total, spent, time.perf_counter() - t0)
+    correct, total = _score(model, fold)
+    seconds = time.perf_counter() - t0
+    return Outcome(method, fold.table, epsilon, fold.repeat, fold.index, correct, total, spent, seconds)
 
 
-def run_central(data: Path, table: str, repeat: int, fold: int, folds: int, epochs: int = 100) -> Outcome:
-    """The non-private reference on the pooled training data of one fold."""
+def run_central(fold: Fold, epochs: int = 100) -> Outcome:
+    """The non-private reference on the pooled training data of ``fold``."""
     import torch
 
     from fedshard.task import Partition, TrainSettings
     from fedshard.tasks.tabular.task import Classification
 
     t0 = time.perf_counter()
-    task = Classification(**task_options(data, repeat, fold, folds, momentum=0.9))
-    pooled = task.load_data(Partition(None, 5, repeat))
-    torch.manual_seed(repeat * folds + fold)
+    task = Classification(**_options(fold, momentum=0.9))
+    pooled = task.load_data(Partition(None, 5, fold.repeat))
+    torch.manual_seed(fold.seed)
     model = task.build_model()
-    task.train(model, pooled, TrainSettings(epochs, 32, 0.1, repeat * folds + fold))
-    correct, total = _score(model, data, repeat, fold, folds)
-    return Outcome("central", table, None, repeat, fold, correct, total, 0.0, time.perf_counter() - t0)
+    task.train(model, pooled, TrainSettings(epochs, 32, 0.1, fold.seed))
+    correct, total = _score(model, fold)
+    seconds = time.perf_counter() - t0
+    return Outcome("central", fold.table, None, fold.repeat, fold.index, correct, total, 0.0, seconds)
 
 
-def _score(model: Any, data: Path, repeat: int, fold: int, folds: int) -> tuple[int, int]:
+def _score(model: Any, fold: Fold) -> tuple[int, int]:
     """(correct, records) of ``model`` on the whole test fold."""
     from fedshard.task import Partition
     from fedshard.tasks.tabular.task import Classification
 
-    task = Classification(**task_options(data, repeat, fold, folds))
-    metrics = task.evaluate(model, task.load_data(Partition(None, 5, repeat)))
+    task = Classification(**_options(fold))
+    metrics = task.evaluate(model, task.load_data(Partition(None, 5, fold.repeat)))
     assert metrics.accuracy is not None
     return round(metrics.accuracy * metrics.num_examples), metrics.num_examples
 

@@ -70,11 +70,12 @@ def _execute(job: Job, data: Path, folds: int, rounds: int | None, defaults: Pat
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     memoise_calibration()  # σ for a (sample rate, steps) pair once per process, not once per site and run
-    method, table, epsilon, repeat, fold = job
+    method, table, epsilon, repeat, index = job
+    fold = runs.Fold(data, table, repeat, index, folds)
     if method == "central":
-        return runs.run_central(data, table, repeat, fold, folds, epochs=rounds or 100)
+        return runs.run_central(fold, epochs=rounds or 100)
     assert epsilon is not None
-    return runs.run_federated(method, data, table, epsilon, repeat, fold, folds, rounds, defaults)
+    return runs.run_federated(method, fold, epsilon, rounds, defaults)
 
 
 def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[Job, runs.Outcome]:

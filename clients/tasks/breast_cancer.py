@@ -17,7 +17,6 @@ no site's data leaks into another's preprocessing.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from torch import nn
 
 from clients.tasks._classify import evaluate_classifier, train_epochs
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
+from fedshard.tasks.mlp import mlp
 
 __all__ = ["BreastCancerTask", "task"]
 
@@ -131,13 +131,7 @@ class BreastCancerTask:
     def build_model(self) -> nn.Module:
         """MLP inputs (30) → hidden… → 2, with layers named ``fc1``, ``fc2``, …"""
         inputs = 30 if self.features is None else len(self.features)
-        widths = (inputs, *self.hidden, 2)
-        layers: dict[str, nn.Module] = {}
-        for i, (a, b) in enumerate(itertools.pairwise(widths), start=1):
-            layers[f"fc{i}"] = nn.Linear(a, b)
-            if i < len(widths) - 1:
-                layers[f"act{i}"] = nn.ReLU()
-        return nn.Sequential(_ordered(layers))
+        return mlp((inputs, *self.hidden, 2))
 
     def load_data(self, partition: Partition) -> TaskData:
         """This partition's train and test slices (all of them for ``index=None``)."""
@@ -190,12 +184,6 @@ class BreastCancerTask:
         """Loss and accuracy on the local test slice."""
         split: _Split = data.test
         return evaluate_classifier(model, split.x, split.y)
-
-
-def _ordered(layers: dict[str, Any]) -> Any:
-    from collections import OrderedDict
-
-    return OrderedDict(layers)
 
 
 task = BreastCancerTask

@@ -15,8 +15,6 @@ nothing about any real data set.
 
 from __future__ import annotations
 
-import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +24,7 @@ from torch import nn
 
 from clients.tasks._classify import evaluate_classifier, train_epochs
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
+from fedshard.tasks.mlp import mlp
 
 __all__ = ["SyntheticTask", "task"]
 
@@ -88,13 +87,7 @@ class SyntheticTask:
 
     def build_model(self) -> nn.Module:
         """MLP features → hidden… → classes."""
-        widths = (self.features, *self.hidden, self.classes)
-        layers: OrderedDict[str, nn.Module] = OrderedDict()
-        for i, (a, b) in enumerate(itertools.pairwise(widths), start=1):
-            layers[f"fc{i}"] = nn.Linear(a, b)
-            if i < len(widths) - 1:
-                layers[f"act{i}"] = nn.ReLU()
-        return nn.Sequential(layers)
+        return mlp((self.features, *self.hidden, self.classes))
 
     def load_data(self, partition: Partition) -> TaskData:
         """This site's examples (every site's, for ``index=None``)."""

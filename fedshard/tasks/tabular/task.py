@@ -27,7 +27,6 @@ slice of the scored split.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from fedshard.errors import TaskError
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 from fedshard.tasks.files import read_rows
 from fedshard.tasks.loop import fit, score, sgd
+from fedshard.tasks.mlp import mlp
 from fedshard.tasks.partition import dirichlet_partition
 from fedshard.tasks.tabular.columns import Encoding
 
@@ -140,18 +140,8 @@ class Classification:
 
     # the Task protocol ------------------------------------------------------------------------
     def build_model(self) -> nn.Module:
-        """Inputs → hidden… → classes, ``Linear`` layers named ``fc1``, ``fc2``, … (DP-SGD trains them)."""
-        from collections import OrderedDict
-
-        from torch import nn
-
-        widths = (self.encoding.width, *self.hidden, len(self.labels))
-        layers: OrderedDict[str, nn.Module] = OrderedDict()
-        for i, (a, b) in enumerate(itertools.pairwise(widths), start=1):
-            layers[f"fc{i}"] = nn.Linear(a, b)
-            if i < len(widths) - 1:
-                layers[f"act{i}"] = nn.ReLU()
-        return nn.Sequential(layers)
+        """Inputs → hidden… → classes (:func:`fedshard.tasks.mlp.mlp`; DP-SGD trains it)."""
+        return mlp((self.encoding.width, *self.hidden, len(self.labels)))
 
     def splits(self, seed: int) -> tuple[Records, Records]:
         """(training part, scored split): the test fold, or the validation split when asked."""
