@@ -45,6 +45,9 @@ class Outcome:
     total: int
     epsilon_spent: float = 0.0
     seconds: float = 0.0
+    aborted: int = 0
+    """Rounds the federation aborted (a zone's bound on update norms: a site of a few records adds
+    noise far above the others' in its first round, before the zones hold a norm reference)."""
 
     @property
     def accuracy(self) -> float:
@@ -125,15 +128,16 @@ def run_federated(method: str, fold: Fold, epsilon: float, rounds: int | None, d
     with tempfile.TemporaryDirectory(prefix="dp-tables-") as scratch:
         out = Path(scratch) / "run"
         summary = simulate(cfg, out)
-        if summary["rounds"] != cfg.federation.rounds or summary["stopped_reason"]:
+        aborted = len(summary["aborted_rounds"])
+        if summary["stopped_reason"] or summary["rounds"] + aborted != cfg.federation.rounds:
             where = f"{method} {fold.table} ε={epsilon:g} fold {fold.repeat}.{fold.index}"
-            raise RuntimeError(f"{where}: {summary['stopped_reason']}")
+            raise RuntimeError(f"{where}: {summary['rounds']} rounds: {summary['stopped_reason']}")
         site = cfg.sites[0].id
         model, _ = site_model(cfg, out / "sites" / site, out / STORE_KEYS_DIR / f"{site}.kek")
     spent = max(float(s.get("epsilon_spent") or 0.0) for s in summary["sites"])
     correct, total = _score(model, fold)
     seconds = time.perf_counter() - t0
-    return Outcome(method, fold.table, epsilon, fold.repeat, fold.index, correct, total, spent, seconds)
+    return Outcome(method, fold.table, epsilon, fold.repeat, fold.index, correct, total, spent, seconds, aborted)
 
 
 def run_central(fold: Fold, epochs: int = 100) -> Outcome:

@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             f"σ calibrated to ε. `defaults`: `{args.defaults.name}` with the table swapped in (five EU sites, label "
             "skew Dirichlet 1.0, noise shared under CKKS). `per-site`: MLP 64-32, batch 64, SGD lr 0.05, clip 1, 20 "
             f"rounds, FedAvg, each site adding all of its noise. δ = {runs.DELTA:g}; every model is scored on the "
-            f"whole test fold. Largest share of its budget any site spent: {spent:.3f}.",
+            f"whole test fold. Largest share of its budget any site spent: {spent:.3f}. Rounds aborted by the zones' "
+            f"norm bound (a site of a few records, its first round): "
+            f"{sum(o.aborted for o in outcomes.values())} in {len(outcomes)} runs.",
         ],
         headers=[
             "table, ε per site",
