@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -84,6 +85,7 @@ __all__ = [
     "PUSH_ROUND_KEYS",
     "push_round",
     "rotated",
+    "save_json",
     "round_spec",
     "section_header",
     "status_bytes",
@@ -95,6 +97,16 @@ __all__ = [
 
 MB = 1e6  # throughputs are in decimal MB/GB (10^6 / 10^9 bytes)
 MiB = 1 << 20
+
+
+# results kept between runs ------------------------------------------------------------
+def save_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` whole or not at all (a bench killed mid-write keeps the
+    previous file: its cache of finished runs holds hours of work)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 # timing --------------------------------------------------------------------------------

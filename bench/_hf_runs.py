@@ -286,7 +286,7 @@ def federation_config(setting: Setting, variant: Variant, lr: float, seed: int, 
     if variant.server:
         data["training"]["server_optimizer"] = dict(variant.server)
     if variant.epsilon is not None:
-        sigma = horizon_sigma(tuple(site_sizes(setting, seed)), setting.batch, setting.max_steps, variant.epsilon)
+        sigma = horizon_sigma(site_sizes(setting, seed), setting.batch, setting.max_steps, variant.epsilon)
         data["privacy"] = {
             "record_level": {"enabled": True, "noise_multiplier": sigma, "max_grad_norm": CLIP},
             "budget": {"epsilon": variant.epsilon, "delta": DELTA},
@@ -294,13 +294,15 @@ def federation_config(setting: Setting, variant: Variant, lr: float, seed: int, 
     return FederationConfig.model_validate(data)
 
 
-def site_sizes(setting: Setting, seed: int) -> list[int]:
-    """Every site's training records at ``seed`` (the Dirichlet cut of the pool)."""
+@functools.cache
+def site_sizes(setting: Setting, seed: int) -> tuple[int, ...]:
+    """Every site's training records at ``seed`` (the Dirichlet cut of the pool; cached: a DP federation
+    asks once per round, and the table takes a second to read)."""
     from fedshard.tasks.hf.task import SequenceClassification
     from fedshard.tasks.partition import dirichlet_partition
 
     pool, _, _ = SequenceClassification(**task_options(setting)).splits()
-    return [len(part) for part in dirichlet_partition(pool.labels, 6, setting.dirichlet_alpha, seed)]
+    return tuple(len(part) for part in dirichlet_partition(pool.labels, 6, setting.dirichlet_alpha, seed))
 
 
 def adapter_bytes(config: Any) -> int:

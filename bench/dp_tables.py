@@ -38,7 +38,7 @@ import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +97,7 @@ def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[Job, runs.
     def record(job: Job, outcome: runs.Outcome) -> None:
         cache[_key(job, digest)] = asdict(outcome)
         if args.cache is not None:
-            args.cache.parent.mkdir(parents=True, exist_ok=True)
-            args.cache.write_text(json.dumps(cache, indent=1))
+            c.save_json(args.cache, cache)
         eps = "" if outcome.epsilon is None else f" ε={outcome.epsilon:g}"
         print(
             f"[{time.perf_counter() - t0:6.0f}s] {outcome.method:<10} {outcome.table:<22}{eps:<7} fold "
@@ -150,16 +149,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every method on every fold of every table, publish the gaps (see the module docstring)."""
-    args = parse_args(argv)
+@dataclass(frozen=True)
+class Prepared:
+    """The tables of a run, written as users' CSVs: their paths, record counts and majority-class rates."""
+
+    paths: dict[str, Path]
+    sizes: dict[str, int]
+    majority: dict[str, float]
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Write the chosen tables under ``runs/dp-tables/tables``."""
     folder = c.REPO / "runs" / "dp-tables" / "tables"
     paths, sizes, majority = {}, {}, {}
     for table in TABLES:
         if table.name in args.tables:
             paths[table.name], sizes[table.name] = write_table(table, folder)
             majority[table.name] = runs.majority_rate(paths[table.name])
-    outcomes = run_all(args, paths)
+    return Prepared(paths, sizes, majority)
+
+
+def largest_budget_share(outcomes: dict[Job, runs.Outcome]) -> float:
+    """The largest ε any site of any DP run spent, as a share of its budget."""
+    return max((o.epsilon_spent / o.epsilon for o in outcomes.values() if o.epsilon), default=0.0)
+
+
+def summarise(
+    args: argparse.Namespace, tables: Prepared, outcomes: dict[Job, runs.Outcome]
+) -> tuple[list[list[str]], dict[str, Any]]:
+    """The published table's rows (per table and ε) and the headline figures (at ε = 3)."""
 
     def accuracies(method: str, table: str, eps: float | None) -> list[float]:
         return [
@@ -176,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             floor, defaults, per_site = (accuracies(m, table, eps) for m in runs.METHODS[1:])
             rows.append(
                 [
-                    f"{table} ({sizes[table]:,} records), ε = {eps:g}",
-                    f"{100 * majority[table]:.1f}",
+                    f"{table} ({tables.sizes[table]:,} records), ε = {eps:g}",
+                    f"{100 * tables.majority[table]:.1f}",
                     f"{100 * statistics.fmean(central):.2f}",
                     f"{100 * statistics.fmean(floor):.2f}",
                     f"{100 * statistics.fmean(defaults):.2f}",
@@ -189,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             if eps == GOAL_EPSILON:
                 vs_floor[table], per_site_floor[table] = gap(defaults, floor)[0], gap(per_site, floor)[0]
                 vs_central[table], per_site_central[table] = gap(defaults, central)[0], gap(per_site, central)[0]
-    spent = max((o.epsilon_spent / o.epsilon for o in outcomes.values() if o.epsilon), default=0.0)
+    spent = largest_budget_share(outcomes)
     measured = bool(vs_floor)
     worst = min(vs_floor.values()) if measured else float("nan")
     defaults_mean = statistics.fmean(vs_central.values()) if measured else float("nan")
@@ -206,6 +224,20 @@ def main(argv: list[str] | None = None) -> int:
         "folds": args.repeats * args.fold_count,
         "tables": len(args.tables),
     }
+    return rows, headline
+
+
+def publish(
+    args: argparse.Namespace,
+    outcomes: dict[Job, runs.Outcome],
+    rows: list[list[str]],
+    headline: dict[str, Any],
+) -> None:
+    """Print the table and the headline, and write the section where ``args`` say."""
+    spent = largest_budget_share(outcomes)
+    measured = bool(headline["defaults_vs_floor_pp"])
+    worst = headline["worst_defaults_vs_floor_pp"]
+    defaults_mean, per_site_mean = headline["defaults_vs_central_mean_pp"], headline["per_site_vs_central_mean_pp"]
     c.publish(
         args,
         SECTION,
@@ -250,6 +282,15 @@ def main(argv: list[str] | None = None) -> int:
         headline=headline,
         console_title="DP across tables: defaults against the floor",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every method on every fold of every table, publish the gaps (see the module docstring)."""
+    args = parse_args(argv)
+    tables = prepare(args)
+    outcomes = run_all(args, tables.paths)
+    rows, headline = summarise(args, tables, outcomes)
+    publish(args, outcomes, rows, headline)
     return 0
 
 

@@ -40,7 +40,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +72,7 @@ class Cache:
         if key not in self.entries:
             self.entries[key] = asdict(run())
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.path.write_text(json.dumps(self.entries, indent=1))
+                c.save_json(self.path, self.entries)
         return runs.Outcome(**self.entries[key])
 
 
@@ -183,17 +182,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Choose on validation data, measure to convergence on the test set, publish (see the module docstring)."""
-    args = parse_args(argv)
-    quiet()
-    bench = Bench(args)
+@dataclass
+class Measured:
+    """Every run a report needs: the picks, the test runs per recipe, the DP pairs, what tuning saw."""
+
+    fed_lr: float
+    central_lr: float
+    central: list[runs.Outcome]
+    federated: dict[str, list[runs.Outcome]]
+    private: dict[float, tuple[list[runs.Outcome], list[runs.Outcome]]]
+    tuning: list[str]
+
+    def gap(self, outcomes: list[runs.Outcome], against: list[runs.Outcome] | None = None) -> tuple[float, float]:
+        """``outcomes`` − ``against`` (the central runs) in pp, paired by seed: mean ± SE."""
+        reference = self.central if against is None else against
+        pairs = zip(outcomes, reference[: len(outcomes)], strict=True)  # the DP runs may have fewer seeds
+        return mean_se([100 * (f.test_accuracy - cr.test_accuracy) for f, cr in pairs])  # type: ignore[operator]
+
+
+def measure(args: argparse.Namespace, bench: Bench) -> Measured:
+    """Choose every recipe's rate on validation data, then run the test seeds at the picks."""
     fed_lr, fed_tuning = bench.choose(args.fed_lrs, lambda lr, seed: bench.federated("fedavg", lr, seed, False))
     central_lr, central_tuning = bench.choose(args.central_lrs, lambda lr, seed: bench.central(lr, seed, False))
+    tuning = [f"federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_tuning.items()]
+    tuning += [f"central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_tuning.items()]
     seeds = range(args.seeds)
     central = [bench.central(central_lr, seed, True) for seed in seeds]
     federated = {v: [bench.federated(v, fed_lr, seed, True) for seed in seeds] for v in args.variants}
-    private, dp_tuning = {}, []
+    private = {}
     for eps in args.epsilons:  # each DP recipe's rate chosen on validation too (default: the non-private pick)
         dp_fed_lr, fed_means = bench.choose(
             args.dp_lrs or [fed_lr], lambda lr, seed, e=eps: bench.federated(f"dp-eps{e:g}", lr, seed, False)
@@ -201,75 +217,61 @@ def main(argv: list[str] | None = None) -> int:
         dp_central_lr, central_means = bench.choose(
             args.dp_lrs or [central_lr], lambda lr, seed, e=eps: bench.central(lr, seed, False, e)
         )
-        dp_tuning += [f"DP ε={eps:g} federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_means.items()]
-        dp_tuning += [f"DP ε={eps:g} central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_means.items()]
+        tuning += [f"DP ε={eps:g} federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_means.items()]
+        tuning += [f"DP ε={eps:g} central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_means.items()]
         private[eps] = (
             [bench.federated(f"dp-eps{eps:g}", dp_fed_lr, seed, True) for seed in range(args.dp_seeds)],
             [bench.central(dp_central_lr, seed, True, eps) for seed in range(args.dp_seeds)],
         )
+    return Measured(fed_lr, central_lr, central, federated, private, tuning)
 
-    def gap(outcomes: list[runs.Outcome], against: list[runs.Outcome] = central) -> tuple[float, float]:
-        pairs = zip(outcomes, against[: len(outcomes)], strict=True)  # the DP runs may have fewer seeds
-        return mean_se([100 * (f.test_accuracy - cr.test_accuracy) for f, cr in pairs])  # type: ignore[operator]
 
-    def mean_acc(outcomes: list[runs.Outcome]) -> float:
-        return 100 * statistics.fmean(o.test_accuracy for o in outcomes)  # type: ignore[misc]
-
-    fed = federated["fedavg"]
-    main_gap = gap(fed)
-    rows = [
-        [
-            f"{name} (FFA-LoRA r=8{'' if name != 'fedavg-lora' else ', A trained too'}), lr {fed_lr:g}",
-            f"{mean_acc(outs):.2f}",
-            pp(*gap(outs)),
-            f"{statistics.fmean(o.best for o in outs):.1f} rounds",
-            f"{statistics.fmean(o.seconds for o in outs):.0f}",
-        ]
-        for name, outs in federated.items()
+def _row(label: str, outcomes: list[runs.Outcome], gap: str, unit: str) -> list[str]:
+    """One recipe's line of the table: its mean test accuracy, its gap, where it stopped, its wall time."""
+    return [
+        label,
+        f"{100 * statistics.fmean(o.test_accuracy for o in outcomes):.2f}",  # type: ignore[misc]
+        gap,
+        f"{statistics.fmean(o.best for o in outcomes):.1f} {unit}",
+        f"{statistics.fmean(o.seconds for o in outcomes):.0f}",
     ]
-    rows.append(
-        [
-            f"central LoRA (pooled), lr {central_lr:g}",
-            f"{mean_acc(central):.2f}",
-            "0",
-            f"{statistics.fmean(o.best for o in central):.1f} epochs",
-            f"{statistics.fmean(o.seconds for o in central):.0f}",
-        ]
-    )
-    for eps, (fed_dp, central_dp) in private.items():
-        rows.append(
-            [
-                f"DP ε={eps:g}: fedavg, lr {fed_dp[0].lr:g}, σ {fed_dp[0].noise_multiplier:.3g} (vs central DP-SGD: "
-                f"{pp(*gap(fed_dp, central_dp))} pp)",
-                f"{mean_acc(fed_dp):.2f}",
-                pp(*gap(fed_dp)),
-                f"{statistics.fmean(o.best for o in fed_dp):.1f} rounds",
-                f"{statistics.fmean(o.seconds for o in fed_dp):.0f}",
-            ]
+
+
+def summarise(args: argparse.Namespace, m: Measured) -> tuple[list[list[str]], dict[str, Any], float]:
+    """The published table's rows, the headline figures and the largest share of a budget spent."""
+    rows = [
+        _row(
+            f"{name} (FFA-LoRA r=8{'' if name != 'fedavg-lora' else ', A trained too'}), lr {m.fed_lr:g}",
+            outs,
+            pp(*m.gap(outs)),
+            "rounds",
         )
+        for name, outs in m.federated.items()
+    ]
+    rows.append(_row(f"central LoRA (pooled), lr {m.central_lr:g}", m.central, "0", "epochs"))
+    for eps, (fed_dp, central_dp) in m.private.items():
+        label = f"DP ε={eps:g}: fedavg, lr {fed_dp[0].lr:g}, σ {fed_dp[0].noise_multiplier:.3g}"
         rows.append(
-            [
-                f"DP ε={eps:g}: central DP-SGD (pooled), lr {central_dp[0].lr:g}, "
-                f"σ {central_dp[0].noise_multiplier:.3g}",
-                f"{mean_acc(central_dp):.2f}",
-                pp(*gap(central_dp)),
-                f"{statistics.fmean(o.best for o in central_dp):.1f} epochs",
-                f"{statistics.fmean(o.seconds for o in central_dp):.0f}",
-            ]
+            _row(
+                f"{label} (vs central DP-SGD: {pp(*m.gap(fed_dp, central_dp))} pp)",
+                fed_dp,
+                pp(*m.gap(fed_dp)),
+                "rounds",
+            )
         )
-    spent = max((o.epsilon_spent / eps for eps, outs in private.items() for o in outs[0] + outs[1]), default=0.0)
-    tuning = "; ".join(
-        [f"federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_tuning.items()]
-        + [f"central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_tuning.items()]
-        + dp_tuning
-    )
+        label = (
+            f"DP ε={eps:g}: central DP-SGD (pooled), lr {central_dp[0].lr:g}, σ {central_dp[0].noise_multiplier:.3g}"
+        )
+        rows.append(_row(label, central_dp, pp(*m.gap(central_dp)), "epochs"))
+    spent = max((o.epsilon_spent / eps for eps, outs in m.private.items() for o in outs[0] + outs[1]), default=0.0)
+    fed, central, main_gap = m.federated["fedavg"], m.central, m.gap(m.federated["fedavg"])
     headline = {
         "fed_vs_central_pp": main_gap[0],
         "fed_vs_central_se_pp": main_gap[1],
         "seeds": args.seeds,
         "test_examples": args.test,
-        "fed_lr": fed_lr,
-        "central_lr": central_lr,
+        "fed_lr": m.fed_lr,
+        "central_lr": m.central_lr,
         "rounds_to_convergence": statistics.fmean(o.best for o in fed),
         "epochs_to_convergence": statistics.fmean(o.best for o in central),
         "fed_wall_s": statistics.fmean(o.seconds for o in fed),
@@ -277,12 +279,21 @@ def main(argv: list[str] | None = None) -> int:
         "bytes_per_round": max(o.bytes_per_round for o in fed),
         "base_bytes_per_round": max(o.base_bytes_per_round for o in fed),
         "peak_rss_mb": max(o.peak_rss for o in [*fed, *central]) / 1e6,
-        "variants_vs_central_pp": {name: gap(outs)[0] for name, outs in federated.items()},
-        "dp_vs_central_pp": {f"{eps:g}": gap(outs[0])[0] for eps, outs in private.items()},
-        "dp_vs_central_dp_pp": {f"{eps:g}": gap(*outs)[0] for eps, outs in private.items()},
-        "dp_vs_central_dp_se_pp": {f"{eps:g}": gap(*outs)[1] for eps, outs in private.items()},
+        "variants_vs_central_pp": {name: m.gap(outs)[0] for name, outs in m.federated.items()},
+        "dp_vs_central_pp": {f"{eps:g}": m.gap(outs[0])[0] for eps, outs in m.private.items()},
+        "dp_vs_central_dp_pp": {f"{eps:g}": m.gap(*outs)[0] for eps, outs in m.private.items()},
+        "dp_vs_central_dp_se_pp": {f"{eps:g}": m.gap(*outs)[1] for eps, outs in m.private.items()},
         "budget_respected": spent <= 1.0,
     }
+    return rows, headline, spent
+
+
+def publish(
+    args: argparse.Namespace, bench: Bench, m: Measured, rows: list[list[str]], headline: dict[str, Any], spent: float
+) -> None:
+    """Print the table and the headline, and write the section where ``args`` say."""
+    main_gap = (headline["fed_vs_central_pp"], headline["fed_vs_central_se_pp"])
+    tuning = "; ".join(m.tuning)
     met = main_gap[0] >= -GOAL_PP
     s = bench.setting
     c.publish(
@@ -329,6 +340,16 @@ def main(argv: list[str] | None = None) -> int:
         headline=headline,
         console_title="MiniLM fine-tuned with LoRA: federated against central at convergence",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Choose on validation data, measure to convergence on the test set, publish (see the module docstring)."""
+    args = parse_args(argv)
+    quiet()
+    bench = Bench(args)
+    measured = measure(args, bench)
+    rows, headline, spent = summarise(args, measured)
+    publish(args, bench, measured, rows, headline, spent)
     return 0
 
 
