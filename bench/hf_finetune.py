@@ -40,7 +40,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +62,13 @@ GOAL_PP = 0.3
 class Cache:
     """Finished runs by (setting, recipe, rate, seed, scored on test), in a JSON file (or nowhere)."""
 
-    def __init__(self, path: Path | None, setting: runs.Setting) -> None:
-        self.path, self.setting = path, setting.key()
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
         self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path and path.exists() else {}
 
-    def get(self, kind: str, lr: float, seed: int, test: bool, run: Any) -> runs.Outcome:
+    def get(self, setting: runs.Setting, kind: str, lr: float, seed: int, test: bool, run: Any) -> runs.Outcome:
         """The cached outcome, or ``run()``'s, cached."""
-        key = f"{self.setting}|{kind}|{lr:g}|{seed}|{test}"
+        key = f"{setting.key()}|{kind}|{lr:g}|{seed}|{test}"
         if key not in self.entries:
             self.entries[key] = asdict(run())
             if self.path is not None:
@@ -91,8 +91,10 @@ class Bench:
             patience=args.patience,
             max_steps=args.max_steps,
         )
+        self.private = replace(self.setting, batch=args.dp_batch)
+        """The DP runs' setting: their own batch size (a larger batch lowers the noise each step carries)."""
         self.scored = runs.scored_examples(self.setting)
-        self.cache = Cache(args.cache, self.setting)
+        self.cache = Cache(args.cache)
         self.t0 = time.perf_counter()
 
     def log(self, line: str) -> None:
@@ -102,12 +104,14 @@ class Bench:
     def central(self, lr: float, seed: int, test: bool, epsilon: float | None = None) -> runs.Outcome:
         """The central run at ``lr``, ``seed`` (DP-SGD at ``epsilon`` when given; cached)."""
         kind = "central" if epsilon is None else f"central-dp-eps{epsilon:g}"
+        setting = self.setting if epsilon is None else self.private
         out = self.cache.get(
+            setting,
             kind,
             lr,
             seed,
             test,
-            lambda: runs.central(self.setting, self.scored, lr, seed, test=test, epsilon=epsilon),
+            lambda: runs.central(setting, self.scored, lr, seed, test=test, epsilon=epsilon),
         )
         self.log(f"{kind} lr {lr:g} seed {seed}: best epoch {out.best} of {len(out.curve)}, {_scores(out)}")
         return out
@@ -115,12 +119,14 @@ class Bench:
     def federated(self, variant: str, lr: float, seed: int, test: bool) -> runs.Outcome:
         """The federation of ``variant`` (in :data:`runs.VARIANTS`, or ``dp-epsE``) at ``lr``, ``seed`` (cached)."""
         recipe = runs.VARIANTS.get(variant) or runs.dp_variant(float(variant.removeprefix("dp-eps")))
+        setting = self.setting if recipe.epsilon is None else self.private
         out = self.cache.get(
+            setting,
             variant,
             lr,
             seed,
             test,
-            lambda: runs.federated(self.setting, self.scored, recipe, lr, seed, test=test, log=self.log),
+            lambda: runs.federated(setting, self.scored, recipe, lr, seed, test=test, log=self.log),
         )
         self.log(f"{variant} lr {lr:g} seed {seed}: best round {out.best} of {len(out.curve)}, {_scores(out)}")
         return out
@@ -149,6 +155,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--central-lrs", default=None, help="central Adam rates (default 2e-3,5e-3,1e-2)")
     parser.add_argument("--variants", default="fedavg", help=f"federated recipes: {', '.join(runs.VARIANTS)}")
     parser.add_argument("--dp-lrs", default=None, help="DP Adam rates to choose from (default: the non-private picks)")
+    parser.add_argument("--dp-batch", type=int, default=16, help="the DP runs' batch size (default 16, as the others)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
     parser.add_argument("--epsilons", default=None, help="DP budgets per site (default 3,8; --quick none)")
     parser.add_argument("--examples", type=int, default=None, help="training pool (default 1200; --quick 600)")
@@ -317,7 +324,8 @@ def publish(
             f"head), base bytes released: {headline['base_bytes_per_round']:,}. Peak memory of the bench process "
             f"(six sites, two zones, the scoring): {headline['peak_rss_mb']:,.0f} MB.",
             f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
-            f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, at rates chosen on validation among `--dp-lrs` "
+            f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} (both), at rates chosen on "
+            f"validation among `--dp-lrs` "
             f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; σ fixed for the "
             f"{s.max_steps}-round horizon so that every site spends at most ε (stopping earlier spends less); "
             f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "

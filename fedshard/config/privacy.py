@@ -52,7 +52,8 @@ class RecordDPConfig(_Model):
     mechanism: str = Field(
         "dpsgd",
         pattern=r"^[a-z][a-z0-9_-]{0,39}$",
-        description="a registered record-level mechanism (fedshard.privacy.mechanisms): dpsgd, or one of the task's",
+        description="a registered record-level mechanism (fedshard.privacy.mechanisms): dpsgd (flat clipping), "
+        "dpsgd-normalized (each record's gradient scaled to the clip), or one of the task's",
     )
     noise_multiplier: float | None = Field(
         None, gt=0, description="fixed σ; leave empty to calibrate σ so the planned rounds spend the budget"

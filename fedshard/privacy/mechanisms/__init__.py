@@ -88,7 +88,9 @@ class Mechanism(Protocol):
         ...
 
 
-MECHANISMS: Registry[Mechanism] = Registry("DP mechanism", "privacy.*_level.mechanism", (DpSgd(), GaussianUpdate()))
+MECHANISMS: Registry[Mechanism] = Registry(
+    "DP mechanism", "privacy.*_level.mechanism", (DpSgd(), DpSgd(normalized=True), GaussianUpdate())
+)
 """Every DP mechanism by name: the built-in ones (a new one: its line here)."""
 
 _KEYS = {Guarantee.RECORD: "privacy.record_level.mechanism", Guarantee.UPDATE: "privacy.update_level.mechanism"}

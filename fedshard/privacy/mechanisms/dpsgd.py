@@ -1,4 +1,6 @@
-"""Record-level DP: DP-SGD through Opacus, inside the task's own training loop (mechanism ``dpsgd``).
+"""Record-level DP: DP-SGD through Opacus, inside the task's own training loop (mechanisms
+``dpsgd``, flat clipping, and ``dpsgd-normalized``, each record's gradient normalised to the
+clip: :mod:`fedshard.privacy.clipping`).
 
 A task opts in the way Opacus users do: it builds its model, optimiser and data
 loader, then hands them to :meth:`RecordPrivacy.make_private` (Poisson sampling,
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedshard.config import local_batch
 from fedshard.errors import PrivacyError
+from fedshard.privacy.clipping import install as install_normalized
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.mechanisms._shares import RoundShape, Sharing, noise_share
 from fedshard.privacy.secure_noise import install as install_secure_noise
@@ -91,10 +94,19 @@ class RecordPrivacy:
         The noise is distributed: the round must be one DP-SGD step of plain SGD, for only
         then is the released update linear in the noise, so that the shares add up in the
         aggregate.
+    normalized:
+        Each record's gradient is normalised to ``max_grad_norm`` instead of cut at it
+        (:mod:`fedshard.privacy.clipping`; the same privacy).
     """
 
     def __init__(
-        self, planned: DPEvent, max_grad_norm: float, noise_share: float = 1.0, *, distributed: bool = False
+        self,
+        planned: DPEvent,
+        max_grad_norm: float,
+        noise_share: float = 1.0,
+        *,
+        distributed: bool = False,
+        normalized: bool = False,
     ) -> None:
         if not (noise_share > 0.0 and math.isfinite(noise_share)):
             raise PrivacyError(f"a site's noise share must be a positive number, got {noise_share}")
@@ -108,6 +120,7 @@ class RecordPrivacy:
         self.max_grad_norm = max_grad_norm
         self.noise_share = noise_share
         self.distributed = distributed
+        self.normalized = normalized
         self._engine: Any = None
 
     @property
@@ -164,6 +177,8 @@ class RecordPrivacy:
             noise_generator=generator,
         )
         install_secure_noise(wrapped[1])  # the torch generator above stays only where Opacus's internals differ
+        if self.normalized:
+            install_normalized(wrapped[1])
         self._engine = engine
         return wrapped  # type: ignore[no-any-return]
 
@@ -208,10 +223,17 @@ class RecordPrivacy:
 
 
 class DpSgd:
-    """DP-SGD (Opacus): Poisson-sampled batches, per-sample clipping, Gaussian noise on every step."""
+    """DP-SGD (Opacus): Poisson-sampled batches, per-sample clipping, Gaussian noise on every step.
 
-    name = "dpsgd"
+    ``normalized``: each record's gradient is scaled to the clip rather than cut at it
+    (registered as ``dpsgd-normalized``; :mod:`fedshard.privacy.clipping`).
+    """
+
     guarantee = Guarantee.RECORD
+
+    def __init__(self, *, normalized: bool = False) -> None:
+        self.normalized = normalized
+        self.name = "dpsgd-normalized" if normalized else "dpsgd"
 
     def event(self, shape: RoundShape, noise_multiplier: float) -> DPEvent:
         """:func:`planned_record_event` of ``shape``."""
@@ -228,11 +250,12 @@ class DpSgd:
         move the sum by more than that: refused.
         """
         if not sharing.distributed:
-            return RecordPrivacy(planned, clip)
+            return RecordPrivacy(planned, clip, normalized=self.normalized)
         per_weight = sharing.examples / sharing.weight
         if per_weight < 1.0:  # a record would move the sum more than the others' shares cover
             raise PrivacyError(
                 f"distributed record-level DP: the aggregator weighs this site above its number of records "
                 f"(records / weight = {per_weight:.3g} < 1); nothing was released"
             )
-        return RecordPrivacy(planned, clip, noise_share(sharing.distributed_over) * per_weight, distributed=True)
+        share = noise_share(sharing.distributed_over) * per_weight
+        return RecordPrivacy(planned, clip, share, distributed=True, normalized=self.normalized)

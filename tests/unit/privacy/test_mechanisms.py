@@ -30,7 +30,9 @@ def test_the_built_in_mechanisms_follow_the_protocol_one_per_guarantee() -> None
 def test_names_nobody_registered_or_for_the_other_guarantee_are_refused_in_one_line(per_tensor) -> None:
     with pytest.raises(ConfigError, match=r"update_level\.mechanism 'laplace': no such .*ones: gaussian, per-tensor$"):
         mechanism("laplace", Guarantee.UPDATE)
-    with pytest.raises(ConfigError, match=r"record_level\.mechanism 'per-tensor': a update-level .*ones: dpsgd$"):
+    with pytest.raises(
+        ConfigError, match=r"record_level\.mechanism 'per-tensor': a update-level .*ones: dpsgd, dpsgd-normalized$"
+    ):
         mechanism("per-tensor", Guarantee.RECORD)
     with pytest.raises(ConfigError, match="already registered"):
         register(PerTensorGaussian())
