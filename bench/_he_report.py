@@ -31,7 +31,12 @@ from _he_schemes import (
     Measured,
 )
 
-from fedshard.crypto.he import COEFF_BITS, FIELD_BITS, POLY_DEGREE, SCALE_BITS
+from fedshard.crypto.he import DEFAULT_SCHEME
+from fedshard.crypto.he_schemes import COEFF_BITS, POLY_DEGREE, Ckks
+from fedshard.crypto.he_schemes import SCHEMES as HE_SCHEMES
+
+FIELD_BITS = HE_SCHEMES[DEFAULT_SCHEME].field_bits
+CKKS_FIELD_BITS = Ckks.field_bits
 
 __all__ = ["GOAL_BYTES", "GOAL_ENCRYPT", "GOAL_ROUND", "Report", "headers", "report"]
 
@@ -201,8 +206,10 @@ def _bytes_sentence(w: _Words) -> str:
     f_big, nv_big = w.summary[(big, "fedshard")], w.summary[(big, "nvflare")]
     return (
         f"Bytes (goal ≤ {GOAL_BYTES:g}× float32): {'met' if w.met('up', lambda x: x <= GOAL_BYTES) else 'not met'}. "
-        f"fedshard's ciphertexts are {w.per_size('up', lambda x: f'{x:.2f}×')} the bytes of the float32 update on "
-        f"the way up, against {w.per_size('up', lambda x: f'{x:.1f}×', 'nvflare')} for the NVFlare-style default: "
+        f"fedshard's {DEFAULT_SCHEME.upper()} ciphertexts are {w.per_size('up', lambda x: f'{x:.2f}×')} the bytes of "
+        f"the float32 update on the way up ({w.per_size('up', lambda x: f'{x:.2f}×', 'fedshard-ckks')} under its "
+        f"CKKS, whose ring uses only half its slots for reals), against "
+        f"{w.per_size('up', lambda x: f'{x:.1f}×', 'nvflare')} for the NVFlare-style default: "
         f"two quantised values per slot in an N = {POLY_DEGREE} ring whose ciphertexts keep one {COEFF_BITS[0]}-bit "
         f"prime (the {COEFF_BITS[1]}-bit one is the special prime, dropped after encryption), against one value per "
         f"slot and two primes ({NV_COEFF[0]} + {NV_COEFF[1]} bits) of N = {NV_POLY}. The encrypted aggregate a site "
@@ -302,6 +309,11 @@ def mean_bound(m: Measured) -> float:
     return N_SITES * m.step / 2 / m.works[m.labels[-1]][2]
 
 
+def ckks_bound(m: Measured) -> float:
+    """:func:`mean_bound` for fedshard's CKKS scheme."""
+    return N_SITES * m.ckks_step / 2 / m.works[m.labels[-1]][2]
+
+
 def _error_sentence(w: _Words) -> str:
     m = w.m
     total_w, bound = m.works[w.labels[-1]][2], mean_bound(m)
@@ -314,7 +326,9 @@ def _error_sentence(w: _Words) -> str:
         f"{VALUE_RANGE:g}/(2^{FIELD_BITS - 1 - HEADROOM} - 1) = {VALUE_RANGE:g}/{m.levels:,} = "
         f"{m.step:.3e} (value_range {VALUE_RANGE:g}, max_sites {MAX_SITES}, headroom ceil(log2 {MAX_SITES}) = "
         f"{HEADROOM} bits), i.e. ≤ S·step/(2·Σw) = {N_SITES}·{m.step:.3e}/(2·{total_w:g}) = {bound:.2e} on the mean "
-        f"of these {N_SITES} sites — {'respected' if err_ok else 'EXCEEDED'}; the rounding errors are independent, so "
+        f"of these {N_SITES} sites — {'respected' if err_ok else 'EXCEEDED'} (fedshard's CKKS, {CKKS_FIELD_BITS}-bit "
+        f"fields: {w.per_size('err', lambda x: f'{x:.2e}', 'fedshard-ckks')} against its bound "
+        f"{ckks_bound(m):.2e}); the rounding errors are independent, so "
         f"over millions of values the maximum comes close to the bound. That is "
         f"{f_big['err'] / VALUE_STD:.1%} of the updates' standard deviation ({VALUE_STD:g}), well below the noise "
         f"a DP mechanism adds; NVFlare-style CKKS at scale 2^{NV_SCALE_BITS} errs by "
@@ -373,7 +387,9 @@ def notes(m: Measured) -> list[str]:
         f"DP-noised updates; `ShardPlan` tile {TILE[0]}x{TILE[1]}: one shard per layer); weights "
         f"w_i = n_i / max n = {', '.join(f'{w:g}' for w in [n / max(SAMPLES) for n in SAMPLES])}.",
         f"- fedshard: `HeCodec(value_range={VALUE_RANGE:g}, max_sites={MAX_SITES})` (the defaults), N = "
-        f"{POLY_DEGREE}, coefficients {list(COEFF_BITS)}, scale 2^{SCALE_BITS}, symmetric encryption (`he_init`'s "
+        f"{POLY_DEGREE}, coefficients {list(COEFF_BITS)}; BFV (the default): plain modulus 2^42 − 25, "
+        f"{FIELD_BITS}-bit fields; CKKS: scale 2^{Ckks.SCALE_BITS}, {CKKS_FIELD_BITS}-bit fields; symmetric "
+        "encryption (`he_init`'s "
         "context; sites hold the secret key); sites `encrypt_packs` (the shards packed as `pack_layout` lays "
         "them out, then `encrypt_many`): packing in the calling process, from "
         f"{POOL_VALUES:,} values ciphertext-sized pieces ({PIECE:,} values) on a spawn pool of one worker per "
@@ -391,7 +407,7 @@ def notes(m: Measured) -> list[str]:
         '("WARNING: The input does not fit in a single ciphertext ..."): the NVFlare-style path runs with '
         "file descriptor 1 redirected to /dev/null around those calls (`os.dup2`, C stdio flushed, restored "
         "afterwards; stderr and exceptions untouched). Only encryption prints it; deserialising, adding and "
-        "decrypting run unredirected. fedshard encrypts one ciphertext per `ckks_vector` and prints nothing.",
+        "decrypting run unredirected. fedshard encrypts one ciphertext per vector and prints nothing.",
         "- Columns: bytes are ciphertext bytes / (4 × values) (upload: one site's push; aggregate: the zone's "
         "sum); encrypt = values / one site's encryption wall time (cores used = CPU s / wall s, the pool "
         "workers' CPU read from /proc/PID/stat included); zone fold = values of all sites / the zone's "
@@ -413,7 +429,11 @@ def headline(m: Measured, summary: Summary) -> dict[str, Any]:
     f_big, nv_big = summary[(big, "fedshard")], summary[(big, "nvflare")]
     return {
         "values_per_site": m.works[big][0],
-        "ckks_bytes_per_f32": f_big["up"],
+        "scheme": DEFAULT_SCHEME,
+        "bytes_per_f32": f_big["up"],
+        "ckks_bytes_per_f32": summary[(big, "fedshard-ckks")]["up"],
+        "ckks_max_abs_error": max(summary[(lb, "fedshard-ckks")]["err"] for lb in m.labels),
+        "ckks_error_bound": ckks_bound(m),
         "nvflare_bytes_per_f32": nv_big["up"],
         "encrypt_m_values_s": f_big["enc_rate"] / 1e6,
         "nvflare_encrypt_m_values_s": nv_big["enc_rate"] / 1e6,

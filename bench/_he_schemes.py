@@ -36,7 +36,7 @@ from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto import he
 from fedshard.crypto.ciphertexts import EncryptedSum
 from fedshard.crypto.he import (
-    SLOTS,
+    DEFAULT_SCHEME,
     VALUES_PER_SLOT,
     HeCodec,
     Pack,
@@ -44,6 +44,7 @@ from fedshard.crypto.he import (
     load_context,
     pack_layout,
 )
+from fedshard.crypto.he_schemes import SCHEMES as HE_SCHEMES
 
 __all__ = [
     "DEFAULT_TILE",
@@ -84,9 +85,15 @@ NV_POLY = 8192
 NV_COEFF = [60, 40, 40]
 NV_SCALE_BITS = 40
 POOL_VALUES = he._PARALLEL_VALUES  # encrypt_many uses its process pool from this many values
-PIECE = SLOTS * VALUES_PER_SLOT  # values per ciphertext: encrypt_many's unit of work
-SCHEMES = ["fedshard", "nvflare", "plaintext"]
-LABELS = {"fedshard": "fedshard", "nvflare": "NVFlare-style", "plaintext": "plaintext"}
+PIECE = HE_SCHEMES[DEFAULT_SCHEME].slots * VALUES_PER_SLOT  # values per ciphertext: encrypt_many's unit of work
+SCHEMES = ["fedshard", "fedshard-ckks", "nvflare", "plaintext"]
+"""``fedshard`` is fedshard's default scheme (BFV), ``fedshard-ckks`` its CKKS alternative (``he.scheme: ckks``)."""
+LABELS = {
+    "fedshard": f"fedshard ({DEFAULT_SCHEME.upper()}, default)",
+    "fedshard-ckks": "fedshard CKKS",
+    "nvflare": "NVFlare-style",
+    "plaintext": "plaintext",
+}
 
 _LIBC = ctypes.CDLL(None)
 
@@ -147,14 +154,14 @@ class OtherLoad:
 
 # schemes -----------------------------------------------------------------------------------------
 class FedshardScheme:
-    """fedshard's scheme: ``encrypt_packs`` at the sites (the shards packed as ``pack_layout`` lays
-    them out), ``EncryptedSum`` at the zone, ``decrypt_pack``."""
+    """fedshard's codec under ``scheme`` (``he.scheme``): ``encrypt_packs`` at the sites (the shards
+    packed as ``pack_layout`` lays them out), ``EncryptedSum`` at the zone, ``decrypt_pack``."""
 
-    def __init__(self, keys: Path) -> None:
-        secret_path, public_path = he_init(keys)
+    def __init__(self, keys: Path, scheme: str = DEFAULT_SCHEME) -> None:
+        secret_path, public_path = he_init(keys, scheme=scheme)
         self.secret_path = secret_path
-        self.codec = HeCodec(load_context(secret_path, secret=True), VALUE_RANGE, MAX_SITES)
-        self.public = load_context(public_path, secret=False)
+        self.codec = HeCodec(load_context(secret_path, secret=True, scheme=scheme), VALUE_RANGE, MAX_SITES)
+        self.public = load_context(public_path, secret=False, scheme=scheme)
         self.clipped = 0
 
     def _packs(self, shapes: dict[str, tuple[int, ...]]) -> list[Pack]:
@@ -412,8 +419,9 @@ class Measured:
     others: float = 0.0  # the same over the whole benchmark
     load0: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load1: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    step: float = 0.0  # fedshard's quantisation step
+    step: float = 0.0  # fedshard's quantisation step (the default scheme)
     levels: int = 0
+    ckks_step: float = 0.0  # the same under CKKS
     clipped: int = 0  # values fedshard clipped in all runs
 
     @property

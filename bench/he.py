@@ -1,11 +1,14 @@
-"""Homomorphic encryption of gradient shards: fedshard's CKKS scheme vs the NVFlare-style default.
+"""Homomorphic encryption of gradient shards: fedshard's BFV (its default) and CKKS schemes vs the
+NVFlare-style default.
 
-Both schemes run in the same process, on the same synthetic updates (``S`` = 4 simulated
+All schemes run in the same process, on the same synthetic updates (``S`` = 4 simulated
 sites, each with its own float32 update of ~1 M and ~10 M values, N(0, 0.01) like a
 DP-noised update, cut into 1024x1024 shards by ``ShardPlan``; one shard per layer here):
 
-* **fedshard** (``fedshard/crypto/he.py``): N = 4096, coefficients [60, 49], scale 2^20,
-  two quantised values per slot, symmetric (secret-key) encryption; a site encrypts with
+* **fedshard** (``fedshard/crypto/he.py``, schemes in ``fedshard/crypto/he_schemes.py``): N = 4096,
+  coefficients [60, 49], two quantised values per slot (BFV: 4096 slots of 21-bit fields modulo
+  a 42-bit prime, the default; CKKS: 2048 slots of 19-bit fields at scale 2^20, ``fedshard-ckks``),
+  symmetric (secret-key) encryption; a site encrypts with
   ``HeCodec.encrypt_many``: it packs in the calling process and, from 1 M values, hands
   ciphertext-sized pieces (4096 values) to a spawn process pool of one worker per core that
   is started once per site process and kept. The pool is warm in every timed round (an
@@ -33,8 +36,9 @@ start-up, no extras) is the smoke test.
 
     .venv/bin/python bench/he.py [--quick] [--json] [--runs N] [--values N [N ...]] [--output FILE]
 
-``--json`` prints, at the largest size: ``ckks_bytes_per_f32`` (fedshard's upload bytes per float32
-byte; ``nvflare_bytes_per_f32`` the same NVFlare-style), ``encrypt_m_values_s`` (per site, pool warm;
+``--json`` prints, at the largest size: ``scheme`` (the default), ``bytes_per_f32`` (its upload bytes
+per float32 byte; ``ckks_bytes_per_f32`` fedshard's CKKS, ``nvflare_bytes_per_f32`` the same
+NVFlare-style), ``ckks_max_abs_error`` and ``ckks_error_bound``, ``encrypt_m_values_s`` (per site, pool warm;
 ``nvflare_encrypt_m_values_s``), ``fold_m_values_s``, ``decrypt_m_values_s``, ``max_abs_error`` (all
 sizes) and its ``error_bound``, ``round_vs_plaintext``, ``critical_path_vs_plaintext``,
 ``pool_startup_s`` and ``values_per_site``.
@@ -79,8 +83,6 @@ from _he_schemes import (
     pool_startup,
     run_round,
 )
-
-from fedshard.crypto.he import FIELD_BITS, SLOTS
 
 SECTION = "he"
 STARTUP_REPS = 3  # pool start-ups measured (1 with --quick)
@@ -150,7 +152,7 @@ def describe_workload(m: Measured, work: Workload, fed: FedshardScheme) -> None:
     m.default_shards[work.label] = len(work.default_tiles)
     m.largest[work.label] = max(math.prod(shape) for shape in work.shapes.values())
     m.pieces[work.label] = sum(
-        math.ceil(fed.codec.slots_for(math.prod(shape)) / SLOTS) for shape in work.shapes.values()
+        math.ceil(fed.codec.slots_for(math.prod(shape)) / fed.codec.scheme.slots) for shape in work.shapes.values()
     )
 
 
@@ -160,13 +162,14 @@ def measure(sizes: list[tuple[int, int, int]], quick: bool) -> Measured:
     whole_load = OtherLoad()
     tmp = tempfile.TemporaryDirectory(prefix="fedshard-bench-he-")
     schemes: dict[str, Any] = {
-        "fedshard": FedshardScheme(Path(tmp.name)),
+        "fedshard": FedshardScheme(Path(tmp.name) / "default"),
+        "fedshard-ckks": FedshardScheme(Path(tmp.name) / "ckks", "ckks"),
         "nvflare": NvflareScheme(),
         "plaintext": PlainScheme(),
     }
     fed: FedshardScheme = schemes["fedshard"]
     headroom = max(1, math.ceil(math.log2(max(2, MAX_SITES))))
-    assert fed.codec.levels == 2 ** (FIELD_BITS - 1 - headroom) - 1  # the docstring's 2^(18 - headroom) - 1
+    assert fed.codec.levels == 2 ** (fed.codec.scheme.field_bits - 1 - headroom) - 1  # 2^(F - 1 - headroom) - 1
     # encrypt_many's process pool: start-up by itself (fresh contexts), then the benchmark's own pool
     # is started once, untimed, as a site process would on its first round.
     startup_shards = pool_shards()
@@ -196,7 +199,8 @@ def measure(sizes: list[tuple[int, int, int]], quick: bool) -> Measured:
     m.load1 = os.getloadavg()
     m.others = whole_load.cores()
     tmp.cleanup()
-    m.step, m.levels, m.clipped = fed.codec.step, fed.codec.levels, fed.clipped
+    m.step, m.levels, m.clipped = fed.codec.step, fed.codec.levels, fed.clipped + schemes["fedshard-ckks"].clipped
+    m.ckks_step = schemes["fedshard-ckks"].codec.step
     return m
 
 
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     c.publish(
         args,
         SECTION,
-        "Homomorphic encryption of gradient shards: fedshard vs NVFlare-style CKKS",
+        "Homomorphic encryption of gradient shards: fedshard's BFV and CKKS vs NVFlare-style CKKS",
         runs_text,
         desc,
         notes=rep.notes,

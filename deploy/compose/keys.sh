@@ -2,7 +2,7 @@
 # The `keys` service of deploy/compose.yaml: make the federation's keys once (`fedshard keys init`)
 # and hand each container only what it needs, in its own volume:
 #   ca                 the CA (ca.key never leaves this volume)
-#   keys-aggregator    SuperLink, coordinator, zone certificates, sites' public keys, public CKKS context
+#   keys-aggregator    SuperLink, coordinator, zone certificates, sites' public keys, public HE context
 #   keys-zone-<zone>   the zone's certificate and key, the CA certificate, sites' public keys, public context
 #   keys-<site>        the site's bundle, and nothing else
 set -eu

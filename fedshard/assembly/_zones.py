@@ -68,7 +68,8 @@ def make_zone(
     if routing is not None and routing.config.residency.encrypting:
         from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, load_context
 
-        he_context = load_context(he_keys(routing.config) / PUBLIC_CONTEXT_FILE, secret=False)
+        config = routing.config
+        he_context = load_context(he_keys(config) / PUBLIC_CONTEXT_FILE, secret=False, scheme=config.he.scheme)
     aggregate_signer = _aggregate_signer(zone, tls) if tls is not None else None
     audit = None
     if store is not None:

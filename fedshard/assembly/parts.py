@@ -1,5 +1,5 @@
 """The registered parts a federation config names (server optimiser, accountant, DP
-mechanisms), checked in one place before anything runs: a name nobody registered is
+mechanisms, homomorphic scheme), checked in one place before anything runs: a name nobody registered is
 refused in one line naming those that exist, by ``fedshard simulate`` and by the
 aggregator host alike. A task registers its own parts when its module is imported."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fedshard.aggregation.server_rules import rule as server_rule
 from fedshard.config import FederationConfig
+from fedshard.crypto.he_schemes import SCHEMES
 from fedshard.privacy.accountants import accountant
 from fedshard.privacy.mechanisms import check_configured
 
@@ -15,9 +16,12 @@ __all__ = ["check_parts"]
 
 def check_parts(config: FederationConfig) -> None:
     """Raise :class:`~fedshard.errors.ConfigError` if ``config`` names a server optimiser, an
-    accountant or a DP mechanism (of the right guarantee) that is not registered."""
+    accountant, a DP mechanism (of the right guarantee) or, where shards are encrypted, a
+    homomorphic scheme that is not registered."""
     server_rule(config.training.server_optimizer.kind)
     privacy = config.privacy
     if privacy.enabled:
         accountant(privacy.record_level.accountant)
     check_configured(privacy)
+    if config.residency.encrypting:
+        SCHEMES.get_part(config.he.scheme)

@@ -80,7 +80,7 @@ def site_zones(config: FederationConfig, site_id: str) -> dict[str, list[str]]:
 
 def shard_protection(config: FederationConfig, site_id: str, shard_class: str = "") -> ShardProtection:
     """How a site's shards of ``shard_class`` are protected when they leave it (update-level
-    DP ε; CKKS encryption when ``residency.encrypt`` names the class)."""
+    DP ε; HE encryption when ``residency.encrypt`` names the class)."""
     update = config.privacy.update_level
     budget = config.budget_of(site_id)
     epsilon = budget.epsilon if update.enabled and budget is not None else None

@@ -108,7 +108,7 @@ def make_deployed_site(site_config: Path, *, site_id: str = "", jurisdiction: st
     """The :class:`Site` a deployed SuperNode runs, from the site's own config file.
 
     The federation config, state folder and keys (TLS certificate for the zones,
-    manifest-signing key, CKKS secret context) all come from that file and the bundle
+    manifest-signing key, HE secret context) all come from that file and the bundle
     it names; ``site_id`` and ``jurisdiction`` (from the SuperNode's node config), when
     given, must agree with it. The site's privacy terms (mechanisms; its budget: the copy's,
     the copy's cap and its own file's cap, the stricter wins) and the zones it pushes to
@@ -205,12 +205,13 @@ def _site(
         signing_key = load_signing_key(signing_key_file)
     he = None
     if he_dir is not None:
-        value_range, max_sites = config.he.value_range, config.he.max_sites
+        value_range, max_sites, scheme = config.he.value_range, config.he.max_sites, config.he.scheme
 
         def he() -> HeCodec:
             from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
 
-            return HeCodec(load_context(he_dir / SECRET_CONTEXT_FILE, secret=True), value_range, max_sites)
+            context = load_context(he_dir / SECRET_CONTEXT_FILE, secret=True, scheme=scheme)
+            return HeCodec(context, value_range, max_sites)
 
     return Site(
         site.id,
@@ -273,7 +274,7 @@ def _route_source(
 
 
 def he_keys(config: FederationConfig) -> Path:
-    """The folder of the federation's CKKS contexts (``he.keys``)."""
+    """The folder of the federation's HE contexts (``he.keys``)."""
     if config.he.keys is None:
         raise ConfigError(
             "residency.encrypt names shard classes to encrypt but he.keys is empty; "

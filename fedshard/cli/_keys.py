@@ -1,6 +1,6 @@
 """``fedshard keys …``: every key a federation has, in one command group: provisioning it
 (``init``, ``init --add``), re-issuing certificates of an earlier release (``upgrade``), the
-CKKS contexts (``he-init``) and rotating a shard store's key-encryption key (``rotate``)."""
+HE contexts (``he-init``) and rotating a shard store's key-encryption key (``rotate``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fedshard.errors import FedshardError
 __all__ = ["keys_app"]
 
 keys_app = typer.Typer(
-    no_args_is_help=True, help="Keys: provision a federation, CKKS contexts, rotate a shard store's key."
+    no_args_is_help=True, help="Keys: provision a federation, HE contexts, rotate a shard store's key."
 )
 console = Console()
 
@@ -39,7 +39,7 @@ def keys_init(
     ] = False,
 ) -> None:
     """Provision a whole federation: CA, SuperLink and zone certificates, per-site bundles
-    (client certificate, SuperNode key, signing key, CKKS secret context). With --add,
+    (client certificate, SuperNode key, signing key, HE secret context). With --add,
     keys for the zones and sites a grown config adds, issued by the existing CA."""
     from fedshard.config import load_federation
     from fedshard.deploy.keys import provision
@@ -84,13 +84,16 @@ def keys_upgrade(
 @keys_app.command("he-init")
 def keys_he_init(
     out: Annotated[Path, typer.Option("--out", help="Folder for secret.ctx (sites) and public.ctx (zones)")],
+    scheme: Annotated[
+        str, typer.Option("--scheme", help="bfv (exact sums, 2.0× float32 bytes) or ckks (4.0×): he.scheme")
+    ] = "bfv",
     force: Force = False,
 ) -> None:
-    """Make the federation's CKKS contexts: the secret one goes to every site, the public one
-    (no secret key) to the zones. Point the config's he.keys at the folder."""
+    """Make the federation's homomorphic contexts: the secret one goes to every site, the public
+    one (no secret key) to the zones. Point the config's he.keys at the folder."""
     from fedshard.crypto.he import he_init
 
-    secret, public = he_init(out, force=force)
+    secret, public = he_init(out, scheme=scheme, force=force)
     console.print(
         f"secret context {secret} (mode 600: sites only)\npublic context {public} (zones: it cannot decrypt)",
         highlight=False,

@@ -78,7 +78,7 @@ def zone_up(
     tls = _tls_files(cert, key, ca, insecure)
     bind = zc.endpoint if listen is None else f"{listen}:{zc.endpoint.rsplit(':', 1)[1]}"
     _check_can_listen(zc.name, bind, config)  # before the zone's store and audit log are touched
-    if cfg.residency.encrypting:  # a zone gets the public CKKS context only, never the secret one
+    if cfg.residency.encrypting:  # a zone gets the public HE context only, never the secret one
         from fedshard.assembly import he_keys
         from fedshard.deploy.aggregator_host import check_public_context
 
@@ -109,7 +109,7 @@ def zone_up(
 
 
 def _with_public_context(cfg: FederationConfig) -> FederationConfig:
-    """``cfg`` with ``he.keys`` where the aggregator's keys keep the public CKKS context, when it
+    """``cfg`` with ``he.keys`` where the aggregator's keys keep the public HE context, when it
     encrypts, names no ``he.keys`` and has a ``deployment`` (a zone on its own host, handed the
     aggregator's ``he/`` folder as `keys init` wrote it)."""
     if not cfg.residency.encrypting or cfg.he.keys is not None or cfg.deployment is None:

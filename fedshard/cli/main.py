@@ -288,7 +288,7 @@ def reconfigure(
 
 def _preflight(cfg: FederationConfig, out: Path) -> None:
     """What ``simulate`` refuses before it writes anything: a run folder it cannot create, a
-    task that does not load, a site whose shards no zone may hold, CKKS contexts in
+    task that does not load, a site whose shards no zone may hold, HE contexts in
     ``he.keys`` that do not load, a server optimiser, an accountant or a DP mechanism none is registered
     for, a zone port another program holds."""
     from fedshard.assembly.parts import check_parts
@@ -303,8 +303,8 @@ def _preflight(cfg: FederationConfig, out: Path) -> None:
     if cfg.residency.encrypting and cfg.he.keys is not None:
         from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, load_context
 
-        load_context(cfg.he.keys / PUBLIC_CONTEXT_FILE, secret=False)
-        load_context(cfg.he.keys / SECRET_CONTEXT_FILE, secret=True)
+        load_context(cfg.he.keys / PUBLIC_CONTEXT_FILE, secret=False, scheme=cfg.he.scheme)
+        load_context(cfg.he.keys / SECRET_CONTEXT_FILE, secret=True, scheme=cfg.he.scheme)
     FederationRouting(cfg).check()
     check_parts(cfg)
     fixed = [(f"zone {z.name}", z.endpoint) for z in cfg.zones if not z.endpoint.endswith(":0")]

@@ -138,7 +138,7 @@ class AggregationConfig(_Model):
     ``±V`` and within the shard dtype's range. The sums' rounding error is stated (and
     tested) in :mod:`fedshard.aggregation._accumulator`.
 
-    CKKS-encrypted shards cannot be value- or norm-checked by a zone (it sees only
+    HE-encrypted shards cannot be value- or norm-checked by a zone (it sees only
     ciphertext; their weight is inside it): sites clip them to ``±he.value_range``
     before encrypting, and the encoding's headroom keeps their sums from overflowing.
     """
@@ -317,8 +317,14 @@ class ZoneConfig(_Model):
 
 
 class HeConfig(_Model):
-    """CKKS encryption of the shard classes ``residency.encrypt`` names (see fedshard.crypto.he)."""
+    """Homomorphic encryption of the shard classes ``residency.encrypt`` names (see fedshard.crypto.he)."""
 
+    scheme: str = Field(
+        "bfv",
+        pattern=r"^[a-z][a-z0-9_-]{0,39}$",
+        description="bfv (exact integer sums, 2.0× float32 bytes) or ckks (4.0×); every party's contexts must be "
+        "of this scheme (fedshard keys he-init --scheme)",
+    )
     keys: Path | None = Field(
         None, description="folder with secret.ctx (sites) and public.ctx (zones); simulate makes one if empty"
     )

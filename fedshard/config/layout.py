@@ -11,13 +11,13 @@
         zones/<zone>.pem/.key  zone certificates (region inside)
         site-keys/<site>.pub   sites' manifest-signing public keys (zones refuse unsigned manifests)
         supernodes/<site>.pub  sites' SuperNode authentication public keys (registered at the SuperLink)
-        he/public.ctx          CKKS context without the secret key (when residency.encrypt is on)
+        he/public.ctx          HE context without the secret key (when residency.encrypt is on)
       sites/<site>/            hand this folder to the site, and nothing else
         ca.pem
         <site>.pem/.key        client certificate (jurisdiction inside) for the zones
         supernode.key          SuperNode authentication private key (OpenSSH, EC P-384)
         signing.key(.pub)      Ed25519 manifest-signing key
-        he/secret.ctx          CKKS context with the secret key (when residency.encrypt is on)
+        he/secret.ctx          HE context with the secret key (when residency.encrypt is on)
         store.kek              key-encryption key of the site's on-prem shard store
 """
 
@@ -67,7 +67,7 @@ class AggregatorKeys:
 
     @property
     def he(self) -> Path:
-        """Folder of the public CKKS context."""
+        """Folder of the public HE context."""
         return self.root / "he"
 
 
@@ -95,7 +95,7 @@ class SiteBundle:
 
     @property
     def he(self) -> Path:
-        """Folder of the secret CKKS context."""
+        """Folder of the secret HE context."""
         return self.root / "he"
 
     @property

@@ -213,7 +213,7 @@ class ResidencyConfig(_Model):
     detectors: bool = Field(True, description="classify leaky tensors (embeddings, first layer, ...) as personal")
     rules: list[PolicyRule] = Field(default_factory=default_rules, description="replaces the defaults entirely")
     encrypt: Literal["none", "all"] | list[str] = Field(
-        "none", description="shard classes sent CKKS-encrypted: none, all, or a list such as [personal]"
+        "none", description="shard classes sent HE-encrypted: none, all, or a list such as [personal]"
     )
 
     def named_codes(self) -> set[str]:
@@ -238,11 +238,11 @@ class ResidencyConfig(_Model):
 
     @property
     def encrypting(self) -> bool:
-        """True if any shard class leaves sites CKKS-encrypted."""
+        """True if any shard class leaves sites HE-encrypted."""
         return self.encrypt != "none"
 
     def encrypts(self, shard_class: str) -> bool:
-        """True if shards of ``shard_class`` leave sites CKKS-encrypted."""
+        """True if shards of ``shard_class`` leave sites HE-encrypted."""
         return self.encrypt == "all" or (isinstance(self.encrypt, list) and shard_class in self.encrypt)
 
     def undefined_classes(self) -> list[tuple[str, str]]:

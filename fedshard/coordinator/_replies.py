@@ -111,7 +111,7 @@ class ReplyBounds:
         return cls(frozenset(z.name for z in config.zones), frozenset(classes | {UNCLASSIFIED}), len(plan), plan.nbytes)
 
     def push_bytes(self, shards: int) -> int:
-        """The most bytes one zone may have received from one site: the plan's bytes, as CKKS
+        """The most bytes one zone may have received from one site: the plan's bytes, as HE
         ciphertext at most 64× that plus 1 MiB per shard (what zones let a ciphertext weigh)."""
         return 64 * self.plan_bytes + shards * (1 << 20)
 

@@ -1,7 +1,7 @@
-"""Encrypted shards on the wire and at the zone: length-prefixed CKKS ciphertexts
-(:func:`framed`, :func:`split`), parsed under the federation's context
-(:func:`load_ciphertexts`) and summed under its public context (:class:`EncryptedSum`).
-The scheme itself (contexts, packing, the codec) is :mod:`fedshard.crypto.he`."""
+"""Encrypted shards on the wire and at the zone: length-prefixed ciphertexts
+(:func:`framed`, :func:`split`), parsed under the federation's context, whatever its scheme
+(:func:`load_ciphertexts`), and summed under its public context (:class:`EncryptedSum`).
+The schemes are :mod:`fedshard.crypto.he_schemes`; packing and the codec :mod:`fedshard.crypto.he`."""
 
 from __future__ import annotations
 
@@ -10,16 +10,9 @@ from typing import Any
 
 from fedshard.errors import IntegrityError, PkiError
 
-__all__ = ["EncryptedSum", "framed", "load_ciphertexts", "split", "tenseal"]
+__all__ = ["EncryptedSum", "framed", "load_ciphertexts", "split"]
 
 _LEN = 4  # bytes of each ciphertext's length prefix
-
-
-def tenseal() -> Any:
-    """The TenSEAL module (imported on first use: only sites and zones of encrypted federations need it)."""
-    import tenseal
-
-    return tenseal
 
 
 def framed(blob: bytes) -> bytes:
@@ -30,9 +23,13 @@ def framed(blob: bytes) -> bytes:
 def load_ciphertexts(context: Any, shard_id: str, data: bytes | bytearray | memoryview) -> list[Any]:
     """Parse one encrypted shard under ``context``; :class:`IntegrityError` if it is not
     ciphertext of this federation's context."""
-    ts = tenseal()
+    from fedshard.crypto.he_schemes import scheme_of
+
+    scheme = scheme_of(context)
+    if scheme is None:
+        raise IntegrityError(f"shard {shard_id}: this party's HE context is none of fedshard's schemes")
     try:
-        return [ts.ckks_vector_from(context, b) for b in split(data)]
+        return [scheme.load(context, b) for b in split(data)]
     except IntegrityError:
         raise
     except Exception:

@@ -1,41 +1,37 @@
-"""CKKS homomorphic encryption of gradient shards, sized for sums only (TenSEAL).
+"""Homomorphic encryption of gradient shards, sized for sums only (TenSEAL; the scheme, BFV by
+default or CKKS, is ``he.scheme``: :mod:`fedshard.crypto.he_schemes`).
 
-Zones only ever *add* encrypted shards, so the scheme needs multiplicative depth 0.
-fedshard therefore uses a small ring and packs two quantised values into every slot:
-
-* **Parameters**: ring degree N = 4096, coefficient modulus [60, 49] bits (109 bits,
-  the 128-bit-security bound of the HE standard for N = 4096), 2048 slots per
-  ciphertext, encoding scale 2^20. The 49-bit prime only serves key switching, which
-  sums never need; TenSEAL requires it to exist.
 * **Packing**: a site multiplies its update by ``weight / weight_scale`` (≤ 1), clips
   it to ``[-value_range, value_range]`` and quantises it with step
-  ``value_range / (2^(18 - headroom) - 1)``, where ``headroom = ceil(log2(max_sites))``
-  keeps the sum of up to ``max_sites`` sites from overflowing a 19-bit field. Two such
-  integers travel in one slot as ``a + b·2^19`` (< 2^38 in magnitude, so slot × scale
-  stays below the 60-bit data prime); the last slot of every *pack* carries the weight
-  itself, in fixed point. CKKS adds slots exactly up to its noise (≈ 0.03 at scale
-  2^20 for 64 fresh ciphertexts), far below the 0.5 that rounding to the nearest
-  integer tolerates, so the decrypted *sums* are exact integers; the only error is
-  quantisation: at most ``step / 2`` per value and site.
+  ``value_range / (2^(F - 1 - headroom) - 1)``, where ``F`` is the scheme's field width
+  (BFV 21 bits, CKKS 19) and ``headroom = ceil(log2(max_sites))`` keeps the sum of up to
+  ``max_sites`` sites inside the field. Two such integers travel in one slot as
+  ``a + b·2^F``; the last slot of every *pack* carries the weight itself, in fixed point
+  (30 bits). Both schemes add slots exactly (BFV modulo its 42-bit prime, CKKS up to a noise
+  far below the 0.5 that rounding to the nearest integer tolerates), so the decrypted *sums*
+  are exact integers; the only error is quantisation: at most ``step / 2`` per value and site.
 * **Packs** (:func:`pack_layout`): the small shards a site sends to one zone and
   aggregate group share one run of ciphertexts and one weight slot, laid out from the
-  plan and the routing only, so every site packs alike and zones add packs slot-wise;
-  a shard that fills whole ciphertexts no longer spills its weight into another one.
+  plan and the routing only (never the scheme or the values), so every site packs alike
+  and zones add packs slot-wise; a shard that fills whole ciphertexts no longer spills its
+  weight into another one.
 * **Encryption** is symmetric (with the secret key, which every site holds): twice as
   fast as public-key encryption, and the ciphertexts add the same way.
-* **Cost**: one 65.7 kB ciphertext per 4096 values, i.e. 4.0× the bytes of float32
-  (a one-value-per-slot N = 8192 [60, 40, 40] scheme is ~14×);
-  :func:`encrypted_nbytes` gives the exact bytes of any shard or pack sizes.
+* **Cost**: one ~65.7 kB ciphertext per 8192 values under BFV (2.0× the bytes of float32),
+  per 4096 under CKKS (4.0×); :func:`encrypted_nbytes` gives the exact bytes of any shard
+  or pack sizes.
 
 Threat model: every site holds the same secret context; zones get a public context
 that has no secret key (and no Galois or relinearisation keys), so a zone, or anyone
 who breaches it, learns nothing from what it aggregates. A site that colludes with a
 zone can decrypt another site's individual update; differential privacy still bounds
-what that reveals.
+what that reveals. Each party loads its context against its own config's ``he.scheme``
+(:func:`load_context`): a context of another scheme is refused in one line.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedshard.crypto.ciphertexts import framed, split, tenseal
+from fedshard.crypto.ciphertexts import framed, split
+from fedshard.crypto.he_schemes import SCHEMES, HeScheme, scheme_of, tenseal
 from fedshard.crypto.key_files import CERT_MODE, KEY_MODE, write_files
 from fedshard.errors import ConfigError, IntegrityError
 
@@ -56,7 +53,8 @@ __all__ = [
     "PACK_SLOTS",
     "PUBLIC_CONTEXT_FILE",
     "SECRET_CONTEXT_FILE",
-    "CKKS_DTYPE",
+    "DEFAULT_SCHEME",
+    "ENCRYPTED_DTYPE",
     "HeCodec",
     "Pack",
     "he_init",
@@ -68,39 +66,26 @@ __all__ = [
 
 SECRET_CONTEXT_FILE = "secret.ctx"
 PUBLIC_CONTEXT_FILE = "public.ctx"
-CKKS_DTYPE = "ckks"
+ENCRYPTED_DTYPE = "he"
 """The ``dtype`` label of encrypted shards on the wire and in manifests."""
+DEFAULT_SCHEME = "bfv"
+"""``he.scheme`` when a config names none: half CKKS's bytes, exact sums (see :mod:`fedshard.crypto.he_schemes`)."""
 
-POLY_DEGREE = 4096
-COEFF_BITS = (60, 49)
-SCALE_BITS = 20
-SLOTS = POLY_DEGREE // 2
-FIELD_BITS = 19
 VALUES_PER_SLOT = 2
 WEIGHT_BITS = 30  # fixed-point bits of the weight slot
-PACK_SLOTS = 256 * SLOTS
-"""A pack grows to at most this many slots (256 ciphertexts, ~16.8 MB) unless one shard needs more."""
+PACK_SLOTS = 256 * 2048
+"""A pack grows to at most this many slots (2^20 values: 128 BFV or 256 CKKS ciphertexts) unless one shard
+needs more; a count of slots, not of ciphertexts, so the layout does not depend on the scheme."""
 
 
-def _context() -> Any:
-    """A fresh secret context of this module's scheme (not yet serialised)."""
-    ts = tenseal()
-    # Symmetric (secret-key) encryption: every site holds the secret key anyway, and it
-    # encrypts twice as fast as public-key encryption; ciphertexts add the same way.
-    ctx = ts.context(
-        ts.SCHEME_TYPE.CKKS,
-        POLY_DEGREE,
-        coeff_mod_bit_sizes=list(COEFF_BITS),
-        encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC,
-    )
-    ctx.global_scale = 2**SCALE_BITS
-    return ctx
+def _scheme(name: str) -> HeScheme:
+    return SCHEMES.get_part(name)
 
 
-def he_init(out: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, Path]:
-    """Create the federation's CKKS contexts: ``secret.ctx`` (sites, ``0600``) and
-    ``public.ctx`` (zones: no secret key, no Galois or relinearisation keys)."""
-    ctx = _context()
+def he_init(out: str | os.PathLike[str], *, scheme: str = DEFAULT_SCHEME, force: bool = False) -> tuple[Path, Path]:
+    """Create the federation's contexts of ``scheme`` (``he.scheme``): ``secret.ctx`` (sites,
+    ``0600``) and ``public.ctx`` (zones: no secret key, no Galois or relinearisation keys)."""
+    ctx = _scheme(scheme).context()
     secret = ctx.serialize(save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
     public = ctx.serialize(save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
     out = Path(out)
@@ -109,47 +94,37 @@ def he_init(out: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, 
     return paths
 
 
-def load_context(path: str | os.PathLike[str], *, secret: bool) -> ts.Context:
-    """Load a context; ``secret=True`` requires the secret key, ``False`` refuses it.
+def load_context(path: str | os.PathLike[str], *, secret: bool, scheme: str = DEFAULT_SCHEME) -> ts.Context:
+    """Load a context of ``scheme`` (the party's own ``he.scheme``); ``secret=True`` requires
+    the secret key, ``False`` refuses it.
 
     Raises
     ------
     ConfigError
-        The file is missing or not a CKKS context, a site is given the public context,
-        or a zone the secret one (it must never hold the key).
+        The file is missing, not a context, or one of another scheme or other parameters; a
+        site is given the public context, or a zone the secret one (it must never hold the key).
     """
+    wanted = _scheme(scheme)
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read CKKS context {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot read HE context {path}: {exc.strerror or exc}") from None
     try:
         ctx = tenseal().context_from(data)
     except Exception:  # TenSEAL raises plain exceptions for malformed input
-        raise ConfigError(f"{path} is not a CKKS context (make one with `fedshard keys he-init`)") from None
-    if not _is_ours(ctx):
-        raise ConfigError(f"{path} is not a context of fedshard's CKKS scheme (make one with `fedshard keys he-init`)")
+        raise ConfigError(f"{path} is not an HE context (make one with `fedshard keys he-init`)") from None
+    if not wanted.is_ours(ctx):
+        found = scheme_of(ctx)
+        what = f"a {found.name} context" if found is not None else "not a context of fedshard's schemes"
+        raise ConfigError(
+            f"{path} is {what}, and he.scheme is {scheme} (make one with `fedshard keys he-init --scheme {scheme}`)"
+        )
     if secret and not ctx.has_secret_key():
         raise ConfigError(f"{path} has no secret key: sites need {SECRET_CONTEXT_FILE}")
     if not secret and ctx.has_secret_key():
         raise ConfigError(f"{path} holds the secret key: zones must be given {PUBLIC_CONTEXT_FILE}, never the secret")
     return ctx
-
-
-def _is_ours(ctx: Any) -> bool:
-    """True if ``ctx`` has this module's scheme and parameters (CKKS, N, modulus bits, scale)."""
-    try:
-        data = ctx.seal_context().data
-        parms = data.key_context_data().parms()
-        return bool(
-            parms.scheme() == tenseal().SCHEME_TYPE.CKKS.value
-            and parms.poly_modulus_degree() == POLY_DEGREE
-            and data.key_context_data().total_coeff_modulus_bit_count() == sum(COEFF_BITS)
-            and data.first_context_data().total_coeff_modulus_bit_count() == COEFF_BITS[0]
-            and ctx.global_scale == 2**SCALE_BITS
-        )
-    except Exception:  # TenSEAL's bindings raise plain exceptions (a BFV context has no scale)
-        return False
 
 
 def _headroom(max_sites: int) -> int:
@@ -178,10 +153,9 @@ class Pack:
         """Values in the pack."""
         return sum(n for _, n in self.members)
 
-    @property
-    def ciphertexts(self) -> int:
-        """Ciphertexts the pack takes."""
-        return ciphertexts_for(self.count)
+    def ciphertexts(self, scheme: str) -> int:
+        """Ciphertexts the pack takes under ``scheme``."""
+        return ciphertexts_for(self.count, scheme)
 
 
 def pack_layout(shards: Iterable[tuple[str, int, str]]) -> list[Pack]:
@@ -229,10 +203,18 @@ class HeCodec:
     value_range: float = 1.0
     max_sites: int = 16
 
+    @functools.cached_property
+    def scheme(self) -> HeScheme:
+        """The scheme of :attr:`context` (:class:`ConfigError` if it is none of fedshard's)."""
+        found = scheme_of(self.context)
+        if found is None:
+            raise ConfigError("the HE context is not one of fedshard's schemes (make one with `fedshard keys he-init`)")
+        return found
+
     @property
     def levels(self) -> int:
         """Largest quantised magnitude of one site's value."""
-        return int(2 ** (FIELD_BITS - _headroom(self.max_sites) - 1) - 1)
+        return int(2 ** (self.scheme.field_bits - _headroom(self.max_sites) - 1) - 1)
 
     @property
     def step(self) -> float:
@@ -244,7 +226,7 @@ class HeCodec:
         return slots_for(count)
 
     def encode(self, values: np.ndarray, weight: float) -> tuple[np.ndarray, int]:
-        """Slots (float64 integers) for ``weight · values``, and how many values were clipped.
+        """Slots (int64) for ``weight · values``, and how many values were clipped.
 
         ``weight`` must be in (0, 1]: callers divide by a weight scale known to all.
         """
@@ -256,15 +238,16 @@ class HeCodec:
         if q.size % 2:
             q = np.append(q, 0)
         pairs = q.reshape(-1, 2)
-        slots = pairs[:, 0].astype(np.float64) + pairs[:, 1].astype(np.float64) * float(2**FIELD_BITS)
-        weight_slot = float(round(weight * 2**WEIGHT_BITS))
-        return np.append(slots, weight_slot), clipped
+        slots = pairs[:, 0] + pairs[:, 1] * (1 << self.scheme.field_bits)
+        weight_slot = round(weight * 2**WEIGHT_BITS)
+        return np.append(slots, np.int64(weight_slot)), clipped
 
     def encrypt(self, values: np.ndarray, weight: float) -> tuple[bytes, int]:
         """Ciphertext bytes of ``weight · values`` (length-prefixed ciphertexts), and the clip count."""
         slots, clipped = self.encode(values, weight)
+        scheme, per = self.scheme, self.scheme.slots
         return b"".join(
-            _encrypt_slots(self.context, slots[i : i + SLOTS]) for i in range(0, slots.size, SLOTS)
+            framed(scheme.encrypt(self.context, slots[i : i + per])) for i in range(0, slots.size, per)
         ), clipped
 
     def encrypt_many(
@@ -278,13 +261,12 @@ class HeCodec:
         this process.
         """
         workers = workers or os.cpu_count() or 1
+        scheme, per = self.scheme, self.scheme.slots
         encoded = {sid: self.encode(v, weight) for sid, v in shards.items()}
         clipped = sum(n for _, n in encoded.values())
-        pieces = [
-            (sid, slots[i : i + SLOTS]) for sid, (slots, _) in encoded.items() for i in range(0, slots.size, SLOTS)
-        ]
-        if workers < 2 or len(pieces) * SLOTS * VALUES_PER_SLOT < _PARALLEL_VALUES:
-            blobs = [_encrypt_slots(self.context, piece) for _, piece in pieces]
+        pieces = [(sid, slots[i : i + per]) for sid, (slots, _) in encoded.items() for i in range(0, slots.size, per)]
+        if workers < 2 or len(pieces) * per * VALUES_PER_SLOT < _PARALLEL_VALUES:
+            blobs = [framed(scheme.encrypt(self.context, piece)) for _, piece in pieces]
         else:
             pool = _pool(self.context, workers)
             batch = max(1, len(pieces) // (4 * workers))
@@ -318,18 +300,19 @@ class HeCodec:
 
     def decrypt_mean(self, data: bytes, count: int) -> np.ndarray:
         """The weighted mean of the ``count`` values whose encrypted sum is ``data``."""
-        ts = tenseal()
-        slots = np.concatenate([np.asarray(ts.ckks_vector_from(self.context, b).decrypt()) for b in split(data)])
+        scheme = self.scheme
+        slots = np.concatenate([scheme.decrypt(self.context, b) for b in split(data)])
         needed = self.slots_for(count)
         if slots.size < needed:
             raise IntegrityError(f"encrypted shard holds {slots.size} slots, {needed} expected")
-        ints = np.rint(slots[:needed]).astype(np.int64)
+        ints = slots[:needed]
         total_weight = float(ints[-1]) / 2**WEIGHT_BITS
         if total_weight <= 0:
             raise IntegrityError("encrypted shard sums to a non-positive weight")
-        half = 2 ** (FIELD_BITS - 1)
-        low = ((ints[:-1] + half) % 2**FIELD_BITS) - half
-        high = (ints[:-1] - low) >> FIELD_BITS
+        bits = scheme.field_bits
+        half = 2 ** (bits - 1)
+        low = ((ints[:-1] + half) % 2**bits) - half
+        high = (ints[:-1] - low) >> bits
         values = np.stack([low, high], axis=1).reshape(-1)[:count].astype(np.float64)
         mean: np.ndarray = values * (self.step / total_weight)
         return mean
@@ -340,48 +323,48 @@ def slots_for(count: int) -> int:
     return math.ceil(count / VALUES_PER_SLOT) + 1
 
 
-def ciphertexts_for(count: int) -> int:
-    """Ciphertexts a shard of ``count`` values takes."""
-    return math.ceil(slots_for(count) / SLOTS)
+def ciphertexts_for(count: int, scheme: str = DEFAULT_SCHEME) -> int:
+    """Ciphertexts a shard of ``count`` values takes under ``scheme``."""
+    return math.ceil(slots_for(count) / _scheme(scheme).slots)
 
 
-def encrypted_nbytes(counts: Sequence[int], context: Any | None = None) -> int:
-    """Exact bytes on the wire of encrypted shards of ``counts`` values each.
+def encrypted_nbytes(counts: Sequence[int], scheme: str = DEFAULT_SCHEME) -> int:
+    """Exact bytes on the wire of encrypted shards of ``counts`` values each under ``scheme``.
 
     Every full ciphertext serialises to the same size and so does a partial one of the
-    same slot count; the sizes are measured once (with ``context``, else a throwaway
-    secret context of this scheme) and cached.
+    same slot count; the sizes are measured once (with a throwaway secret context of the
+    scheme) and cached.
     """
+    per = _scheme(scheme).slots
     total = 0
     for count in counts:
         slots = slots_for(count)
-        full, rest = divmod(slots, SLOTS)
-        total += full * _ciphertext_nbytes(SLOTS, context) + (_ciphertext_nbytes(rest, context) if rest else 0)
+        full, rest = divmod(slots, per)
+        total += full * _ciphertext_nbytes(scheme, per) + (_ciphertext_nbytes(scheme, rest) if rest else 0)
     return total
 
 
-_SIZES: dict[int, int] = {}
+_SIZES: dict[tuple[str, int], int] = {}
+_SIZING_CONTEXTS: dict[str, Any] = {}
 
 
-def _ciphertext_nbytes(slots: int, context: Any | None) -> int:
+def _ciphertext_nbytes(scheme: str, slots: int) -> int:
     """Length-prefixed bytes of one ciphertext of ``slots`` slots (they depend only on
     the slot count's varint in TenSEAL's framing, not on the values)."""
-    size = _SIZES.get(slots)
+    size = _SIZES.get((scheme, slots))
     if size is None:
-        if context is None or not context.has_secret_key():
-            context = _context()
-        size = _SIZES[slots] = len(_encrypt_slots(context, np.zeros(slots)))
+        parts = _scheme(scheme)
+        context = _SIZING_CONTEXTS.get(scheme)
+        if context is None:
+            context = _SIZING_CONTEXTS[scheme] = parts.context()
+        size = _SIZES[(scheme, slots)] = len(framed(parts.encrypt(context, np.zeros(slots, dtype=np.int64))))
     return size
 
 
 _PARALLEL_VALUES = 1 << 20  # below this, handing work to other processes costs more than it saves
 _WORKER_CONTEXT: Any = None
+_WORKER_SCHEME: HeScheme | None = None
 _POOLS: dict[tuple[int, int], Any] = {}
-
-
-def _encrypt_slots(context: Any, slots: np.ndarray) -> bytes:
-    """One length-prefixed ciphertext of ≤ SLOTS slots."""
-    return framed(tenseal().ckks_vector(context, slots).serialize())
 
 
 def _pool(context: Any, workers: int) -> Any:
@@ -406,9 +389,11 @@ def _pool(context: Any, workers: int) -> Any:
 
 
 def _init_worker(secret: bytes) -> None:
-    global _WORKER_CONTEXT
+    global _WORKER_CONTEXT, _WORKER_SCHEME
     _WORKER_CONTEXT = tenseal().context_from(secret)
+    _WORKER_SCHEME = scheme_of(_WORKER_CONTEXT)
 
 
 def _encrypt_in_worker(slots: np.ndarray) -> bytes:
-    return _encrypt_slots(_WORKER_CONTEXT, slots)
+    assert _WORKER_SCHEME is not None  # the codec's context, whose scheme it checked
+    return framed(_WORKER_SCHEME.encrypt(_WORKER_CONTEXT, slots))

@@ -259,7 +259,7 @@ class AggregatorHost:
 
     def _write_config(self) -> None:
         """The config as the zones and the ServerApp use it: absolute paths, zone stores under
-        the state folder, the public CKKS context (:func:`effective_config`)."""
+        the state folder, the public HE context (:func:`effective_config`)."""
         he = he_folder(self.config, self.keys) if self.config.residency.encrypting else None
         _write_yaml(self._config_path, effective_config(self.config, self.run_dir, he))
 

@@ -1,7 +1,7 @@
 """``fedshard keys init``: every key a deployed federation needs, in one step; ``fedshard keys
 upgrade``: a folder of an earlier release brought up to date.
 
-Reuses the PKI (:mod:`fedshard.crypto.pki`), signing and CKKS helpers; adds the
+Reuses the PKI (:mod:`fedshard.crypto.pki`), signing and HE helpers; adds the
 SuperNode authentication keys Flower's SuperLink checks. Every file is written once,
 atomically, with restrictive permissions; without ``force`` nothing is overwritten.
 """
@@ -56,14 +56,14 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
 
     With ``add``, only the zones and sites that have no keys under ``out`` yet get them
     (a federation that grows), issued by the CA already there; every existing file is
-    kept, and a new site's CKKS secret context is the federation's (copied from a site's
+    kept, and a new site's HE secret context is the federation's (copied from a site's
     bundle). :attr:`ProvisionReport.files` lists what was written.
 
     Raises
     ------
     ConfigError
         The config has no ``deployment`` section; with ``add``: no CA under ``out``, or
-        no site bundle to take the CKKS secret context from.
+        no site bundle to take the HE secret context from.
     PkiError
         A file exists and ``force`` is false (nothing is written then), or a file cannot be written.
     """
@@ -105,7 +105,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
     secret_ctx = b""
     if encrypting:
         with tempfile.TemporaryDirectory(dir=layout.root) as tmp:
-            secret_path, public_path = he_init(tmp)
+            secret_path, public_path = he_init(tmp, scheme=config.he.scheme)
             secret_ctx = secret_path.read_bytes()
             write_files([(agg.he / PUBLIC_CONTEXT_FILE, public_path.read_bytes(), CERT_MODE)], force)
     for site in config.sites:
@@ -117,7 +117,7 @@ def provision(config: FederationConfig, out: Path, *, force: bool = False, add: 
 def _site_bundle(
     layout: KeysLayout, site_id: str, jurisdiction: str, ca_pem: bytes, secret_ctx: bytes, *, force: bool
 ) -> None:
-    """A site's bundle (client certificate, CA, SuperNode key, signing key, store KEK, the CKKS
+    """A site's bundle (client certificate, CA, SuperNode key, signing key, store KEK, the HE
     secret context when ``secret_ctx``) and its public keys on the aggregator's side."""
     from fedshard.crypto.at_rest import Kek
     from fedshard.crypto.he import SECRET_CONTEXT_FILE
@@ -133,7 +133,7 @@ def _site_bundle(
         [(agg.site_keys / f"{site_id}.pub", public_key_path(bundle.signing_key).read_bytes(), CERT_MODE)], force
     )
     write_files([(bundle.store_kek, Kek.generate().to_text().encode(), KEY_MODE)], force)
-    if secret_ctx:  # every site holds the one CKKS secret key; zones only the public context
+    if secret_ctx:  # every site holds the one HE secret key; zones only the public context
         write_files([(bundle.he / SECRET_CONTEXT_FILE, secret_ctx, KEY_MODE)], force)
 
 
@@ -158,7 +158,7 @@ def _provision_added(config: FederationConfig, out: Path) -> ProvisionReport:
         held = next((p for p in found if p.exists()), None)
         if held is None:
             raise ConfigError(
-                f"no site bundle under {layout.root / 'sites'} holds the federation's CKKS secret context to give "
+                f"no site bundle under {layout.root / 'sites'} holds the federation's HE secret context to give "
                 "the new sites; add sites from the folder `keys init` wrote"
             )
         secret_ctx = held.read_bytes()

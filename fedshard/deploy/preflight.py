@@ -1,5 +1,5 @@
 """What ``fedshard aggregator up`` (and ``reconfigure``) refuse before anything starts: an
-unsafe or incomplete deployment config, a CKKS secret context on the aggregator host, a
+unsafe or incomplete deployment config, a HE secret context on the aggregator host, a
 run to resume that is not there, a port it must listen on that another process holds.
 Each refusal is one line saying how to fix it."""
 
@@ -34,7 +34,7 @@ def check_aggregator_config(config: FederationConfig, *, insecure: bool) -> Aggr
 
     TLS off without ``--insecure``; a zone endpoint with port 0 (sites must know where
     to dial); hosted zones that do not exist; a server optimiser, an accountant or a DP
-    mechanism none is registered for; a CKKS secret context on the aggregator host; keys
+    mechanism none is registered for; a HE secret context on the aggregator host; keys
     ``fedshard keys init`` did not write.
     """
     check_parts(config)
@@ -114,17 +114,17 @@ def _run_folder(state_dir: Path, resume: Path) -> Path:
 
 
 def he_folder(config: FederationConfig, keys: AggregatorKeys) -> Path:
-    """Where the zones' public CKKS context is: ``he.keys`` when set, else the aggregator's keys."""
+    """Where the zones' public HE context is: ``he.keys`` when set, else the aggregator's keys."""
     return config.he.keys if config.he.keys is not None else keys.he
 
 
 def check_public_context(folder: Path) -> None:
-    """Refuse a folder of CKKS contexts that holds the secret one, or lacks the public one."""
+    """Refuse a folder of HE contexts that holds the secret one, or lacks the public one."""
     from fedshard.crypto.he import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE
 
     if (folder / SECRET_CONTEXT_FILE).exists():
         raise ConfigError(
-            f"{folder / SECRET_CONTEXT_FILE}: the aggregator host must not hold the CKKS secret context "
+            f"{folder / SECRET_CONTEXT_FILE}: the aggregator host must not hold the HE secret context "
             "(zones would be able to decrypt); keep only public.ctx there and give secret.ctx to the sites"
         )
     if not (folder / PUBLIC_CONTEXT_FILE).exists():

@@ -44,7 +44,7 @@ class ShardEntry:
     digest: str
     nbytes: int
     shard_class: str = ""
-    encrypted: bool = False  # CKKS ciphertext bytes rather than the plan's dtype
+    encrypted: bool = False  # HE ciphertext bytes rather than the plan's dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +201,7 @@ def build_manifest(
     """Digest ``shards`` and build the manifest that describes them.
 
     ``classes`` gives each shard's sensitivity class, ``policy_digest`` the residency
-    policy the site routed by, ``encrypted`` the shards that are CKKS ciphertext
+    policy the site routed by, ``encrypted`` the shards that are HE ciphertext
     ``bytes`` (digests cover those bytes); zones re-check all three.
 
     Raises

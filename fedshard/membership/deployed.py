@@ -127,7 +127,7 @@ def _zone_id(zone: ZoneConfig) -> ZoneId:
 
 def effective_config(config: FederationConfig, run_dir: Path, he_keys: Path | None) -> FederationConfig:
     """``config`` as the zones and the ServerApp of the run in ``run_dir`` use it: every zone's
-    store under ``run_dir/zones/``, the public CKKS context in ``he_keys`` (when encrypting)."""
+    store under ``run_dir/zones/``, the public HE context in ``he_keys`` (when encrypting)."""
     he = config.he
     if config.residency.encrypting and he_keys is not None:
         he = he.model_copy(update={"keys": he_keys.resolve()})
@@ -137,7 +137,7 @@ def effective_config(config: FederationConfig, run_dir: Path, he_keys: Path | No
 
 def request_deployed_change(config: FederationConfig, run_dir: Path, he_keys: Path | None) -> ConfigChange:
     """Check ``config`` against the deployed run in ``run_dir`` and leave it for its aggregator
-    (``he_keys``: where the zones' public CKKS context is, as for :func:`effective_config`).
+    (``he_keys``: where the zones' public HE context is, as for :func:`effective_config`).
 
     Raises
     ------

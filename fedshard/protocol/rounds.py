@@ -33,7 +33,7 @@ __all__ = [
 
 ShardPayload = np.ndarray | bytes
 """One shard as it travels between site and zone: its values, or, where its header
-(manifest entry, partial-sum entry, aggregate entry) says ``encrypted``, the CKKS
+(manifest entry, partial-sum entry, aggregate entry) says ``encrypted``, the HE
 ciphertext ``bytes`` (length-prefixed ciphertexts, see :mod:`fedshard.crypto.he`)."""
 
 
@@ -155,7 +155,7 @@ class PartialEntry:
     nbytes: int
     weight: float
     contributors: tuple[str, ...]
-    encrypted: bool = False  # CKKS ciphertext sum (bytes) instead of Σ (w/unit)·x
+    encrypted: bool = False  # HE ciphertext sum (bytes) instead of Σ (w/unit)·x
 
 
 @dataclass(frozen=True, slots=True)

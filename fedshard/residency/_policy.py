@@ -36,7 +36,7 @@ class ShardProtection:
     Parameters
     ----------
     encrypted:
-        True if the shard is CKKS-encrypted.
+        True if the shard is HE-encrypted.
     update_dp_epsilon:
         ε of the update-level DP that covers the shard, or None if there is none.
     """
@@ -170,7 +170,7 @@ class Policy:
         return cls(config.rules, config.encrypt)
 
     def encrypts(self, shard_class: str) -> bool:
-        """True if shards of ``shard_class`` leave sites CKKS-encrypted."""
+        """True if shards of ``shard_class`` leave sites HE-encrypted."""
         return self.encrypt == "all" or (isinstance(self.encrypt, tuple) and shard_class in self.encrypt)
 
     # identity -------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def simulate(
     if config.residency.encrypting and config.he.keys is None:
         from fedshard.crypto.he import he_init
 
-        he_init(out / "keys")  # the run's own CKKS contexts: secret for the sites, public for the zones
+        he_init(out / "keys", scheme=config.he.scheme)  # the run's own contexts: secret for sites, public for zones
         config = config.model_copy(update={"he": config.he.model_copy(update={"keys": (out / "keys").resolve()})})
     config_path = out / "federation.yaml"
     if recovery is None:

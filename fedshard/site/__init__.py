@@ -11,7 +11,7 @@ sealing, signing, pushing, and applying aggregates.
 ``privacy``        the site's privacy ledger, what each round may spend, the round's DP mechanisms
 ``ledger_anchor``  the ledger's head anchored outside the ledger file (a rollback is caught)
 ``_private_round`` one round with DP on: reserve its cost in the ledger, then commit (or refuse)
-``_release``       the update: split once, CKKS, signed manifests, pushes
+``_release``       the update: split once, HE, signed manifests, pushes
 ``routes``         where each shard goes and which aggregate it applies; the cached classification
 ``_retry``         retrying a zone call that got no answer (backoff with jitter, within the round)
 ``_points``        the fault points along what a site sends (crash tests)

@@ -3,7 +3,7 @@
 The coordinator sends a site only the rounds it has not applied (``missed``); the
 site extends its own model-version chain with them. Each round's aggregates are
 fetched from the zones that published them, checked against the roots the
-coordinator announced, decrypted where they are CKKS sums, and applied by the
+coordinator announced, decrypted where they are HE sums, and applied by the
 federation's server-side optimiser straight into the module's tensors. However many
 rounds a site missed, its store is written once, after the last (the caller saves).
 """
@@ -93,7 +93,7 @@ def optimizer_for(rule: ApplyRule, state: ModelState, pending: bool, site_id: st
 @dataclass
 class RoundShards:
     """The shards a site applies from one round's aggregates, as the zones serve them:
-    weighted means, and encrypted sums as CKKS ciphertext ``bytes`` (the shards each
+    weighted means, and encrypted sums as HE ciphertext ``bytes`` (the shards each
     aggregate's summary flags ``encrypted``)."""
 
     means: dict[str, np.ndarray] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""Releasing a site's update: split once, CKKS, signed manifests, pushes.
+"""Releasing a site's update: split once, HE, signed manifests, pushes.
 
 The update is computed shard by shard over the pre-training copy of the model (the
 one copy a train message makes), so it exists once; the shards the policy encrypts
@@ -66,7 +66,7 @@ def sealed(
     site_id: str,
 ) -> dict[str, ShardPayload]:
     """The payload a site pushes for ``update`` (its DP already applied): the shards its
-    routes encrypt as CKKS ciphertext (:func:`encrypt_shards`). The coordinator fixed the
+    routes encrypt as HE ciphertext (:func:`encrypt_shards`). The coordinator fixed the
     weight (zones refuse any other); ciphertext carries it over the round's weight scale."""
     he_weight = message.weight / (message.weight_scale or message.weight)
     packs = he_packs(routing, {sid: values.size for sid, values in update.items()})

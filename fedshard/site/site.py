@@ -97,7 +97,7 @@ class Site:
     signing_key:
         The site's Ed25519 key; when given, every manifest is signed with it.
     he:
-        Returns the site's CKKS codec (secret context), for the shard classes the
+        Returns the site's HE codec (secret context), for the shard classes the
         policy encrypts; called once, when first needed.
     dp_layers:
         With record-level DP: ``"fix"`` replaces layers DP-SGD cannot train (every
@@ -181,7 +181,7 @@ class Site:
         if self._he is None:
             if self._he_factory is None:
                 raise RoundError(
-                    f"site {self.site_id}: the policy encrypts some shard classes but this site has no CKKS "
+                    f"site {self.site_id}: the policy encrypts some shard classes but this site has no HE "
                     "context; set he.keys"
                 )
             self._he = self._he_factory()

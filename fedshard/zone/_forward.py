@@ -205,7 +205,7 @@ class ForwardTarget(Protocol):
     :class:`~fedshard.zone._reduce.Reduction`)."""
 
     z: ZoneRounds
-    """The zone's round state (its CKKS context, bounds)."""
+    """The zone's round state (its HE context, bounds)."""
 
     def fold_partial(
         self, state: OpenRound, partial: PartialSum, sums: dict[str, np.ndarray], ciphertexts: dict[str, list[Any]]

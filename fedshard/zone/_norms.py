@@ -27,7 +27,7 @@ What the bound does and does not promise (see SECURITY.md, "Malicious sites"):
 * a shard set that only one site pushes to a zone is compared with that site's own
   earlier rounds only: its norm grows at most ×factor per round, from whatever it was in
   its first round;
-* encrypted (CKKS) shards cannot be measured and are not part of the norm.
+* encrypted (HE) shards cannot be measured and are not part of the norm.
 """
 
 from __future__ import annotations

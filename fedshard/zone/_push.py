@@ -23,6 +23,7 @@ from fedshard.aggregation import extremes, norm_scale, squared_norm, within
 from fedshard.config import BoundRule
 from fedshard.crypto.ciphertexts import load_ciphertexts
 from fedshard.crypto.he import Pack, pack_layout
+from fedshard.crypto.he_schemes import scheme_of
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload
@@ -47,7 +48,7 @@ class PushTarget(Protocol):
     """What a push session needs of its zone (the zone's :class:`~fedshard.zone._intake.PushIntake`)."""
 
     z: ZoneRounds
-    """The zone's round state (its name, CKKS context, bounds)."""
+    """The zone's round state (its name, HE context, bounds)."""
 
     def fold_push(
         self,
@@ -142,7 +143,7 @@ def check_manifest(state: OpenRound, manifest: Manifest, token: str, *, zone: st
         if entry.encrypted:  # its size is checked with its pack's (check_packs)
             if he_context is None:
                 raise PushRejectedError(
-                    f"shard {entry.shard_id} is encrypted but this zone has no CKKS context", RefusalCode.ENCRYPTION
+                    f"shard {entry.shard_id} is encrypted but this zone has no HE context", RefusalCode.ENCRYPTION
                 )
         elif entry.nbytes != planned:
             raise PushRejectedError(
@@ -315,11 +316,12 @@ class PushSession:
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             pack = self._packs.get(shard_id)
-            if pack is not None and len(parsed) != pack.ciphertexts:
+            scheme = scheme_of(self._zone.z.he_context)  # ours: load_ciphertexts parsed under it
+            needed = None if pack is None or scheme is None else pack.ciphertexts(scheme.name)
+            if pack is not None and len(parsed) != needed:
                 raise self.refuse(
                     RefusalCode.ENCRYPTION,
-                    f"shard {shard_id}: {len(parsed)} ciphertexts, its pack of {pack.count} values needs "
-                    f"{pack.ciphertexts}",
+                    f"shard {shard_id}: {len(parsed)} ciphertexts, its pack of {pack.count} values needs {needed}",
                 )
             self._ciphertexts[shard_id] = parsed  # a packed member (no bytes): no ciphertexts
             return

@@ -1,7 +1,7 @@
 """What a zone's round lifecycle, its intake of pushes and its reduction share, in one
 object the zone owns: its open and closed rounds and the lock over them and their sums,
 its staging budget and buffers, its counters and audit log, what it recovered from its
-store, and the federation's facts it enforces (residency, CKKS context, bounds).
+store, and the federation's facts it enforces (residency, HE context, bounds).
 
 :class:`~fedshard.zone._intake.PushIntake` and :class:`~fedshard.zone._reduce.Reduction`
 operate on it instead of each holding a dozen references; a change of membership
@@ -37,7 +37,7 @@ class ZoneRounds:
     record: Callable[..., None]
     bounds: AggregationConfig
     residency: ZonePolicy | None = None  # replaced when the federation's membership changes
-    he_context: Any = None  # the federation's public CKKS context (None: encrypted shards refused)
+    he_context: Any = None  # the federation's public HE context (None: encrypted shards refused)
     open: dict[int, OpenRound] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     recovery: ZoneRecovery = field(default_factory=ZoneRecovery)  # what the zone found in its store when it started

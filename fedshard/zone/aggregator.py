@@ -126,7 +126,7 @@ class ZoneAggregator:
         Signs every published aggregate with the zone's TLS key (None: unsigned, as
         without mutual TLS).
     he_context:
-        The federation's *public* CKKS context, to sum encrypted shards (None: the
+        The federation's *public* HE context, to sum encrypted shards (None: the
         zone refuses encrypted shards). A context holding the secret key is refused.
     bounds:
         The federation's bounds on weights, values and update norms (``aggregation``
@@ -149,7 +149,7 @@ class ZoneAggregator:
         signer: AggregateSigner | None = None,
     ) -> None:
         if he_context is not None and he_context.has_secret_key():
-            raise ZoneError(f"zone {name}: refusing a CKKS context with the secret key; zones get the public context")
+            raise ZoneError(f"zone {name}: refusing an HE context with the secret key; zones get the public context")
         self.he_context = he_context
         self.bounds = bounds if bounds is not None else AggregationConfig()
         self.name = name

@@ -21,8 +21,8 @@ are decoded with :func:`numpy.frombuffer` over those bytes. Given ``buffers`` (a
 :class:`~fedshard.zone._staging.StagingPool`), every clear shard, even one of a single
 chunk, is copied into a buffer taken from it, so the received bytes are freed at once
 and the values are read-only views of reused memory. A shard the header says
-is ``encrypted`` is CKKS ciphertext: its first chunk is labelled
-:data:`~fedshard.crypto.he.CKKS_DTYPE` with no shape, and it comes out as ``bytes``
+is ``encrypted`` is HE ciphertext: its first chunk is labelled
+:data:`~fedshard.crypto.he.ENCRYPTED_DTYPE` with no shape, and it comes out as ``bytes``
 (a larger one joined once from its chunks: ``bytes`` cannot be filled in place).
 
 Failures raise :class:`~fedshard.errors.FrameError` carrying a
@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedshard.crypto.he import CKKS_DTYPE
+from fedshard.crypto.he import ENCRYPTED_DTYPE
 from fedshard.errors import FrameError, RefusalCode, ShardError
 from fedshard.integrity import ShardHasher, ciphertext_hasher
 from fedshard.protocol.rounds import ShardPayload
@@ -97,7 +97,7 @@ class Declared:
     declared_by:
         What declared the layout (named in refusals).
     encrypted:
-        The shard is CKKS ciphertext bytes, labelled :data:`~fedshard.crypto.he.CKKS_DTYPE`.
+        The shard is HE ciphertext bytes, labelled :data:`~fedshard.crypto.he.ENCRYPTED_DTYPE`.
     """
 
     shard_id: str
@@ -213,9 +213,9 @@ class FrameAssembler:
             raise FrameError(f"shard {sid} starts at offset {chunk.offset}, expected 0", RefusalCode.OFFSET)
         whole = len(chunk.data) >= declared.nbytes  # kept as it is; otherwise assembled
         if declared.encrypted:
-            if chunk.dtype != CKKS_DTYPE:
+            if chunk.dtype != ENCRYPTED_DTYPE:
                 raise FrameError(
-                    f"shard {sid} has dtype {chunk.dtype or '?'}, the {declared.declared_by} says {CKKS_DTYPE}",
+                    f"shard {sid} has dtype {chunk.dtype or '?'}, the {declared.declared_by} says {ENCRYPTED_DTYPE}",
                     RefusalCode.DTYPE,
                 )
             if chunk.shape:
@@ -281,7 +281,7 @@ def shard_chunks(
     """Cut one shard into chunks of at most ``chunk_bytes`` (None: one chunk), without copying.
 
     The first chunk carries the labels: an array's dtype (little-endian; big-endian
-    arrays are converted first) and shape, or :data:`~fedshard.crypto.he.CKKS_DTYPE`
+    arrays are converted first) and shape, or :data:`~fedshard.crypto.he.ENCRYPTED_DTYPE`
     for ciphertext. ``encrypted`` says which the shard is (its header's flag).
 
     Raises
@@ -294,7 +294,7 @@ def shard_chunks(
             raise ShardError(
                 f"shard {shard_id} is listed as encrypted but holds {value.dtype} values, not ciphertext bytes"
             )
-        yield from _cut(shard_id, value, chunk_bytes, CKKS_DTYPE, ())
+        yield from _cut(shard_id, value, chunk_bytes, ENCRYPTED_DTYPE, ())
         return
     if isinstance(value, bytes):
         raise ShardError(f"shard {shard_id}: ciphertext bytes for a shard its header lists in clear")

@@ -127,7 +127,7 @@ class ZonePolicy:
                     RefusalCode.CLASS,
                 )
             if entry.encrypted != self.policy.encrypts(shard_class):
-                must = "must be CKKS-encrypted" if self.policy.encrypts(shard_class) else "must not be encrypted"
+                must = "must be HE-encrypted" if self.policy.encrypts(shard_class) else "must not be encrypted"
                 raise PushRejectedError(
                     f"residency: shard {entry.shard_id} ({shard_class}) {must}", RefusalCode.ENCRYPTION
                 )

@@ -467,7 +467,7 @@ CASES = [
     case(
         "he-keys-missing",
         SIM,
-        "cannot read CKKS context nohe/public.ctx",
+        "cannot read HE context nohe/public.ctx",
         files({"fed.yaml": federation(residency__encrypt=["personal"], he__keys="nohe")}),
     ),
     case(

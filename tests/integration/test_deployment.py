@@ -408,5 +408,5 @@ def test_unsafe_deployments_are_refused_with_one_line(tmp_path: Path) -> None:
     leaked = tmp_path / "tls" / "keys" / "aggregator" / "he" / "secret.ctx"
     leaked.write_bytes((tmp_path / "tls" / "keys" / "sites" / "ap-hp-paris" / "he" / "secret.ctx").read_bytes())
     proc = fedshard("aggregator", "up", "--config", str(tls["aggregator"]), cwd=tmp_path)
-    assert proc.returncode == 2 and "must not hold the CKKS secret context" in proc.stderr
+    assert proc.returncode == 2 and "must not hold the HE secret context" in proc.stderr
     assert not (tmp_path / "tls" / "runs").exists()  # refused before anything started or was written

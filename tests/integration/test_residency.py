@@ -429,7 +429,7 @@ def test_a_plaintext_shard_of_an_encrypted_class_is_refused(tmp_path: Path) -> N
     assert zone.he_context is not None and not zone.he_context.has_secret_key()
     zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS))
     shards = _update(routing)
-    with pytest.raises(PushRejectedError, match="must be CKKS-encrypted") as info:
+    with pytest.raises(PushRejectedError, match="must be HE-encrypted") as info:
         zone.push(_manifest(routing, "eu-a", "eu-central", shards), TOKEN, shards)
     assert info.value.code == "encryption"
     zone.close()

@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from fedshard.crypto.he import CKKS_DTYPE, HeCodec, he_init, load_context
+from fedshard.crypto.he import ENCRYPTED_DTYPE, HeCodec, he_init, load_context
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import ShardEntry, build_manifest, merkle_root, shard_digest
 from fedshard.protocol.rounds import DEFAULT_GROUP, GLOBAL_GROUP, AggregateSummary, PartialSum, RoundSpec
@@ -221,7 +221,7 @@ PUSH_CASES = [
     pytest.param(_twice, RefusalCode.DUPLICATE, "b#r0c0 sent twice", id="twice"),
     pytest.param(_unlisted, RefusalCode.UNKNOWN_SHARD, "x#r0c0 is not in the round's shard plan", id="unlisted"),
     pytest.param(_relabel(dtype="<f8"), RefusalCode.DTYPE, "b#r0c0 has dtype <f8, the plan says <f4", id="dtype"),
-    pytest.param(_relabel(dtype="ckks", shape=[]), RefusalCode.DTYPE, "b#r0c0 has dtype ckks", id="ckks"),
+    pytest.param(_relabel(dtype="he", shape=[]), RefusalCode.DTYPE, "b#r0c0 has dtype he", id="he"),
     pytest.param(_relabel(shape=[1, 30]), RefusalCode.SHAPE, r"b#r0c0 has shape \(1, 30\)", id="shape"),
 ]
 
@@ -394,7 +394,7 @@ def test_ciphertexts_travel_as_bytes_labelled_ckks_in_many_chunks(he: tuple[HeCo
     assert type(data) is bytes and len(data) > 10 * CHUNK
     assert aggregate.summary == summary and summary.shards[0].encrypted
     assert stream[0].header.shards[0].encrypted
-    assert (stream[1].chunk.dtype, list(stream[1].chunk.shape)) == (CKKS_DTYPE, [])
+    assert (stream[1].chunk.dtype, list(stream[1].chunk.shape)) == (ENCRYPTED_DTYPE, [])
     assert len(stream) == 2 + len(data) // (1 << 20)  # the zone's own 1 MiB chunks
     np.testing.assert_allclose(codec.decrypt_mean(data, 6000).reshape(2, 3000), x, atol=codec.step)
     assert not hasattr(client, "fetch_aggregate")  # the one way to fetch: bytes, flagged by the summary
@@ -416,7 +416,7 @@ def test_an_encrypted_shard_labelled_as_values_is_refused(he: tuple[HeCodec, obj
         session.receive(sid, blob, offset=0, dtype="|u1", shape=(1, len(blob)))
 
     assert info.value.code is RefusalCode.DTYPE
-    assert f"shard {sid} has dtype |u1, the manifest says ckks" in str(info.value)
+    assert f"shard {sid} has dtype |u1, the manifest says he" in str(info.value)
     assert zone.close_round(1) == []
 
 

@@ -82,7 +82,7 @@ def chunks(
     shards: Mapping[str, ShardPayload], chunk_bytes: int = CHUNK_BYTES, encrypted: Collection[str] = ()
 ) -> Iterator[pb.ShardChunk]:
     """Cut shards into chunks; the first chunk of each names its dtype and shape (ciphertext,
-    the shards in ``encrypted``: the :data:`~fedshard.crypto.he.CKKS_DTYPE` label, no shape)."""
+    the shards in ``encrypted``: the :data:`~fedshard.crypto.he.ENCRYPTED_DTYPE` label, no shape)."""
     for shard_id, values in shards.items():
         for c in shard_chunks(shard_id, values, chunk_bytes, encrypted=shard_id in encrypted):
             data = c.data if isinstance(c.data, bytes) else bytes(c.data)

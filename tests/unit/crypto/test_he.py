@@ -1,8 +1,10 @@
-"""CKKS shard encryption: exact packed sums, the error bound, and zones that never hold the secret key."""
+"""Shard encryption under both schemes (BFV, CKKS): exact packed sums, the error bound, and zones that never
+hold the secret key."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -25,18 +27,24 @@ from fedshard.zone.aggregator import ZoneAggregator
 from tests.zone_helpers import BASE, TOKEN
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return he_init(tmp_path_factory.mktemp("he"))
+class Keys(NamedTuple):
+    secret: Path
+    public: Path
+    scheme: str
+
+
+@pytest.fixture(scope="module", params=["bfv", "ckks"])
+def keys(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    return Keys(*he_init(tmp_path_factory.mktemp("he"), scheme=request.param), request.param)
 
 
 @pytest.fixture(scope="module")
-def codec(keys: tuple[Path, Path]) -> HeCodec:
-    return HeCodec(load_context(keys[0], secret=True), value_range=1.0, max_sites=16)
+def codec(keys: Keys) -> HeCodec:
+    return HeCodec(load_context(keys[0], secret=True, scheme=keys.scheme), value_range=1.0, max_sites=16)
 
 
-def _sum(keys: tuple[Path, Path], blobs: list[bytes]) -> bytes:
-    acc = EncryptedSum(load_context(keys[1], secret=False))
+def _sum(keys: Keys, blobs: list[bytes]) -> bytes:
+    acc = EncryptedSum(load_context(keys[1], secret=False, scheme=keys.scheme))
     for b in blobs:
         acc.add("s", b)
     return acc.serialize("s")
@@ -66,28 +74,28 @@ def test_values_beyond_the_range_are_clipped_and_counted(codec: HeCodec) -> None
     assert clipped == 2
 
 
-def test_ciphertext_costs_four_times_float32_for_large_shards(codec: HeCodec) -> None:
-    blob, _ = codec.encrypt(np.zeros(4 * 4095), 1.0)  # 8190 value slots + 1 weight slot = 4 ciphertexts
-    assert len(split(blob)) == 4
-    assert len(blob) / (4 * 4 * 4095) < 4.1
+def test_ciphertext_costs_two_or_four_times_float32_for_large_shards(keys: Keys, codec: HeCodec) -> None:
+    blob, _ = codec.encrypt(np.zeros(4 * 4095), 1.0)  # 8190 value slots + 1 weight slot
+    bfv = keys.scheme == "bfv"
+    assert len(split(blob)) == (2 if bfv else 4)  # 4096 slots per BFV ciphertext, 2048 per CKKS one
+    assert len(blob) / (4 * 4 * 4095) < (2.01 if bfv else 4.02)
 
 
-def test_encrypted_nbytes_is_exact(codec: HeCodec) -> None:
+def test_encrypted_nbytes_is_exact(keys: Keys, codec: HeCodec) -> None:
     # partial ciphertexts of several slot counts (TenSEAL frames the count as a varint), full ones, a spill
     counts = [1, 200, 1024, 4094, 4095, 4096, 20000]
     rng = np.random.default_rng(4)
     blobs, _ = codec.encrypt_many({str(i): rng.uniform(-1, 1, n) for i, n in enumerate(counts)}, 0.5, workers=1)
-    assert encrypted_nbytes(counts, codec.context) == sum(len(b) for b in blobs.values())
-    assert encrypted_nbytes(counts) == sum(len(b) for b in blobs.values())
+    assert encrypted_nbytes(counts, keys.scheme) == sum(len(b) for b in blobs.values())
 
 
 def test_encrypted_sums_have_the_bytes_of_one_push(keys, codec: HeCodec) -> None:
     blobs = [codec.encrypt(np.full(10000, 0.5), 1.0)[0] for _ in range(3)]
-    assert len(_sum(keys, blobs)) == encrypted_nbytes([10000]) == len(blobs[0])
+    assert len(_sum(keys, blobs)) == encrypted_nbytes([10000], keys.scheme) == len(blobs[0])
 
 
 def test_a_sum_of_many_sites_decrypts_within_the_bound(keys, tmp_path: Path) -> None:
-    codec = HeCodec(load_context(keys[0], secret=True), value_range=1.0, max_sites=64)
+    codec = HeCodec(load_context(keys[0], secret=True, scheme=keys.scheme), value_range=1.0, max_sites=64)
     rng = np.random.default_rng(3)
     updates = [rng.uniform(-1, 1, 5000) for _ in range(64)]
     blob = _sum(keys, [codec.encrypt(u, 1.0)[0] for u in updates])
@@ -95,9 +103,13 @@ def test_a_sum_of_many_sites_decrypts_within_the_bound(keys, tmp_path: Path) -> 
     assert np.max(np.abs(mean - np.mean(updates, axis=0))) <= codec.step / 2 + 1e-12
 
 
-def test_the_error_bound_is_the_ckks_schemes(codec: HeCodec) -> None:
-    assert codec.levels == 2**14 - 1  # 19-bit fields, 16 sites: 4 bits of headroom, one sign bit
-    assert codec.step / 2 == pytest.approx(3.0519e-5, rel=1e-4)
+def test_the_error_bound_is_the_schemes(keys: Keys, codec: HeCodec) -> None:
+    if keys.scheme == "bfv":  # 21-bit fields, 16 sites: 4 bits of headroom, one sign bit
+        assert codec.levels == 2**16 - 1
+        assert codec.step / 2 == pytest.approx(7.6295e-6, rel=1e-4)
+    else:  # 19-bit fields
+        assert codec.levels == 2**14 - 1
+        assert codec.step / 2 == pytest.approx(3.0519e-5, rel=1e-4)
 
 
 def test_contexts_made_by_main_he_init_load(tmp_path: Path) -> None:
@@ -111,27 +123,32 @@ def test_contexts_made_by_main_he_init_load(tmp_path: Path) -> None:
     for name, secret in (("s.ctx", True), ("p.ctx", False)):
         blob = ctx.serialize(save_secret_key=secret, save_galois_keys=False, save_relin_keys=False)
         (tmp_path / name).write_bytes(blob)
-    assert load_context(tmp_path / "s.ctx", secret=True).has_secret_key()
-    assert not load_context(tmp_path / "p.ctx", secret=False).has_secret_key()
+    assert load_context(tmp_path / "s.ctx", secret=True, scheme="ckks").has_secret_key()
+    assert not load_context(tmp_path / "p.ctx", secret=False, scheme="ckks").has_secret_key()
+    with pytest.raises(ConfigError, match=r"s\.ctx is a ckks context, and he\.scheme is bfv .*--scheme bfv"):
+        load_context(tmp_path / "s.ctx", secret=True, scheme="bfv")
 
 
-@pytest.mark.parametrize("kind", ["bfv", "ckks-8192", "ckks-scale"])
+@pytest.mark.parametrize("kind", ["bfv-modulus", "bfv-8192", "ckks-8192", "ckks-scale"])
 def test_a_foreign_context_is_refused_in_one_line(tmp_path: Path, kind: str) -> None:
     import tenseal as ts
 
-    if kind == "bfv":
-        ctx = ts.context(ts.SCHEME_TYPE.BFV, 4096, plain_modulus=4398046486529, coeff_mod_bit_sizes=[60, 49])
+    if kind.startswith("bfv"):
+        ring, modulus = (8192, 4398046486529) if kind == "bfv-8192" else (4096, 2199023190017)
+        ctx = ts.context(ts.SCHEME_TYPE.BFV, ring, plain_modulus=modulus, coeff_mod_bit_sizes=[60, 49])
+        scheme = "bfv"
     else:
         ctx = ts.context(ts.SCHEME_TYPE.CKKS, 8192 if kind == "ckks-8192" else 4096, coeff_mod_bit_sizes=[60, 49])
         ctx.global_scale = 2**40 if kind == "ckks-scale" else 2**20
+        scheme = "ckks"
     (tmp_path / "other.ctx").write_bytes(ctx.serialize(save_secret_key=True))
-    with pytest.raises(ConfigError, match=r"not a context of fedshard's CKKS scheme .*he-init") as err:
-        load_context(tmp_path / "other.ctx", secret=True)
+    with pytest.raises(ConfigError, match=rf"not a context of fedshard's schemes, .*he-init --scheme {scheme}") as err:
+        load_context(tmp_path / "other.ctx", secret=True, scheme=scheme)
     assert "\n" not in str(err.value)
 
 
 def test_public_context_has_no_secret_key_and_cannot_decrypt(keys, codec: HeCodec) -> None:
-    public = load_context(keys[1], secret=False)
+    public = load_context(keys[1], secret=False, scheme=keys.scheme)
     assert not public.has_secret_key()
     blob = _sum(keys, [codec.encrypt(np.ones(10), 1.0)[0]])
     with pytest.raises(Exception):  # noqa: B017 - TenSEAL raises a plain ValueError without the key
@@ -139,25 +156,25 @@ def test_public_context_has_no_secret_key_and_cannot_decrypt(keys, codec: HeCode
 
 
 def test_zones_refuse_the_secret_context(keys) -> None:
-    secret = load_context(keys[0], secret=True)
+    secret = load_context(keys[0], secret=True, scheme=keys.scheme)
     with pytest.raises(ConfigError, match="holds the secret key"):
-        load_context(keys[0], secret=False)
+        load_context(keys[0], secret=False, scheme=keys.scheme)
     with pytest.raises(PkiError):
         EncryptedSum(secret)
     with pytest.raises(ZoneError, match="secret key"):
         ZoneAggregator("eu-1", "EU", he_context=secret)
     with pytest.raises(ConfigError, match="has no secret key"):
-        load_context(keys[1], secret=True)
+        load_context(keys[1], secret=True, scheme=keys.scheme)
 
 
 def test_tampered_or_foreign_ciphertext_is_an_integrity_error(keys, codec: HeCodec, tmp_path: Path) -> None:
-    acc = EncryptedSum(load_context(keys[1], secret=False))
+    acc = EncryptedSum(load_context(keys[1], secret=False, scheme=keys.scheme))
     blob, _ = codec.encrypt(np.ones(10), 1.0)
     with pytest.raises(IntegrityError, match="truncated"):
         acc.add("s", blob[:-10])
     with pytest.raises(IntegrityError):
         acc.add("s", b"\x05\x00\x00\x00hello")
-    other = HeCodec(load_context(he_init(tmp_path / "other")[0], secret=True))
+    other = HeCodec(load_context(he_init(tmp_path / "other", scheme=keys.scheme)[0], secret=True, scheme=keys.scheme))
     acc.add("s", blob)
     foreign, _ = other.encrypt(np.ones(10), 1.0)
     acc.add("s", foreign)  # same parameters: it adds, but the sum decrypts to garbage under our key
@@ -180,7 +197,7 @@ def test_he_init_refuses_to_overwrite(tmp_path: Path) -> None:
 
 def _encrypted_round(keys: tuple[Path, Path]) -> tuple[ZoneAggregator, ShardPlan, str]:
     plan = ShardPlan.from_state_dict({"w": np.zeros((2, 3000), np.float32)}, tile=(2, 4096))
-    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False, scheme=keys.scheme))
     zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
     return zone, plan, plan.shard_ids[0]
 
@@ -280,10 +297,11 @@ def test_pack_layout_keeps_plan_order_keys_apart_and_bounds_packs() -> None:
 
 
 def test_one_weight_slot_per_pack_no_spill_per_shard() -> None:
-    tiles = [(f"t{i}", 65536, "g") for i in range(15)]  # each 256x256 tile fills 16 ciphertexts exactly
+    tiles = [(f"t{i}", 65536, "g") for i in range(15)]  # a 256x256 tile fills 16 CKKS (8 BFV) ciphertexts exactly
     (pack,) = pack_layout(tiles)
-    assert pack.ciphertexts == 15 * 16 + 1  # one weight slot for the pack, not 15 spilled ciphertexts
-    assert encrypted_nbytes([pack.count]) < encrypted_nbytes([65536] * 15)
+    assert pack.ciphertexts("ckks") == 15 * 16 + 1  # one weight slot for the pack, not 15 spilled ciphertexts
+    assert pack.ciphertexts("bfv") == 15 * 8 + 1
+    assert encrypted_nbytes([pack.count], "ckks") < encrypted_nbytes([65536] * 15, "ckks")
 
 
 def test_packed_pushes_are_summed_slot_wise_and_decrypt_per_shard(keys, codec: HeCodec) -> None:
@@ -291,7 +309,7 @@ def test_packed_pushes_are_summed_slot_wise_and_decrypt_per_shard(keys, codec: H
         {"w": np.zeros((64, 30), np.float32), "b": np.zeros(64, np.float32), "o": np.zeros(2, np.float32)},
         tile=(32, 32),
     )
-    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False, scheme=keys.scheme))
     zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
     packs = pack_layout((s.shard_id, s.size, "g") for s in plan.shards)
     (pack,) = packs
@@ -301,11 +319,12 @@ def test_packed_pushes_are_summed_slot_wise_and_decrypt_per_shard(keys, codec: H
     pushed = 0
     for site, x in xs.items():
         blobs, _ = codec.encrypt_packs(packs, x, ws[site], workers=1)
-        assert len(blobs[pack.carrier]) == encrypted_nbytes([pack.count]) and len(blobs) == len(plan.shards)
+        assert len(blobs[pack.carrier]) == encrypted_nbytes([pack.count], keys.scheme)
+        assert len(blobs) == len(plan.shards)
         assert all(blobs[sid] == b"" for sid, _ in pack.members[1:])
         pushed += sum(len(b) for b in blobs.values())
         zone.push(_encrypted_manifest(site, plan, blobs), TOKEN, blobs)
-    assert pushed == 2 * encrypted_nbytes([sum(s.size for s in plan.shards)])  # one ciphertext per site
+    assert pushed == 2 * encrypted_nbytes([sum(s.size for s in plan.shards)], keys.scheme)  # one ciphertext per site
 
     zone.close_round(1)
     aggregate = zone.fetch(1)
@@ -317,7 +336,7 @@ def test_packed_pushes_are_summed_slot_wise_and_decrypt_per_shard(keys, codec: H
 
 def test_a_push_not_packed_as_the_plan_lays_out_is_refused(keys, codec: HeCodec) -> None:
     plan = ShardPlan.from_state_dict({"w": np.zeros((64, 30), np.float32)}, tile=(32, 32))
-    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False, scheme=keys.scheme))
     zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
     x = {s.shard_id: np.zeros(s.shape) for s in plan.shards}
     unpacked, _ = codec.encrypt_many(x, 1.0, workers=1)  # one ciphertext per shard: not the plan's layout
@@ -327,7 +346,7 @@ def test_a_push_not_packed_as_the_plan_lays_out_is_refused(keys, codec: HeCodec)
 
 def test_a_push_packed_unlike_earlier_ones_is_refused(keys, codec: HeCodec) -> None:
     plan = ShardPlan.from_state_dict({"w": np.zeros((64, 30), np.float32)}, tile=(32, 32))
-    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False))
+    zone = ZoneAggregator("eu-1", "EU", he_context=load_context(keys[1], secret=False, scheme=keys.scheme))
     zone.open_round(RoundSpec(1, TOKEN, plan.to_json(), BASE, ("site-a", "site-b")))
     x = {s.shard_id: np.zeros(s.shape) for s in plan.shards}
     both, _ = codec.encrypt_packs(pack_layout((sid, 960, "g") for sid in x), x, 1.0, workers=1)

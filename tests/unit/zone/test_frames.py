@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedshard.crypto.he import CKKS_DTYPE
+from fedshard.crypto.he import ENCRYPTED_DTYPE
 from fedshard.errors import FrameError, RefusalCode, ShardError
 from fedshard.integrity import ciphertext_digest, shard_digest
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header, shard_chunks
@@ -203,7 +203,7 @@ def test_a_one_chunk_ciphertext_is_the_bytes_received() -> None:
     (chunk,) = shard_chunks("c", BLOB, encrypted=True)
     done = assembler.add(chunk)
 
-    assert chunk.dtype == CKKS_DTYPE and chunk.shape == ()
+    assert chunk.dtype == ENCRYPTED_DTYPE and chunk.shape == ()
     assert done is not None and done[1] is BLOB
 
 
@@ -221,7 +221,7 @@ def test_a_chunked_ciphertext_is_joined_once_into_bytes() -> None:
 def test_a_ciphertext_labelled_otherwise_is_refused(dtype: str, shape: tuple[int, ...]) -> None:
     assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
 
-    with pytest.raises(FrameError, match=f"shard c has dtype .*, the manifest says {CKKS_DTYPE}") as info:
+    with pytest.raises(FrameError, match=f"shard c has dtype .*, the manifest says {ENCRYPTED_DTYPE}") as info:
         assembler.add(Chunk("c", 0, BLOB, dtype, shape))
 
     assert info.value.code is RefusalCode.DTYPE
@@ -231,7 +231,7 @@ def test_a_ciphertext_with_a_shape_is_refused() -> None:
     assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
 
     with pytest.raises(FrameError, match=r"shard c is ciphertext, which has no shape; got \(1, 768\)") as info:
-        assembler.add(Chunk("c", 0, BLOB, CKKS_DTYPE, (1, len(BLOB))))
+        assembler.add(Chunk("c", 0, BLOB, ENCRYPTED_DTYPE, (1, len(BLOB))))
 
     assert info.value.code is RefusalCode.SHAPE
 
@@ -240,14 +240,14 @@ def test_a_tampered_ciphertext_is_refused_on_its_digest() -> None:
     assembler = FrameAssembler(ciphertext_declared(), source=Header.MANIFEST)
 
     with pytest.raises(FrameError, match="shard c: digest does not match the manifest") as info:
-        assembler.add(Chunk("c", 0, BLOB[:-1] + b"\x00", CKKS_DTYPE))
+        assembler.add(Chunk("c", 0, BLOB[:-1] + b"\x00", ENCRYPTED_DTYPE))
 
     assert info.value.code is RefusalCode.DIGEST
 
 
 def test_a_clear_shard_sent_as_ciphertext_is_refused_by_its_label() -> None:
-    with pytest.raises(FrameError, match="shard w has dtype ckks, the plan says <f4") as info:
-        assemble([Chunk("w", 0, W.tobytes(), CKKS_DTYPE), *shard_chunks("b", B)])
+    with pytest.raises(FrameError, match="shard w has dtype he, the plan says <f4") as info:
+        assemble([Chunk("w", 0, W.tobytes(), ENCRYPTED_DTYPE), *shard_chunks("b", B)])
 
     assert info.value.code is RefusalCode.DTYPE
 
@@ -262,4 +262,4 @@ def test_chunks_are_cut_as_the_header_says_the_shard_is() -> None:
         list(shard_chunks("c", as_array, encrypted=True))
     pieces = list(shard_chunks("c", BLOB, 100, encrypted=True))
     assert b"".join(bytes(c.data) for c in pieces) == BLOB
-    assert [(c.offset, c.dtype, c.shape) for c in pieces[:2]] == [(0, CKKS_DTYPE, ()), (100, "", ())]
+    assert [(c.offset, c.dtype, c.shape) for c in pieces[:2]] == [(0, ENCRYPTED_DTYPE, ()), (100, "", ())]

@@ -73,7 +73,7 @@ OPTIONAL_PRELOAD = (
     "sklearn.model_selection",
     "sklearn.preprocessing",
 )
-"""Heavy imports some sites need (DP-SGD, CKKS, the example tasks' data), when installed."""
+"""Heavy imports some sites need (DP-SGD, HE, the example tasks' data), when installed."""
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 BLAS_THREADS = "OPENBLAS_NUM_THREADS"
