@@ -246,13 +246,15 @@ class SitePrivacy:
                 )
 
     def _catch_up_anchor(self, ledger: PrivacyLedger, anchor: Anchor | None) -> None:
-        """Anchor the ledger's head if the anchor is behind it (a crash after a write, or a new ledger)."""
+        """Anchor the ledger's head if the anchor is behind what it spent or allows (a crash after a
+        write, or a new ledger); an anchor behind by commit rows only is kept (they change neither)."""
         if self.anchor is None:
             return
         self._accountant = ledger.accountant
         head = ledger.head()
-        if anchor is None or anchor.head != head:
-            self._anchor_head(head, Snapshot(ledger.budget, tuple(ledger.entries())))
+        snapshot = Snapshot(ledger.budget, tuple(ledger.entries()))
+        if anchor is None or not _same_spend(anchor, anchor_of(head, snapshot, ledger.accountant)):
+            self._anchor_head(head, snapshot)
 
     def _anchor_head(self, head: LedgerHead, snapshot: Snapshot) -> None:
         """Anchor ``head`` (the ledger's ``on_grow``: after a write is durable, before any release)."""
@@ -416,6 +418,18 @@ class SitePrivacy:
             projected_rounds_left=0,
             note=reason,
         )
+
+
+def _same_spend(anchored: Anchor, current: Anchor) -> bool:
+    """True if ``current`` (the ledger now) anchors nothing ``anchored`` lacks: the same ledger,
+    spend, composed events, budget and accountant (its head may be further on by commit rows)."""
+    return (
+        anchored.head.ledger_id == current.head.ledger_id
+        and dict(anchored.spent) == dict(current.spent)
+        and anchored.carried == current.carried
+        and anchored.budget == current.budget
+        and anchored.accountant == current.accountant
+    )
 
 
 def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:

@@ -58,9 +58,12 @@ class PrivacyLedger:
         The key that authenticates every row (see :mod:`~fedshard.privacy.ledger.chain`);
         None: :data:`~fedshard.privacy.ledger.chain.UNKEYED`, for bare library use.
     on_grow:
-        Called with the new head after each write is durable and before the call
-        returns (the site anchors the head outside the file there); if it raises, the
-        write stays (a reservation stays spent) and the error propagates.
+        Called with the new head after each write that changes what the ledger has spent
+        or allows (a new ledger, a reservation, a lower budget) is durable, and before the
+        call returns (the site anchors the head outside the file there); if it raises, the
+        write stays (a reservation stays spent) and the error propagates. A commit row
+        changes neither (a reservation counts as spent, committed or not), so it is not
+        anchored: the anchor may lag the ledger's head by commit rows.
 
     Raises
     ------
@@ -349,15 +352,15 @@ class PrivacyLedger:
             If the ledger holds no such reservation.
         """
         seqs = sorted(set(reservation.seqs))
-        with self._write() as conn:
+        # Not made durable at once (SQLite's synchronous=NORMAL in WAL mode: consistent, synced
+        # with the next durable write): a commit row lost in a crash leaves the reservation,
+        # which counts as spent anyway; and not anchored (see ``on_grow``).
+        with self._write(durable=False) as conn:
             chain = rows.load(conn, self.path, self._key)
             stored = {entry.seq: entry.round for entry in chain.entries if entry.seq in set(seqs)}
             if not seqs or len(stored) != len(seqs) or any(r != reservation.round for r in stored.values()):
                 raise PrivacyError(f"{self.path} holds no reservation of round {reservation.round} with events {seqs}")
-            length = len(chain.macs)
             rows.insert_commits(conn, chain, self._key, seqs, self._clock())
-        if len(chain.macs) > length:
-            self._grown(chain)
 
     def lower_budget(self, budget: Budget) -> Budget:
         """Lower the effective budget to ``budget`` where it is lower; never raise it.
@@ -414,10 +417,19 @@ class PrivacyLedger:
     def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._transaction("BEGIN", "")
 
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+    @contextmanager
+    def _write(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
         # IMMEDIATE takes the write lock before reading, so the budget check and the
         # insert see the same ledger even with several processes on one file.
-        return self._transaction("BEGIN IMMEDIATE", "; nothing was written")
+        with self._lock:
+            if not durable:
+                self._connection().execute("PRAGMA synchronous=NORMAL")
+            try:
+                with self._transaction("BEGIN IMMEDIATE", "; nothing was written") as conn:
+                    yield conn
+            finally:
+                if not durable and self._conn is not None:
+                    self._conn.execute("PRAGMA synchronous=FULL")
 
     def _snapshot(self) -> Snapshot:
         with self._read() as conn:

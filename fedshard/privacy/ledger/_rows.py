@@ -186,8 +186,12 @@ def insert_events(
     epsilon_after: Mapping[Guarantee, float],
     now: float,
 ) -> tuple[int, ...]:
-    """Append ``events`` of ``round`` (each with the ε after it); return their sequence numbers."""
+    """Append ``events`` of ``round`` (each with the ε after it); return their sequence numbers.
+
+    ``chain`` grows by the rows and its entries by the events, so what is anchored from it
+    after the write (the ledger's ``on_grow``) includes their spend."""
     seqs = []
+    added: list[LedgerEntry] = []
     for event in events:
         seq = chain.next_seq
         chain.next_seq += 1
@@ -210,6 +214,8 @@ def insert_events(
             (*values, pos, mac),
         )
         seqs.append(seq)
+        added.append(LedgerEntry(seq, round, event, float(epsilon_after[event.guarantee]), float(delta), False, now))
+    chain.entries = (*chain.entries, *added)
     return tuple(seqs)
 
 

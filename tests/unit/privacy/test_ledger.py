@@ -107,6 +107,21 @@ def test_reserve_then_commit(ledger: PrivacyLedger) -> None:
     assert status.remaining[RECORD] == pytest.approx(4.0 - expected_record)
 
 
+def test_what_a_reservation_anchors_includes_its_spend_and_a_commit_anchors_nothing(path: Path) -> None:
+    """``on_grow`` sees the reservation's events (the site anchors them before it releases); a commit
+    row changes no spend, so it is not anchored, and it is kept like any row."""
+    grown: list[tuple[int, list[float]]] = []
+    hook = lambda head, snap: grown.append((head.length, [e.epsilon_after for e in snap.entries]))  # noqa: E731
+    with PrivacyLedger(path, BUDGET, accountant=RDP, on_grow=hook) as ledger:
+        reservation = ledger.reserve(0, [SGD])
+        assert grown[-1][1] == [reservation.epsilon_after[RECORD]]
+        seen = len(grown)
+        ledger.commit(reservation)
+        assert len(grown) == seen
+    with _open(path) as reopened:
+        assert [entry.committed for entry in reopened.entries()] == [True]
+
+
 def test_spent_composes_all_rounds(ledger: PrivacyLedger) -> None:
     ledger.commit(ledger.reserve(0, [SGD]))
     ledger.reserve(1, [SGD])
