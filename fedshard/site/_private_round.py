@@ -56,7 +56,7 @@ class ReservedRound:
     """A round whose cost is reserved, durably and anchored, in the site's open ledger:
     train and push under :attr:`dp`, then :meth:`commit` (or send :meth:`refusal`). A
     reservation that is never committed (crash, push refused) stays counted as spent.
-    Use it as a context manager: the ledger closes with it."""
+    Use it as a context manager: the ledger goes back to the site's privacy with it."""
 
     privacy: SitePrivacy
     message: TrainInstruction
@@ -71,7 +71,7 @@ class ReservedRound:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.ledger.close()
+        self.privacy.put_back(self.ledger)
 
     def refusal(self) -> PrivacyReport:
         """The privacy report of a round that released nothing after all (its cost stays spent)."""
@@ -107,10 +107,10 @@ def reserve_round(
     try:
         reserved = _reserve(privacy, message, plan, num_train, ledger, note)
     except BaseException:
-        ledger.close()
+        privacy.discard(ledger)
         raise
     if isinstance(reserved, Refusal):
-        ledger.close()
+        privacy.put_back(ledger)
     return reserved
 
 

@@ -36,6 +36,7 @@ from fedshard.privacy.ledger.legacy import read_format1
 from fedshard.privacy.ledger.spend import Snapshot
 from fedshard.privacy.mechanisms import MechanismRound, RecordPrivacy, RoundShape, Sharing, mechanism
 from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
+from fedshard.site._kept_ledger import KeptLedger
 from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
 from fedshard.site.terms import PrivacyTerms
 
@@ -137,6 +138,7 @@ class SitePrivacy:
         self.anchor = anchor
         self._last_anchor: Anchor | None = None
         self._accountant = AccountantKind.PRV  # the open ledger's, recorded in its anchor
+        self._kept = KeptLedger(self.ledger_path)
 
     @property
     def ledger_path(self) -> Path:
@@ -201,25 +203,40 @@ class SitePrivacy:
                 f"site {self.site_id}: {LEDGER_FILE} is missing but the coordinator last saw a ledger of "
                 f"{expected.length} rows: restore it from a backup"
             )
-        ledger = PrivacyLedger(
-            self.ledger_path,
-            None if exists else budget,
-            accountant=plan.accountant,
-            key=self.key,
-            on_grow=self._anchor_head,
-        )
+        ledger = self._kept.take() if exists else None  # as this site left it: no file check again
+        if ledger is not None and ledger.accountant != plan.accountant:
+            ledger.close()
+            ledger = None
+        if ledger is None:
+            ledger = PrivacyLedger(
+                self.ledger_path,
+                None if exists else budget,
+                accountant=plan.accountant,
+                key=self.key,
+                on_grow=self._anchor_head,
+            )
         try:
             self._check(ledger, anchor, expected)
             if exists:
                 ledger.lower_budget(budget)
             self._catch_up_anchor(ledger, anchor)
         except BaseException:
-            ledger.close()
+            self._kept.drop(ledger)
             raise
         kept = ledger.budget
         if kept.epsilon < budget.epsilon and not note:
             note = f"site {self.site_id} keeps its earlier, lower budget ε={kept.epsilon:g}"
         return ledger, note
+
+    def put_back(self, ledger: PrivacyLedger) -> None:
+        """The message is done with ``ledger`` (from :meth:`open_ledger`): kept open for the next
+        one while its files stay as they are (:mod:`fedshard.site._kept_ledger`), or closed."""
+        self._kept.put_back(ledger)
+
+    def discard(self, ledger: PrivacyLedger | None = None) -> None:
+        """Close ``ledger`` (a message that failed with it) and the kept one; the next message opens
+        the file afresh. The site's close calls it (a stopped site leaves its ledger in one file)."""
+        self._kept.drop(ledger)
 
     @property
     def _recover_command(self) -> str:
@@ -282,6 +299,7 @@ class SitePrivacy:
         StoreError
             If nothing anchors the ledger and it is not a format-1 ledger (nothing to carry forward).
         """
+        self._kept.drop()  # the file is about to be moved aside
         anchor = self.anchor.read() if self.anchor is not None else None
         legacy = read_format1(self.ledger_path) if anchor is None and self.ledger_path.exists() else None
         if anchor is None and legacy is None:

@@ -345,6 +345,11 @@ class Site:
         return state
 
     # messages ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release what the site keeps open between messages (its privacy ledger); the next message
+        opens it again."""
+        self.privacy.discard()
+
     def query(self, message: QueryRequest) -> SiteInfo:
         """Who this site is and which model it starts from (no model is loaded)."""
         plan_json, state = self._standing()
@@ -361,9 +366,11 @@ class Site:
                 log.warning("site %s: %s", self.site_id, exc)
                 report = self.privacy.refusal_report(asked, str(exc))
             else:
-                with ledger:
+                try:
                     events = self.privacy.round_events(plan, ledger, self.data.num_train)
                     report = self.privacy.report(ledger, events, note=note)
+                finally:
+                    self.privacy.put_back(ledger)
         info = SiteInfo(
             site_id=self.site_id,
             jurisdiction=self.jurisdiction,

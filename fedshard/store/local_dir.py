@@ -9,8 +9,9 @@ the rename is durable once ``write`` returns.
 :meth:`LocalDirBackend.deferred_writes` does the same without waiting for the disk on
 each file; its ``sync`` then makes them all durable at once: on Linux one
 ``syncfs(2)`` of the file system holding ``.tmp/`` (where every temporary is created,
-so every renamed file lives there too), then one fsync per folder touched; elsewhere
-each file is fsync'd as it is written and each folder touched once at ``sync``.
+so every renamed file lives there too), which writes back the folders' entries as well
+(the file system's metadata is committed with it); elsewhere each file is fsync'd as it
+is written and each folder touched once at ``sync``.
 """
 
 from __future__ import annotations
@@ -245,17 +246,19 @@ class _DeferredWrites:
         self._dirs.update(dict.fromkeys(changed))
 
     def sync(self) -> None:
-        """Make the writes so far durable: one syncfs (or the files' fsyncs), then each touched folder once."""
+        """Make the writes so far durable: one syncfs (or the files' fsyncs, then each touched folder once)."""
         if not self._backend.durable:
             self._files.clear()
             self._dirs.clear()
             return
         try:
-            if self._fd is not None and not syncfs(self._fd):  # syncfs refused at run time: fsync each file
+            synced = self._fd is not None and syncfs(self._fd)  # the data and metadata of the whole file system
+            if self._fd is not None and not synced:  # syncfs refused at run time: fsync each file
                 for path in self._files:
                     fsync_file(path)
-            for directory in self._dirs:
-                fsync_dir(directory)
+            if not synced:  # (without syncfs each file was fsync'd as it was written) then each folder once
+                for directory in self._dirs:
+                    fsync_dir(directory)
         except OSError as exc:
             raise StoreError(f"cannot make the writes to {self._backend.root} durable: {exc.strerror or exc}") from None
         self._files.clear()

@@ -121,5 +121,7 @@ class InProcessSiteGateway:
         return out
 
     def close(self) -> None:
-        """Stop the worker threads."""
+        """Stop the worker threads, then close the sites (what they keep open between messages)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for site in self._sites.values():
+            site.close()

@@ -108,8 +108,15 @@ class Federation:
         return make_site(self.config, site_id, self.root / "sites", connect=self.recorder)
 
     def train(self, site_id: str, ledger_head: LedgerHeadReport | None = None) -> TrainReport:
-        """One round for ``site_id`` alone: open it at the zone, send the train instruction."""
+        """One round for ``site_id`` alone: open it at the zone, send the train instruction; then the site
+        closes, as its process would stop (its ledger left in one file)."""
         site = self.site(site_id)
+        try:
+            return self._train(site, site_id, ledger_head)
+        finally:
+            site.close()
+
+    def _train(self, site: Site, site_id: str, ledger_head: LedgerHeadReport | None) -> TrainReport:
         plan = Coordinator(self.config, InProcessSiteGateway({site_id: site}), {}, self.endpoints)._privacy_plan(
             site_id
         )
