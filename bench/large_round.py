@@ -165,7 +165,7 @@ def _config(transformer: dict[str, int] | None, rounds: int, encrypt: bool, keys
         "sites": [{"id": s, "jurisdiction": j} for s, j in SITES],
     }
     if keys is not None:
-        data["he"] = {"keys": str(keys)}
+        data["he"] = {"scheme": "ckks", "keys": str(keys)}  # the scheme this section was measured with
     return data
 
 
@@ -270,7 +270,7 @@ def _federation(transformer: dict[str, int] | None, rounds: int, encrypt: bool) 
         if encrypt:
             from fedshard.crypto.he import he_init
 
-            he_init(root / "keys")
+            he_init(root / "keys", scheme="ckks")
             keys = (root / "keys").resolve()
         config_path = root / "federation.yaml"
         config_path.write_text(yaml.safe_dump(_config(transformer, rounds, encrypt, keys), sort_keys=False))
@@ -394,7 +394,7 @@ def ckks_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
     plan = shard_plan(TransformerConfig(**(transformer or {})), TILE)
     sizes = [(sid, int(plan.shard(sid).size), "all") for sid in plan.shard_ids]
     packs = pack_layout(sizes)
-    return encrypted_nbytes([p.count for p in packs]), sum(n for _, n, _ in sizes)
+    return encrypted_nbytes([p.count for p in packs], "ckks"), sum(n for _, n, _ in sizes)
 
 
 """Which bytes a phase's GB/s is taken over: (plaintext, CKKS), each ``model`` (every site's

@@ -152,18 +152,23 @@ def _mtls_shown(h: dict[str, Any], section: str) -> None:
 
 
 def _he(h: dict[str, Any]) -> None:
-    assert h["values_per_site"] > 100_000
-    # CKKS, two values per slot in 2048 slots, one 60-bit prime kept, shards packed: 4.009x float32
-    # and a little more for the last, partial ciphertext of each pack (NVFlare-style ~14x)
-    assert 4.0 < h["ckks_bytes_per_f32"] <= 4.2 < 5.0 < h["nvflare_bytes_per_f32"]
+    assert h["values_per_site"] > 100_000 and h["scheme"] == "bfv"
+    # the default (BFV): two values per slot in 4096 slots, one 60-bit prime kept, shards packed: 2.004x
+    # float32 and a little more for the last, partial ciphertext of each pack; CKKS (2048 slots) twice
+    # that; NVFlare-style ~14x
+    assert 2.0 < h["bytes_per_f32"] <= 2.2 and 4.0 < h["ckks_bytes_per_f32"] <= 4.2 < 5.0 < h["nvflare_bytes_per_f32"]
     assert 0 < h["max_abs_error"] <= h["error_bound"] * (1 + 1e-9)
+    assert 0 < h["ckks_max_abs_error"] <= h["ckks_error_bound"] * (1 + 1e-9)
+    assert h["error_bound"] < h["ckks_error_bound"] / 3  # two more bits per value: a quarter of the step
     assert h["encrypt_m_values_s"] > 0 and h["fold_m_values_s"] > 0 and h["decrypt_m_values_s"] > 0
     assert h["round_vs_plaintext"] > 1 and h["critical_path_vs_plaintext"] > 1 and h["pool_startup_s"] > 0
 
 
 def _he_shown(h: dict[str, Any], section: str) -> None:
-    fedshard = _row(section, f"{h['values_per_site'] / 1e3:.0f} k | fedshard |")
-    assert f"| {h['ckks_bytes_per_f32']:.2f}x |" in fedshard and f"| {h['max_abs_error']:.2e} |" in fedshard
+    fedshard = _row(section, f"{h['values_per_site'] / 1e3:.0f} k | fedshard (BFV, default) |")
+    assert f"| {h['bytes_per_f32']:.2f}x |" in fedshard and f"| {h['max_abs_error']:.2e} |" in fedshard
+    ckks = _row(section, f"{h['values_per_site'] / 1e3:.0f} k | fedshard CKKS |")
+    assert f"| {h['ckks_bytes_per_f32']:.2f}x |" in ckks and f"| {h['ckks_max_abs_error']:.2e} |" in ckks
     assert f"| {h['round_vs_plaintext']:,.1f}x |" in fedshard
     assert f"| {h['nvflare_bytes_per_f32']:.2f}x |" in _row(section, f"{h['values_per_site'] / 1e3:.0f} k | NVFlare")
     assert f"= {h['error_bound']:.2e} on the mean" in section and "respected" in section
@@ -451,7 +456,11 @@ EXPECT: dict[str, Expect] = {
     "he": Expect(
         {
             "values_per_site",
+            "scheme",
+            "bytes_per_f32",
             "ckks_bytes_per_f32",
+            "ckks_max_abs_error",
+            "ckks_error_bound",
             "nvflare_bytes_per_f32",
             "encrypt_m_values_s",
             "nvflare_encrypt_m_values_s",
