@@ -8,11 +8,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fedshard.crypto.he_schemes import HeScheme, scheme_of
 from fedshard.errors import IntegrityError, PkiError
 
-__all__ = ["EncryptedSum", "framed", "load_ciphertexts", "split"]
+__all__ = ["EncryptedSum", "context_scheme", "framed", "load_ciphertexts", "split"]
 
 _LEN = 4  # bytes of each ciphertext's length prefix
+
+
+def context_scheme(context: Any) -> HeScheme:
+    """The scheme of ``context``; :class:`PkiError` if it is none of fedshard's (a zone checks
+    its context once, then parses every push under that scheme)."""
+    scheme = scheme_of(context)
+    if scheme is None:
+        raise PkiError("the HE context is none of fedshard's schemes (make one with `fedshard keys he-init`)")
+    return scheme
 
 
 def framed(blob: bytes) -> bytes:
@@ -20,14 +30,9 @@ def framed(blob: bytes) -> bytes:
     return len(blob).to_bytes(_LEN, "little") + blob
 
 
-def load_ciphertexts(context: Any, shard_id: str, data: bytes | bytearray | memoryview) -> list[Any]:
-    """Parse one encrypted shard under ``context``; :class:`IntegrityError` if it is not
-    ciphertext of this federation's context."""
-    from fedshard.crypto.he_schemes import scheme_of
-
-    scheme = scheme_of(context)
-    if scheme is None:
-        raise IntegrityError(f"shard {shard_id}: this party's HE context is none of fedshard's schemes")
+def load_ciphertexts(scheme: HeScheme, context: Any, shard_id: str, data: bytes | bytearray | memoryview) -> list[Any]:
+    """Parse one encrypted shard under ``context`` of ``scheme`` (:func:`context_scheme`, found
+    once per context); :class:`IntegrityError` if it is not ciphertext of this federation's context."""
     try:
         return [scheme.load(context, b) for b in split(data)]
     except IntegrityError:
@@ -63,12 +68,16 @@ class EncryptedSum:
         if context.has_secret_key():
             raise PkiError("zones sum ciphertexts under the public context; refusing one with the secret key")
         self._ctx = context
+        self._scheme = context_scheme(context)
         self._sums: dict[str, list[Any]] = {}
 
     def add(self, shard_id: str, data: bytes | list[Any]) -> None:
         """Fold one encrypted shard (or an encrypted partial sum, or its :meth:`load`-ed
         ciphertexts) into ``shard_id``'s sum."""
-        vectors = load_ciphertexts(self._ctx, shard_id, data) if isinstance(data, bytes | bytearray) else data
+        if isinstance(data, bytes | bytearray):
+            vectors = load_ciphertexts(self._scheme, self._ctx, shard_id, data)
+        else:
+            vectors = data
         current = self._sums.get(shard_id)
         if current is None:
             self._sums[shard_id] = vectors

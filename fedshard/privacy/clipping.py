@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedshard.errors import PrivacyError
+from fedshard.privacy._opacus_internals import processed_flags
 
 __all__ = ["STABILITY", "install", "normalized_factors"]
 
@@ -43,25 +44,13 @@ def normalized_factors(per_sample_norms: Any, clip: float) -> Any:
 def install(optimizer: Any) -> None:
     """Make an Opacus ``DPOptimizer`` normalise each record's gradient to its ``max_grad_norm``
     (see the module docstring); :class:`PrivacyError` if its internals are not Opacus 1.6's."""
-    try:
-        from opacus.optimizers import optimizer as opacus_optimizer
-        from opacus.optimizers.optimizer import DPOptimizer
-    except ImportError:  # pragma: no cover - opacus is a dependency
-        raise PrivacyError("normalised DP-SGD needs Opacus") from None
-    check, mark = (getattr(opacus_optimizer, n, None) for n in ("_check_processed_flag", "_mark_as_processed"))
-    fits = (
-        type(optimizer) is DPOptimizer
-        and callable(check)
-        and callable(mark)
-        and all(hasattr(type(optimizer), a) for a in ("params", "grad_samples", "_get_flat_grad_sample"))
-        and hasattr(optimizer, "max_grad_norm")
-    )
-    if not fits:
+    flags = processed_flags(optimizer, ("params", "grad_samples", "_get_flat_grad_sample", "max_grad_norm"))
+    if flags is None:
         raise PrivacyError(
             f"normalised DP-SGD (mechanism dpsgd-normalized): {type(optimizer).__name__} is not the Opacus 1.6 "
             "DPOptimizer fedshard knows; use mechanism dpsgd (flat clipping) with this task"
         )
-    assert check is not None and mark is not None  # what `fits` checked
+    check, mark = flags
     import torch
 
     def clip_and_accumulate() -> None:

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from fedshard.privacy._opacus_internals import processed_flags
+
 __all__ = ["SecureGaussian", "install"]
 
 log = logging.getLogger(__name__)
@@ -73,26 +75,15 @@ class SecureGaussian:
 def install(optimizer: Any) -> bool:
     """Make an Opacus ``DPOptimizer`` add :class:`SecureGaussian` noise. Returns False, and
     logs why, if its internals are not the ones this relies on (then Opacus's own noise stays)."""
-    try:
-        from opacus.optimizers import optimizer as opacus_optimizer
-        from opacus.optimizers.optimizer import DPOptimizer
-    except ImportError:  # pragma: no cover - opacus is a dependency
-        return False
-    check, mark = (getattr(opacus_optimizer, n, None) for n in ("_check_processed_flag", "_mark_as_processed"))
-    fits = (
-        type(optimizer) is DPOptimizer
-        and callable(check)
-        and callable(mark)
-        and all(hasattr(optimizer, a) for a in ("params", "noise_multiplier", "max_grad_norm", "add_noise"))
-    )
-    if not fits:
+    flags = processed_flags(optimizer, ("params", "noise_multiplier", "max_grad_norm", "add_noise"))
+    if flags is None:
         log.warning(
             "DP-SGD noise: %s is not the Opacus 1.6 DPOptimizer fedshard knows; its noise comes from torch's "
             "generator (seeded by the OS), not a cryptographically secure one",
             type(optimizer).__name__,
         )
         return False
-    assert check is not None and mark is not None  # what `fits` checked
+    check, mark = flags
     import torch
 
     source = SecureGaussian()

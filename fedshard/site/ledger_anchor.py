@@ -22,7 +22,7 @@ import hmac
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,6 +102,11 @@ class Anchor:
             raise StoreError(
                 f"the privacy ledger's anchor is unreadable ({exc}); restore the store from a backup"
             ) from None
+
+    def same_spend(self, other: Anchor) -> bool:
+        """True if ``other`` anchors the same ledger, spend, composed events, budget and accountant
+        (its head may differ: further on by commit rows, which change none of them)."""
+        return self.head.ledger_id == other.head.ledger_id and replace(other, head=self.head) == self
 
     def describe(self) -> str:
         """``"a ledger of 7 rows (ε spent 2.95)"``, for messages."""

@@ -270,7 +270,7 @@ class SitePrivacy:
         self._accountant = ledger.accountant
         head = ledger.head()
         snapshot = Snapshot(ledger.budget, tuple(ledger.entries()))
-        if anchor is None or not _same_spend(anchor, anchor_of(head, snapshot, ledger.accountant)):
+        if anchor is None or not anchor.same_spend(anchor_of(head, snapshot, ledger.accountant)):
             self._anchor_head(head, snapshot)
 
     def _anchor_head(self, head: LedgerHead, snapshot: Snapshot) -> None:
@@ -436,18 +436,6 @@ class SitePrivacy:
             projected_rounds_left=0,
             note=reason,
         )
-
-
-def _same_spend(anchored: Anchor, current: Anchor) -> bool:
-    """True if ``current`` (the ledger now) anchors nothing ``anchored`` lacks: the same ledger,
-    spend, composed events, budget and accountant (its head may be further on by commit rows)."""
-    return (
-        anchored.head.ledger_id == current.head.ledger_id
-        and dict(anchored.spent) == dict(current.spent)
-        and anchored.carried == current.carried
-        and anchored.budget == current.budget
-        and anchored.accountant == current.accountant
-    )
 
 
 def _spent_of(carried: list[tuple[DPEvent, float]]) -> dict[Guarantee, float]:

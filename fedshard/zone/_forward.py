@@ -277,7 +277,10 @@ class ForwardSession:
         sid, values = done
         if isinstance(values, bytes):  # the header lists it encrypted (the assembler checked)
             try:
-                self._ciphertexts[sid] = load_ciphertexts(self._zone.z.he_context, sid, values)
+                scheme = self._zone.z.he_scheme
+                if scheme is None:
+                    raise IntegrityError(f"shard {sid} is encrypted but this zone has no HE context")
+                self._ciphertexts[sid] = load_ciphertexts(scheme, self._zone.z.he_context, sid, values)
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             return

@@ -23,7 +23,6 @@ from fedshard.aggregation import extremes, norm_scale, squared_norm, within
 from fedshard.config import BoundRule
 from fedshard.crypto.ciphertexts import load_ciphertexts
 from fedshard.crypto.he import Pack, pack_layout
-from fedshard.crypto.he_schemes import scheme_of
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_GROUP, PushReceipt, RoundSpec, ShardPayload
@@ -311,13 +310,17 @@ class PushSession:
 
     def _check(self, shard_id: str, values: ShardPayload) -> None:
         if isinstance(values, bytes):  # the manifest lists it encrypted (the assembler checked)
+            scheme = self._zone.z.he_scheme
+            if scheme is None:  # (refused at the manifest already)
+                raise self.refuse(
+                    RefusalCode.ENCRYPTION, f"shard {shard_id} is encrypted but this zone has no HE context"
+                )
             try:
-                parsed = load_ciphertexts(self._zone.z.he_context, shard_id, values)
+                parsed = load_ciphertexts(scheme, self._zone.z.he_context, shard_id, values)
             except IntegrityError as exc:
                 raise self.refuse(RefusalCode.ENCRYPTION, str(exc)) from None
             pack = self._packs.get(shard_id)
-            scheme = scheme_of(self._zone.z.he_context)  # ours: load_ciphertexts parsed under it
-            needed = None if pack is None or scheme is None else pack.ciphertexts(scheme.name)
+            needed = None if pack is None else pack.ciphertexts(scheme.name)
             if pack is not None and len(parsed) != needed:
                 raise self.refuse(
                     RefusalCode.ENCRYPTION,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedshard.config import AggregationConfig
+from fedshard.crypto.he_schemes import HeScheme
 from fedshard.zone._staging import ByteBudget, StagingPool
 from fedshard.zone._state import OpenRound
 from fedshard.zone._stats import ZoneStats
@@ -38,6 +39,7 @@ class ZoneRounds:
     bounds: AggregationConfig
     residency: ZonePolicy | None = None  # replaced when the federation's membership changes
     he_context: Any = None  # the federation's public HE context (None: encrypted shards refused)
+    he_scheme: HeScheme | None = None  # its scheme, found once (context_scheme)
     open: dict[int, OpenRound] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     recovery: ZoneRecovery = field(default_factory=ZoneRecovery)  # what the zone found in its store when it started

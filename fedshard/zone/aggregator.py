@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from fedshard import faults
 from fedshard.audit import AuditLog, Decision
 from fedshard.config import AggregationConfig
+from fedshard.crypto.ciphertexts import context_scheme
 from fedshard.errors import (
     FedshardError,
     RefusalCode,
@@ -173,6 +174,7 @@ class ZoneAggregator:
             self.bounds,
             residency,
             he_context,
+            None if he_context is None else context_scheme(he_context),
         )
         """The round state the lifecycle below, the intake and the reduction share."""
         self._journal = RoundJournal(Path(store_dir) / JOURNAL_DIR) if store_dir is not None else None

@@ -171,7 +171,6 @@ def open_checked(path: Path) -> sqlite3.Connection:
         if not _TABLES.issubset(tables):
             raise refuse(path, "is not a fedshard privacy ledger (tables missing)")
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA cache_size=-256")  # 256 KiB: a ledger is small, and a site may keep it open
         conn.execute("PRAGMA foreign_keys=ON")
     except sqlite3.DatabaseError as exc:
         conn.close()

@@ -42,14 +42,28 @@ def test_normalised_records_all_count_at_the_clip_where_flat_clipping_keeps_them
     assert flat.item() == pytest.approx(0.01 + 0.1 + 1.0 + 2.0, rel=1e-4)  # min(|g|, C) each
     expected = sum(clip * s / (s + STABILITY) for s in scales)  # C·|g|/(|g|+γ) each, every one below C
     assert normed.item() == pytest.approx(expected, rel=1e-4)
-    assert all(clip * s / (s + STABILITY) < clip for s in scales)
+    assert normed.item() < len(scales) * clip  # no record counts for more than the clip
 
 
-def test_the_site_runs_the_mechanism_its_own_config_names() -> None:
-    """Both are registered as record-level mechanisms of their own names (a plan naming the other is refused
-    by the site's terms, as for any mechanism)."""
-    assert mechanism("dpsgd-normalized", Guarantee.RECORD).name == "dpsgd-normalized"
-    assert mechanism("dpsgd", Guarantee.RECORD).name == "dpsgd"
+def test_a_coordinator_cannot_switch_a_site_between_flat_and_normalised_clipping() -> None:
+    from fedshard.config import BudgetConfig, PrivacyConfig
+    from fedshard.privacy.accountant import AccountantKind
+    from fedshard.protocol.messages import PrivacyPlan, RecordPlan
+    from fedshard.site.terms import PrivacyTerms
+
+    budget = BudgetConfig(epsilon=3.0)
+    own = PrivacyConfig(record_level={"enabled": True, "mechanism": "dpsgd-normalized"}, budget=budget)
+    terms = PrivacyTerms(own, budget)
+
+    def plan(name: str) -> PrivacyPlan:
+        record = RecordPlan(mechanism=name, noise_multiplier=1.0, max_grad_norm=1.0, planned_rounds=3)
+        return PrivacyPlan(
+            accountant=AccountantKind.RDP, epsilon=3.0, delta=1e-5, batch_size=8, epochs=1, record=record
+        )
+
+    assert terms.admit(plan("dpsgd-normalized"), "h1") is not None
+    with pytest.raises(PrivacyError, match=r"h1: .*mechanism 'dpsgd'; its own config names 'dpsgd-normalized'"):
+        terms.admit(plan("dpsgd"), "h1")
 
 
 def test_an_optimiser_that_is_not_opacus_is_refused() -> None:
