@@ -120,9 +120,10 @@ def test_preload_refuses_to_fork_from_a_process_with_threads() -> None:
 
 def test_preloading_everything_a_site_imports_starts_no_thread() -> None:
     """What the executor imports before it forks (torch, Flower, fedshard, Opacus, TenSEAL)
-    leaves one thread, with OpenBLAS told to start none (as the executor does)."""
+    leaves one thread, with OpenBLAS and numexpr told to start none (as the executor does)."""
     code = "from fedshard.transports.flower.compat import warm_executor as w; print(len(w.preload()), w.thread_count())"
-    env = dict(os.environ, **{warm_executor.BLAS_THREADS: "1"})
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # a site's shell need not set it
+    env.update(dict.fromkeys(warm_executor.ONE_THREAD, "1"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
     loaded, threads = map(int, done.stdout.split())
     assert loaded >= len(warm_executor.PRELOAD) and threads == 1

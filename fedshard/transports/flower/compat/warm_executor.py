@@ -76,7 +76,9 @@ OPTIONAL_PRELOAD = (
 """Heavy imports some sites need (DP-SGD, HE, the example tasks' data), when installed."""
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
-BLAS_THREADS = "OPENBLAS_NUM_THREADS"
+ONE_THREAD = ("OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+"""Thread pools that start when their library loads, unless told to use one thread: OpenBLAS's
+(numpy) and numexpr's (pandas imports it where it is installed, e.g. beside scikit-survival)."""
 
 
 def thread_count() -> int:
@@ -267,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True, help="the SuperNode's pid")
     parser.add_argument("--poll-s", type=float, default=0.05, help="pause between task polls (default 0.05)")
     args = parser.parse_args(argv)
-    # OpenBLAS starts its worker threads when numpy loads, unless told not to: one thread,
-    # so that the parent forks with none (torch's own threads start lazily, in the child)
-    os.environ[BLAS_THREADS] = "1"
+    # OpenBLAS and numexpr start their worker threads when they load, unless told not to: one
+    # thread, so that the parent forks with none (torch's own threads start lazily, in the child)
+    for pool in ONE_THREAD:
+        os.environ[pool] = "1"
     from fedshard.transports.flower.compat.warm_checks import problem
 
     if reason := problem():
