@@ -52,7 +52,7 @@ from fedshard.config import FederationConfig, load_federation
 from fedshard.crypto.signing import load_signing_key
 from fedshard.integrity import Manifest, build_manifest
 from fedshard.protocol.channels import ZoneClient, ZoneConnector
-from fedshard.protocol.messages import EvaluateReport, MessageKind, SiteInfo
+from fedshard.protocol.messages import EvaluateReport, MessageKind, SiteInfo, TrainReport
 from fedshard.protocol.rounds import PushReceipt, ShardPayload
 
 ATTACKS = ("honest", "over-report", "scale", "both")
@@ -95,8 +95,9 @@ class Watched:
         reply = self._inner.handle(kind, message)
         if isinstance(reply, SiteInfo) and self._examples is not None:
             return reply.model_copy(update={"num_examples": self._examples})
-        if isinstance(reply, EvaluateReport) and self._evaluations is not None:
-            self._evaluations.setdefault(reply.round, []).append((reply.accuracy, reply.num_examples))
+        evaluation = reply.evaluation if isinstance(reply, TrainReport) else reply  # carried by the next train
+        if isinstance(evaluation, EvaluateReport) and self._evaluations is not None:
+            self._evaluations.setdefault(evaluation.round, []).append((evaluation.accuracy, evaluation.num_examples))
         return reply
 
     def __getattr__(self, name: str) -> Any:

@@ -31,6 +31,13 @@ class RoundClock:
         self._sites: dict[str, collections.defaultdict[str, float]] = {}  # site -> phase -> seconds
         self._bytes: collections.Counter[str] = collections.Counter()  # zone -> bytes received
         self._shards: dict[str, collections.Counter[str]] = {}  # zone -> "personal from EU" -> shards
+        self._ended: float | None = None  # set once the round's time stops (its evaluation is carried on)
+
+    def stop(self) -> None:
+        """End the round's time now: its evaluation comes with the next round's train messages, whose
+        time is that round's."""
+        if self._ended is None:
+            self._ended = time.perf_counter()
 
     def waiting(self, phase: Phase) -> AbstractContextManager[None]:
         """Time what the coordinator waits for in ``phase``."""
@@ -54,7 +61,8 @@ class RoundClock:
             by_class.update({f"{c} from {jurisdiction}": n for c, n in push.classes.items()})
 
     def evaluated(self, site_id: str, report: EvaluateReport) -> None:
-        """``site_id``'s evaluate reply: its phases (fetch and apply add to those of its train reply)."""
+        """``site_id``'s evaluation (its evaluate reply, or carried by its next train reply): its
+        phases (fetch and apply add to those of its train reply)."""
         self._site(site_id, report.timings.as_dict())
 
     def _site(self, site_id: str, seconds: dict[str, float]) -> collections.defaultdict[str, float]:
@@ -70,7 +78,7 @@ class RoundClock:
         closed = self._close.seconds
         zones = sorted(set(closed) | set(self._fold))
         return {
-            "round": _ms(time.perf_counter() - self._started),
+            "round": _ms((self._ended or time.perf_counter()) - self._started),
             "coordinator": {phase: _ms(s) for phase, s in self._waits.seconds.items()},
             "zones": {z: {"close": _ms(closed.get(z, 0.0)), "fold": _ms(self._fold[z])} for z in zones},
             "sites": {site: {p: _ms(s) for p, s in sorted(ph.items())} for site, ph in sorted(self._sites.items())},

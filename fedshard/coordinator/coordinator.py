@@ -7,6 +7,14 @@ zone, then the reducing zone), extends each residency group's model-version chai
 and has sites evaluate. It never sees parameters or updates: those go from sites
 straight to zones.
 
+**One message per site and round.** A round's evaluation needs no message of its own:
+the next round's train message asks each site to evaluate the model it catches up to
+(``TrainInstruction.evaluate``) before it trains, and the reply carries it
+(``TrainReport.evaluation``), checked as an evaluate reply is. The round is finished
+(logged, shown) once those replies are in, before the next round closes. The last round
+of a run, a round before one in which some site does not train (sampling, a spent
+budget) and a round a resumed run finds closed are evaluated alone, by evaluate messages.
+
 Sites whose shards end up in the same aggregates form a **residency group**, each
 with its own model-version chain (:mod:`fedshard.coordinator._groups`); a message
 carries only the rounds its site has not applied, never the whole history.
@@ -18,9 +26,13 @@ coordinator that died resumes from its run's event log (:mod:`fedshard.coordinat
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pydantic import BaseModel
 
 from fedshard import faults
 from fedshard.config import FederationConfig
@@ -79,6 +91,15 @@ MAX_ABORTED_IN_A_ROW = 3
 _ZONE_FAILED = {RefusalCode.ROUND, RefusalCode.FAILED}
 """Refusal codes that say a zone failed a site's push (it no longer had the round open, or
 could not be reached): a round too few sites pushed to for these is aborted, not the federation."""
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """A round closed at the zones (and logged), not yet evaluated by the sites: its result so far,
+    and its clock (the evaluation's timings join it)."""
+
+    result: RoundResult
+    clock: RoundClock
 
 
 class Coordinator:
@@ -152,6 +173,7 @@ class Coordinator:
             self._privacy.preload(ledger_book.heads())
         self._apply_rule = apply_rule(config)
         self._plan_json = ""
+        self._carried: _Closed | None = None  # the last closed round, its evaluation due with the next train
 
     @property
     def _timeout(self) -> float:
@@ -309,18 +331,19 @@ class Coordinator:
         in_a_row, rnd = 0, first - 1
         while (rnd := rnd + 1) <= self._take_changes(rnd, result):
             try:
-                self._finished(result, self.run_round(rnd, result.version))
+                self._next_round(result, rnd)
                 in_a_row = 0
             except RoundAbortedError as exc:
                 in_a_row += 1
                 self._aborted(result, rnd, str(exc))
                 if in_a_row >= MAX_ABORTED_IN_A_ROW:
                     result.stopped_reason = f"{in_a_row} rounds in a row were aborted; the last: {exc}"
-                    return result
+                    break
             except RoundError as exc:
                 log.info("federation stopped: %s", exc)
                 result.stopped_reason = str(exc)
-                return result
+                break
+        self._evaluate_carried(result)
         return result
 
     # membership ------------------------------------------------------------------------------
@@ -395,14 +418,66 @@ class Coordinator:
         return privacy_plan(self.config, site_id)  # (tests build a site's instruction with it)
 
     def run_round(self, rnd: int, version: str) -> RoundResult:
-        """Run round ``rnd``; ``version`` is the federation's version before it."""
-        selected, clock = select_sites(self.config, self._nodes, self._privacy, rnd), RoundClock()
+        """Run round ``rnd`` and have every site evaluate it (in a message of its own); ``version``
+        is the federation's version before it."""
+        selected = select_sites(self.config, self._nodes, self._privacy, rnd)
+        return self._evaluated(self._train_round(rnd, version, selected))
+
+    def _next_round(self, result: RunResult, rnd: int) -> None:
+        """Round ``rnd`` of :meth:`run`, trained and closed; the round before it is evaluated by
+        this one's train messages when every site trains in it, else alone first. The closed
+        round waits in ``_carried`` for the next round (or :meth:`_evaluate_carried`)."""
+        selected = select_sites(self.config, self._nodes, self._privacy, rnd)
+        carried = self._carried
+        if carried is not None and set(selected) != set(self._nodes):  # a site that does not train evaluates
+            self._finish_carried(result, self._evaluated(carried))
+            carried = None
+        version = result.version if carried is None else carried.result.version
+        finish = functools.partial(self._finish_carried, result)
+        self._carried = self._train_round(rnd, version, selected, carried, finish)
+
+    def _finish_carried(self, result: RunResult, done: RoundResult) -> None:
+        """The carried round, evaluated: add it to ``result`` (logged, shown)."""
+        self._carried = None
+        self._finished(result, done)
+
+    def _evaluate_carried(self, result: RunResult) -> None:
+        """Evaluate the last closed round alone if its evaluation still waits for a train message
+        (the run's last round, or one the run stopped after)."""
+        if self._carried is None:
+            return
+        try:
+            self._finish_carried(result, self._evaluated(self._carried))
+        except RoundError as exc:
+            log.info("round %d was not evaluated: %s", self._carried.result.round, exc)
+            result.stopped_reason = result.stopped_reason or str(exc)
+
+    def _evaluated(self, closed: _Closed) -> RoundResult:
+        """``closed`` evaluated by every site, in evaluate messages."""
+        with closed.clock.waiting(Phase.EVALUATE):
+            accuracy, loss, not_taken = self._evaluate(closed.result.round, closed.clock)
+        return evaluated(closed.result, accuracy, loss, closed.clock.timings(), not_taken)
+
+    def _train_round(
+        self,
+        rnd: int,
+        version: str,
+        selected: list[str],
+        carried: _Closed | None = None,
+        finish: Callable[[RoundResult], None] | None = None,
+    ) -> _Closed:
+        """Run round ``rnd`` over the ``selected`` nodes up to its close (logged). ``carried``: the
+        round before, closed, which every node evaluates with this round's train message; its
+        result goes to ``finish`` once the replies are in, before this round may abort."""
+        clock = RoundClock()
         token = secrets.token_hex(16)
         weights = fixed_weights(self.config, self._nodes)
         with clock.waiting(Phase.OPEN):
             self._open(rnd, token, version, selected, weights)
+        if carried is not None:
+            carried.clock.stop()  # its time ends here: the evaluation is this round's train time
         with clock.waiting(Phase.TRAIN):
-            reports, refused, excluded = self._train(rnd, token, selected, weights, clock)
+            reports, refused, excluded = self._train(rnd, token, selected, weights, clock, carried, finish)
         codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
         reasons = {s: one_line(r.reason) for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
@@ -451,9 +526,7 @@ class Coordinator:
         if self.journal is not None:  # logged before any site learns of the round: resumable
             self.journal.on_closed(closed)
         faults.point("coordinator.round.closed")
-        with clock.waiting(Phase.EVALUATE):
-            accuracy, loss, not_taken = self._evaluate(rnd, clock)
-        return evaluated(closed, accuracy, loss, clock.timings(), not_taken)
+        return _Closed(closed, clock)
 
     def _open(self, rnd: int, token: str, version: str, selected: list[str], weights: Mapping[str, float]) -> None:
         """Open the round at every zone (all or none), with each selected site's fixed weight."""
@@ -467,15 +540,30 @@ class Coordinator:
         faults.point("coordinator.round.opened")
 
     def _train(
-        self, rnd: int, token: str, selected: list[str], weights: Mapping[str, float], clock: RoundClock
+        self,
+        rnd: int,
+        token: str,
+        selected: list[str],
+        weights: Mapping[str, float],
+        clock: RoundClock,
+        carried: _Closed | None = None,
+        finish: Callable[[RoundResult], None] | None = None,
     ) -> tuple[dict[str, TrainReport], dict[str, TrainReport | SiteFailure], dict[str, Excluded]]:
         """Send the train messages; by site id: the reports of sites that pushed, the refusals or
         failures of the others, and the replies left out of the round's metrics (checked by
         :func:`~fedshard.coordinator._replies.check_train`; a site whose reply is left out but
-        says it pushed is in neither of the first two: the zones say whether it counted)."""
+        says it pushed is in neither of the first two: the zones say whether it counted).
+        ``carried``: the round before, evaluated with these messages, its result given to ``finish``."""
         weight_scale = max(weights.values())  # encrypted shards carry weight / scale ≤ 1
-        instructions = {node: self._instruction(node, rnd, token, weights[node], weight_scale) for node in selected}
+        evaluate = None if carried is None else carried.result.round
+        instructions = {
+            node: self._instruction(node, rnd, token, weights[node], weight_scale, evaluate) for node in selected
+        }
         replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
+        if carried is not None and finish is not None:
+            evaluations = {node: _carried_evaluation(reply) for node, reply in replies.items()}
+            accuracy, loss, not_taken = self._take_evaluations(carried.result.round, evaluations, carried.clock)
+            finish(evaluated(carried.result, accuracy, loss, carried.clock.timings(), not_taken))
         assert self._bounds is not None  # set at discovery
         reports: dict[str, TrainReport] = {}
         refused: dict[str, TrainReport | SiteFailure] = {}
@@ -506,8 +594,11 @@ class Coordinator:
         self._remember_ledgers()
         return reports, refused, excluded
 
-    def _instruction(self, node: str, rnd: int, token: str, weight: float, weight_scale: float) -> TrainInstruction:
-        """What one site needs for round ``rnd``: its group's head and the rounds it has not applied."""
+    def _instruction(
+        self, node: str, rnd: int, token: str, weight: float, weight_scale: float, evaluate: int | None = None
+    ) -> TrainInstruction:
+        """What one site needs for round ``rnd``: its group's head and the rounds it has not applied
+        (``evaluate``: the round it evaluates first, see :meth:`_train`)."""
         site_id = self._nodes[node].site_id
         group = self._group(node)
         t = self.config.training
@@ -528,6 +619,7 @@ class Coordinator:
             projection_hint=self._privacy.projection_hint(site_id),
             weight=weight,
             deadline_s=min(self._timeout, 86400.0),
+            evaluate=evaluate,
         )
 
     def _evaluate(self, rnd: int, clock: RoundClock | None = None) -> tuple[float, float, dict[str, Excluded]]:
@@ -546,6 +638,13 @@ class Coordinator:
             for node in self._nodes
         }
         replies = self.sites.send(MessageKind.EVALUATE, messages, self._timeout)
+        return self._take_evaluations(rnd, replies, clock)
+
+    def _take_evaluations(
+        self, rnd: int, replies: Mapping[str, BaseModel | SiteFailure], clock: RoundClock | None
+    ) -> tuple[float, float, dict[str, Excluded]]:
+        """Round ``rnd``'s evaluations by node (evaluate replies, or carried by train replies):
+        checked, then weighted as :meth:`_evaluate` says."""
         taken: dict[str, EvaluateReport] = {}
         excluded: dict[str, Excluded] = {}
         for node, reply in replies.items():
@@ -567,3 +666,13 @@ class Coordinator:
         accuracy = weighted_mean({s: r.accuracy for s, r in taken.items()}, weights)
         loss = weighted_mean({s: r.loss for s, r in taken.items()}, weights)
         return accuracy, loss, excluded
+
+
+def _carried_evaluation(reply: BaseModel | SiteFailure) -> BaseModel | SiteFailure:
+    """The evaluation a train reply carries (:attr:`TrainReport.evaluation`), or why there is none."""
+    if not isinstance(reply, TrainReport):
+        return reply  # a failure, or a reply of another kind: the evaluation check leaves it out
+    if reply.evaluation is None:
+        why = f": {one_line(reply.reason)}" if reply.reason else ""
+        return SiteFailure(reason=f"its train reply carries no evaluation{why}")
+    return reply.evaluation

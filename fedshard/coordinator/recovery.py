@@ -2,8 +2,9 @@
 
 A coordinator writes a round's ``closed`` event (its aggregates' Merkle roots, each
 residency group's root and version) before it tells any site of the round, and its
-``round`` event once the sites have applied and evaluated it
-(:mod:`fedshard.coordinator.events`). So the log holds every round a site can have
+``round`` event once the sites have applied and evaluated it (with the next round's train
+messages, so after that round's ``opened``; the last round alone: :mod:`fedshard.coordinator.events`,
+:mod:`fedshard.coordinator.coordinator`). So the log holds every round a site can have
 applied, and a resumed coordinator rebuilds from it:
 
 * each residency group's version chain, through the last closed round (the rounds a

@@ -11,7 +11,16 @@ import time
 from enum import StrEnum
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PrivateAttr, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from fedshard.aggregation.server_rules import RULES
 from fedshard.crypto.signing import SIGNATURE_HEX_LENGTH
@@ -340,7 +349,19 @@ class TrainInstruction(_Msg):
     # Coordinator to site: seconds it waits for the reply (its round_timeout_s; 0: not said).
     # Bounds how long the site retries zones that do not answer; at most a day.
     deadline_s: float = Field(0.0, ge=0, le=86400, allow_inf_nan=False)
+    # Coordinator to site: the round before this one, whose model (the site's after catching up
+    # to ``base_version``) the site evaluates on its own test data before it trains, and reports
+    # in ``TrainReport.evaluation``: the evaluate message that round would otherwise need, carried
+    # by this one (None: not asked). It releases what an evaluate message releases, and nothing
+    # the site would not answer anyway; the coordinator checks the evaluation as an evaluate reply.
+    evaluate: int | None = Field(None, ge=1)
     _received: float = PrivateAttr(default_factory=time.monotonic)
+
+    @model_validator(mode="after")
+    def _evaluates_an_earlier_round(self) -> TrainInstruction:
+        if self.evaluate is not None and self.evaluate >= self.round:
+            raise ValueError(f"evaluate names round {self.evaluate}, not one before round {self.round}")
+        return self
 
     def deadline(self) -> float:
         """When the reply is due, as a :func:`time.monotonic` time: ``deadline_s`` after this
@@ -373,6 +394,20 @@ class ZonePush(_Msg):
     )
 
 
+class EvaluateReport(_Msg):
+    """A site's local evaluation. Sent by: the site; checked by the coordinator as a
+    :class:`TrainReport` is, against the model version it computed for the site's group."""
+
+    site_id: str
+    round: int
+    version: str
+    num_examples: int
+    loss: float
+    accuracy: float
+    applied_round: int | None = None  # the last round the site's model has applied
+    timings: PhaseTimes = PhaseTimes()  # the site's seconds per phase (report and metrics only)
+
+
 class TrainReport(_Msg):
     """What a site did with a train instruction. Sent by: the site; the coordinator checks every
     field against what it knows and leaves a reply that disagrees or is out of bounds out of
@@ -395,6 +430,9 @@ class TrainReport(_Msg):
     privacy: PrivacyReport | None = None
     applied_round: int | None = None  # the last round the site's model has applied (None: unknown)
     timings: PhaseTimes = PhaseTimes()  # the site's seconds per phase (report and metrics only)
+    # Site to coordinator: the evaluation ``TrainInstruction.evaluate`` asked for, whether or not the
+    # site then trained (None: not asked, or the site could not catch up to the model to evaluate).
+    evaluation: EvaluateReport | None = None
 
     @property
     def bytes_up(self) -> int:
@@ -416,20 +454,6 @@ class EvaluateInstruction(_Msg):
     missed: list[AppliedRound]
     zones: dict[str, str]
     apply: ApplyRule = ApplyRule()
-
-
-class EvaluateReport(_Msg):
-    """A site's local evaluation. Sent by: the site; checked by the coordinator as a
-    :class:`TrainReport` is, against the model version it computed for the site's group."""
-
-    site_id: str
-    round: int
-    version: str
-    num_examples: int
-    loss: float
-    accuracy: float
-    applied_round: int | None = None  # the last round the site's model has applied
-    timings: PhaseTimes = PhaseTimes()  # the site's seconds per phase (report and metrics only)
 
 
 class SiteFailure(_Msg):

@@ -388,21 +388,29 @@ class Site:
     def train(self, message: TrainInstruction) -> TrainReport:
         """Catch up, check the privacy budget, train, push the update's shards, report.
 
+        When the message asks (``evaluate``: the round before, whose evaluate message this one
+        carries), the site first evaluates the model it caught up to, as an evaluate message
+        would have, and reports it with the round whether or not it then trains.
+
         With DP on, the round's cost is reserved in the ledger before training and
         committed after the push; a reservation that is never committed (crash, push
         refused) stays counted as spent.
         """
-        applied: int | None = None
         watch = Stopwatch()
-
-        def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
-            return refused(self.site_id, message.round, error, privacy, applied)
-
         try:
             state = self._catch_up(message.missed, message.zones, message.apply, message.base_version, watch)
         except FedshardError as exc:
-            return refuse(exc)
-        applied = state.applied_round
+            return refused(self.site_id, message.round, exc, None, None)
+        evaluation = None if message.evaluate is None else self._evaluated(message.evaluate, state)
+        report = self._train_from(message, state, watch)
+        return report if evaluation is None else report.model_copy(update={"evaluation": evaluation})
+
+    def _train_from(self, message: TrainInstruction, state: ModelState, watch: Stopwatch) -> TrainReport:
+        """:meth:`train` once the model is at ``message.base_version`` (``state``)."""
+
+        def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
+            return refused(self.site_id, message.round, error, privacy, state.applied_round)
+
         try:
             routing = self._routes(message.zones)  # a shard no zone may hold: refuse before anything is spent
         except FedshardError as exc:
@@ -485,6 +493,11 @@ class Site:
         """Apply the rounds the site missed, then evaluate on local test data."""
         watch = Stopwatch()
         state = self._catch_up(message.missed, message.zones, message.apply, message.version, watch)
+        return self._evaluated(message.round, state, watch)
+
+    def _evaluated(self, rnd: int, state: ModelState, watch: Stopwatch | None = None) -> EvaluateReport:
+        """The held model (at ``state``) evaluated on local test data, reported as round ``rnd``'s."""
+        watch = watch or Stopwatch()
         stored = self._held.release()
         held = self._kept_copy() if stored is not None else None  # a task may touch what it evaluates
         try:
@@ -495,7 +508,7 @@ class Site:
         self._put_back(held, stored)
         return EvaluateReport(
             site_id=self.site_id,
-            round=message.round,
+            round=rnd,
             version=state.version,
             num_examples=metrics.num_examples,
             loss=metrics.loss,

@@ -37,7 +37,7 @@ from fedshard.deploy.loopback import write_loopback_layout
 from fedshard.errors import RoundError
 from fedshard.integrity import next_version
 from fedshard.protocol.channels import ZoneClient
-from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure, SiteInfo
+from fedshard.protocol.messages import MessageKind, QueryRequest, SiteFailure
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.run_folder.resume import with_rounds
 from fedshard.transports.inprocess import InProcessSiteGateway
@@ -153,10 +153,11 @@ def test_simulate_killed_in_an_open_round_is_refused_fresh_and_redoes_the_round_
 ) -> None:
     run = tmp_path / "run"
     killed = _fedshard(
-        "simulate", "--config", str(federation), "--out", str(run), faults="coordinator.round.opened@2:kill"
+        "simulate", "--config", str(federation), "--out", str(run), faults="coordinator.round.opened@3:kill"
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert [e["event"] for e in _events(run)][-2:] == ["round", "opened"]
+    # round 2's train messages carried round 1's evaluation (the sites applied round 1); round 2 closed
+    assert [e["event"] for e in _events(run)][-3:] == ["round", "closed", "opened"]
     config = load_federation(run / "federation.yaml")
     routing = FederationRouting(config)
     sites = {s.id: make_site(config, s.id, run / "sites", routing) for s in config.sites}
@@ -169,7 +170,8 @@ def test_simulate_killed_in_an_open_round_is_refused_fresh_and_redoes_the_round_
         assert all(f"{s} holds round 1" in line for s in sites) and "aggregator up --resume" in line
     finally:
         gateway.close()
-    _resume_and_check(run, uninterrupted, resumed_after=1)  # round 2, open when it died, is run again
+    # round 2 is evaluated alone (the sites apply it), then round 3, open when it died, is run again
+    _resume_and_check(run, uninterrupted, resumed_after=2)
     bad = _fedshard("simulate", "--resume", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "no run to resume" in bad.stderr
 
@@ -255,18 +257,18 @@ def _start(args: list[str], cwd: Path, log: Path, faults: str = "") -> subproces
         )
 
 
-class _StaleOpener:
-    """Once round ``after`` finishes, opens ``rounds`` at one zone first, as a stale coordinator
-    would: the zone then refuses the coordinator's own opening of them (a real refusal, over gRPC)."""
+class _StaleOpener(EventLog):
+    """The run's event log, which once round ``after`` closes (is logged closed) opens ``rounds`` at
+    one zone first, as a stale coordinator would: the zone then refuses the coordinator's own
+    opening of them (a real refusal, over gRPC)."""
 
-    def __init__(self, zone: ZoneClient, plan_json: str, after: dict[int, list[int]]) -> None:
+    def __init__(self, path: Path, zone: ZoneClient, plan_json: str, after: dict[int, list[int]]) -> None:
+        super().__init__(path)
         self.zone, self.plan_json, self.after = zone, plan_json, after
 
-    def on_start(self, sites: list[SiteInfo], rounds: int, genesis_version: str) -> None:
-        """Nothing to do at the start."""
-
-    def on_round(self, result: RoundResult) -> None:
-        """Open the rounds planned after this one at the zone."""
+    def on_closed(self, result: RoundResult) -> None:
+        """Log the round closed, then open the rounds planned after it at the zone."""
+        super().on_closed(result)
         for rnd in self.after.get(result.round, []):
             self.zone.open_round(RoundSpec(rnd, "stale", self.plan_json, result.version, ("eu-a",)))
 
@@ -280,14 +282,15 @@ def test_rounds_a_zone_fails_are_aborted_logged_and_the_federation_goes_on(feder
     routing = FederationRouting(config)
     sites = {s.id: make_site(config, s.id, tmp_path / "sites", routing) for s in config.sites}
     gateway = InProcessSiteGateway(sites)
-    journal = EventLog(tmp_path / "events.jsonl")
     with running_zones(config, tmp_path / "zones", keys) as endpoints:
         zones = {name: grpc_connector(name, ep) for name, ep in endpoints.items()}
         plan_json = sites["eu-a"].query(QueryRequest()).plan_json
         # round 2 fails at us-1, round 3 runs; then rounds 4, 5 and 6 fail one after the other
-        stale = _StaleOpener(grpc_connector("us-1", endpoints["us-1"]), plan_json, {1: [2], 3: [4, 5, 6]})
+        stale = journal = _StaleOpener(
+            tmp_path / "events.jsonl", grpc_connector("us-1", endpoints["us-1"]), plan_json, {1: [2], 3: [4, 5, 6]}
+        )
         try:
-            result = Coordinator(config, gateway, zones, endpoints, stale, journal=journal).run()
+            result = Coordinator(config, gateway, zones, endpoints, journal=journal).run()
         finally:
             gateway.close()
             for zone in [*zones.values(), stale.zone]:

@@ -90,6 +90,94 @@ def test_rounds_extend_the_version_chain_from_zone_aggregates(federation) -> Non
     assert result.rounds[-1].bytes_up > 0
 
 
+class _Counting:
+    """Gateway wrapper: every message sent, as (kind, round, the round a train message asks evaluated)."""
+
+    def __init__(self, inner: InProcessSiteGateway) -> None:
+        self.inner = inner
+        self.sent: list[tuple[str, int, int | None]] = []
+
+    def nodes(self) -> list[str]:
+        return self.inner.nodes()
+
+    def send(self, kind: MessageKind, messages: Mapping[str, BaseModel], timeout: float) -> dict:
+        for m in messages.values():
+            if kind is not MessageKind.QUERY:
+                self.sent.append((kind.value, m.round, getattr(m, "evaluate", None)))  # type: ignore[attr-defined]
+        return self.inner.send(kind, messages, timeout)
+
+
+def test_each_round_is_one_message_per_site_and_evaluates_as_its_own_message_would(federation, tmp_path: Path) -> None:
+    config, endpoints, sites, _ = federation
+    gateway = _Counting(InProcessSiteGateway(sites))
+    zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+    try:
+        carried = Coordinator(config, gateway, zones, endpoints).run()
+    finally:
+        gateway.inner.close()
+    # round r's train messages carry round r-1's evaluation; the last round is evaluated alone
+    assert sorted(gateway.sent) == sorted(
+        [("train", 1, None)] * 3 + [("train", 2, 1)] * 3 + [("train", 3, 2)] * 3 + [("evaluate", 3, None)] * 3
+    )
+    # the same federation, each round evaluated in its own messages: the same figures, bit for bit
+    with running_zones(config, tmp_path / "alone-zones") as alone_endpoints:
+        alone_sites = {s.id: make_site(config, s.id, tmp_path / "alone-sites") for s in config.sites}
+        alone = _Counting(InProcessSiteGateway(alone_sites))
+        coordinator = Coordinator(
+            config, alone, {n: grpc_connector(n, ep) for n, ep in alone_endpoints.items()}, alone_endpoints
+        )
+        version = coordinator.discover().version
+        try:
+            rounds = []
+            for rnd in (1, 2, 3):
+                rounds.append(coordinator.run_round(rnd, version))
+                version = rounds[-1].version
+        finally:
+            alone.inner.close()
+    assert [k for k, _, _ in alone.sent].count("evaluate") == 9
+    assert [(r.version, r.accuracy, r.loss) for r in carried.rounds] == [
+        (r.version, r.accuracy, r.loss) for r in rounds
+    ]
+    assert all(0.0 <= r.accuracy <= 1.0 for r in carried.rounds)
+
+
+def test_a_round_before_one_a_site_sits_out_is_evaluated_alone(federation) -> None:
+    config, endpoints, sites, _ = federation
+    sampled = config.model_copy(
+        update={"federation": config.federation.model_copy(update={"sample_fraction": 0.5, "min_sites": 2})}
+    )
+    gateway = _Counting(InProcessSiteGateway(sites))
+    zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
+    try:
+        result = Coordinator(sampled, gateway, zones, endpoints).run()
+    finally:
+        gateway.inner.close()
+    assert [r.round for r in result.rounds] == [1, 2, 3]
+    assert all(len(r.sites) == 2 for r in result.rounds)  # two of three sites train each round
+    evaluated = sorted({rnd for kind, rnd, _ in gateway.sent if kind == "evaluate"})
+    assert evaluated == [1, 2, 3]  # every site evaluates every round: the one sitting out too
+    assert not any(asked for kind, _, asked in gateway.sent if kind == "train")
+    assert all(0.0 <= r.accuracy <= 1.0 for r in result.rounds)
+
+
+def test_a_site_evaluates_what_its_train_message_asks_even_when_it_then_refuses(federation) -> None:
+    config, endpoints, sites, _ = federation
+    gateway = InProcessSiteGateway(sites)
+    coordinator = Coordinator(config, gateway, {n: grpc_connector(n, ep) for n, ep in endpoints.items()}, endpoints)
+    try:
+        first = coordinator.run_round(1, coordinator.discover().version)  # evaluated alone: every site applied it
+    finally:
+        gateway.close()
+    asked = {"round": 2, "token": "t", "base_version": first.version, "missed": [], "epochs": 1, "batch_size": 8}
+    asked |= {"learning_rate": 0.1, "seed": 1, "evaluate": 1}
+    report = sites["s0"].train(TrainInstruction(**asked, zones={}))  # no zone to push to: refused
+    assert not report.ok and report.evaluation is not None
+    assert (report.evaluation.round, report.evaluation.version) == (1, first.version)
+    assert 0.0 <= report.evaluation.accuracy <= 1.0
+    with pytest.raises(ValueError, match="not one before round 2"):  # a site evaluates only a round before
+        TrainInstruction(**(asked | {"evaluate": 2}), zones={})
+
+
 def test_genesis_is_shared_and_recomputable(federation) -> None:
     _, _, sites, _ = federation
     site = sites["s0"]

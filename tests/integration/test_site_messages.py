@@ -172,13 +172,13 @@ def test_instructions_carry_only_the_rounds_a_site_has_not_applied(tmp_path: Pat
     with _federation(config, tmp_path, set()) as (_, gateway, zones, endpoints):
         result = Coordinator(config, gateway, zones, endpoints).run()
     assert len(result.rounds) == 6
-    # every site evaluated (so applied) each round: a train message has nothing to catch up,
-    # an evaluate message exactly the round it follows
-    assert all(missed == [] for kind, _, _, _, missed in gateway.sent if kind == "train")
-    assert all(missed == [rnd] for kind, rnd, _, _, missed in gateway.sent if kind == "evaluate")
-    for kind in ("train", "evaluate"):
-        sizes = [size for k, _, _, size, _ in gateway.sent if k == kind]
-        assert len(sizes) == 18 and max(sizes) - min(sizes) < 32  # round 6's is no bigger than round 1's
+    # a train message carries exactly the round before it (the site applies and evaluates it, then
+    # trains); the last round is evaluated alone, its evaluate message carrying that round
+    assert all(missed == [rnd - 1] for kind, rnd, _, _, missed in gateway.sent if kind == "train" and rnd > 1)
+    assert all(missed == [] for kind, rnd, _, _, missed in gateway.sent if kind == "train" and rnd == 1)
+    assert [(rnd, missed) for kind, rnd, _, _, missed in gateway.sent if kind == "evaluate"] == [(6, [6])] * 3
+    sizes = [size for kind, rnd, _, size, _ in gateway.sent if kind == "train" and rnd > 1]
+    assert len(sizes) == 15 and max(sizes) - min(sizes) < 32  # round 6's is no bigger than round 2's
 
 
 def test_a_site_that_missed_rounds_catches_up_with_one_store_write(tmp_path: Path) -> None:
@@ -200,8 +200,8 @@ def test_a_site_refuses_a_head_its_chain_does_not_reach_and_keeps_its_store(tmp_
     config = _config(rounds=2)
     with _federation(config, tmp_path, set()) as (_, gateway, zones, endpoints):
         result = Coordinator(config, gateway, zones, endpoints).run()
-        rounds = [m for kind, rnd, node, _, m in gateway.sent if kind == "evaluate" and node == "s0"]
-        assert rounds == [[1], [2]]
+        rounds = [m for kind, rnd, node, _, m in gateway.sent if node == "s0" and m]
+        assert rounds == [[1], [2]]  # round 2's train message, then the last round's evaluate message
         fresh = make_site(config.model_copy(), "s0", tmp_path / "fresh")
         genesis = fresh.query(QueryRequest()).genesis_version
         round2 = AppliedRound(round=2, merkle_root=result.rounds[1].roots["EU"], aggregates=[])

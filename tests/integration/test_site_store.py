@@ -69,7 +69,8 @@ def test_site_model_is_sealed_at_rest_and_verifiable(tmp_path: Path) -> None:
 
 
 class _TamperAfterRound1:
-    """A RoundObserver that flips one bit of one of ``site``'s stored shards after round 1."""
+    """A RoundObserver that flips one bit of one of s1's stored shards once round 1 is finished
+    (the sites applied it with round 2's train message, which has then pushed)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -90,7 +91,7 @@ class _TamperAfterRound1:
 
 
 def test_a_tampered_shard_stops_that_site_only(tmp_path: Path) -> None:
-    config = _config(rounds=2)
+    config = _config(rounds=3)
     tamper = _TamperAfterRound1(tmp_path / "sites")
     with running_zones(config, tmp_path / "zones") as endpoints:
         sites = {s.id: make_site(config, s.id, tmp_path / "sites") for s in config.sites}
@@ -100,11 +101,11 @@ def test_a_tampered_shard_stops_that_site_only(tmp_path: Path) -> None:
             result = Coordinator(config, gateway, zones, dict(endpoints), tamper).run()
         finally:
             gateway.close()
-    # round 2 went on without s1, whose store refused the altered shard with a clear reason
-    assert [r.sites for r in result.rounds] == [("s0", "s1", "s2"), ("s0", "s2")]
-    assert "failed authentication: its contents were altered" in result.rounds[1].refused["s1"]
+    # round 3 went on without s1, whose store refused the altered shard with a clear reason
+    assert [r.sites for r in result.rounds] == [("s0", "s1", "s2")] * 2 + [("s0", "s2")]
+    assert "failed authentication: its contents were altered" in result.rounds[2].refused["s1"]
     for site, meta in tamper.others.items():  # the others moved on; nothing of theirs was touched
-        assert site_model(tmp_path / "sites", site)[0]["applied_round"] == 2 != meta["applied_round"]
+        assert site_model(tmp_path / "sites", site)[0]["applied_round"] == 3 != meta["applied_round"]
 
 
 def test_plaintext_snapshots_when_encryption_is_off(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ whose every reply is then rewritten: other sites' ids, other rounds, other model
 (the US group's, a stale one, garbage), record counts of 10^15 and below zero, accuracies
 and losses of NaN, ±inf, 10^300 and below zero, non-finite phase times, pushes to zones
 that do not exist with 10^18 bytes, shard classes and reasons in ``$…$`` (matplotlib
-mathtext) and 100,000 characters, privacy reports with NaN ε, replies of the wrong kind.
+mathtext) and 100,000 characters, privacy reports with NaN ε, replies of the wrong kind; the evaluation a train reply
+carries (the round before's) is rewritten as an evaluate reply would be.
 It also over-reports its examples (10^15) when asked who it is. Beside it, impostor nodes
 answer the coordinator's query: one replays an honest site's proof of an earlier query,
 one claims an honest site without a proof, one claims a site the config does not list,
@@ -142,10 +143,16 @@ class LyingSite:
         reply = self.inner.handle(kind, message)
         if isinstance(reply, SiteInfo):
             return reply.model_copy(update={"num_examples": CLAIMED})  # over-report (not signed: cannot be checked)
-        if kind is MessageKind.TRAIN:
-            self.weights.append(message.weight)
-        lies = TRAIN_LIES if kind is MessageKind.TRAIN else EVALUATE_LIES
-        told = self.told[kind.value]
+        if kind is MessageKind.EVALUATE:
+            return self._lie(EVALUATE_LIES, "evaluate", reply)
+        self.weights.append(message.weight)
+        if reply.evaluation is not None:  # the round before's evaluation, carried: lied about too
+            reply = reply.model_copy(update={"evaluation": self._lie(EVALUATE_LIES, "evaluate", reply.evaluation)})
+        return self._lie(TRAIN_LIES, "train", reply)
+
+    def _lie(self, lies: list[tuple[str, dict[str, Any], bool]], kind: str, reply: Any) -> Any:
+        """``reply`` rewritten by the next of ``lies`` (told in turn, by message kind)."""
+        told = self.told[kind]
         name, update, _ = lies[len(told) % len(lies)]
         told.append(name)
         if update.get("version") == "other-group":
