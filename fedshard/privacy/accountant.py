@@ -4,14 +4,15 @@
 Pure functions over immutable :class:`~fedshard.privacy.events.DPEvent` values; the
 state (what a site has spent) lives in :mod:`fedshard.privacy.ledger`. Equal events are
 merged (their steps summed) before composing: that never changes ε, makes accountants
-faster and gives a stable cache key.
+faster and gives a stable key, under which the process remembers every ε it composed
+(:func:`compositions`, :func:`remember`: a site keeps them between its processes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from functools import lru_cache
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from fedshard.errors import ConfigError, PrivacyError
@@ -19,7 +20,16 @@ from fedshard.privacy.accountants import ACCOUNTANTS, Merged, accountant
 from fedshard.privacy.accountants.composition import quiet
 from fedshard.privacy.events import DPEvent, Guarantee
 
-__all__ = ["AccountantKind", "calibrate_noise", "epsilon", "merge_events"]
+__all__ = [
+    "AccountantKind",
+    "Composition",
+    "accounted",
+    "calibrate_noise",
+    "compositions",
+    "epsilon",
+    "merge_events",
+    "remember",
+]
 
 _MAX_NUDGES = 500
 
@@ -127,8 +137,59 @@ def epsilon(events: Sequence[DPEvent], delta: float, kind: AccountantKind = Acco
     return _compose(merged, float(delta), _known(kind).value)
 
 
-@lru_cache(maxsize=4096)
+Composition = tuple[Merged, float, str]
+"""What one ε is a function of: the merged events, δ and the accountant's name."""
+
+_MEMO: dict[Composition, float] = {}
+"""ε of every composition this process computed or was given (:func:`remember`), oldest first."""
+_MEMO_LIMIT = 4096
+_MEMO_LOCK = threading.Lock()  # sites of one process may account at once (in-process workers)
+
+
+_RUNS = threading.local()  # .n: compositions this thread ran an accountant for
+
+
+def compositions(newest: int) -> dict[Composition, float]:
+    """The ``newest`` ε this process knows, by composition, oldest first: what a site keeps
+    between processes (:mod:`fedshard.site._epsilon_memo`)."""
+    with _MEMO_LOCK:
+        return dict(list(_MEMO.items())[-newest:]) if newest > 0 else {}
+
+
+def accounted() -> int:
+    """How many compositions this thread has run an accountant for (not taken from memory):
+    a site that sees it unchanged over a message has nothing new to keep."""
+    return int(getattr(_RUNS, "n", 0))
+
+
+def remember(known: Mapping[Composition, float]) -> None:
+    """Take ε of compositions computed earlier (by this party, and authenticated by it): the
+    accountant is not run again for them. Only for values :func:`epsilon` computed."""
+    with _MEMO_LOCK:
+        for composition, value in known.items():
+            _MEMO.setdefault(composition, value)
+        _trim()
+
+
+def _trim() -> None:
+    while len(_MEMO) > _MEMO_LIMIT:
+        del _MEMO[next(iter(_MEMO))]
+
+
 def _compose(merged: Merged, delta: float, kind: str) -> float:
+    composition = (merged, delta, kind)
+    with _MEMO_LOCK:
+        known = _MEMO.get(composition)
+    if known is None:
+        known = _run(merged, delta, kind)  # seconds for PRV: not under the lock
+        _RUNS.n = accounted() + 1
+        with _MEMO_LOCK:
+            _MEMO[composition] = known
+            _trim()
+    return known
+
+
+def _run(merged: Merged, delta: float, kind: str) -> float:
     try:
         with quiet():
             value = accountant(kind).epsilon(merged, delta)

@@ -36,6 +36,7 @@ from fedshard.privacy.ledger.legacy import read_format1
 from fedshard.privacy.ledger.spend import Snapshot
 from fedshard.privacy.mechanisms import MechanismRound, RecordPrivacy, RoundShape, Sharing, mechanism
 from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
+from fedshard.site._epsilon_memo import EpsilonMemo
 from fedshard.site._kept_ledger import KeptLedger
 from fedshard.site.ledger_anchor import Anchor, AnchorStore, anchor_of
 from fedshard.site.terms import PrivacyTerms
@@ -139,6 +140,7 @@ class SitePrivacy:
         self._last_anchor: Anchor | None = None
         self._accountant = AccountantKind.PRV  # the open ledger's, recorded in its anchor
         self._kept = KeptLedger(self.ledger_path)
+        self._memo = EpsilonMemo(state_dir, key) if key is not None and key.keyed else None
 
     @property
     def ledger_path(self) -> Path:
@@ -189,6 +191,8 @@ class SitePrivacy:
                 f"{1.0 / num_examples:.3g}; choose δ ≤ {1.0 / num_examples:.3g}"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self._memo is not None:
+            self._memo.load()
         anchor = self.anchor.read() if self.anchor is not None else None
         self._last_anchor = anchor
         exists = self.ledger_path.exists()
@@ -232,11 +236,15 @@ class SitePrivacy:
         """The message is done with ``ledger`` (from :meth:`open_ledger`): kept open for the next
         one while its files stay as they are (:mod:`fedshard.site._kept_ledger`), or closed."""
         self._kept.put_back(ledger)
+        if self._memo is not None:
+            self._memo.save()
 
     def discard(self, ledger: PrivacyLedger | None = None) -> None:
         """Close ``ledger`` (a message that failed with it) and the kept one; the next message opens
         the file afresh. The site's close calls it (a stopped site leaves its ledger in one file)."""
         self._kept.drop(ledger)
+        if self._memo is not None and ledger is not None:
+            self._memo.save()
 
     @property
     def _recover_command(self) -> str:
