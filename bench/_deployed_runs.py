@@ -46,11 +46,16 @@ def flower_rounds(host: Any, federation: Path, folder: Path, rounds: int, tag: s
 
 
 def fedshard_rounds(host: Any) -> RoundMarks:
-    """The fedshard run of ``host``'s config on its SuperNodes."""
+    """The fedshard run of ``host``'s config on its SuperNodes; its rounds end as they close.
+
+    A round's train messages carry the evaluation of the round before, so the time between two
+    rounds' ``closed`` events is one whole round (open, train with the evaluation carried, close);
+    its ``round`` event is logged within the next round. The run's last round is evaluated alone,
+    once per run, after the last close: no round's time includes it."""
     summary = host.run()
     events = [json.loads(line) for line in (host.run_dir / "events.jsonl").read_text().splitlines()]
     if not summary or summary["stopped_reason"]:
         reason = summary.get("stopped_reason") or [e.get("reason") for e in events if e["event"] == EventKind.STOP]
         raise RuntimeError(f"the fedshard run in {host.run_dir} did not complete: {reason}")
-    marks = [e["at"] for e in events if e["event"] in (EventKind.START, EventKind.ROUND)]
+    marks = [e["at"] for e in events if e["event"] in (EventKind.START, EventKind.CLOSED)]
     return RoundMarks(marks, float(summary["final_accuracy"]))

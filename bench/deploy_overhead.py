@@ -24,7 +24,8 @@ are restarted with fedshard's warm executor (``deployment.executor: warm``, the 
 
 A round's wall time is the time between consecutive round ends as the ServerApp records
 them (Flower: its ``evaluate_fn`` hook after each round's train + evaluate; fedshard: the
-round events). The first round (app installation, first imports) is dropped; medians of
+``closed`` events, a round's train messages carrying the evaluation of the round before, the
+run's last evaluation alone after them). The first round (app installation, first imports) is dropped; medians of
 the others. ``--quick``: 2 rounds of Flower (1 timed), 3 of each fedshard system (2 timed);
 ``--smoke`` (the test suite's): 1 Flower round (timed: its only one), 2 of fedshard.
 

@@ -22,7 +22,8 @@ On the same SuperNodes, before fedshard's run, plain Flower FedAvg (``bench/flow
 the whole model through the SuperLink, no zones, no DP, no encryption) runs the demo's and
 the full model's task (not the LoRA one: FedAvg would ship the frozen base too).
 
-A round's wall time is the time between consecutive round ends the ServerApp records (the
+A round's wall time is the time between consecutive round ends the ServerApp records (fedshard:
+its ``closed`` events, each round's train messages carrying the evaluation of the round before; the
 first round dropped; medians). Bytes on each link are read from its interface counters,
 sampled every 0.2 s, between the first and the last timed round end, per round. The link
 floor of a round is the busiest link's bytes (both ways, in turn: fetch, then push) over its

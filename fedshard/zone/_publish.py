@@ -211,6 +211,16 @@ class AggregateStore:
         return Aggregate(summary, means, ciphertexts), contributors
 
 
+KEEP_IN_MEMORY = 64 << 20
+"""Latest aggregates up to this many bytes stay in memory while the next round is open: every
+site fetches them with that round's train message (it carries their evaluation), and reading
+them back from the store for each fetch costs more than they weigh. Larger ones are spilled."""
+
+
+def _nbytes(aggregate: Aggregate) -> int:
+    return sum(int(a.nbytes) for a in aggregate.means.values()) + sum(len(c) for c in aggregate.ciphertexts.values())
+
+
 class Publications:
     """What a zone has published: the latest round's aggregates in memory, every
     summary it closed, and (with a store) every aggregate on disk.
@@ -255,14 +265,16 @@ class Publications:
             self._store.sync()
 
     def spill(self) -> None:
-        """Stop holding the latest aggregates in memory when they are stored: a new round's
-        sums need that memory (a zone then holds one model's worth, not two), and fetches
-        of the latest round read it from the store, checked against its Merkle root.
-        Without a store the latest aggregates are their only copy and stay."""
+        """Stop holding the latest aggregates in memory when they are stored and larger than
+        :data:`KEEP_IN_MEMORY`: a new round's sums need that memory (a zone then holds one
+        model's worth, not two), and fetches of the latest round read it from the store,
+        checked against its Merkle root. Without a store the latest aggregates are their
+        only copy and stay."""
         if self._store is None:
             return
         with self._lock:
-            self._latest = {}
+            if sum(_nbytes(aggregate) for aggregate, _ in self._latest.values()) > KEEP_IN_MEMORY:
+                self._latest = {}
 
     def summaries(self, round: int) -> list[AggregateSummary]:
         """The summaries published for ``round``, by group."""
@@ -271,7 +283,7 @@ class Publications:
 
     def load(self, round: int, group: str) -> tuple[Aggregate, Contributors]:
         """Aggregate ``group`` of ``round`` and its contributors: the latest round from
-        memory until the next round opens (:meth:`spill`), others (and any after a
+        memory (while the next round is open too, unless spilled: :meth:`spill`), others (and any after a
         restart) from the store, checked.
 
         Raises
