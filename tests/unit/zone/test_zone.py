@@ -26,6 +26,7 @@ from fedshard.integrity import merkle_root, shard_digest
 from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
+from fedshard.zone import _publish as publish
 from fedshard.zone._push import PushSession
 from fedshard.zone._staging import ByteBudget
 from fedshard.zone.aggregator import ZoneAggregator
@@ -155,8 +156,12 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
         restarted.fetch(2)
 
 
-@pytest.mark.parametrize("stored", [True, False])
-def test_a_new_round_takes_the_memory_of_the_stored_aggregates(tmp_path: Path, stored: bool) -> None:
+@pytest.mark.parametrize(("stored", "large"), [(True, True), (True, False), (False, True)])
+def test_a_new_round_takes_the_memory_of_a_large_models_stored_aggregates(
+    tmp_path: Path, stored: bool, large: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if large:  # every aggregate counts as large: none stays in memory once stored
+        monkeypatch.setattr(publish, "KEEP_IN_MEMORY", 0)
     zone = open_zone(store_dir=tmp_path if stored else None)
     a = make_update(1)
     zone.push(manifest_for("site-a", a), TOKEN, a)
@@ -166,8 +171,9 @@ def test_a_new_round_takes_the_memory_of_the_stored_aggregates(tmp_path: Path, s
     zone.open_round(RoundSpec(2, "t2", PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
     after = zone.fetch(1).means
 
-    # stored: round 1 is read back from the store (a new copy); else memory is its only copy, kept
-    assert all((after[sid] is held[sid]) is not stored for sid in held)
+    # stored and large: round 1 is read back from the store (a new copy); a small one stays in memory
+    # while round 2 is open (every site fetches it then); without a store memory is its only copy
+    assert all((after[sid] is held[sid]) is not (stored and large) for sid in held)
     for sid in held:
         np.testing.assert_array_equal(after[sid], held[sid])
 
