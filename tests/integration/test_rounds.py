@@ -107,16 +107,21 @@ class _Counting:
         return self.inner.send(kind, messages, timeout)
 
 
-def test_each_round_is_one_message_per_site_and_evaluates_as_its_own_message_would(federation, tmp_path: Path) -> None:
-    config, endpoints, sites, _ = federation
+def _counted_run(config: FederationConfig, endpoints: dict[str, str], sites: Mapping[str, Site]) -> tuple:
+    """The federation run over ``sites``; its result and the messages sent."""
     gateway = _Counting(InProcessSiteGateway(sites))
     zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
     try:
-        carried = Coordinator(config, gateway, zones, endpoints).run()
+        return Coordinator(config, gateway, zones, endpoints).run(), gateway.sent
     finally:
         gateway.inner.close()
+
+
+def test_each_round_is_one_message_per_site_and_evaluates_as_its_own_message_would(federation, tmp_path: Path) -> None:
+    config, endpoints, sites, _ = federation
+    carried, sent = _counted_run(config, endpoints, sites)
     # round r's train messages carry round r-1's evaluation; the last round is evaluated alone
-    assert sorted(gateway.sent) == sorted(
+    assert sorted(sent) == sorted(
         [("train", 1, None)] * 3 + [("train", 2, 1)] * 3 + [("train", 3, 2)] * 3 + [("evaluate", 3, None)] * 3
     )
     # the same federation, each round evaluated in its own messages: the same figures, bit for bit
@@ -146,17 +151,12 @@ def test_a_round_before_one_a_site_sits_out_is_evaluated_alone(federation) -> No
     sampled = config.model_copy(
         update={"federation": config.federation.model_copy(update={"sample_fraction": 0.5, "min_sites": 2})}
     )
-    gateway = _Counting(InProcessSiteGateway(sites))
-    zones = {n: grpc_connector(n, ep) for n, ep in endpoints.items()}
-    try:
-        result = Coordinator(sampled, gateway, zones, endpoints).run()
-    finally:
-        gateway.inner.close()
+    result, sent = _counted_run(sampled, endpoints, sites)
     assert [r.round for r in result.rounds] == [1, 2, 3]
     assert all(len(r.sites) == 2 for r in result.rounds)  # two of three sites train each round
-    evaluated = sorted({rnd for kind, rnd, _ in gateway.sent if kind == "evaluate"})
+    evaluated = sorted({rnd for kind, rnd, _ in sent if kind == "evaluate"})
     assert evaluated == [1, 2, 3]  # every site evaluates every round: the one sitting out too
-    assert not any(asked for kind, _, asked in gateway.sent if kind == "train")
+    assert not any(asked for kind, _, asked in sent if kind == "train")
     assert all(0.0 <= r.accuracy <= 1.0 for r in result.rounds)
 
 

@@ -39,24 +39,27 @@ def _new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(accountant, "_MEMO", {})
 
 
+def _one_message(folder: Path, key: LedgerKey) -> float:
+    """A message that composes EVENTS: the memo loaded first, saved after."""
+    memo = EpsilonMemo(folder, key)
+    memo.load()
+    value = epsilon(EVENTS, 1e-5, RDP)
+    memo.save()
+    return value
+
+
 def test_a_fresh_process_takes_the_kept_epsilon_instead_of_composing(
     tmp_path: Path, fresh_process: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = LedgerKey(os.urandom(32))
-    first = EpsilonMemo(tmp_path, key)
-    first.load()
-    value = epsilon(EVENTS, 1e-5, RDP)
-    first.save()
+    value = _one_message(tmp_path, key)
     assert len(fresh_process) == 1 and (tmp_path / EPSILON_FILE).exists()
     _new_process(monkeypatch)
     EpsilonMemo(tmp_path, key).load()
     assert epsilon(EVENTS, 1e-5, RDP) == value and len(fresh_process) == 1  # taken, not composed
     # a message that composed nothing writes nothing
     before = (tmp_path / EPSILON_FILE).stat().st_mtime_ns
-    again = EpsilonMemo(tmp_path, key)
-    again.load()
-    epsilon(EVENTS, 1e-5, RDP)
-    again.save()
+    _one_message(tmp_path, key)
     assert (tmp_path / EPSILON_FILE).stat().st_mtime_ns == before
 
 
@@ -64,10 +67,7 @@ def test_an_edited_or_foreign_entry_is_composed_again(
     tmp_path: Path, fresh_process: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = LedgerKey(os.urandom(32))
-    memo = EpsilonMemo(tmp_path, key)
-    memo.load()
-    value = epsilon(EVENTS, 1e-5, RDP)
-    memo.save()
+    value = _one_message(tmp_path, key)
     path = tmp_path / EPSILON_FILE
     doc = json.loads(path.read_text())
     doc["entries"][0][1] = repr(value / 10)  # a lower ε, the MAC left as it was
