@@ -101,6 +101,20 @@ class _Closed:
     result: RoundResult
     clock: RoundClock
 
+    def evaluated(self, figures: tuple[float, float, Mapping[str, Excluded]]) -> RoundResult:
+        """The round with the sites' evaluation (accuracy, loss, replies left out) and its timings."""
+        accuracy, loss, not_taken = figures
+        return evaluated(self.result, accuracy, loss, self.clock.timings(), not_taken)
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """The round before, closed, whose evaluation a round's train messages carry; ``finish`` takes
+    its result once their replies are in."""
+
+    closed: _Closed
+    finish: Callable[[RoundResult], None]
+
 
 class Coordinator:
     """Runs a federation's rounds.
@@ -434,7 +448,9 @@ class Coordinator:
             carried = None
         version = result.version if carried is None else carried.result.version
         finish = functools.partial(self._finish_carried, result)
-        self._carried = self._train_round(rnd, version, selected, carried, finish)
+        self._carried = self._train_round(
+            rnd, version, selected, None if carried is None else _Carried(carried, finish)
+        )
 
     def _finish_carried(self, result: RunResult, done: RoundResult) -> None:
         """The carried round, evaluated: add it to ``result`` (logged, shown)."""
@@ -455,29 +471,28 @@ class Coordinator:
     def _evaluated(self, closed: _Closed) -> RoundResult:
         """``closed`` evaluated by every site, in evaluate messages."""
         with closed.clock.waiting(Phase.EVALUATE):
-            accuracy, loss, not_taken = self._evaluate(closed.result.round, closed.clock)
-        return evaluated(closed.result, accuracy, loss, closed.clock.timings(), not_taken)
+            figures = self._evaluate(closed.result.round, closed.clock)
+        return closed.evaluated(figures)
 
     def _train_round(
         self,
         rnd: int,
         version: str,
         selected: list[str],
-        carried: _Closed | None = None,
-        finish: Callable[[RoundResult], None] | None = None,
+        carried: _Carried | None = None,
     ) -> _Closed:
         """Run round ``rnd`` over the ``selected`` nodes up to its close (logged). ``carried``: the
         round before, closed, which every node evaluates with this round's train message; its
-        result goes to ``finish`` once the replies are in, before this round may abort."""
+        result goes to ``carried.finish`` once the replies are in, before this round may abort."""
         clock = RoundClock()
         token = secrets.token_hex(16)
         weights = fixed_weights(self.config, self._nodes)
         with clock.waiting(Phase.OPEN):
             self._open(rnd, token, version, selected, weights)
         if carried is not None:
-            carried.clock.stop()  # its time ends here: the evaluation is this round's train time
+            carried.closed.clock.stop()  # its time ends here: the evaluation is this round's train time
         with clock.waiting(Phase.TRAIN):
-            reports, refused, excluded = self._train(rnd, token, selected, weights, clock, carried, finish)
+            reports, refused, excluded = self._train(rnd, token, selected, weights, clock, carried)
         codes = {s: r.code for s, r in refused.items() if isinstance(r, TrainReport) and r.code is not None}
         reasons = {s: one_line(r.reason) for s, r in refused.items()}
         min_sites = self.config.federation.min_sites
@@ -546,24 +561,23 @@ class Coordinator:
         selected: list[str],
         weights: Mapping[str, float],
         clock: RoundClock,
-        carried: _Closed | None = None,
-        finish: Callable[[RoundResult], None] | None = None,
+        carried: _Carried | None = None,
     ) -> tuple[dict[str, TrainReport], dict[str, TrainReport | SiteFailure], dict[str, Excluded]]:
         """Send the train messages; by site id: the reports of sites that pushed, the refusals or
         failures of the others, and the replies left out of the round's metrics (checked by
         :func:`~fedshard.coordinator._replies.check_train`; a site whose reply is left out but
         says it pushed is in neither of the first two: the zones say whether it counted).
-        ``carried``: the round before, evaluated with these messages, its result given to ``finish``."""
+        ``carried``: the round before, evaluated with these messages, its result given to its ``finish``."""
         weight_scale = max(weights.values())  # encrypted shards carry weight / scale ≤ 1
-        evaluate = None if carried is None else carried.result.round
+        evaluate = None if carried is None else carried.closed.result.round
         instructions = {
             node: self._instruction(node, rnd, token, weights[node], weight_scale, evaluate) for node in selected
         }
         replies = self.sites.send(MessageKind.TRAIN, instructions, self._timeout)
-        if carried is not None and finish is not None:
+        if carried is not None:
             evaluations = {node: _carried_evaluation(reply) for node, reply in replies.items()}
-            accuracy, loss, not_taken = self._take_evaluations(carried.result.round, evaluations, carried.clock)
-            finish(evaluated(carried.result, accuracy, loss, carried.clock.timings(), not_taken))
+            closed = carried.closed
+            carried.finish(closed.evaluated(self._take_evaluations(closed.result.round, evaluations, closed.clock)))
         assert self._bounds is not None  # set at discovery
         reports: dict[str, TrainReport] = {}
         refused: dict[str, TrainReport | SiteFailure] = {}

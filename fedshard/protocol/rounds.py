@@ -136,6 +136,11 @@ class Aggregate:
     means: Mapping[str, np.ndarray] = field(default_factory=dict)
     ciphertexts: Mapping[str, bytes] = field(default_factory=dict)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its shards (values or ciphertexts), as its summary lists them."""
+        return sum(e.nbytes for e in self.summary.shards)
+
     def payload(self) -> dict[str, ShardPayload]:
         """Every shard, in the summary's order: values, or ciphertext bytes."""
         return {

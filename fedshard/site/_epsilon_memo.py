@@ -17,6 +17,7 @@ It holds at most :data:`KEPT` entries, the newest.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -64,8 +65,10 @@ class EpsilonMemo:
         self.path = state_dir / EPSILON_FILE
         self.key = key
         self._loaded = False
-        self._saved: dict[str, str] = {}  # composition text -> value text, as the file holds them
         self._mark = 0  # accounted() when the message began
+
+    def _mac(self, text: str, value: str) -> str:
+        return self.key.mac(b"", _KIND, [text, value]).hex()
 
     def load(self) -> None:
         """A message begins: give this process the file's authenticated entries (once per
@@ -84,10 +87,9 @@ class EpsilonMemo:
         for entry in entries if isinstance(entries, list) else []:
             try:
                 text, value, mac = entry
-                if not self.key.mac(b"", _KIND, [text, value]).hex() == mac:
+                if not hmac.compare_digest(self._mac(text, value), mac):
                     raise ValueError("MAC")
                 known[_composition(text)] = float(value)
-                self._saved[text] = value
             except (ValueError, TypeError, KeyError):
                 skipped += 1
         if skipped:
@@ -100,17 +102,12 @@ class EpsilonMemo:
         if accounted() == self._mark:  # all from memory (another site of this process composed them)
             return
         self._mark = accounted()
-        entries = {_text(c): repr(v) for c, v in compositions(KEPT).items()}
-        kept = dict(list({**self._saved, **entries}.items())[-KEPT:])
-        doc: dict[str, Any] = {
-            "format": 1,
-            "entries": [[text, value, self.key.mac(b"", _KIND, [text, value]).hex()] for text, value in kept.items()],
-        }
+        # the process's memory holds what the file gave it (remember) and what it composed since
+        entries = [(_text(c), repr(v)) for c, v in compositions(KEPT).items()]
+        doc: dict[str, Any] = {"format": 1, "entries": [[t, v, self._mac(t, v)] for t, v in entries]}
         tmp = self.path.with_name(f".{self.path.name}.new")
         try:
             tmp.write_text(json.dumps(doc, separators=(",", ":")))
             os.replace(tmp, self.path)
         except OSError as exc:  # a cache: the site goes on, composing again next time
             log.warning("cannot keep composed ε in %s: %s", self.path, exc.strerror or exc)
-            return
-        self._saved = kept

@@ -217,10 +217,6 @@ site fetches them with that round's train message (it carries their evaluation),
 them back from the store for each fetch costs more than they weigh. Larger ones are spilled."""
 
 
-def _nbytes(aggregate: Aggregate) -> int:
-    return sum(int(a.nbytes) for a in aggregate.means.values()) + sum(len(c) for c in aggregate.ciphertexts.values())
-
-
 class Publications:
     """What a zone has published: the latest round's aggregates in memory, every
     summary it closed, and (with a store) every aggregate on disk.
@@ -273,7 +269,7 @@ class Publications:
         if self._store is None:
             return
         with self._lock:
-            if sum(_nbytes(aggregate) for aggregate, _ in self._latest.values()) > KEEP_IN_MEMORY:
+            if sum(aggregate.nbytes for aggregate, _ in self._latest.values()) > KEEP_IN_MEMORY:
                 self._latest = {}
 
     def summaries(self, round: int) -> list[AggregateSummary]:
