@@ -4,21 +4,26 @@ SuperNodes, the ``flwr`` CLI's connection file, and the few ``flwr`` calls we ne
 
 Flower 1.42 serves the Fleet, Control and Runtime APIs of a SuperLink on one port.
 Every ``flwr`` call runs the CLI as a subprocess against ``$FLWR_HOME/config.toml``
-(the connection named :data:`CONNECTION`), with ``--format json``.
+(the connection named :data:`CONNECTION`), with ``--format json``, except the two the
+aggregator polls (SuperNodes, run status): those go through one in-process Control API
+client where the installed Flower allows
+(:mod:`fedshard.transports.flower.compat.control`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fedshard.errors import DeployError
+from fedshard.transports.flower.compat.control import ControlClient, open_control
 
 __all__ = [
     "CONNECTION",
@@ -30,6 +35,10 @@ __all__ = [
     "supernode_command",
     "write_connection",
 ]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CONNECTION = "fedshard"
 """Name of the SuperLink connection fedshard writes into ``$FLWR_HOME/config.toml``."""
@@ -166,6 +175,35 @@ class FlowerCli:
         self.flwr_home = flwr_home
         self.timeout = timeout
         self.env = flower_env(flwr_home)
+        self._control: ControlClient | None = None
+        self._control_tried = False
+
+    def _in_process(self) -> ControlClient | None:
+        """The in-process Control API client for the two polled queries (opened on first use,
+        once the connection file exists); None where Flower's internals differ (the CLI then)."""
+        if not self._control_tried:
+            self._control_tried = True
+            self._control = open_control(self.flwr_home, CONNECTION)
+        return self._control
+
+    def _ask(self, query: Callable[[ControlClient], T], fallback: Callable[[], T]) -> T:
+        """``query`` on the in-process client; ``fallback`` (the CLI, which names any error in
+        one line) where there is none or it failed (it is then dropped for this host's life)."""
+        control = self._in_process()
+        if control is not None:
+            try:
+                return query(control)
+            except Exception as exc:
+                log.info("in-process SuperLink query failed (%s); asking through the flwr CLI", exc)
+                control.close()
+                self._control = None
+        return fallback()
+
+    def close(self) -> None:
+        """Close the in-process client, if one was opened."""
+        if self._control is not None:
+            self._control.close()
+            self._control = None
 
     def call(self, args: Sequence[str]) -> dict[str, Any]:
         """Run ``flwr ARGS --format json``; the parsed reply, or :class:`DeployError` with Flower's message."""
@@ -192,8 +230,12 @@ class FlowerCli:
 
     def nodes(self) -> list[NodeStatus]:
         """Every SuperNode the SuperLink knows."""
-        reply = self.call(["supernode", "list", CONNECTION])
-        return [NodeStatus(str(n["node-id"]), str(n.get("status", ""))) for n in reply.get("nodes", [])]
+
+        def cli() -> list[NodeStatus]:
+            reply = self.call(["supernode", "list", CONNECTION])
+            return [NodeStatus(str(n["node-id"]), str(n.get("status", ""))) for n in reply.get("nodes", [])]
+
+        return self._ask(lambda c: [NodeStatus(i, status) for i, status in c.node_statuses()], cli)
 
     def submit(self, app_dir: Path, run_config: Path) -> str:
         """Submit the app in ``app_dir`` as a new run with the overrides in ``run_config`` (TOML); its run id."""
@@ -201,9 +243,13 @@ class FlowerCli:
 
     def run_status(self, run_id: str) -> str:
         """The run's status as Flower reports it (e.g. ``running``, ``finished:completed``)."""
-        reply = self.call(["list", CONNECTION, "--run-id", run_id])
-        runs = reply.get("runs", [])
-        return str(runs[0].get("status", "")) if runs else ""
+
+        def cli() -> str:
+            reply = self.call(["list", CONNECTION, "--run-id", run_id])
+            runs = reply.get("runs", [])
+            return str(runs[0].get("status", "")) if runs else ""
+
+        return self._ask(lambda c: c.run_status(run_id), cli)
 
     def stop(self, run_id: str) -> None:
         """Ask the SuperLink to stop a run."""

@@ -238,6 +238,7 @@ class AggregatorHost:
 
     def stop_children(self) -> None:
         """Stop the SuperLink first (it stops the run's ServerApp), then the zones, then the metrics."""
+        self.flwr.close()
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
