@@ -19,11 +19,12 @@ export adapter`` writes) is scored. The run's own per-round scoring is cut to on
 validation row per site (``max_scored``): the bench's scoring is the one that counts.
 
 **DP** (``Variant.epsilon``): record-level DP-SGD (Opacus on the adapters and head) at every
-site, budget ε per site, δ = 1e-5. The number of rounds is not known in advance, so σ is fixed
-for the horizon ``max_steps``: the smallest σ with which *every* site spends at most ε in
-``max_steps`` rounds (each site's sample rate and steps as its ledger accounts them; stopping
-earlier spends less), and every site's ledger is checked against ε after the run. The central
-floor is DP-SGD on the pooled data with σ calibrated the same way for ``max_steps`` epochs.
+site, budget ε per site, δ = 1e-5. The number of rounds is not known in advance, so each site
+calibrates its own σ, to its own records, for the horizon ``max_steps``
+(``privacy.record_level.calibration_rounds``: a site of 400 records needs less noise than one
+of 60; stopping earlier spends less), and every site's ledger is checked against ε after the
+run. The central floor is DP-SGD on the pooled data with σ calibrated the same way for
+``max_steps`` epochs.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ class Outcome:
     epsilon_spent: float = 0.0
     """DP: the largest ε any site spent (central: what the pooled run spent)."""
     noise_multiplier: float = 0.0
-    """DP: σ of the run."""
+    """DP: σ of the run (federated: the largest of the sites')."""
+    least_noise_multiplier: float = 0.0
+    """DP, federated: the smallest σ of a site (each calibrates to its own records)."""
 
 
 def task_options(setting: Setting, scheme: str | None = None) -> dict[str, Any]:
@@ -244,7 +247,7 @@ def _round_event(num_examples: int, batch: int, sigma: float) -> Any:
 @functools.cache
 def horizon_sigma(sizes: tuple[int, ...], batch: int, epochs: int, epsilon: float) -> float:
     """The smallest σ with which every party of ``sizes`` records spends at most ``epsilon`` in ``epochs``
-    (cached: a federation asks once per round)."""
+    (cached)."""
     from fedshard.privacy.accountant import calibrate_noise
 
     sigmas = []
@@ -285,10 +288,9 @@ def federation_config(setting: Setting, variant: Variant, lr: float, seed: int, 
     data["training"].update(local_epochs=1, batch_size=setting.batch, learning_rate=lr)
     if variant.server:
         data["training"]["server_optimizer"] = dict(variant.server)
-    if variant.epsilon is not None:
-        sigma = horizon_sigma(site_sizes(setting, seed), setting.batch, setting.max_steps, variant.epsilon)
+    if variant.epsilon is not None:  # σ left empty: each site calibrates its own for the horizon
         data["privacy"] = {
-            "record_level": {"enabled": True, "noise_multiplier": sigma, "max_grad_norm": CLIP},
+            "record_level": {"enabled": True, "max_grad_norm": CLIP, "calibration_rounds": setting.max_steps},
             "budget": {"epsilon": variant.epsilon, "delta": DELTA},
         }
     return FederationConfig.model_validate(data)
@@ -372,8 +374,17 @@ def federated(
         base_bytes_per_round=per_round - len(sites) * released,
         peak_rss=_peak_rss(),
         epsilon_spent=spent,
-        noise_multiplier=float(config.privacy.record_level.noise_multiplier or 0.0),
+        **_site_sigmas(setting, variant, seed),
     )
+
+
+def _site_sigmas(setting: Setting, variant: Variant, seed: int) -> dict[str, float]:
+    """The largest and smallest σ the sites calibrated (as their ledgers do: each its own records over
+    ``max_steps`` rounds); none without DP."""
+    if variant.epsilon is None:
+        return {}
+    sigmas = [horizon_sigma((n,), setting.batch, setting.max_steps, variant.epsilon) for n in site_sizes(setting, seed)]
+    return {"noise_multiplier": max(sigmas), "least_noise_multiplier": min(sigmas)}
 
 
 def _check_one_model(models: list[Any]) -> None:

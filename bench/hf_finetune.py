@@ -122,7 +122,7 @@ class Bench:
         setting = self.setting if recipe.epsilon is None else self.private
         out = self.cache.get(
             setting,
-            variant,
+            variant if recipe.epsilon is None else f"{variant}/site-sigma",  # runs of one shared σ are not these
             lr,
             seed,
             test,
@@ -257,7 +257,8 @@ def summarise(args: argparse.Namespace, m: Measured) -> tuple[list[list[str]], d
     ]
     rows.append(_row(f"central LoRA (pooled), lr {m.central_lr:g}", m.central, "0", "epochs"))
     for eps, (fed_dp, central_dp) in m.private.items():
-        label = f"DP ε={eps:g}: fedavg, lr {fed_dp[0].lr:g}, σ {fed_dp[0].noise_multiplier:.3g}"
+        sigmas = f"{fed_dp[0].least_noise_multiplier:.3g}-{fed_dp[0].noise_multiplier:.3g}"
+        label = f"DP ε={eps:g}: fedavg, lr {fed_dp[0].lr:g}, σ {sigmas} by site"
         rows.append(
             _row(
                 f"{label} (vs central DP-SGD: {pp(*m.gap(fed_dp, central_dp))} pp)",
@@ -326,8 +327,9 @@ def publish(
             f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
             f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} (both), at rates chosen on "
             f"validation among `--dp-lrs` "
-            f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; σ fixed for the "
-            f"{s.max_steps}-round horizon so that every site spends at most ε (stopping earlier spends less); "
+            f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; each site "
+            f"calibrates its own σ to its own records for the {s.max_steps}-round horizon "
+            f"(`privacy.record_level.calibration_rounds`; stopping earlier spends less); "
             f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "
             f"party spent: {spent:.3f}.",
         ],

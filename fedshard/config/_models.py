@@ -6,6 +6,7 @@ key instead of a setting silently ignored.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -519,6 +520,14 @@ class FederationConfig(_Model):
         """The budget the aggregator assigns to a site (its own entry, else the default)."""
         site = self.site(site_id)
         return site.budget if site.budget is not None else self.privacy.budget
+
+    @property
+    def planned_rounds(self) -> int:
+        """The rounds a calibrated record-level σ spends a budget over: those a site takes part in
+        (``federation.rounds`` × ``sample_fraction``, rounded up), or
+        ``privacy.record_level.calibration_rounds`` where that is more."""
+        taken = math.ceil(self.federation.rounds * self.federation.sample_fraction)
+        return max(taken, self.privacy.record_level.calibration_rounds or 0)
 
     def partition_of(self, site_id: str) -> int:
         """Data partition index of a site (explicit, or its position in the list)."""

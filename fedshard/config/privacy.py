@@ -58,6 +58,13 @@ class RecordDPConfig(_Model):
     noise_multiplier: float | None = Field(
         None, gt=0, description="fixed σ; leave empty to calibrate σ so the planned rounds spend the budget"
     )
+    calibration_rounds: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="the rounds a calibrated σ spends the budget over, when more than the run plans (to stop "
+        "early on validation, or to go on later without raising σ); never fewer than the planned rounds",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping bound")
     accountant: str = Field(
         "prv",

@@ -3,8 +3,6 @@ each site and the server-side optimiser sites apply aggregates with."""
 
 from __future__ import annotations
 
-import math
-
 from fedshard.aggregation.server_rules import rule as server_rule
 from fedshard.config import FederationConfig
 from fedshard.privacy.accountant import AccountantKind
@@ -50,7 +48,7 @@ def privacy_plan(config: FederationConfig, site_id: str) -> PrivacyPlan | None:
             mechanism=record.mechanism,
             noise_multiplier=record.noise_multiplier,
             max_grad_norm=record.max_grad_norm,
-            planned_rounds=math.ceil(config.federation.rounds * config.federation.sample_fraction),
+            planned_rounds=config.planned_rounds,
             distributed_over=record.distributed_over,
         )
         if record.enabled

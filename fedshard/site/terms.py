@@ -35,7 +35,6 @@ larger number of planned rounds, and runs the largest of that and every fixed σ
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from fedshard.config import BudgetConfig, FederationConfig, PrivacyConfig
@@ -68,8 +67,9 @@ class PrivacyTerms:
         The budget the site's own config gives it: its entry's (or the default) budget,
         and its ``cap``, the stricter of both; None when its config sets none.
     planned_rounds:
-        The rounds its config plans (``federation.rounds`` × ``sample_fraction``, rounded
-        up): the horizon it calibrates σ over when σ is not fixed.
+        The rounds its config plans (:attr:`FederationConfig.planned_rounds`: its share of
+        ``federation.rounds``, or its ``calibration_rounds`` where more): the horizon it
+        calibrates σ over when σ is not fixed.
     """
 
     config: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -86,8 +86,7 @@ class PrivacyTerms:
         file's cap, if any) as a further limit."""
         listed = config.site(site_id)
         budget = stricter(stricter(config.budget_of(site_id), listed.cap), cap)
-        rounds = math.ceil(config.federation.rounds * config.federation.sample_fraction)
-        return cls(config.privacy, budget, rounds)
+        return cls(config.privacy, budget, config.planned_rounds)
 
     @property
     def required(self) -> bool:

@@ -115,3 +115,34 @@ def test_sigma_is_the_largest_of_the_plans_the_sites_and_the_calibrated_one(tmp_
     with ledger:
         event = calibrating.round_events(plan, ledger, 64)[0]
     assert event.noise_multiplier > 0.5  # calibrated to ε = 3 over 10 rounds, not the 0.01 asked
+
+
+def test_calibration_rounds_lengthen_the_horizon_on_both_sides_and_never_shorten_it() -> None:
+    """``privacy.record_level.calibration_rounds``: a run stopped early on validation (or resumed one
+    round at a time) calibrates σ for the rounds it may take, not the ones it has asked for so far."""
+    from fedshard.config import FederationConfig
+    from fedshard.coordinator._plans import privacy_plan
+
+    def config(rounds: int, calibration: int | None) -> FederationConfig:
+        return FederationConfig.model_validate(
+            {
+                "federation": {"name": "h", "rounds": rounds, "min_sites": 1},
+                "task": {"target": "tests.toy_task:task"},
+                "privacy": {
+                    "record_level": {"enabled": True, "calibration_rounds": calibration},
+                    "budget": {"epsilon": 3.0, "delta": 1e-5},
+                },
+                "zones": [{"name": "eu", "region": "EU", "endpoint": "127.0.0.1:0"}],
+                "sites": [{"id": "s", "jurisdiction": "EU"}],
+            }
+        )
+
+    for rounds, calibration, planned in ((2, 20, 20), (30, 20, 30), (5, None, 5)):
+        both = config(rounds, calibration)
+        asked = privacy_plan(both, "s")
+        assert asked is not None and asked.record is not None and asked.record.planned_rounds == planned
+        assert PrivacyTerms.of(both, "s").planned_rounds == planned
+    own = PrivacyTerms.of(config(2, 20), "s")  # the coordinator's config plans 2 rounds: the site keeps 20
+    shorter = privacy_plan(config(2, None), "s")
+    admitted = own.admit(shorter, "s")
+    assert admitted is not None and admitted.record is not None and admitted.record.planned_rounds == 20
