@@ -10,6 +10,7 @@ in one package, listed in :data:`INTERNALS`.
 ``warm_executor``  ``python -m fedshard.transports.flower.compat.warm_executor``: a SuperExec that
                    forks warm ClientApp processes
 ``warm_checks``    what ``fedshard site up`` checks before it runs the warm SuperNode
+``control``        the aggregator's polled SuperLink queries, in-process instead of the ``flwr`` CLI
 
 Every patch checks the release first and, where it can, the behaviour it relies on (a
 state built as Flower builds it, a parser fed the option it needs); on any other Flower it
@@ -59,6 +60,13 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("flwr.supercore.retry", "make_simple_http_retry_invoker", "warm_executor"),
     Internal("flwr.supercore.constant", "TaskType.CLIENT_APP", "warm_executor"),
     Internal("flwr.proto.runtime_pb2", "AcquireTaskRequest", "warm_executor"),
+    Internal("flwr.cli.flower_config", "read_superlink_connection", "control"),
+    Internal("flwr.cli.utils", "init_http_client_from_connection", "control"),
+    Internal("flwr.cli.run_utils", "format_runs", "control"),
+    Internal("flwr.supercore.control.control_http_client", "ControlHttpClient.ListRuns", "control"),
+    Internal("flwr.supercore.control.control_http_client", "ControlHttpClient.ListNodes", "control"),
+    Internal("flwr.proto.control_pb2", "ListRunsRequest", "control"),
+    Internal("flwr.proto.control_pb2", "ListNodesRequest", "control"),
 )
 """Every Flower internal fedshard relies on."""
 

@@ -23,20 +23,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fedshard.transports.flower.compat import INTERNALS, Internal
 from fedshard.transports.flower.compat._release import release_problem
 
 __all__ = ["ControlClient", "open_control"]
 
 log = logging.getLogger(__name__)
 
-_NEEDED = {
-    "flwr.cli.flower_config": ("read_superlink_connection",),
-    "flwr.cli.utils": ("init_http_client_from_connection",),
-    "flwr.cli.run_utils": ("format_runs",),
-    "flwr.common.serde": ("run_from_proto",),
-    "flwr.proto.control_pb2": ("ListRunsRequest", "ListNodesRequest"),
-}
-"""Flower internals the client uses, by module (what the CLI's ``ls`` commands call)."""
+_PROTO = "flwr.proto.control_pb2"
+
+_USES = tuple(i for i in INTERNALS if i.by == "control")
+"""The Flower internals this module uses (what the CLI's ``ls`` commands call)."""
+
+
+def _lookup(internal: Internal, modules: dict[str, Any]) -> None:
+    """Import ``internal``'s module into ``modules`` and check it holds ``internal.name``."""
+    found: object = modules.setdefault(internal.module, importlib.import_module(internal.module))
+    for part in internal.name.split("."):
+        found = getattr(found, part)
 
 
 @contextlib.contextmanager
@@ -62,13 +66,15 @@ class ControlClient:
 
     def node_statuses(self) -> list[tuple[str, str]]:
         """(node id, status) of every SuperNode the SuperLink knows (``flwr supernode list``)."""
-        reply = self._client.ListNodes(self._m["flwr.proto.control_pb2"].ListNodesRequest())
+        reply = self._client.ListNodes(self._m[_PROTO].ListNodesRequest())
         return [(str(n.node_id), str(n.status)) for n in reply.nodes_info]
 
     def run_status(self, run_id: str) -> str:
         """The run's status as ``flwr list --run-id`` prints it (e.g. ``finished:completed``); empty if unknown."""
-        reply = self._client.ListRuns(self._m["flwr.proto.control_pb2"].ListRunsRequest(run_id=int(run_id)))
-        runs = [self._m["flwr.common.serde"].run_from_proto(p) for p in reply.run_dict.values()]
+        from flwr.common.serde import run_from_proto
+
+        reply = self._client.ListRuns(self._m[_PROTO].ListRunsRequest(run_id=int(run_id)))
+        runs = [run_from_proto(p) for p in reply.run_dict.values()]
         rows = self._m["flwr.cli.run_utils"].format_runs(runs, reply.now)
         return str(rows[0].status_text) if rows else ""
 
@@ -84,16 +90,12 @@ def open_control(flwr_home: Path, connection: str) -> ControlClient | None:
     them, or the client cannot be built."""
     problem = release_problem("the in-process SuperLink queries")
     modules: dict[str, Any] = {}
-    if problem is None:
+    for internal in _USES if problem is None else ():
         try:
-            for name, attributes in _NEEDED.items():
-                modules[name] = importlib.import_module(name)
-                missing = [a for a in attributes if not hasattr(modules[name], a)]
-                if missing:
-                    problem = f"{name} lacks {', '.join(missing)}"
-                    break
-        except ImportError as exc:
-            problem = f"cannot import {exc.name}"
+            _lookup(internal, modules)
+        except (ImportError, AttributeError):
+            problem = f"the installed Flower lacks {internal.module}:{internal.name}"
+            break
     if problem is None:
         try:
             with _flwr_home(flwr_home):
