@@ -71,10 +71,11 @@ INTERNALS: tuple[Internal, ...] = (
 """Every Flower internal fedshard relies on."""
 
 
-def missing_internals() -> list[str]:
-    """The entries of :data:`INTERNALS` the installed Flower lacks, as ``module:name``."""
+def missing_internals(internals: tuple[Internal, ...] = INTERNALS) -> list[str]:
+    """The entries of ``internals`` (default: all of :data:`INTERNALS`) the installed Flower
+    lacks, as ``module:name``."""
     missing = []
-    for internal in INTERNALS:
+    for internal in internals:
         try:
             found: object = importlib.import_module(internal.module)
             for part in internal.name.split("."):

@@ -19,11 +19,11 @@ import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-from fedshard.transports.flower.compat import INTERNALS, Internal
+from fedshard.transports.flower.compat import INTERNALS, missing_internals
 from fedshard.transports.flower.compat._release import release_problem
 
 __all__ = ["ControlClient", "open_control"]
@@ -34,27 +34,6 @@ _PROTO = "flwr.proto.control_pb2"
 
 _USES = tuple(i for i in INTERNALS if i.by == "control")
 """The Flower internals this module uses (what the CLI's ``ls`` commands call)."""
-
-
-def _lookup(internal: Internal, modules: dict[str, Any]) -> None:
-    """Import ``internal``'s module into ``modules`` and check it holds ``internal.name``."""
-    found: object = modules.setdefault(internal.module, importlib.import_module(internal.module))
-    for part in internal.name.split("."):
-        found = getattr(found, part)
-
-
-@contextlib.contextmanager
-def _flwr_home(flwr_home: Path) -> Iterator[None]:
-    """``FLWR_HOME`` set to ``flwr_home`` while the CLI's connection file is read."""
-    before = os.environ.get("FLWR_HOME")
-    os.environ["FLWR_HOME"] = str(flwr_home)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("FLWR_HOME", None)
-        else:
-            os.environ["FLWR_HOME"] = before
 
 
 class ControlClient:
@@ -89,16 +68,12 @@ def open_control(flwr_home: Path, connection: str) -> ControlClient | None:
     when the installed Flower is not the release these internals were read in, lacks one of
     them, or the client cannot be built."""
     problem = release_problem("the in-process SuperLink queries")
-    modules: dict[str, Any] = {}
-    for internal in _USES if problem is None else ():
-        try:
-            _lookup(internal, modules)
-        except (ImportError, AttributeError):
-            problem = f"the installed Flower lacks {internal.module}:{internal.name}"
-            break
+    if problem is None and (missing := missing_internals(_USES)):
+        problem = f"the installed Flower lacks {', '.join(missing)}"
     if problem is None:
+        modules = {i.module: importlib.import_module(i.module) for i in _USES}
         try:
-            with _flwr_home(flwr_home):
+            with mock.patch.dict(os.environ, {"FLWR_HOME": str(flwr_home)}):  # where the CLI reads its connection
                 found = modules["flwr.cli.flower_config"].read_superlink_connection(connection)
                 client = modules["flwr.cli.utils"].init_http_client_from_connection(found)
             return ControlClient(modules, client)
