@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fedshard.errors import ConfigError, FedshardError
+from fedshard.errors import ConfigError, DeployError, FedshardError
 
 if TYPE_CHECKING:
     from fedshard.site.privacy import SitePrivacy
@@ -177,14 +177,31 @@ def _table(sites: list[dict[str, Any]], title: str) -> Table:
 
 def recover_ledger(site_config: Path, key_file: Path | None = None) -> str:
     """Start a new ledger for the site that carries its anchored spend forward (see
-    :meth:`fedshard.site.privacy.SitePrivacy.recover`); one line saying what was done."""
+    :meth:`fedshard.site.privacy.SitePrivacy.recover`); one line saying what was done.
+
+    Holds the site's ``site up`` lock while it works (:mod:`fedshard.deploy.host_lock`): a running
+    site may be reserving or committing a spend in the very ledger being moved aside, so recovery
+    is refused, in one line and touching nothing, while ``site up`` runs, and ``site up`` cannot
+    start until recovery ends."""
+    from fedshard.config import load_site
+    from fedshard.deploy.host_lock import SITE_LOCK_FILE, holding
+    from fedshard.deploy.site_status import read_site_state
+
     privacy = _site_privacy(site_config, key_file)
     if privacy.key is None:
         raise ConfigError(
             f"{site_config}: no key to authenticate the ledger with; pass --key-file (the site's store.kek) "
             "or use a site config with a deployment section"
         )
-    return privacy.recover()
+    state_dir = load_site(site_config).site.state_dir
+    if not state_dir.is_dir():
+        raise ConfigError(f"{site_config}: the site's state folder {state_dir} does not exist; nothing to recover")
+    running = read_site_state(state_dir)
+    try:
+        with holding(state_dir, running.pid if running else None, lock_file=SITE_LOCK_FILE):
+            return privacy.recover()
+    except DeployError as exc:
+        raise DeployError(f"stop the site before recovering its ledger: {exc}") from None
 
 
 @budget_app.command("recover")

@@ -22,7 +22,8 @@ from fedshard.assembly import STORE_KEYS_DIR, grpc_connector, make_site, running
 from fedshard.cli._budget import recover_ledger
 from fedshard.config import FederationConfig
 from fedshard.coordinator.coordinator import Coordinator
-from fedshard.errors import StoreError
+from fedshard.deploy.host_lock import SITE_LOCK_FILE, holding
+from fedshard.errors import DeployError, StoreError
 from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.protocol.channels import ZoneClient
 from fedshard.protocol.messages import LedgerHeadReport, QueryRequest, TrainInstruction, TrainReport
@@ -188,6 +189,16 @@ def test_a_deleted_ledger_makes_the_site_refuse_and_recovery_carries_the_spend(f
     # recovery starts a ledger carrying the anchored spend: ε does not go down, nothing more fits
     site_config = root / "small.yaml"
     site_config.write_text(f"site:\n  id: {SMALL}\n  jurisdiction: SG\n  state_dir: {root / 'sites' / SMALL}\n")
+    # not while the site runs: it may be spending from the very ledger recovery moves aside
+    before = sorted(p.name for p in (root / "sites" / SMALL).iterdir())
+    refusal = r"^stop the site before recovering its ledger: .*site up"
+    with (
+        holding(root / "sites" / SMALL, lock_file=SITE_LOCK_FILE),  # what `fedshard site up` holds
+        pytest.raises(DeployError, match=refusal) as refused,
+    ):
+        recover_ledger(site_config, root / STORE_KEYS_DIR / f"{SMALL}.kek")
+    assert "\n" not in str(refused.value)
+    assert sorted(p.name for p in (root / "sites" / SMALL).iterdir() if p.name != SITE_LOCK_FILE) == before
     line = recover_ledger(site_config, root / STORE_KEYS_DIR / f"{SMALL}.kek")  # `fedshard budget recover`
     assert "carrying" in line and "\n" not in line
     with _ledger(root, SMALL) as ledger:
