@@ -23,7 +23,7 @@ beaten the best (or after ``--max-steps``); the best is kept and scored on the t
     .venv/bin/python bench/hf_finetune.py [--quick] [--json] [--seeds N] [--variants fedavg,server-adam]
 
 Full mode: 1,200 training examples (the demo's pool) cut among six sites with label skew
-(Dirichlet 1.0), 600 validation and 1,200 test examples, patience 2, at most 20 epochs or
+(Dirichlet 1.0), 600 validation and 1,200 test examples, patience 2 (4 for the DP runs), at most 20 epochs or
 rounds, 5 test seeds, one tuning seed: about 90 minutes on a quiet 2-core machine without DP,
 about four hours with DP at ε = 3 and 8. Every finished run is kept in ``--cache`` (default
 ``bench/cache/hf_finetune.json``, tracked in git: see :data:`CACHE`): a rerun with more seeds or
@@ -133,8 +133,11 @@ class Bench:
             patience=args.patience,
             max_steps=args.max_steps,
         )
-        self.private = replace(self.setting, batch=args.dp_batch)
-        """The DP runs' setting: their own batch size (a larger batch lowers the noise each step carries)."""
+        self.private = replace(self.setting, batch=args.dp_batch, patience=args.dp_patience)
+        """The DP runs' setting: their own batch size (a larger batch lowers the noise each step carries) and
+        patience (a DP run's validation curve is noisy: its accuracy falls and rises by several points from
+        one round or epoch to the next, so two evaluations without a better one stopped federations still at
+        the majority class; the same patience holds for the federation and its floor)."""
         self.scored = runs.scored_examples(self.setting)
         self.cache = Cache(args.cache)
         self.t0 = time.perf_counter()
@@ -219,6 +222,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--validation", type=int, default=None, help="validation examples (default 600)")
     parser.add_argument("--test", type=int, default=None, help="test examples (default 1200)")
     parser.add_argument("--patience", type=int, default=None, help="evaluations without a better one (default 2)")
+    parser.add_argument(
+        "--dp-patience", type=int, default=None, help="the DP runs' patience, federated and central (default 4)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="most epochs or rounds (default 20)")
     parser.add_argument(
         "--cache", default=None, help="finished runs, a JSON file (default bench/cache/hf_finetune.json; - for none)"
@@ -235,6 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.validation = args.validation or (48 if args.smoke else 300 if quick else 600)
     args.test = args.test or (48 if args.smoke else 600 if quick else 1200)
     args.patience = args.patience or (1 if args.smoke else 2)
+    args.dp_patience = args.dp_patience or (1 if args.smoke else 4)
     args.max_steps = args.max_steps or (2 if args.smoke else 20)
     fed_lrs = args.fed_lrs or ("5e-3" if quick else "5e-3,1e-2")
     args.fed_lrs = [float(x) for x in fed_lrs.split(",")]
@@ -426,7 +433,8 @@ def _convergence_note(s: runs.Setting, tuning: str) -> str:
 def _dp_note(args: argparse.Namespace, s: runs.Setting, spent: float) -> str:
     return (
         f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
-        f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} (both), at rates chosen on "
+        f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} and patience {args.dp_patience} (both: "
+        "a DP run's validation curve is noisy), at rates chosen on "
         f"validation among `--dp-lrs` "
         f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; the federation applies each "
         f"averaged update ×k (a server step, chosen on validation among `--dp-server-steps` "
@@ -504,9 +512,9 @@ def publish_private(args: argparse.Namespace, bench: Bench, private: Pairs, tuni
         f"{args.dp_seeds} test seed(s), paired; " + _runs_line(args, bench),
         c.machine_description(),
         notes=[
-            _setting_note(bench.setting),
-            _convergence_note(bench.setting, "; ".join(tuning)),
-            _dp_note(args, bench.setting, spent),
+            _setting_note(bench.private),
+            _convergence_note(bench.private, "; ".join(tuning)),
+            _dp_note(args, bench.private, spent),
         ],
         headers=["recipe", "test accuracy %", "vs central DP-SGD pp (mean ± SE)", "kept at (mean)", "wall s per run"],
         rows=_dp_rows(private),
