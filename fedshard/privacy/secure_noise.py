@@ -7,7 +7,10 @@ fedshard therefore draws the noise itself, by default:
 
 * **source:** a ChaCha20 keystream (``cryptography``), keyed with 32 bytes from the
   operating system (``os.urandom``), a fresh key per round. Nobody, the coordinator
-  included, can predict it or replay it.
+  included, can predict it or replay it. The stream's 32-bit block counter starts at 0 (a
+  random 12-byte nonce beside it) and the source takes a fresh key before the counter would
+  overflow (2³⁸ bytes): a random counter start once made about one long DP run in 40 fail
+  mid-training (``cryptography`` refuses to wrap the counter).
 * **uniforms:** 53-bit uniforms in (0, 1], turned into normals by the Box-Muller transform
   in float64.
 * **sampling:** the sum of four normals, halved. This is the defence of Holohan & Braun
@@ -36,6 +39,8 @@ __all__ = ["SecureGaussian", "install"]
 log = logging.getLogger(__name__)
 
 _TWO_POW_53 = float(1 << 53)
+_KEYSTREAM_BYTES = (1 << 32) * 64
+"""Bytes one ChaCha20 key and nonce give before its 32-bit block counter would wrap."""
 _SUMMED = 4
 """Normals summed per output (Holohan & Braun's n = 2: 2n draws), then divided by √4 = 2."""
 
@@ -43,14 +48,35 @@ _SUMMED = 4
 class SecureGaussian:
     """Normal noise from a ChaCha20 keystream keyed by the OS (one instance per round)."""
 
+    keystream_bytes = _KEYSTREAM_BYTES
+    """Bytes drawn under one key before a fresh one is taken (a test lowers it)."""
+
     def __init__(self) -> None:
+        self._stream, self._left = self._fresh(), self.keystream_bytes
+
+    @staticmethod
+    def _fresh() -> Any:
+        """A ChaCha20 keystream under a fresh OS key: the block counter at 0, a random 96-bit nonce."""
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-        self._stream = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+        nonce = bytes(4) + os.urandom(12)  # RFC 7539: a 4-byte little-endian counter, then the nonce
+        return Cipher(algorithms.ChaCha20(os.urandom(32), nonce), mode=None).encryptor()
+
+    def _bytes(self, n: int) -> bytes:
+        """``n`` keystream bytes, under a fresh key whenever the current one is used up."""
+        parts = []
+        while n > 0:
+            if self._left == 0:
+                self._stream, self._left = self._fresh(), self.keystream_bytes
+            take = min(n, self._left)
+            parts.append(self._stream.update(bytes(take)))
+            self._left -= take
+            n -= take
+        return b"".join(parts)
 
     def _uniform(self, n: int) -> np.ndarray:
         """``n`` uniforms in (0, 1] with 53 random bits each."""
-        raw = np.frombuffer(self._stream.update(bytes(8 * n)), dtype=np.uint64)
+        raw = np.frombuffer(self._bytes(8 * n), dtype=np.uint64)
         return ((raw >> np.uint64(11)).astype(np.float64) + 1.0) / _TWO_POW_53
 
     def standard(self, n: int) -> np.ndarray:

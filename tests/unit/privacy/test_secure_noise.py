@@ -28,6 +28,26 @@ def test_the_noise_is_gaussian_with_the_asked_deviation_and_never_repeats() -> N
     assert not np.intersect1d(a, b).size
 
 
+def test_the_source_never_runs_out_whatever_the_os_hands_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ChaCha20's block counter starts at 0, whatever os.urandom returns (a random start once let the
+    32-bit counter overflow mid-training in a long DP run: cryptography refuses to wrap it), and a
+    source that has used up a key's keystream takes a fresh key and goes on."""
+    monkeypatch.setattr("fedshard.privacy.secure_noise.os.urandom", lambda n: b"\xff" * n)
+    assert SecureGaussian().normal(1.0, 10_000).shape == (10_000,)  # counter 0xffffffff: one block, then refused
+    monkeypatch.undo()
+
+    fresh = SecureGaussian._fresh
+    keys: list[object] = []
+    monkeypatch.setattr(SecureGaussian, "_fresh", staticmethod(lambda: keys.append(fresh()) or keys[-1]))
+    source = SecureGaussian()
+    source.keystream_bytes = source._left = 1000  # a key's stream, made small
+    for _ in range(5):
+        draws = source.normal(1.0, 300)  # 4 normals of 300, each 2 × 150 uniforms of 8 bytes: 9,600 bytes
+        assert draws.shape == (300,) and np.isfinite(draws).all()
+    assert len(keys) == 5 * 9_600 // 1000  # a key per 1,000 bytes drawn
+    assert np.unique(source.normal(1.0, 5000)).size == 5000
+
+
 def test_dp_sgd_adds_the_secure_noise_at_sigma_times_the_clip_and_says_nothing_about_pilots(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
