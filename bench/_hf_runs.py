@@ -83,6 +83,11 @@ class Variant:
     epsilon: float | None = None
     """Record-level DP at every site with this budget (None: none)."""
 
+    @property
+    def server_step(self) -> float:
+        """How many times the averaged update is applied (plain averaging's rate; 1 for other rules)."""
+        return float(self.server.get("learning_rate", 1.0)) if self.server.get("kind") == "avg" else 1.0
+
 
 def dp_variant(epsilon: float, server_step: float = 1.0) -> Variant:
     """FedAvg of FFA-LoRA with record-level DP at ``epsilon`` per site, the averaged update applied
@@ -386,7 +391,7 @@ def federated(
         base_bytes_per_round=per_round - len(sites) * released,
         peak_rss=_peak_rss(),
         epsilon_spent=spent,
-        server_step=float(variant.server.get("learning_rate", 1.0)) if variant.server.get("kind") == "avg" else 1.0,
+        server_step=variant.server_step,
         **_site_sigmas(setting, variant, seed),
     )
 

@@ -169,7 +169,7 @@ class Bench:
         out = self.cache.get(
             setting,
             # runs of one shared σ, or of another server step, are not these
-            variant if recipe.epsilon is None else f"{variant}/site-sigma/server-step-{server_step:g}",
+            variant if recipe.epsilon is None else f"{variant}/site-sigma/server-step-{recipe.server_step:g}",
             lr,
             seed,
             test,

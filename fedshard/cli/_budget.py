@@ -183,7 +183,6 @@ def recover_ledger(site_config: Path, key_file: Path | None = None) -> str:
     site may be reserving or committing a spend in the very ledger being moved aside, so recovery
     is refused, in one line and touching nothing, while ``site up`` runs, and ``site up`` cannot
     start until recovery ends."""
-    from fedshard.config import load_site
     from fedshard.deploy.host_lock import SITE_LOCK_FILE, holding
     from fedshard.deploy.site_status import read_site_state
 
@@ -193,7 +192,7 @@ def recover_ledger(site_config: Path, key_file: Path | None = None) -> str:
             f"{site_config}: no key to authenticate the ledger with; pass --key-file (the site's store.kek) "
             "or use a site config with a deployment section"
         )
-    state_dir = load_site(site_config).site.state_dir
+    state_dir = privacy.state_dir
     if not state_dir.is_dir():
         raise ConfigError(f"{site_config}: the site's state folder {state_dir} does not exist; nothing to recover")
     running = read_site_state(state_dir)
