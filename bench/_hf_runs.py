@@ -25,6 +25,14 @@ calibrates its own σ, to its own records, for the horizon ``max_steps``
 of 60; stopping earlier spends less), and every site's ledger is checked against ε after the
 run. The central floor is DP-SGD on the pooled data with σ calibrated the same way for
 ``max_steps`` epochs.
+
+**DP with shared noise** (``Variant.shared_noise``): the noise is shared under HE instead
+(``privacy.record_level.distributed_over``: every site adds σ/√(n−1) of it, the zone adds
+ciphertexts, the decrypted sum less any one site's share carries the full σ): a round is one
+DP-SGD step of every record of every site (``batch_size: all``, plain SGD at rate 1, so the
+average is the pooled data's noisy mean gradient), the server's Adam applies it at the variant's
+rate. Every site's σ is then the same, calibrated for ``max_steps`` such rounds: the noise of the
+pooled sum, not of a site's few records.
 """
 
 from __future__ import annotations
@@ -46,6 +54,12 @@ DEMO = c.REPO / "configs" / "demo-hf.yaml"
 DELTA = 1e-5
 CLIP = 1.0
 """DP-SGD's per-example clipping bound (the task trains with Adam; its step does not scale with the clip)."""
+SHARED_TAU = 1e-6
+"""Shared noise: the server Adam's τ, far below the averaged update's ~5e-3 per value (σ/records)."""
+SHARED_VALUE_RANGE = 1.0
+"""Shared noise: ``he.value_range``. A site's update is its records' mean clipped gradient (each value
+≤ the clip, 1) plus its noise share, a few hundredths per value, weighed by its records over the
+largest site's (≤ 1)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,9 @@ class Variant:
     """``task.options.scheme`` when it differs from the setting's."""
     epsilon: float | None = None
     """Record-level DP at every site with this budget (None: none)."""
+    shared_noise: bool = False
+    """DP: the noise is shared under HE, a round one full-batch step applied by the server's Adam at the
+    run's rate (see the module docstring); else each site adds all of its own."""
 
     @property
     def server_step(self) -> float:
@@ -102,6 +119,13 @@ def dp_variant(epsilon: float, server_step: float = 1.0) -> Variant:
     run, with the noise of the average, not of one site."""
     server = {} if server_step == 1.0 else {"kind": "avg", "learning_rate": server_step}
     return Variant(f"dp-eps{epsilon:g}", server=server, epsilon=epsilon)
+
+
+def shared_dp_variant(epsilon: float) -> Variant:
+    """Record-level DP at ``epsilon`` per site with the noise shared under HE: each round one DP-SGD step of
+    every site's every record, the server's Adam applying the average (the run's rate is the server's)."""
+    server = {"kind": "adam", "learning_rate": 1.0, "tau": SHARED_TAU}  # the rate: the run's (federation_config)
+    return Variant(f"dp-shared-eps{epsilon:g}", server=server, epsilon=epsilon, shared_noise=True)
 
 
 VARIANTS = {
@@ -310,6 +334,14 @@ def federation_config(setting: Setting, variant: Variant, lr: float, seed: int, 
             "record_level": {"enabled": True, "max_grad_norm": CLIP, "calibration_rounds": setting.max_steps},
             "budget": {"epsilon": variant.epsilon, "delta": DELTA},
         }
+    if variant.shared_noise:  # one full-batch SGD step at rate 1 a round; lr is the server Adam's
+        sites = len(data["sites"])
+        data["training"].update(batch_size="all", learning_rate=1.0)
+        data["training"]["server_optimizer"]["learning_rate"] = lr
+        data["privacy"]["record_level"]["distributed_over"] = sites
+        data["federation"]["min_sites"] = sites  # a round of fewer sites would carry less noise
+        data["residency"] = {"encrypt": "all"}
+        data["he"] = {"value_range": SHARED_VALUE_RANGE}
     return FederationConfig.model_validate(data)
 
 
@@ -399,9 +431,12 @@ def federated(
 def _site_sigmas(setting: Setting, variant: Variant, seed: int) -> dict[str, float]:
     """The largest and smallest σ the sites calibrated (as their ledgers do: each its own records over
     ``max_steps`` rounds); none without DP."""
+    from fedshard.config import FULL_BATCH
+
     if variant.epsilon is None:
         return {}
-    sigmas = [horizon_sigma((n,), setting.batch, setting.max_steps, variant.epsilon) for n in site_sizes(setting, seed)]
+    batch = FULL_BATCH if variant.shared_noise else setting.batch
+    sigmas = [horizon_sigma((n,), batch, setting.max_steps, variant.epsilon) for n in site_sizes(setting, seed)]
     return {"noise_multiplier": max(sigmas), "least_noise_multiplier": min(sigmas)}
 
 

@@ -11,10 +11,13 @@ with LoRA, federated against central, each at convergence: issue 37's accuracy g
    federated − central per seed, mean ± standard error (std / √seeds) in percentage points.
    Every other recipe of ``--variants`` (server Adam, standard LoRA) runs at the federation's
    pick on the same seeds and is reported against the same central runs.
-3. **DP** (``--epsilons``): the DP federation (each averaged update applied ×k, k chosen on
-   validation among ``--dp-server-steps``: see :func:`_hf_runs.dp_variant`) and central DP-SGD on
-   the pooled data (the floor), rates chosen on validation among ``--dp-lrs``, paired on the
-   test seeds ``0 … --dp-seeds − 1``.
+3. **DP** (``--epsilons``): the DP federation and central DP-SGD on the pooled data (the floor),
+   paired on the test seeds ``0 … --dp-seeds − 1``. The federation (``--dp-noise``) shares its
+   noise under HE by default: a round is one DP-SGD step over every record of every site, the
+   server's Adam at a rate chosen on validation among ``--dp-server-lrs`` (see
+   :func:`_hf_runs.shared_dp_variant`); ``--dp-noise site``: each site adds all of its own noise
+   to an epoch of Adam, each averaged update applied ×k, k chosen among ``--dp-server-steps``
+   (:func:`_hf_runs.dp_variant`). The floor's rate is chosen on validation among ``--dp-lrs``.
 
 Convergence, the same rule for both (``bench/_hf_runs.py``): scored on the same validation
 examples after every epoch or round; stop once ``--patience`` evaluations in a row have not
@@ -32,7 +35,7 @@ given. ``--smoke`` (the test suite's): 96 examples, 2 epochs or rounds, one seed
 
 ``--dp-only --dp-lrs R --epsilons E``: the DP pairs alone, in their own section
 (``hf_finetune_dp``); its ``--json`` prints ``dp_vs_central_dp_pp`` and ``dp_vs_central_dp_se_pp``
-(per ε), ``dp_server_step``, ``seeds``, ``test_examples`` and ``budget_respected``.
+(per ε), ``dp_noise``, ``dp_server_step``, ``seeds``, ``test_examples`` and ``budget_respected``.
 
 ``--json`` prints ``fed_vs_central_pp`` and ``fed_vs_central_se_pp``, ``seeds``,
 ``test_examples``, ``fed_lr``, ``central_lr``, ``rounds_to_convergence`` and
@@ -162,14 +165,20 @@ class Bench:
         return out
 
     def federated(self, variant: str, lr: float, seed: int, test: bool, server_step: float = 1.0) -> runs.Outcome:
-        """The federation of ``variant`` (in :data:`runs.VARIANTS`, or ``dp-epsE`` applying its average
-        ``server_step`` times) at ``lr``, ``seed`` (cached)."""
-        recipe = runs.VARIANTS.get(variant) or runs.dp_variant(float(variant.removeprefix("dp-eps")), server_step)
+        """The federation of ``variant`` (in :data:`runs.VARIANTS`; ``dp-epsE`` applying its average
+        ``server_step`` times; ``dp-shared-epsE``, the noise shared under HE, ``lr`` the server Adam's)
+        at ``lr``, ``seed`` (cached)."""
+        recipe = runs.VARIANTS.get(variant) or (
+            runs.shared_dp_variant(float(variant.removeprefix("dp-shared-eps")))
+            if variant.startswith("dp-shared-eps")
+            else runs.dp_variant(float(variant.removeprefix("dp-eps")), server_step)
+        )
         setting = self.setting if recipe.epsilon is None else self.private
+        site_noise = recipe.epsilon is not None and not recipe.shared_noise
         out = self.cache.get(
             setting,
             # runs of one shared σ, or of another server step, are not these
-            variant if recipe.epsilon is None else f"{variant}/site-sigma/server-step-{recipe.server_step:g}",
+            f"{variant}/site-sigma/server-step-{recipe.server_step:g}" if site_noise else variant,
             lr,
             seed,
             test,
@@ -215,6 +224,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"only the DP pairs (at --dp-lrs), in their own section ({SECTION_DP}): the full bench outlasts a session",
     )
+    parser.add_argument(
+        "--dp-noise",
+        choices=["shared", "site"],
+        default="shared",
+        help="the DP federation: noise shared under HE, one full-batch step a round (default), or each site's own",
+    )
+    parser.add_argument(
+        "--dp-server-lrs",
+        default="0.01",
+        help="shared noise: the server Adam rates to choose from on validation (default 0.01)",
+    )
     parser.add_argument("--dp-batch", type=int, default=16, help="the DP runs' batch size (default 16, as the others)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
     parser.add_argument("--epsilons", default=None, help="DP budgets per site (default 3,8; --quick none)")
@@ -235,6 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.dp_seeds = min(args.dp_seeds or args.seeds, args.seeds)
     args.dp_lrs = [float(x) for x in args.dp_lrs.split(",")] if args.dp_lrs else None
     args.dp_server_steps = [float(x) for x in args.dp_server_steps.split(",")]
+    args.dp_server_lrs = [float(x) for x in args.dp_server_lrs.split(",")]
     if args.dp_only and not args.dp_lrs:
         parser.error("--dp-only needs --dp-lrs (without the non-private runs there is no pick to default to)")
     args.examples = args.examples or (96 if args.smoke else 600 if quick else 1200)
@@ -310,24 +331,30 @@ def measure_private(
     private: Pairs = {}
     tuning: list[str] = []
     for eps in args.epsilons:
+        variant = f"dp-shared-eps{eps:g}" if args.dp_noise == "shared" else f"dp-eps{eps:g}"
 
-        def dp_federated(pick: tuple[float, float], seed: int, e: float = eps) -> runs.Outcome:
-            return bench.federated(f"dp-eps{e:g}", pick[0], seed, False, pick[1])
+        def dp_federated(pick: tuple[float, float], seed: int, v: str = variant) -> runs.Outcome:
+            return bench.federated(v, pick[0], seed, False, pick[1])
 
         def dp_central(lr: float, seed: int, e: float = eps) -> runs.Outcome:
             return bench.central(lr, seed, False, e)
 
-        (dp_fed_lr, step), fed_means = bench.choose(
-            [(lr, step) for lr in args.dp_lrs or [fed_lr] for step in args.dp_server_steps], dp_federated
+        candidates = (
+            [(lr, 1.0) for lr in args.dp_server_lrs]
+            if args.dp_noise == "shared"
+            else [(lr, step) for lr in args.dp_lrs or [fed_lr] for step in args.dp_server_steps]
         )
+        (dp_fed_lr, step), fed_means = bench.choose(candidates, dp_federated)
         dp_central_lr, central_means = bench.choose(args.dp_lrs or [central_lr], dp_central)
         tuning += [
-            f"DP ε={eps:g} federated lr {lr:g}, server step {st:g}: {100 * v:.2f} %"
+            f"DP ε={eps:g} federated lr {lr:g}"
+            + ("" if args.dp_noise == "shared" else f", server step {st:g}")
+            + f": {100 * v:.2f} %"
             for (lr, st), v in fed_means.items()
         ]
         tuning += [f"DP ε={eps:g} central lr {lr:g}: {100 * v:.2f} %" for lr, v in central_means.items()]
         private[eps] = (
-            [bench.federated(f"dp-eps{eps:g}", dp_fed_lr, seed, True, step) for seed in range(args.dp_seeds)],
+            [bench.federated(variant, dp_fed_lr, seed, True, step) for seed in range(args.dp_seeds)],
             [bench.central(dp_central_lr, seed, True, eps) for seed in range(args.dp_seeds)],
         )
     return private, tuning
@@ -349,8 +376,15 @@ def _dp_rows(private: Pairs, central: list[runs.Outcome] | None = None) -> list[
     runs; the federation's row names its gap to the floor too), or, without it, against the floor."""
     rows = []
     for eps, (fed_dp, floor) in private.items():
-        sigmas = f"{fed_dp[0].least_noise_multiplier:.3g}-{fed_dp[0].noise_multiplier:.3g}"
-        label = f"DP ε={eps:g}: fedavg ×{fed_dp[0].server_step:g}, lr {fed_dp[0].lr:g}, σ {sigmas} by site"
+        first = fed_dp[0]
+        if first.kind.startswith("dp-shared-"):
+            label = (
+                f"DP ε={eps:g}: noise shared under HE, a full-batch step a round, server Adam lr {first.lr:g}, "
+                f"σ {first.noise_multiplier:.3g} at every site"
+            )
+        else:
+            sigmas = f"{first.least_noise_multiplier:.3g}-{first.noise_multiplier:.3g}"
+            label = f"DP ε={eps:g}: fedavg ×{first.server_step:g}, lr {first.lr:g}, σ {sigmas} by site"
         to_floor = pp(*paired_gap(fed_dp, floor))
         if central is None:
             rows.append(_row(label, fed_dp, to_floor, "rounds"))
@@ -431,18 +465,28 @@ def _convergence_note(s: runs.Setting, tuning: str) -> str:
 
 
 def _dp_note(args: argparse.Namespace, s: runs.Setting, spent: float) -> str:
+    if args.dp_noise == "shared":
+        federation = (
+            "the federation shares the noise under HE (`privacy.record_level.distributed_over: 6`, "
+            "`residency.encrypt: all`; every site adds σ/√5 of it, the decrypted sum less any one site's share "
+            "carries σ): a round is one DP-SGD step over every record of every site (`training.batch_size: all`, "
+            "plain SGD at rate 1), applied by the server's Adam at a rate chosen on validation among "
+            f"`--dp-server-lrs` {', '.join(f'{x:g}' for x in args.dp_server_lrs)}; every site's σ is calibrated "
+            f"for {s.max_steps} such rounds (sample rate 1)"
+        )
+    else:
+        federation = (
+            "the federation applies each averaged update ×k (a server step, chosen on validation among "
+            f"`--dp-server-steps` {', '.join(f'{x:g}' for x in args.dp_server_steps)}: post-processing, no "
+            f"privacy cost); each site calibrates its own σ to its own records for the {s.max_steps}-round "
+            "horizon (`privacy.record_level.calibration_rounds`; stopping earlier spends less)"
+        )
     return (
         f"- DP ({', '.join(f'ε = {e:g}' for e in args.epsilons) or 'not run'}): record-level DP-SGD at every "
-        f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, batch {args.dp_batch} and patience {args.dp_patience} (both: "
-        "a DP run's validation curve is noisy), at rates chosen on "
-        f"validation among `--dp-lrs` "
-        f"(default: the non-private picks'), test seeds 0-{args.dp_seeds - 1}; the federation applies each "
-        f"averaged update ×k (a server step, chosen on validation among `--dp-server-steps` "
-        f"{', '.join(f'{x:g}' for x in args.dp_server_steps)}: post-processing, no privacy cost); each site "
-        f"calibrates its own σ to its own records for the {s.max_steps}-round horizon "
-        f"(`privacy.record_level.calibration_rounds`; stopping earlier spends less); "
-        f"the floor: DP-SGD on the pooled data, σ for {s.max_steps} epochs. Largest share of a budget any "
-        f"party spent: {spent:.3f}."
+        f"site, δ = {runs.DELTA:g}, clip {runs.CLIP:g}, patience {args.dp_patience} (a DP run's validation "
+        f"curve is noisy), test seeds 0-{args.dp_seeds - 1}; {federation}; the floor: DP-SGD on the pooled "
+        f"data, batch {args.dp_batch}, σ for {s.max_steps} epochs, its Adam rate chosen on validation among "
+        f"`--dp-lrs` (default: the non-private pick). Largest share of a budget any party spent: {spent:.3f}."
     )
 
 
@@ -495,6 +539,7 @@ def publish_private(args: argparse.Namespace, bench: Bench, private: Pairs, tuni
     headline = {
         "dp_vs_central_dp_pp": {f"{eps:g}": g[0] for eps, g in gaps.items()},
         "dp_vs_central_dp_se_pp": {f"{eps:g}": g[1] for eps, g in gaps.items()},
+        "dp_noise": args.dp_noise,
         "dp_server_step": {f"{eps:g}": outs[0][0].server_step for eps, outs in private.items()},
         "seeds": args.dp_seeds,
         "test_examples": args.test,

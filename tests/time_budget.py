@@ -65,8 +65,8 @@ SLOW_ALLOWED: dict[str, str] = {
     f"{_SMOKE}[scale]": "two Ray runtimes (fedshard's Flower engine, plain Flower's), each started and stopped",
     f"{_SMOKE}[llm_stream]": "four processes each import torch and build the small transformer; three stores sealed",
     f"{_SMOKE}[hf_finetune]": (
-        "a real 22.7 M-parameter MiniLM: central runs at two rates, a federation and a DP federation, each "
-        "round a resumed simulation whose six sites load the model folder"
+        "a real 22.7 M-parameter MiniLM: central runs at two rates, a federation and a DP federation (its "
+        "noise shared under HE), each round a resumed simulation whose six sites load the model folder"
     ),
     f"{_SMOKE}[llm_finetune]": "federated, central, DP and 118 M-share runs of the LLM task, and llm_stream's",
 }

@@ -81,6 +81,8 @@ def simulate(
     if resume:
         if engine is not Engine.INPROCESS:
             raise ConfigError("--resume runs the in-process engine only; drop --engine flower")
+        if config.residency.encrypting and config.he.keys is None and (out / "keys").is_dir():
+            config = _own_he_keys(config, out)  # the contexts the run made for itself when it started
         recovery = resumable_run(config, out)
     elif (out / "events.jsonl").exists() or (out / "sites").exists():
         raise ConfigError(
@@ -97,7 +99,7 @@ def simulate(
         from fedshard.crypto.he import he_init
 
         he_init(out / "keys", scheme=config.he.scheme)  # the run's own contexts: secret for sites, public for zones
-        config = config.model_copy(update={"he": config.he.model_copy(update={"keys": (out / "keys").resolve()})})
+        config = _own_he_keys(config, out)
     config_path = out / "federation.yaml"
     if recovery is None:
         config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
@@ -145,6 +147,11 @@ def _zone_metrics(metrics: MetricsServer | None, served: ServedZones, out: Path)
     finally:
         write_snapshot(metrics.registry, out / SNAPSHOT_FILE)
         metrics.registry.unregister(collector)
+
+
+def _own_he_keys(config: FederationConfig, out: Path) -> FederationConfig:
+    """``config`` with ``he.keys`` at the contexts a run without them makes for itself (``<out>/keys``)."""
+    return config.model_copy(update={"he": config.he.model_copy(update={"keys": (out / "keys").resolve()})})
 
 
 def _signing_keys(

@@ -250,13 +250,14 @@ def _hf_finetune_shown(h: dict[str, Any], section: str) -> None:
     assert _cells(row)[2] == f"{h['fed_vs_central_pp']:+.2f} ± 0.00"
     assert f"base bytes released: {h['base_bytes_per_round']:,}" in section
     assert "goal: within 0.3 pp" in section
-    dp_row = _row(section, "DP ε=8: fedavg ×4, lr")  # the DP federation's average applied ×4 (a server step)
+    dp_row = _row(section, "DP ε=8: noise shared under HE")  # the DP federation: a full-batch step a round
     assert f"(vs central DP-SGD: {h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00 pp)" in dp_row
 
 
 def _hf_finetune_dp_shown(h: dict[str, Any], section: str) -> None:
     # the DP pairs on their own (what `--dp-only` writes alone): the federation's gap to the floor
-    assert _cells(_row(section, "DP ε=8: fedavg ×4, lr"))[2] == f"{h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00"
+    shared = _row(section, "DP ε=8: noise shared under HE, a full-batch step a round, server Adam lr 0.01")
+    assert _cells(shared)[2] == f"{h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00"
     assert _cells(_row(section, "DP ε=8: central DP-SGD (pooled)"))[2] == "0"
     assert "within one standard error" in section
 

@@ -419,3 +419,22 @@ def test_a_finished_run_is_not_resumed_again_and_trains_on_with_more_rounds_coun
         assert z4["shards_by_class"] == {k: 2 * v for k, v in z2["shards_by_class"].items()}
     # the hint for sites that hold a later model: go on with their run, never delete their state (the ledger)
     assert "--rounds N" in RESUME_HINT and "delete the" not in RESUME_HINT and "never delete" in RESUME_HINT
+
+
+def test_an_encrypted_run_resumes_from_its_own_config_on_the_contexts_it_made(federation: Path, tmp_path: Path) -> None:
+    """A config without ``he.keys`` makes its run's HE contexts under ``<out>/keys``; resuming with
+    that same config (as a driver that adds rounds one at a time does) uses those contexts, not
+    none: the zones' sums stay decryptable by the same sites."""
+    from fedshard.simulate.run import simulate
+
+    config = load_federation(federation).model_copy(deep=True)
+    config = config.model_copy(update={"residency": config.residency.model_copy(update={"encrypt": "all"})})
+    assert config.he.keys is None
+    run = tmp_path / "run"
+    simulate(with_rounds(config, 1), run)
+    keys = (run / "keys").resolve()
+    assert load_federation(run / "federation.yaml").he.keys == keys
+    resumed = simulate(with_rounds(config, 2), run, resume=True)
+    assert resumed["rounds"] == 2 and not resumed["stopped_reason"] and not resumed["aborted_rounds"]
+    second = resumed["history"][1]
+    assert sorted(second["sites"]) == ["eu-a", "eu-b", "us-a"] and not second["refused"]

@@ -35,6 +35,7 @@ from fedshard.tasks.hf.folder import ModelFolder, open_folder
 from fedshard.tasks.hf.model import LoraSettings, Scheme, build_classifier
 from fedshard.tasks.hf.table import Table, load_table
 from fedshard.tasks.hf.training import Encoded, encode, fit, score
+from fedshard.tasks.loop import adam, sgd
 from fedshard.tasks.partition import dirichlet_partition
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ class SequenceClassification:
         The fixed shuffle that cuts the splits.
     drop_duplicates:
         Keep only the first row of each repeated text.
+    physical_batch:
+        The most texts one forward and backward pass holds: a larger batch (``training.batch_size:
+        all``) is computed in pieces of this many and stepped once (memory, not the result).
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class SequenceClassification:
         split_seed: int | None = None,
         data_seed: int = 0,
         drop_duplicates: bool = False,
+        physical_batch: int = 64,
     ) -> None:
         names = [str(label) for label in labels or []]
         if len(names) < 2 or len(set(names)) != len(names):
@@ -119,6 +124,8 @@ class SequenceClassification:
                 raise TaskError(f"task.options.{name} must be >= 1, got {value}")
         if dirichlet_alpha <= 0:
             raise TaskError(f"task.options.dirichlet_alpha must be > 0, got {dirichlet_alpha}")
+        if physical_batch < 1:
+            raise TaskError(f"task.options.physical_batch must be >= 1, got {physical_batch}")
         try:
             self.lora = LoraSettings(
                 rank, lora_alpha, lora_dropout, tuple(targets) if isinstance(targets, list) else targets, Scheme(scheme)
@@ -149,6 +156,7 @@ class SequenceClassification:
         self.dirichlet_alpha = dirichlet_alpha
         self.split_seed = split_seed
         self.data_seed = data_seed
+        self.physical_batch = physical_batch
 
     # the Task protocol ------------------------------------------------------------------------
     def build_model(self) -> nn.Module:
@@ -187,11 +195,21 @@ class SequenceClassification:
         )
 
     def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
-        """Adam on the adapters and the head; DP-SGD when the site's privacy asks for it."""
-        make_private = settings.privacy.make_private if settings.privacy is not None else None
+        """Adam on the adapters and the head; DP-SGD when the site's privacy asks for it, with plain
+        SGD when its noise is shared with other sites' (one step, linear in the noise, whose shares
+        add up in the aggregate: the server's optimiser then applies it)."""
+        privacy = settings.privacy
         train: Encoded = data.train
         loss, _ = fit(
-            model, train, settings.epochs, settings.batch_size, settings.learning_rate, settings.seed, make_private
+            model,
+            train,
+            settings.epochs,
+            settings.batch_size,
+            settings.learning_rate,
+            settings.seed,
+            privacy.make_private if privacy is not None else None,
+            optimiser=sgd() if privacy is not None and privacy.distributed else adam,
+            physical_batch=self.physical_batch,
         )
         return Metrics(num_examples=data.num_train, loss=loss)
 

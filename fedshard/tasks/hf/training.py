@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedshard.tasks.loop import Optimiser, adam
 from fedshard.tasks.loop import fit as fit_loop
 from fedshard.tasks.loop import score as score_tensors
 
@@ -55,11 +56,25 @@ def fit(
     seed: int,
     make_private: Callable[[Any, Any, Any], tuple[Any, Any, Any]] | None = None,
     after_epoch: Callable[[int], bool] | None = None,
+    optimiser: Optimiser = adam,
+    physical_batch: int | None = None,
 ) -> tuple[float, int]:
-    """Adam on the model's trainable tensors (DP-SGD through ``make_private`` when given;
-    ``after_epoch``: see :func:`~fedshard.tasks.loop.fit`); returns (mean training loss,
-    examples seen)."""
-    return fit_loop(model, _tensors(data), _logits, epochs, batch_size, learning_rate, seed, make_private, after_epoch)
+    """``optimiser`` (Adam) on the model's trainable tensors (DP-SGD through ``make_private`` when
+    given; ``after_epoch``, ``physical_batch``: see :func:`~fedshard.tasks.loop.fit`); returns (mean
+    training loss, examples seen)."""
+    return fit_loop(
+        model,
+        _tensors(data),
+        _logits,
+        epochs,
+        batch_size,
+        learning_rate,
+        seed,
+        make_private,
+        after_epoch,
+        optimiser,
+        physical_batch,
+    )
 
 
 def score(model: nn.Module, data: Encoded, batch_size: int = 128) -> tuple[float, float]:
