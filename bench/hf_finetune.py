@@ -28,7 +28,8 @@ beaten the best (or after ``--max-steps``); the best is kept and scored on the t
 Full mode: 1,200 training examples (the demo's pool) cut among six sites with label skew
 (Dirichlet 1.0), 600 validation and 1,200 test examples, patience 2 (4 for the DP runs), at most 20 epochs or
 rounds, 5 test seeds, one tuning seed: about 90 minutes on a quiet 2-core machine without DP,
-about four hours with DP at ε = 3 and 8. Every finished run is kept in ``--cache`` (default
+and about 35 minutes more per DP seed and ε (a shared-noise federation of up to 20 full-batch
+rounds, about 20 minutes alone, and its central floor): about seven hours with DP at ε = 3 and 8. Every finished run is kept in ``--cache`` (default
 ``bench/cache/hf_finetune.json``, tracked in git: see :data:`CACHE`): a rerun with more seeds or
 variants runs only what is missing. ``--quick``: 600 examples, 2 seeds, the rates
 given. ``--smoke`` (the test suite's): 96 examples, 2 epochs or rounds, one seed, two central rates, DP at ε = 8.
@@ -77,7 +78,7 @@ Choice = TypeVar("Choice", bound=Hashable)
 
 CACHE = c.REPO / "bench" / "cache" / "hf_finetune.json"
 """The default cache, tracked in git: the full bench takes longer than one working session (about
-four hours on 2 cores), so sessions add runs to it and the last one publishes. Each entry names the
+seven hours on 2 cores), so sessions add runs to it and the last one publishes. Each entry names the
 date and commit that ran it; the published section lists them. Delete it (or pass ``--cache -``)
 after changing what a run does."""
 
