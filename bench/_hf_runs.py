@@ -124,7 +124,7 @@ def dp_variant(epsilon: float, server_step: float = 1.0) -> Variant:
 def shared_dp_variant(epsilon: float) -> Variant:
     """Record-level DP at ``epsilon`` per site with the noise shared under HE: each round one DP-SGD step of
     every site's every record, the server's Adam applying the average (the run's rate is the server's)."""
-    server = {"kind": "adam", "learning_rate": 1.0, "tau": SHARED_TAU}  # the rate: the run's (federation_config)
+    server = {"kind": "adam", "tau": SHARED_TAU}  # its rate is the run's (federation_config)
     return Variant(f"dp-shared-eps{epsilon:g}", server=server, epsilon=epsilon, shared_noise=True)
 
 
@@ -337,7 +337,7 @@ def federation_config(setting: Setting, variant: Variant, lr: float, seed: int, 
     if variant.shared_noise:  # one full-batch SGD step at rate 1 a round; lr is the server Adam's
         sites = len(data["sites"])
         data["training"].update(batch_size="all", learning_rate=1.0)
-        data["training"]["server_optimizer"]["learning_rate"] = lr
+        data["training"]["server_optimizer"] = dict(variant.server, learning_rate=lr)
         data["privacy"]["record_level"]["distributed_over"] = sites
         data["federation"]["min_sites"] = sites  # a round of fewer sites would carry less noise
         data["residency"] = {"encrypt": "all"}

@@ -29,10 +29,11 @@ Full mode: 1,200 training examples (the demo's pool) cut among six sites with la
 (Dirichlet 1.0), 600 validation and 1,200 test examples, patience 2 (4 for the DP runs), at most 20 epochs or
 rounds, 5 test seeds, one tuning seed: about 90 minutes on a quiet 2-core machine without DP,
 and about 35 minutes more per DP seed and ε (a shared-noise federation of up to 20 full-batch
-rounds, about 20 minutes alone, and its central floor): about seven hours with DP at ε = 3 and 8. Every finished run is kept in ``--cache`` (default
-``bench/cache/hf_finetune.json``, tracked in git: see :data:`CACHE`): a rerun with more seeds or
-variants runs only what is missing. ``--quick``: 600 examples, 2 seeds, the rates
-given. ``--smoke`` (the test suite's): 96 examples, 2 epochs or rounds, one seed, two central rates, DP at ε = 8.
+rounds, about 20 minutes alone, and its central floor): about seven hours with DP at ε = 3
+and 8. Every finished run is kept in ``--cache`` (default ``bench/cache/hf_finetune.json``,
+tracked in git: see :data:`CACHE`): a rerun with more seeds or variants runs only what is
+missing. ``--quick``: 600 examples, 2 seeds, the rates given. ``--smoke`` (the test suite's): 96
+examples, 2 epochs or rounds, one seed, two central rates, DP at ε = 8.
 
 ``--dp-only --dp-lrs R --epsilons E``: the DP pairs alone, in their own section
 (``hf_finetune_dp``); its ``--json`` prints ``dp_vs_central_dp_pp`` and ``dp_vs_central_dp_se_pp``

@@ -427,7 +427,7 @@ def test_an_encrypted_run_resumes_from_its_own_config_on_the_contexts_it_made(fe
     none: the zones' sums stay decryptable by the same sites."""
     from fedshard.simulate.run import simulate
 
-    config = load_federation(federation).model_copy(deep=True)
+    config = load_federation(federation)
     config = config.model_copy(update={"residency": config.residency.model_copy(update={"encrypt": "all"})})
     assert config.he.keys is None
     run = tmp_path / "run"
