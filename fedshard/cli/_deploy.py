@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,6 +17,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from fedshard.cli._metrics import MetricsHostOpt, MetricsPortOpt
+from fedshard.cli._signals import StopSignal, on_signals
 from fedshard.errors import ConfigError, DeployError, FedshardError
 from fedshard.observability.server import DEFAULT_METRICS_HOST
 
@@ -41,11 +41,6 @@ _INSECURE = (
     "WARNING: --insecure: SuperLink, SuperNodes and zones run WITHOUT TLS or SuperNode authentication; "
     "anyone who reaches the ports can join or read the control plane. Use this only on a test network."
 )
-
-
-def _on_signals(handler: object) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: handler())  # type: ignore[operator]
 
 
 @aggregator_app.command("up")
@@ -93,7 +88,7 @@ def aggregator_up(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     )
-    _on_signals(host.request_stop)
+    on_signals(host.request_stop)
     with host.claimed():  # another aggregator here, or a port taken: that one line is all it prints
         if insecure:
             err_console.print(f"[yellow]{_INSECURE}[/]", highlight=False)
@@ -357,8 +352,7 @@ def _run_site(launch: SiteLaunch, retry_s: float, state: SiteState) -> None:
         state.phase, state.message = phase, message
         write_site_state(site.state_dir, state)
 
-    stopping = threading.Event()
-    _on_signals(stopping.set)
+    stopping = StopSignal()
     console.print(
         f"site [cyan]{site.id}[/] ({site.jurisdiction}) → SuperLink {superlink}; "
         f"state {site.state_dir}; {launch.executor} executor; log {launch.log}",
@@ -380,14 +374,14 @@ def _run_site(launch: SiteLaunch, retry_s: float, state: SiteState) -> None:
         state.supernode_pid, state.starts = node.supernode.popen.pid, state.starts + 1
         record("running")
         started, gave_up = time.monotonic(), False
-        while node.alive() and not stopping.is_set():
+        while node.alive() and not stopping.requested:
             stopping.wait(0.5)
             if _GAVE_UP in node.supernode.new_lines():  # its SuperLink is gone; it may hang on exit (Flower 1.42)
                 gave_up = True
                 break
         child = node.failed()  # before stopping the other
         node.stop(timeout=5.0 if gave_up else 10.0)
-        if stopping.is_set():
+        if stopping.requested:
             record("stopped")
             console.print(f"site {site.id} stopped; its shards and ledger are in {site.state_dir}", highlight=False)
             return

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,6 +10,7 @@ import typer
 from rich.console import Console
 
 from fedshard.cli._metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
+from fedshard.cli._signals import StopSignal
 from fedshard.errors import ConfigError, DeployError, FedshardError
 from fedshard.observability.server import DEFAULT_METRICS_HOST
 
@@ -91,6 +90,7 @@ def zone_up(
     aggregator = make_zone(zc, Path("runs") / "zones", routing=routing, site_keys=keys, tls=tls)
     served.append(aggregator)
     reload = ZoneReload(aggregator, config, routing, site_keys)  # the coordinator's Reconfigure, between rounds
+    stop = StopSignal()  # before it says it listens: a signal that comes at once stops it too
     server, port = serve(aggregator, bind, tls=tls, limits=zc.limits, parties=streaming_parties(cfg), reload=reload)
     host = bind.rsplit(":", 1)[0]
     if tls is None:
@@ -100,7 +100,7 @@ def zone_up(
     _say_recovered(aggregator)
     console.print(f"zone [cyan]{zc.name}[/] (region {zc.region}) listening on {host}:{port}", highlight=False)
     sys.stdout.flush()
-    _until_signalled()
+    stop.wait()
     if metrics is not None:
         metrics.close()
     server.stop(grace=2.0).wait()
@@ -141,14 +141,6 @@ def _say_recovered(aggregator: ZoneAggregator) -> None:
             highlight=False,
             soft_wrap=True,
         )
-
-
-def _until_signalled() -> None:
-    """Block until SIGINT or SIGTERM."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
 
 
 def _tls_files(cert: Path | None, key: Path | None, ca: Path | None, insecure: bool) -> TlsFiles | None:
