@@ -33,6 +33,12 @@ DP-SGD step of every record of every site (``batch_size: all``, plain SGD at rat
 average is the pooled data's noisy mean gradient), the server's Adam applies it at the variant's
 rate. Every site's σ is then the same, calibrated for ``max_steps`` such rounds: the noise of the
 pooled sum, not of a site's few records.
+
+**Sampled rounds** (``Variant.sample_rate`` below 1, ``privacy.record_level.sample_rate``): with
+the noise shared, each round is one DP-SGD step over a Poisson sample of every site's records at
+that rate, which is the pooled data's DP-SGD step at that rate: ``1 / rate`` rounds make an epoch,
+and the model is scored after each such epoch (the patience rule counts epochs, as the central
+run's does); σ is calibrated for ``max_steps`` epochs of such rounds.
 """
 
 from __future__ import annotations
@@ -99,6 +105,13 @@ class Variant:
     shared_noise: bool = False
     """DP: the noise is shared under HE, a round one full-batch step applied by the server's Adam at the
     run's rate (see the module docstring); else each site adds all of its own."""
+    sample_rate: float = 1.0
+    """Shared noise: each round's one step samples every record at this rate (1: every record)."""
+
+    @property
+    def rounds_per_epoch(self) -> int:
+        """Rounds between two scorings: ``1 / sample_rate`` (one for rounds of whole local epochs)."""
+        return round(1.0 / self.sample_rate)
 
     @property
     def server_step(self) -> float:
@@ -121,11 +134,25 @@ def dp_variant(epsilon: float, server_step: float = 1.0) -> Variant:
     return Variant(f"dp-eps{epsilon:g}", server=server, epsilon=epsilon)
 
 
-def shared_dp_variant(epsilon: float) -> Variant:
+def shared_dp_variant(epsilon: float, sample_rate: float = 1.0) -> Variant:
     """Record-level DP at ``epsilon`` per site with the noise shared under HE: each round one DP-SGD step of
-    every site's every record, the server's Adam applying the average (the run's rate is the server's)."""
+    every site's records (a Poisson sample at ``sample_rate``; all of them at 1), the server's Adam applying
+    the average (the run's rate is the server's)."""
+    if not 0 < sample_rate <= 1 or abs(1.0 / sample_rate - round(1.0 / sample_rate)) > 1e-9:
+        raise SystemExit(f"--dp-sample-rate {sample_rate:g}: give one over a whole number of rounds (1, 0.5, 0.25)")
     server = {"kind": "adam", "tau": SHARED_TAU}  # its rate is the run's (federation_config)
-    return Variant(f"dp-shared-eps{epsilon:g}", server=server, epsilon=epsilon, shared_noise=True)
+    name = f"dp-shared-eps{epsilon:g}" if sample_rate == 1.0 else f"dp-shared-q{sample_rate:g}-eps{epsilon:g}"
+    return Variant(name, server=server, epsilon=epsilon, shared_noise=True, sample_rate=sample_rate)
+
+
+def parse_shared(name: str) -> Variant:
+    """The :func:`shared_dp_variant` ``name`` stands for (``dp-shared-epsE`` or ``dp-shared-qQ-epsE``)."""
+    rest = name.removeprefix("dp-shared-")
+    rate = 1.0
+    if rest.startswith("q"):
+        rate_text, rest = rest[1:].split("-", 1)
+        rate = float(rate_text)
+    return shared_dp_variant(float(rest.removeprefix("eps")), rate)
 
 
 VARIANTS = {
@@ -330,10 +357,13 @@ def federation_config(setting: Setting, variant: Variant, lr: float, seed: int, 
     if variant.server:
         data["training"]["server_optimizer"] = dict(variant.server)
     if variant.epsilon is not None:  # σ left empty: each site calibrates its own for the horizon
+        horizon = setting.max_steps * variant.rounds_per_epoch
         data["privacy"] = {
-            "record_level": {"enabled": True, "max_grad_norm": CLIP, "calibration_rounds": setting.max_steps},
+            "record_level": {"enabled": True, "max_grad_norm": CLIP, "calibration_rounds": horizon},
             "budget": {"epsilon": variant.epsilon, "delta": DELTA},
         }
+        if variant.sample_rate < 1.0:
+            data["privacy"]["record_level"]["sample_rate"] = variant.sample_rate
     if variant.shared_noise:  # one full-batch SGD step at rate 1 a round; lr is the server Adam's
         sites = len(data["sites"])
         data["training"].update(batch_size="all", learning_rate=1.0)
@@ -385,16 +415,18 @@ def federated(
     sent: list[int] = []
     model: Any = None
     with _scratch() as out, no_central():
-        for rounds in range(1, setting.max_steps + 1):
+        for rounds in range(
+            variant.rounds_per_epoch, setting.max_steps * variant.rounds_per_epoch + 1, variant.rounds_per_epoch
+        ):
             config = federation_config(setting, variant, lr, seed, rounds)
-            summary = simulate(config, out, resume=rounds > 1)
+            summary = simulate(config, out, resume=rounds > variant.rounds_per_epoch)
             if summary["rounds"] != rounds or summary["stopped_reason"]:
                 raise SystemExit(f"{variant.name} seed {seed}: stopped at round {rounds}: {summary['stopped_reason']}")
             sent.append(int(summary["history"][-1]["bytes_up"]))
             sites = [s["id"] for s in summary["sites"]]
             models = [
                 site_model(config, out / "sites" / site, out / STORE_KEYS_DIR / f"{site}.kek")[0]
-                for site in (sites[:2] if rounds == 1 else sites[:1])
+                for site in (sites[:2] if rounds == variant.rounds_per_epoch else sites[:1])
             ]
             if len(models) == 2:
                 _check_one_model(models)
@@ -435,6 +467,12 @@ def _site_sigmas(setting: Setting, variant: Variant, seed: int) -> dict[str, flo
 
     if variant.epsilon is None:
         return {}
+    if variant.sample_rate < 1.0:  # one step a round at one rate: the same σ at every site
+        from fedshard.privacy.accountant import calibrate_noise
+
+        steps = setting.max_steps * variant.rounds_per_epoch
+        sigma = calibrate_noise(variant.epsilon, DELTA, variant.sample_rate, steps)
+        return {"noise_multiplier": sigma, "least_noise_multiplier": sigma}
     batch = FULL_BATCH if variant.shared_noise else setting.batch
     sigmas = [horizon_sigma((n,), batch, setting.max_steps, variant.epsilon) for n in site_sizes(setting, seed)]
     return {"noise_multiplier": max(sigmas), "least_noise_multiplier": min(sigmas)}

@@ -15,7 +15,9 @@ with LoRA, federated against central, each at convergence: issue 37's accuracy g
    paired on the test seeds ``0 … --dp-seeds − 1``. The federation (``--dp-noise``) shares its
    noise under HE by default: a round is one DP-SGD step over every record of every site, the
    server's Adam at a rate chosen on validation among ``--dp-server-lrs`` (see
-   :func:`_hf_runs.shared_dp_variant`); ``--dp-noise site``: each site adds all of its own noise
+   :func:`_hf_runs.shared_dp_variant`); ``--dp-sample-rate Q`` makes each round one step over a
+   Poisson sample of every record at rate Q instead, 1/Q rounds an epoch, scored after each epoch
+   (``privacy.record_level.sample_rate``); ``--dp-noise site``: each site adds all of its own noise
    to an epoch of Adam, each averaged update applied ×k, k chosen among ``--dp-server-steps``
    (:func:`_hf_runs.dp_variant`). The floor's rate is chosen on validation among ``--dp-lrs``.
 
@@ -171,8 +173,8 @@ class Bench:
         ``server_step`` times; ``dp-shared-epsE``, the noise shared under HE, ``lr`` the server Adam's)
         at ``lr``, ``seed`` (cached)."""
         recipe = runs.VARIANTS.get(variant) or (
-            runs.shared_dp_variant(float(variant.removeprefix("dp-shared-eps")))
-            if variant.startswith("dp-shared-eps")
+            runs.parse_shared(variant)
+            if variant.startswith("dp-shared-")
             else runs.dp_variant(float(variant.removeprefix("dp-eps")), server_step)
         )
         setting = self.setting if recipe.epsilon is None else self.private
@@ -236,6 +238,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dp-server-lrs",
         default="0.01",
         help="shared noise: the server Adam rates to choose from on validation (default 0.01)",
+    )
+    parser.add_argument(
+        "--dp-sample-rate",
+        type=float,
+        default=1.0,
+        help="shared noise: each round one step over a Poisson sample of every record at this rate, 1/rate rounds "
+        "an epoch (default 1: every record, one round an epoch)",
     )
     parser.add_argument("--dp-batch", type=int, default=16, help="the DP runs' batch size (default 16, as the others)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
@@ -333,7 +342,9 @@ def measure_private(
     private: Pairs = {}
     tuning: list[str] = []
     for eps in args.epsilons:
-        variant = f"dp-shared-eps{eps:g}" if args.dp_noise == "shared" else f"dp-eps{eps:g}"
+        variant = (
+            runs.shared_dp_variant(eps, args.dp_sample_rate).name if args.dp_noise == "shared" else f"dp-eps{eps:g}"
+        )
 
         def dp_federated(pick: tuple[float, float], seed: int, v: str = variant) -> runs.Outcome:
             return bench.federated(v, pick[0], seed, False, pick[1])
@@ -379,9 +390,13 @@ def _dp_rows(private: Pairs, central: list[runs.Outcome] | None = None) -> list[
     rows = []
     for eps, (fed_dp, floor) in private.items():
         first = fed_dp[0]
+        unit = "rounds"
         if first.kind.startswith("dp-shared-"):
+            rate = runs.parse_shared(first.kind).sample_rate
+            unit = "rounds" if rate == 1.0 else f"epochs of {runs.parse_shared(first.kind).rounds_per_epoch} rounds"
+            step = "a full-batch step a round" if rate == 1.0 else f"a round a step over a Poisson sample at {rate:g}"
             label = (
-                f"DP ε={eps:g}: noise shared under HE, a full-batch step a round, server Adam lr {first.lr:g}, "
+                f"DP ε={eps:g}: noise shared under HE, {step}, server Adam lr {first.lr:g}, "
                 f"σ {first.noise_multiplier:.3g} at every site"
             )
         else:
@@ -389,10 +404,10 @@ def _dp_rows(private: Pairs, central: list[runs.Outcome] | None = None) -> list[
             label = f"DP ε={eps:g}: fedavg ×{first.server_step:g}, lr {first.lr:g}, σ {sigmas} by site"
         to_floor = pp(*paired_gap(fed_dp, floor))
         if central is None:
-            rows.append(_row(label, fed_dp, to_floor, "rounds"))
+            rows.append(_row(label, fed_dp, to_floor, unit))
         else:
             rows.append(
-                _row(f"{label} (vs central DP-SGD: {to_floor} pp)", fed_dp, pp(*paired_gap(fed_dp, central)), "rounds")
+                _row(f"{label} (vs central DP-SGD: {to_floor} pp)", fed_dp, pp(*paired_gap(fed_dp, central)), unit)
             )
         label = f"DP ε={eps:g}: central DP-SGD (pooled), lr {floor[0].lr:g}, σ {floor[0].noise_multiplier:.3g}"
         rows.append(_row(label, floor, "0" if central is None else pp(*paired_gap(floor, central)), "epochs"))
@@ -468,13 +483,20 @@ def _convergence_note(s: runs.Setting, tuning: str) -> str:
 
 def _dp_note(args: argparse.Namespace, s: runs.Setting, spent: float) -> str:
     if args.dp_noise == "shared":
+        q = args.dp_sample_rate
+        step = (
+            "every record of every site (`training.batch_size: all`"
+            if q == 1.0
+            else f"a Poisson sample of every site's records at rate {q:g} (`privacy.record_level.sample_rate`, "
+            f"`training.batch_size: all`; {round(1 / q)} rounds an epoch, scored after each epoch"
+        )
         federation = (
             "the federation shares the noise under HE (`privacy.record_level.distributed_over: 6`, "
             "`residency.encrypt: all`; every site adds σ/√5 of it, the decrypted sum less any one site's share "
-            "carries σ): a round is one DP-SGD step over every record of every site (`training.batch_size: all`, "
-            "plain SGD at rate 1), applied by the server's Adam at a rate chosen on validation among "
-            f"`--dp-server-lrs` {', '.join(f'{x:g}' for x in args.dp_server_lrs)}; every site's σ is calibrated "
-            f"for {s.max_steps} such rounds (sample rate 1)"
+            f"carries σ): a round is one DP-SGD step over {step}, plain SGD at rate 1), applied by the server's "
+            f"Adam at a rate chosen on validation among `--dp-server-lrs` "
+            f"{', '.join(f'{x:g}' for x in args.dp_server_lrs)}; every site's σ is calibrated for "
+            f"{s.max_steps * round(1 / q)} such rounds (sample rate {q:g})"
         )
     else:
         federation = (

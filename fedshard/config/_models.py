@@ -459,6 +459,7 @@ class FederationConfig(_Model):
                     "turn on privacy.record_level or privacy.update_level"
                 )
         self._check_distributed_noise()
+        self._check_sample_rate()
         if self.residency.encrypting and len(self.sites) > self.he.max_sites:
             raise ValueError(
                 f"{len(self.sites)} sites but he.max_sites is {self.he.max_sites}: encrypted sums would overflow; "
@@ -475,6 +476,18 @@ class FederationConfig(_Model):
         if len(set(parts.values())) != len(parts):
             raise ValueError("two sites share a data partition index")
         return self
+
+    def _check_sample_rate(self) -> None:
+        """A round at a sample rate is one DP-SGD step over a Poisson sample of all of a site's records."""
+        rate = self.privacy.record_level.sample_rate
+        if rate is None or not self.privacy.record_level.enabled:
+            return
+        if self.training.batch_size != "all" or self.training.local_epochs != 1:
+            raise ValueError(
+                f"privacy.record_level.sample_rate ({rate:g}) makes each round one DP-SGD step over a Poisson "
+                f"sample of all of a site's records: set training.batch_size: all and training.local_epochs: 1 "
+                f"(got {self.training.batch_size} and {self.training.local_epochs})"
+            )
 
     def _check_distributed_noise(self) -> None:
         """Distributed DP noise holds only where no zone sees one site's share and every

@@ -80,6 +80,14 @@ class RecordDPConfig(_Model):
         description=_DISTRIBUTED_HELP + "; one DP-SGD step per round (training.local_epochs: 1, "
         "training.batch_size: all) so the released update is linear in the noise",
     )
+    sample_rate: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="each round one DP-SGD step over a Poisson sample of every site's records at this rate "
+        "(training.batch_size: all, training.local_epochs: 1): with distributed_over, the rounds are the "
+        "pooled data's DP-SGD steps at one rate; leave empty for a round of whole local epochs",
+    )
 
 
 class UpdateDPConfig(_Model):

@@ -50,6 +50,7 @@ def privacy_plan(config: FederationConfig, site_id: str) -> PrivacyPlan | None:
             max_grad_norm=record.max_grad_norm,
             planned_rounds=config.planned_rounds,
             distributed_over=record.distributed_over,
+            sample_rate=record.sample_rate,
         )
         if record.enabled
         else None,

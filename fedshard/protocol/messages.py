@@ -190,6 +190,10 @@ class RecordPlan(_Msg):
     max_grad_norm: float
     planned_rounds: int
     distributed_over: int | None = None  # noise shared by ≥ n sites under HE: each adds σ/√(n−1)
+    # Coordinator to site: each round one DP-SGD step over a Poisson sample of the site's records at
+    # this rate (None: rounds of whole local epochs). The site refuses it unless the plan trains every
+    # record for one epoch (batch_size 0, epochs 1), and its ledger accounts the step at this rate.
+    sample_rate: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
 
     @field_validator("mechanism")
     @classmethod

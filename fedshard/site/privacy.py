@@ -352,7 +352,8 @@ class SitePrivacy:
         either calibrates, of σ calibrated to the ledger's budget over the plan's (already
         at least the site's own) planned rounds."""
         events: list[DPEvent] = []
-        shape = RoundShape(num_examples, plan.batch_size, plan.epochs)
+        rate = plan.record.sample_rate if plan.record is not None else None
+        shape = RoundShape(num_examples, plan.batch_size, plan.epochs, rate)
         if plan.record is not None:
             fixed = [s for s in (plan.record.noise_multiplier, self.terms.noise_floor()) if s is not None]
             if plan.record.noise_multiplier is None or self.terms.calibrates():

@@ -17,8 +17,11 @@ lower the budget (the stricter wins) (a larger budget is not refused: the site k
 plan more rounds (calibrates more σ)
 turn on a mechanism the site's       run the record-level round with another batch size or
 config leaves off                    number of epochs than the plan it accounts
-                                     name another mechanism than the site's config
-                                     (``privacy.*.mechanism``)
+sample each round's step at a rate   name another mechanism than the site's config
+(``sample_rate``) the site's config  (``privacy.*.mechanism``), or another sample rate than
+leaves unset                         the site's ``privacy.record_level.sample_rate``
+                                     sample a step at a rate from a round other than one
+                                     epoch of every record
 ===================================  ===========================================================
 
 A plan that asks for less is never "rounded up": it is refused in one line, because a
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedshard.config import BudgetConfig, FederationConfig, PrivacyConfig
+from fedshard.config import FULL_BATCH, BudgetConfig, FederationConfig, PrivacyConfig
 from fedshard.errors import PrivacyError, RefusalCode
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.mechanisms import check_configured
@@ -130,6 +133,14 @@ class PrivacyTerms:
                 f"the round trains with batch size {batch_size} for {epochs} epoch(s) but its privacy plan accounts "
                 f"batch size {asked.batch_size} for {asked.epochs}",
             )
+        rate = record.sample_rate if record is not None else None
+        if rate is not None and (asked.batch_size != FULL_BATCH or asked.epochs != 1):
+            raise _refuse(
+                site_id,
+                f"the aggregator asks for one DP-SGD step a round at sample rate {rate:g} but its plan "
+                f"trains batch size {asked.batch_size} for {asked.epochs} epoch(s); a sampled step needs every "
+                "record (batch size 0) for one epoch",
+            )
         try:
             accountant = AccountantKind(own.record_level.accountant) if own.enabled else asked.accountant
         except ValueError as exc:
@@ -157,6 +168,13 @@ class PrivacyTerms:
         if not mine.enabled:
             return asked
         _same_mechanism(asked.mechanism, mine.mechanism, "record_level", site_id)
+        if mine.sample_rate is not None and asked.sample_rate != mine.sample_rate:
+            asked_rate = "none" if asked.sample_rate is None else f"{asked.sample_rate:g}"
+            raise _refuse(
+                site_id,
+                f"the aggregator asks for record-level sample rate {asked_rate}; its own config's "
+                f"privacy.record_level.sample_rate is {mine.sample_rate:g}",
+            )
         if asked.max_grad_norm > mine.max_grad_norm:
             raise _refuse(
                 site_id,

@@ -84,7 +84,7 @@ def zone_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
                 with pytest.raises(PushRejectedError):
                     client.push(manifest_for("charite-berlin", update, plan=PLAN, zone="eu-central"), TOKEN, update)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait() == 0
+        assert proc.wait(timeout=120) == 0  # a zone that never stops fails here, not at the suite timeout
     finally:
         if proc.poll() is None:
             proc.kill()

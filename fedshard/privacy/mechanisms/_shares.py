@@ -29,6 +29,9 @@ class RoundShape:
     """The site's training records."""
     batch_size: int
     epochs: int
+    sample_rate: float | None = None
+    """Each round one DP-SGD step over a Poisson sample of the records at this rate (the plan's
+    ``record.sample_rate``); None: whole epochs of batches of ``batch_size``."""
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,18 @@ __all__ = ["DpSgd", "RecordPrivacy", "check_model", "fix_model", "planned_record
 log = logging.getLogger(__name__)
 
 
-def planned_record_event(num_examples: int, batch_size: int, epochs: int, noise_multiplier: float) -> DPEvent:
+def planned_record_event(
+    num_examples: int, batch_size: int, epochs: int, noise_multiplier: float, sample_rate: float | None = None
+) -> DPEvent:
     """The DP event of one round of DP-SGD: Opacus's Poisson loader samples each record
     with rate ``1 / batches_per_epoch`` and takes ``batches_per_epoch`` steps per epoch
-    (``batch_size`` :data:`~fedshard.config.FULL_BATCH`: one batch of every record)."""
+    (``batch_size`` :data:`~fedshard.config.FULL_BATCH`: one batch of every record). With
+    ``sample_rate`` the round is ``epochs`` steps (one, as the site admits it) of a Poisson
+    sample at that rate."""
     if num_examples < 1:
         raise PrivacyError("record-level DP needs at least one training record at the site")
+    if sample_rate is not None:
+        return DPEvent(Guarantee.RECORD, noise_multiplier, sample_rate, epochs)
     batches = math.ceil(num_examples / local_batch(batch_size, num_examples))
     return DPEvent(Guarantee.RECORD, noise_multiplier, 1.0 / batches, epochs * batches)
 
@@ -180,7 +186,27 @@ class RecordPrivacy:
         if self.normalized:
             install_normalized(wrapped[1])
         self._engine = engine
+        if not math.isclose(self.planned.sample_rate, 1.0 / len(data_loader), rel_tol=1e-9):
+            wrapped = (wrapped[0], wrapped[1], self._at_planned_rate(wrapped[2], wrapped[1], engine))
         return wrapped  # type: ignore[no-any-return]
+
+    def _at_planned_rate(self, loader: Any, optimizer: Any, engine: Any) -> Any:
+        """Opacus takes the sample rate from the loader (one over its batches an epoch); a round
+        planned at another rate (``privacy.record_level.sample_rate``: one step over a Poisson sample
+        of every record) gets a loader that samples at the planned rate for the planned steps, an
+        optimiser that averages over the expected sample (rate × records, not Opacus's rounded
+        count: a site's share of the pooled step must weigh what its records do), and the
+        accountant's hook at that rate, so that :meth:`spent` reads what was planned."""
+        from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+        from torch.utils.data import DataLoader
+
+        rate, records = self.planned.sample_rate, len(loader.dataset)
+        sampler = UniformWithReplacementSampler(
+            num_samples=records, sample_rate=rate, generator=loader.batch_sampler.generator, steps=self.planned.steps
+        )
+        optimizer.expected_batch_size = rate * records
+        optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=rate))
+        return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn)
 
     def spent(self) -> DPEvent | None:
         """What training actually spent, from Opacus's record of noisy steps (None if
@@ -237,7 +263,9 @@ class DpSgd:
 
     def event(self, shape: RoundShape, noise_multiplier: float) -> DPEvent:
         """:func:`planned_record_event` of ``shape``."""
-        return planned_record_event(shape.num_examples, shape.batch_size, shape.epochs, noise_multiplier)
+        return planned_record_event(
+            shape.num_examples, shape.batch_size, shape.epochs, noise_multiplier, shape.sample_rate
+        )
 
     def start(self, planned: DPEvent, clip: float, sharing: Sharing) -> RecordPrivacy:
         """The round's :class:`RecordPrivacy`.

@@ -58,6 +58,14 @@ def test_defaults_live_in_the_model(tmp_path: Path) -> None:
         (lambda d: d["federation"].update(sample_fraction=1.5), "federation.sample_fraction"),
         (lambda d: d["training"].update(batch_size=0), "training.batch_size"),
         (lambda d: d["training"].update(batch_size="everything"), "training.batch_size"),
+        (
+            lambda d: d.update(
+                privacy={"record_level": {"enabled": True, "sample_rate": 0.25}, "budget": {"epsilon": 3}}
+            ),
+            "sample_rate (0.25) makes each round one DP-SGD step over a Poisson sample of all of a site's records: "
+            "set training.batch_size: all and training.local_epochs: 1 (got 16 and 2)",
+        ),
+        (lambda d: d.update(privacy={"record_level": {"enabled": True, "sample_rate": 1.5}}), "sample_rate"),
     ],
 )
 def test_bad_values_are_one_line_naming_key_and_file(tmp_path: Path, mutate, expected: str) -> None:

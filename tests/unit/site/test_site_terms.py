@@ -146,3 +146,19 @@ def test_calibration_rounds_lengthen_the_horizon_on_both_sides_and_never_shorten
     shorter = privacy_plan(config(2, None), "s")
     admitted = own.admit(shorter, "s")
     assert admitted is not None and admitted.record is not None and admitted.record.planned_rounds == 20
+
+
+def test_a_sampled_step_needs_every_record_for_one_epoch_and_the_sites_own_rate() -> None:
+    sampled = _plan().model_copy(
+        update={"record": RecordPlan(noise_multiplier=1.5, max_grad_norm=1.0, planned_rounds=10, sample_rate=0.25)}
+    )
+    with pytest.raises(PrivacyError, match=r"sample rate 0.25 but its plan trains batch size 16 for 1 epoch"):
+        _terms().admit(sampled, "s")
+    whole = sampled.model_copy(update={"batch_size": 0})
+    admitted = _terms().admit(whole, "s")
+    assert admitted is not None and admitted.record is not None and admitted.record.sample_rate == 0.25
+    own = PrivacyConfig(record_level={"enabled": True, "noise_multiplier": 1.5, "sample_rate": 0.5}, budget=OWN_BUDGET)
+    with pytest.raises(
+        PrivacyError, match=r"sample rate 0.25; its own config's privacy.record_level.sample_rate is 0.5"
+    ):
+        PrivacyTerms(own, OWN_BUDGET, 10).admit(whole.model_copy(update={"update": None}), "s")

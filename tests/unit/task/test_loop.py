@@ -52,3 +52,35 @@ def test_a_dp_batch_in_pieces_is_one_noisy_step_a_round_of_the_planned_noise(sha
     privacy.verify()  # exactly the planned steps at the planned rate and σ: nothing else was spent
     unit = 0.5 * clip / RECORDS  # one unit of σ in one step's update; two steps add √2 of it
     assert np.std(moved.numpy()) / unit == pytest.approx(sigma * share * np.sqrt(2), rel=0.15)
+
+
+def _one_step(x: torch.Tensor, y: torch.Tensor, privacy: RecordPrivacy) -> torch.Tensor:
+    torch.manual_seed(0)
+    model = nn.Linear(INPUTS, CLASSES, bias=False)
+    before = model.weight.detach().clone()
+    fit(model, [x, y], _logits, 1, RECORDS, 0.5, 3, privacy.make_private, optimiser=sgd(), physical_batch=8)
+    privacy.verify()  # one step at the planned rate and σ: nothing else was spent
+    return model.weight.detach() - before
+
+
+def test_a_sampled_round_is_one_noisy_step_at_the_planned_rate() -> None:
+    """``privacy.record_level.sample_rate``: the round's one step draws a Poisson sample of the records at
+    the planned rate (not Opacus's one over the loader's batches, here 1) and averages it over the
+    expected sample, rate × records, so its noise is σ·C over that."""
+    sigma, clip, rate = 2.0, 1.0, 0.25
+    planned = planned_record_event(RECORDS, FULL_BATCH, 1, sigma, rate)
+    assert (planned.steps, planned.sample_rate) == (1, rate)
+    moved = _one_step(
+        torch.zeros(RECORDS, INPUTS), torch.zeros(RECORDS, dtype=torch.int64), RecordPrivacy(planned, clip)
+    )
+    assert np.std(moved.numpy()) / (0.5 * clip / (rate * RECORDS)) == pytest.approx(sigma, rel=0.15)
+
+
+def test_a_sampled_step_weighs_its_sample_as_its_share_of_every_record() -> None:
+    """At a rate just under 1 every record is drawn (but for one chance in about 10⁵): the step is the
+    full batch's over the rate, with no noise to speak of."""
+    x, y = torch.randn(RECORDS, INPUTS), torch.randint(0, CLASSES, (RECORDS,))
+    rate, clip = 1 - 1e-7, 100.0  # nothing clipped (each record's gradient is about 7 long), σ·C about 1e-7
+    full = _one_step(x, y, RecordPrivacy(planned_record_event(RECORDS, FULL_BATCH, 1, 1e-9), clip))
+    sampled = _one_step(x, y, RecordPrivacy(planned_record_event(RECORDS, FULL_BATCH, 1, 1e-9, rate), clip))
+    torch.testing.assert_close(sampled, full / rate, rtol=1e-4, atol=1e-6)
