@@ -33,6 +33,7 @@ from fedshard.config.privacy import (
     PrivacyConfig,
     RecordDPConfig,
     UpdateDPConfig,
+    stricter,
 )
 from fedshard.config.residency import ClassRule, PolicyRule, Protection, ResidencyConfig, ShardClass, default_rules
 
@@ -44,6 +45,7 @@ __all__ = [
     "PrivacyConfig",
     "RecordDPConfig",
     "UpdateDPConfig",
+    "stricter",
     "ClassRule",
     "PolicyRule",
     "Protection",

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from fedshard.config._deployment import AggregatorDeployment, SiteDeployment
 from fedshard.config._jurisdictions import check_jurisdictions
-from fedshard.config.privacy import BudgetConfig, PrivacyConfig
+from fedshard.config.privacy import BudgetConfig, PrivacyConfig, stricter
 from fedshard.config.residency import ResidencyConfig
 
 __all__ = [
@@ -506,6 +506,20 @@ class FederationConfig(_Model):
                 f"{widest} is {needed} but federation.min_sites is {self.federation.min_sites}: rounds with fewer "
                 "sites would carry less noise than accounted"
             )
+        record = self.privacy.record_level
+        if record.enabled and record.distributed_over and record.noise_multiplier is None:
+            budgets = {s.id: self.listed_budget(s.id) for s in self.sites}
+            default = self.privacy.budget
+            odd = next((sid for sid, b in budgets.items() if b != default), None)
+            if odd is not None:
+                theirs, own = budgets[odd], default
+                raise ValueError(
+                    f"privacy.record_level.distributed_over with σ calibrated to the budget needs one budget for every "
+                    f"site, but site {odd} has {_budget_text(theirs)} against privacy.budget's {_budget_text(own)}: "
+                    "each site would size its noise share to its own budget, and the others' shares cover a record "
+                    "only at the smallest σ; give every site the same budget, or fix "
+                    "privacy.record_level.noise_multiplier"
+                )
         if self.privacy.record_level.distributed_over and self.training.local_epochs != 1:
             raise ValueError(
                 f"privacy.record_level.distributed_over needs training.local_epochs: 1 (got "
@@ -534,6 +548,10 @@ class FederationConfig(_Model):
         site = self.site(site_id)
         return site.budget if site.budget is not None else self.privacy.budget
 
+    def listed_budget(self, site_id: str) -> BudgetConfig | None:
+        """The budget this config gives a site: :meth:`budget_of` within its entry's ``cap``."""
+        return stricter(self.budget_of(site_id), self.site(site_id).cap)
+
     @property
     def planned_rounds(self) -> int:
         """The rounds a calibrated record-level σ spends a budget over: those a site takes part in
@@ -550,3 +568,8 @@ class FederationConfig(_Model):
     def num_partitions(self) -> int:
         """How many partitions the data is cut into (``federation.partitions``, else one per site index)."""
         return self.federation.partitions or max(self._partitions.values()) + 1
+
+
+def _budget_text(budget: BudgetConfig | None) -> str:
+    """``ε=3, δ=1e-05`` (or ``none``), for one config error line."""
+    return "none" if budget is None else f"ε={budget.epsilon:g}, δ={budget.delta:g}"

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig"]
+__all__ = ["BudgetConfig", "LayerPolicy", "PrivacyConfig", "RecordDPConfig", "UpdateDPConfig", "stricter"]
 
 
 _DISTRIBUTED_HELP = (
@@ -43,6 +43,13 @@ class BudgetConfig(_Model):
         if not math.isfinite(v):
             raise ValueError("epsilon must be a finite number")
         return v
+
+
+def stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
+    """The stricter of two budgets (each of ε and δ the smaller); either alone when the other is None."""
+    if a is None or b is None:
+        return a or b
+    return BudgetConfig(epsilon=min(a.epsilon, b.epsilon), delta=min(a.delta, b.delta))
 
 
 class RecordDPConfig(_Model):

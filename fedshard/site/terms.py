@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedshard.config import FULL_BATCH, BudgetConfig, FederationConfig, PrivacyConfig
+from fedshard.config import FULL_BATCH, BudgetConfig, FederationConfig, PrivacyConfig, stricter
 from fedshard.errors import PrivacyError, RefusalCode
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.mechanisms import check_configured
@@ -87,8 +87,7 @@ class PrivacyTerms:
     def of(cls, config: FederationConfig, site_id: str, cap: BudgetConfig | None = None) -> PrivacyTerms:
         """The terms ``config`` (the site's own copy) gives ``site_id``, with ``cap`` (its own
         file's cap, if any) as a further limit."""
-        listed = config.site(site_id)
-        budget = stricter(stricter(config.budget_of(site_id), listed.cap), cap)
+        budget = stricter(config.listed_budget(site_id), cap)
         return cls(config.privacy, budget, config.planned_rounds)
 
     @property
@@ -246,10 +245,3 @@ def _same_mechanism(asked: str, own: str, name: str, site_id: str) -> None:
             f"the aggregator asks for the {name} mechanism {asked!r}; its own config names {own!r} "
             f"(privacy.{name}.mechanism)",
         )
-
-
-def stricter(a: BudgetConfig | None, b: BudgetConfig | None) -> BudgetConfig | None:
-    """The stricter of two budgets (each of ε and δ the smaller); either alone when the other is None."""
-    if a is None or b is None:
-        return a or b
-    return BudgetConfig(epsilon=min(a.epsilon, b.epsilon), delta=min(a.delta, b.delta))

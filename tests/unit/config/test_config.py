@@ -139,3 +139,19 @@ def test_a_code_a_rule_names_or_a_country_no_rule_covers_is_accepted(tmp_path: P
     assert load_federation(_write(tmp_path, _with_site("CH"))).sites[1].jurisdiction == "CH"
     grow = load_federation(DEMO.with_name("grow.yaml"))
     assert "UK" in {s.jurisdiction for s in grow.sites} and "UK" not in {z.region for z in grow.zones}
+
+
+def test_shared_noise_calibrated_to_budgets_needs_one_budget_for_every_site(tmp_path: Path) -> None:
+    """Each site sizes its noise share to its own budget: with different budgets the others' shares would
+    cover a record only at the smallest σ, which no ledger accounts."""
+    data = yaml.safe_load((DEMO.parent / "demo-dp-he.yaml").read_text())
+    assert load_federation(_write(tmp_path, data)).privacy.record_level.distributed_over
+    site = data["sites"][1]
+    for key, value in (("budget", {"epsilon": 5.0}), ("cap", {"epsilon": 1.0})):
+        changed = yaml.safe_load(yaml.safe_dump(data))
+        changed["sites"][1][key] = value
+        with pytest.raises(ConfigError, match=f"needs one budget for every site, but site {site['id']} has ε="):
+            load_federation(_write(tmp_path, changed))
+    data["privacy"]["record_level"]["noise_multiplier"] = 2.0  # a fixed σ: every share the same
+    data["sites"][1]["budget"] = {"epsilon": 5.0}
+    assert load_federation(_write(tmp_path, data)).listed_budget(site["id"]).epsilon == 5.0
