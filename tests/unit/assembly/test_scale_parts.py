@@ -186,3 +186,18 @@ def test_progress_lines_count_sites_beyond_a_dozen() -> None:
     text = console.export_text()
     assert "20 sites: 10 in EU, 10 in US" in text and "s19 (" not in text
     assert "ε spent 0.50 / 0.60 / 0.69 (least / median / most)  1 site(s) stopped" in text
+
+
+def test_a_site_assembled_for_a_changed_config_replaces_the_one_it_was(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A process that runs one federation after another (a resumed simulation) holds each site once."""
+    import fedshard.assembly._cache as assembly
+
+    monkeypatch.setattr(assembly, "_SITES", type(assembly._SITES)())
+    config = _config(3)
+    first = assembly.site_for(config, "s0", tmp_path / "sites")
+    assert assembly.site_for(config, "s0", tmp_path / "sites") is first
+    later = config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 9})})
+    again = assembly.site_for(later, "s0", tmp_path / "sites")
+    assert again is not first and len(assembly._SITES) == 1
