@@ -392,8 +392,9 @@ def _dp_rows(private: Pairs, central: list[runs.Outcome] | None = None) -> list[
         first = fed_dp[0]
         unit = "rounds"
         if first.kind.startswith("dp-shared-"):
-            rate = runs.parse_shared(first.kind).sample_rate
-            unit = "rounds" if rate == 1.0 else f"epochs of {runs.parse_shared(first.kind).rounds_per_epoch} rounds"
+            shared = runs.parse_shared(first.kind)
+            rate = shared.sample_rate
+            unit = "rounds" if rate == 1.0 else f"epochs of {shared.rounds_per_epoch} rounds"
             step = "a full-batch step a round" if rate == 1.0 else f"a round a step over a Poisson sample at {rate:g}"
             label = (
                 f"DP ε={eps:g}: noise shared under HE, {step}, server Adam lr {first.lr:g}, "
@@ -483,12 +484,12 @@ def _convergence_note(s: runs.Setting, tuning: str) -> str:
 
 def _dp_note(args: argparse.Namespace, s: runs.Setting, spent: float) -> str:
     if args.dp_noise == "shared":
-        q = args.dp_sample_rate
+        q, per_epoch = args.dp_sample_rate, runs.shared_dp_variant(1.0, args.dp_sample_rate).rounds_per_epoch
         step = (
             "every record of every site (`training.batch_size: all`"
             if q == 1.0
             else f"a Poisson sample of every site's records at rate {q:g} (`privacy.record_level.sample_rate`, "
-            f"`training.batch_size: all`; {round(1 / q)} rounds an epoch, scored after each epoch"
+            f"`training.batch_size: all`; {per_epoch} rounds an epoch, scored after each epoch"
         )
         federation = (
             "the federation shares the noise under HE (`privacy.record_level.distributed_over: 6`, "
@@ -496,7 +497,7 @@ def _dp_note(args: argparse.Namespace, s: runs.Setting, spent: float) -> str:
             f"carries σ): a round is one DP-SGD step over {step}, plain SGD at rate 1), applied by the server's "
             f"Adam at a rate chosen on validation among `--dp-server-lrs` "
             f"{', '.join(f'{x:g}' for x in args.dp_server_lrs)}; every site's σ is calibrated for "
-            f"{s.max_steps * round(1 / q)} such rounds (sample rate {q:g})"
+            f"{s.max_steps * per_epoch} such rounds (sample rate {q:g})"
         )
     else:
         federation = (

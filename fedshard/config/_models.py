@@ -512,15 +512,15 @@ class FederationConfig(_Model):
             default = self.privacy.budget
             odd = next((sid for sid, b in budgets.items() if b != default), None)
             if odd is not None:
-                theirs, own = budgets[odd], default
                 raise ValueError(
                     f"privacy.record_level.distributed_over with σ calibrated to the budget needs one budget for every "
-                    f"site, but site {odd} has {_budget_text(theirs)} against privacy.budget's {_budget_text(own)}: "
+                    f"site, but site {odd} has {_budget_text(budgets[odd])} against privacy.budget's "
+                    f"{_budget_text(default)}: "
                     "each site would size its noise share to its own budget, and the others' shares cover a record "
                     "only at the smallest σ; give every site the same budget, or fix "
                     "privacy.record_level.noise_multiplier"
                 )
-        if self.privacy.record_level.distributed_over and self.training.local_epochs != 1:
+        if record.distributed_over and self.training.local_epochs != 1:
             raise ValueError(
                 f"privacy.record_level.distributed_over needs training.local_epochs: 1 (got "
                 f"{self.training.local_epochs}): one DP-SGD step per round keeps a site's update linear in its "
