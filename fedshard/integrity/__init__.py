@@ -8,7 +8,7 @@ from fedshard.integrity.digest import (
     ciphertext_hasher,
     shard_digest,
 )
-from fedshard.integrity.manifest import MANIFEST_FORMAT, Manifest, ShardEntry, build_manifest
+from fedshard.integrity.manifest import MANIFEST_FORMAT, MAX_NOISE_TERMS, Manifest, ShardEntry, build_manifest
 from fedshard.integrity.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, merkle_root, verify_proof
 from fedshard.integrity.version import genesis_version, next_version
 
@@ -17,6 +17,7 @@ __all__ = [
     "EMPTY_ROOT",
     "HASH_NAME",
     "MANIFEST_FORMAT",
+    "MAX_NOISE_TERMS",
     "InclusionProof",
     "Manifest",
     "MerkleTree",

@@ -29,10 +29,14 @@ from fedshard.integrity.canonical import canonical_json
 from fedshard.integrity.digest import HASH_NAME, ciphertext_digest, shard_digest
 from fedshard.integrity.merkle import merkle_root
 
-__all__ = ["MANIFEST_FORMAT", "Manifest", "ShardEntry", "build_manifest"]
+__all__ = ["MANIFEST_FORMAT", "MAX_NOISE_TERMS", "Manifest", "ShardEntry", "build_manifest"]
 
 MANIFEST_FORMAT = 3
 """The manifest format this version writes and accepts (3: BLAKE3 digests, named by ``"hash"``)."""
+
+MAX_NOISE_TERMS = 512
+"""The most characters of noise terms (:attr:`Manifest.noise`) a manifest or a forwarded
+partial sum may carry; both DP levels' terms fit in under 300."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,12 @@ class Manifest:
     """What one site released in one round.
 
     ``weight`` is the site's aggregation weight (its number of training examples).
+    ``noise`` names the terms its DP noise share was made under where the noise is shared
+    over several sites (:meth:`fedshard.site.privacy.RoundDP.noise_terms`; "" where it is
+    not): written by the site under its signature, at most :data:`MAX_NOISE_TERMS`
+    characters; a zone publishes no aggregate whose contributors name different terms. The
+    field is in the signed body only when set, so manifests without shared noise read and
+    verify as before.
     """
 
     site_id: str
@@ -63,6 +73,7 @@ class Manifest:
     shards: tuple[ShardEntry, ...]
     merkle_root: str
     policy_digest: str = ""
+    noise: str = ""
     format: int = MANIFEST_FORMAT
     signature: str | None = field(default=None, compare=False)
 
@@ -79,7 +90,7 @@ class Manifest:
         return None
 
     def _body(self) -> dict[str, Any]:
-        return {
+        body = {
             "format": self.format,
             "hash": HASH_NAME,
             "site_id": self.site_id,
@@ -92,6 +103,9 @@ class Manifest:
             "merkle_root": self.merkle_root,
             "policy_digest": self.policy_digest,
         }
+        if self.noise:
+            body["noise"] = self.noise
+        return body
 
     def signing_payload(self) -> bytes:
         """Canonical bytes that a signature covers (everything but the signature)."""
@@ -121,6 +135,7 @@ class Manifest:
                 shards=tuple(ShardEntry(str(s), str(d), int(n), str(c), e is True) for s, d, n, c, e in body["shards"]),
                 merkle_root=str(body["merkle_root"]),
                 policy_digest=str(body["policy_digest"]),
+                noise=str(body.get("noise", "")),
                 signature=body.get("signature"),
             )
         except IntegrityError:
@@ -141,6 +156,11 @@ class Manifest:
             raise IntegrityError(f"manifest of site {self.site_id!r} lists a shard twice")
         if not (self.weight > 0 and np.isfinite(self.weight)):
             raise IntegrityError(f"manifest weight must be positive and finite, got {self.weight!r}")
+        if len(self.noise) > MAX_NOISE_TERMS:
+            raise IntegrityError(
+                f"manifest of site {self.site_id!r}: noise terms of {len(self.noise)} characters (at most "
+                f"{MAX_NOISE_TERMS})"
+            )
         root = merkle_root({s.shard_id: s.digest for s in self.shards})
         if root != self.merkle_root:
             raise IntegrityError(
@@ -197,12 +217,14 @@ def build_manifest(
     classes: Mapping[str, str] | None = None,
     policy_digest: str = "",
     encrypted: frozenset[str] = frozenset(),
+    noise: str = "",
 ) -> Manifest:
     """Digest ``shards`` and build the manifest that describes them.
 
     ``classes`` gives each shard's sensitivity class, ``policy_digest`` the residency
     policy the site routed by, ``encrypted`` the shards that are HE ciphertext
-    ``bytes`` (digests cover those bytes); zones re-check all three.
+    ``bytes`` (digests cover those bytes); zones re-check all three. ``noise`` names the
+    terms of the site's shared noise (see :class:`Manifest`).
 
     Raises
     ------
@@ -215,7 +237,9 @@ def build_manifest(
         digest, nbytes = _digest(sid, value, sid in encrypted)
         entries.append(ShardEntry(sid, digest, nbytes, classes.get(sid, ""), sid in encrypted))
     root = merkle_root({e.shard_id: e.digest for e in entries})
-    return Manifest(site_id, round, plan_digest, base_version, zone, float(weight), tuple(entries), root, policy_digest)
+    return Manifest(
+        site_id, round, plan_digest, base_version, zone, float(weight), tuple(entries), root, policy_digest, noise
+    )
 
 
 def _digest(shard_id: str, value: np.ndarray | bytes, encrypted: bool) -> tuple[str, int]:

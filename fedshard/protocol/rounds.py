@@ -176,10 +176,16 @@ class PartialSum:
     round: int
     token: str
     entries: tuple[PartialEntry, ...] = ()
+    noise: str = ""
+    """The noise terms every share in the sums was made under (the one
+    :attr:`~fedshard.integrity.Manifest.noise` of their sites' manifests; "": no shared noise).
+    The forwarding zone sends none of its sums where they differ; the reducing zone holds them
+    with its own shares' terms and publishes no aggregate whose terms differ. At most
+    :data:`~fedshard.integrity.MAX_NOISE_TERMS` characters (checked by the reducing zone)."""
 
     def to_bytes(self) -> bytes:
-        """Canonical JSON."""
-        body = {
+        """Canonical JSON (``noise`` only where set)."""
+        body: dict[str, object] = {
             "hash": HASH_NAME,
             "zone": self.zone,
             "round": self.round,
@@ -188,6 +194,8 @@ class PartialSum:
                 [e.shard_id, e.digest, e.nbytes, e.weight, list(e.contributors), e.encrypted] for e in self.entries
             ],
         }
+        if self.noise:
+            body["noise"] = self.noise
         return canonical_json(body, allow_nan=True)
 
     @classmethod
@@ -205,7 +213,8 @@ class PartialSum:
                 PartialEntry(str(s), str(d), int(n), float(w), tuple(str(c) for c in cs), e is True)
                 for s, d, n, w, cs, e in body["entries"]
             )
-            return cls(str(body["zone"]), int(body["round"]), str(body["token"]), entries)
+            noise = str(body.get("noise", ""))
+            return cls(str(body["zone"]), int(body["round"]), str(body["token"]), entries, noise)
         except IntegrityError:
             raise
         except RecursionError:

@@ -120,6 +120,7 @@ def push_update(
     weight: float,
     signing_key: Ed25519PrivateKey | None,
     connect: ZoneConnector,
+    noise: str = "",
     max_parallel: int = MAX_PARALLEL_PUSHES,
 ) -> list[ZonePush]:
     """Push every zone its shards (ciphertext ``bytes`` where the routes encrypt) with a (signed) manifest.
@@ -135,6 +136,8 @@ def push_update(
 
     ``weight`` is the one the coordinator fixed for the site this round
     (:attr:`TrainInstruction.weight`): a zone refuses a manifest with any other.
+    ``noise`` names the terms of the site's shared DP noise (:attr:`Manifest.noise`; "":
+    none shared), in every manifest.
 
     Returns
     -------
@@ -168,6 +171,7 @@ def push_update(
         weight=weight,
         signing_key=signing_key,
         connect=connect,
+        noise=noise,
     )
     jobs = [functools.partial(push, zone, shard_ids) for zone, shard_ids in by_zone.items()]
     return _run_all(jobs, list(by_zone), max_parallel, f"site {site_id}, round {message.round}")
@@ -186,6 +190,7 @@ def _push_zone(
     weight: float,
     signing_key: Ed25519PrivateKey | None,
     connect: ZoneConnector,
+    noise: str,
 ) -> ZonePush:
     """Push ``zone`` its shards with a (signed) manifest; :class:`RoundError` if it refuses."""
     part = {sid: payload[sid] for sid in shard_ids}
@@ -200,6 +205,7 @@ def _push_zone(
         classes={sid: routing.routes[sid].shard_class for sid in shard_ids},
         policy_digest=routing.policy_digest,
         encrypted=frozenset(shard_ids) & routing.encrypted,
+        noise=noise,
     )
     if signing_key is not None:
         manifest = manifest.signed(signing_key)

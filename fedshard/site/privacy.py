@@ -34,7 +34,7 @@ from fedshard.privacy.ledger import Budget, LedgerHead, PrivacyLedger
 from fedshard.privacy.ledger.chain import LedgerKey
 from fedshard.privacy.ledger.legacy import read_format1
 from fedshard.privacy.ledger.spend import Snapshot
-from fedshard.privacy.mechanisms import MechanismRound, RecordPrivacy, RoundShape, Sharing, mechanism
+from fedshard.privacy.mechanisms import MechanismRound, RecordPrivacy, RoundShape, Sharing, mechanism, shared_terms
 from fedshard.protocol.messages import LedgerHeadReport, PrivacyPlan, PrivacyReport, PrivacyStatus
 from fedshard.site._epsilon_memo import EpsilonMemo
 from fedshard.site._kept_ledger import KeptLedger
@@ -55,9 +55,11 @@ _CALIBRATION_FILE = "privacy-calibration.json"
 @dataclass(frozen=True)
 class RoundDP:
     """The DP mechanisms of one round, each started on the event its ledger reserved:
-    record-level ones inside training, update-level ones at release."""
+    record-level ones inside training, update-level ones at release; ``shared`` names the
+    terms of each one whose noise is shared over several sites (see :meth:`noise_terms`)."""
 
     runs: tuple[MechanismRound, ...]
+    shared: tuple[tuple[Guarantee, str], ...] = ()
 
     @classmethod
     def of(
@@ -70,11 +72,28 @@ class RoundDP:
         round cannot be run that way (before anything is reserved)."""
         slots = _slots(plan)
         runs = []
+        shared = []
         for event in events:
             name, clip, distributed_over = slots[event.guarantee]
             sharing = Sharing(distributed_over, examples, weight, largest_weight)
             runs.append(mechanism(name, event.guarantee).start(event, clip, sharing))
-        return cls(tuple(runs))
+            if distributed_over is not None:
+                terms = shared_terms(
+                    event.guarantee.value, name, event.noise_multiplier, clip, distributed_over, event.sample_rate
+                )
+                shared.append((event.guarantee, terms))
+        return cls(tuple(runs), tuple(shared))
+
+    def noise_terms(self, learning_rate: float) -> str:
+        """What the round's shared noise was made under, as the site's manifests name it ("":
+        no noise shared): every shared mechanism's terms, the record level's with the round's
+        ``learning_rate`` (its noise goes in before the SGD step). A zone publishes no
+        aggregate whose shares name different terms: a site sent other terms than the
+        others would account a σ their shares do not add up to."""
+        return "; ".join(
+            f"{terms} lr={learning_rate!r}" if guarantee is Guarantee.RECORD else terms
+            for guarantee, terms in self.shared
+        )
 
     @property
     def training(self) -> RecordPrivacy | None:

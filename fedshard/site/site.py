@@ -477,6 +477,7 @@ class Site:
                 weight=message.weight,
                 signing_key=self._signing_key,
                 connect=self._connect,
+                noise=dp.noise_terms(message.learning_rate) if dp is not None else "",
             )
         return TrainReport(
             site_id=self.site_id,

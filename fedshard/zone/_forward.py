@@ -26,7 +26,7 @@ from fedshard.aggregation import error_bound, extremes, fixed_weight_of, within
 from fedshard.aggregation.bounds import SUM_TOLERANCE
 from fedshard.crypto.ciphertexts import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
-from fedshard.integrity import ciphertext_digest, shard_digest
+from fedshard.integrity import MAX_NOISE_TERMS, ciphertext_digest, shard_digest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
 from fedshard.zone._staging import Loan, StagingPool
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
@@ -58,7 +58,8 @@ def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, Sha
             data = payload[sid] = enc.serialize(sid)
             who = tuple(sorted(contributors[sid]))
             entries.append(PartialEntry(sid, ciphertext_digest(data), len(data), 1.0, who, encrypted=True))
-    return PartialSum(zone, state.spec.round, state.spec.token, tuple(entries)), payload
+    noise = state.noise_terms(GLOBAL_GROUP) if entries else ""  # ZoneError (privacy) where shares' terms differ
+    return PartialSum(zone, state.spec.round, state.spec.token, tuple(entries), noise), payload
 
 
 def send_partial_sums(
@@ -116,6 +117,10 @@ def check_partial(state: OpenRound, partial: PartialSum, *, residency: ZonePolic
     ids = [e.shard_id for e in partial.entries]
     if len(set(ids)) != len(ids):
         raise PushRejectedError("the header lists a shard twice", RefusalCode.MALFORMED)
+    if len(partial.noise) > MAX_NOISE_TERMS:
+        raise PushRejectedError(
+            f"noise terms of {len(partial.noise)} characters (at most {MAX_NOISE_TERMS})", RefusalCode.MALFORMED
+        )
     weights = dict(state.spec.weights)
     for entry in partial.entries:
         _check_entry(state, entry, he_context)

@@ -94,6 +94,7 @@ class Reduction:
                 else:
                     acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
                     acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
+            state.note_noise(GLOBAL_GROUP, partial.noise, {c for e in partial.entries for c in e.contributors})
             state.forwarded_from.add(partial.zone)
             self.z.stats.partials_received += len(partial.entries)
         faults.point("zone.forward.received")
@@ -130,7 +131,14 @@ class Reduction:
         """Forward ``state``'s partial sums of ``global`` shards to ``forward_to``, the
         reducing zone's ``(name, endpoint)`` from this zone's own config (nothing to send:
         nothing done); counted and audited."""
-        partial = send_partial_sums(state, self.z.name, self._connect, forward_to)
+        try:
+            partial = send_partial_sums(state, self.z.name, self._connect, forward_to)
+        except ZoneError as exc:
+            if exc.code is not RefusalCode.PRIVACY:
+                raise
+            # shares made under different noise terms: forwarded to no one
+            self.z.record(Decision.REFUSED, round=state.spec.round, group=GLOBAL_GROUP, reason="different noise terms")
+            raise ZoneError(f"zone {self.z.name}: {exc}; not forwarding them", exc.code) from None
         if partial is None or forward_to is None:
             return
         faults.point("zone.forward.sent")

@@ -1,4 +1,4 @@
-"""What a zone keeps per open round (sums by group, contributors, who pushed)."""
+"""What a zone keeps per open round (sums by group, contributors, who pushed, their noise terms)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from fedshard.aggregation import ShardAccumulator
 from fedshard.crypto.ciphertexts import EncryptedSum
-from fedshard.errors import HeldPush
+from fedshard.errors import HeldPush, RefusalCode, ZoneError
 from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, RoundSpec
 from fedshard.sharding import ShardPlan
@@ -39,6 +39,7 @@ class OpenRound:
     manifests: dict[str, str] = field(default_factory=dict)  # site pushing or counted -> its manifest's digest
     norm_reference: dict[str, float] = field(default_factory=dict)  # shard set -> median norm it is bounded by
     norms: dict[str, dict[str, float]] = field(default_factory=dict)  # shard set -> site -> norm (after clipping)
+    noise: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # group -> noise terms -> sites naming them
 
     def held(self, manifest: Manifest) -> HeldPush | None:
         """What this round holds of ``manifest`` itself (same digest), refused as a duplicate."""
@@ -74,6 +75,27 @@ class OpenRound:
         if acc is None:
             acc = self.encrypted[group] = EncryptedSum(context)
         return acc
+
+    def note_noise(self, group: str, terms: str, sites: Iterable[str]) -> None:
+        """Note that ``sites``' shares in ``group`` were made under the noise ``terms``
+        (:attr:`~fedshard.integrity.Manifest.noise`; "": no shared noise)."""
+        self.noise.setdefault(group, {}).setdefault(terms, set()).update(sites)
+
+    def noise_terms(self, group: str) -> str:
+        """The noise terms every share of ``group`` names ("": none, or no shares);
+        :class:`~fedshard.errors.ZoneError` (code ``privacy``) when they differ: then the
+        shares protect each site's records with less noise than some site accounts."""
+        named = self.noise.get(group, {})
+        if len(named) <= 1:
+            return next(iter(named), "")
+        who = "; ".join(
+            f"{', '.join(sorted(sites))}: {terms or 'no shared noise'}" for terms, sites in sorted(named.items())
+        )
+        raise ZoneError(
+            f"round {self.spec.round}: the shares of group {group} were made under different noise terms ({who}); "
+            "each site accounts σ for the others' shares, which only add up to it under the same terms",
+            RefusalCode.PRIVACY,
+        )
 
     def group_names(self) -> list[str]:
         """Groups that received anything, sorted."""

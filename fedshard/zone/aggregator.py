@@ -346,11 +346,11 @@ class ZoneAggregator:
                     self._z.open[round] = state
                 raise
         self._record(Call.CLOSE, by=by, round=round, sites=len(state.counted))
-        summaries = []
-        for group in state.group_names():
-            if group == GLOBAL_GROUP and not reducer:
-                continue
+        published = [g for g in state.group_names() if g != GLOBAL_GROUP or reducer]
+        for group in published:  # every group checked before any is published
             self._check_noise_shares(state, group)
+        summaries = []
+        for group in published:
             aggregate, contributors = build_aggregate(self.name, state, group)
             if self._signer is not None:
                 aggregate = signed(aggregate, self._signer, self.region, state)
@@ -382,7 +382,13 @@ class ZoneAggregator:
         return (reducing, endpoint) if reducing is not None and endpoint else None
 
     def _check_noise_shares(self, state: OpenRound, group: str) -> None:
-        """Refuse to publish an encrypted shard that holds fewer sites' noise shares than accounted."""
+        """Refuse to publish an encrypted shard that holds fewer sites' noise shares than
+        accounted, or a group whose shares were made under different noise terms."""
+        try:
+            state.noise_terms(group)
+        except ZoneError as exc:
+            self._record(Decision.REFUSED, round=state.spec.round, group=group, reason="different noise terms")
+            raise ZoneError(f"zone {self.name}: {exc}; not publishing it", exc.code) from None
         needed = self.residency.min_contributors if self.residency is not None else 1
         short = missing_noise_shares(state, group, needed)
         if short is not None:

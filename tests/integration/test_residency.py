@@ -517,6 +517,67 @@ def test_distributed_record_dp_with_several_steps_a_round_is_refused_before_any_
     assert any("one DP-SGD step per round" in reason for reason in [*refusals, result.stopped_reason])
 
 
+def test_a_coordinator_that_asks_one_site_for_other_noise_gets_no_aggregate_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A breached coordinator asks us-a for σ = 2 (a tightening, so us-a runs it) and the others
+    for σ = 1: us-a would account σ = 2 for shares that add up to 1. The zones see it in the
+    signed manifests: us-east forwards us-a's terms with its sums, and the reducing zone
+    publishes nothing of the round."""
+    from fedshard.coordinator.coordinator import Coordinator as Breached
+
+    honest = Breached._privacy_plan
+
+    def plan(self: Breached, site_id: str):  # type: ignore[no-untyped-def]
+        asked = honest(self, site_id)
+        if site_id != "us-a" or asked is None or asked.record is None:
+            return asked
+        return asked.model_copy(update={"record": asked.record.model_copy(update={"noise_multiplier": 2.0})})
+
+    monkeypatch.setattr(Breached, "_privacy_plan", plan)
+    config = _record_config(tmp_path, batch_size=64)
+    result, _, _ = _run_federation(config, tmp_path / "run")
+    reasons = [a["reason"] for a in result.aborted] + [result.stopped_reason]
+    assert any("different noise terms" in r and "us-a: record dpsgd sigma=2.0" in r for r in reasons), reasons
+    assert not list((tmp_path / "run" / "zones").glob("*/aggregates/*"))  # nothing published anywhere
+    audit = _audit(tmp_path / "run", "eu-central")
+    assert any(r["decision"] == "refused" and r.get("reason") == "different noise terms" for r in audit)
+
+
+def test_zones_publish_no_group_whose_shares_name_different_noise_terms(zones) -> None:
+    _, routing, made = zones
+    eu = made["eu-central"]
+    terms = {
+        "eu-a": "record dpsgd sigma=1.0 clip=1.0 n=2 q=1.0 lr=0.1",
+        "eu-b": "record dpsgd sigma=1.5 clip=1.0 n=2 q=1.0 lr=0.1",
+    }
+    for site in ("eu-a", "eu-b"):
+        shards = _update(routing, [sid for sid, d in routing.site(site).routes.items() if d.zone == "eu-central"])
+        eu.push(_manifest(routing, site, "eu-central", shards, noise=terms[site]), TOKEN, shards)
+    with pytest.raises(
+        ZoneError, match=r"different noise terms \(eu-a: record dpsgd sigma=1\.0 .*eu-b: .*sigma=1\.5"
+    ) as info:
+        eu.close_round(1, forward_to=None)
+    assert info.value.code is RefusalCode.PRIVACY and "\n" not in str(info.value)
+    for group in ("regional/EU", "global"):  # no group published: every one is checked first
+        with pytest.raises(ZoneError, match=r"aggregate for round 1 \(not closed yet"):
+            eu.fetch(1, group, jurisdiction="EU")
+    # a forwarded partial sum names its sites' terms, bounded, and joins the reducing zone's own
+    sid = next(sid for sid, d in routing.site("us-a").routes.items() if d.group == "global")
+    total = np.zeros(routing.plan.shard(sid).shape, dtype=np.float64)
+    from fedshard.integrity import MAX_NOISE_TERMS, shard_digest
+
+    entry = PartialEntry(sid, shard_digest(total), int(total.nbytes), 10.0, ("us-a",))
+    long = PartialSum("us-east", 1, TOKEN, (entry,), "x" * (MAX_NOISE_TERMS + 1))
+    assert PartialSum.from_bytes(long.to_bytes()) == long
+    made["eu-central"].open_round(
+        RoundSpec(2, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS)
+    )
+    with pytest.raises(PushRejectedError, match="noise terms of 513 characters") as refused:
+        eu.receive_partial(replace(long, round=2), {sid: total})
+    assert refused.value.code == "malformed"
+
+
 def test_distributed_noise_refuses_an_aggregate_that_can_never_hold_enough_shares(tmp_path: Path) -> None:
     data = _record_config(tmp_path, batch_size=64).model_dump(mode="json", by_alias=True)
     data["federation"]["min_sites"] = 3

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from fedshard.errors import ConfigError
 from fedshard.privacy.events import DPEvent, Guarantee
-from fedshard.privacy.mechanisms._shares import RoundShape, Sharing, noise_share
+from fedshard.privacy.mechanisms._shares import RoundShape, Sharing, noise_share, shared_terms
 from fedshard.privacy.mechanisms.dpsgd import DpSgd, RecordPrivacy
 from fedshard.privacy.mechanisms.gaussian_update import GaussianUpdate
 from fedshard.registry import Registry
@@ -43,6 +43,7 @@ __all__ = [
     "mechanism",
     "noise_share",
     "register",
+    "shared_terms",
 ]
 
 

@@ -5,6 +5,11 @@ The share maths: every site decrypts the aggregate and knows its own share, so w
 protects another site's records is the other ``n − 1`` shares. Each site adds σ/√(n − 1):
 the decrypted aggregate of ``n`` shares carries σ·√(n/(n − 1)), and any one site's view of
 it, once it subtracts its own share, still carries σ, the noise every ledger accounts.
+
+That holds only if every share was made under the same terms: a site sent a larger σ (or a
+smaller clip, another rate or learning rate) than the others accounts a σ their shares do
+not add up to. Each site names its terms in its signed manifests (:func:`shared_terms`), and
+a zone publishes no aggregate whose shares name different terms (:mod:`fedshard.zone`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["RoundShape", "Sharing", "noise_share"]
+__all__ = ["RoundShape", "Sharing", "noise_share", "shared_terms"]
 
 
 def noise_share(distributed_over: int | None) -> float:
@@ -57,3 +62,13 @@ class Sharing:
     def share(self) -> float:
         """The fraction of σ this site adds before any weight scaling (1 when not shared)."""
         return noise_share(self.distributed_over)
+
+
+def shared_terms(
+    level: str, mechanism: str, noise_multiplier: float, clip: float, distributed_over: int, sample_rate: float
+) -> str:
+    """What a site's noise share of one guarantee (``level``) was made under, as its manifests
+    name it: the mechanism, σ, clip, sharing and sample rate. Sites that run the same terms
+    name the same string, whatever their records or weights (each scales its share to those,
+    see :class:`Sharing`); floats are written exactly (``repr``)."""
+    return f"{level} {mechanism} sigma={noise_multiplier!r} clip={clip!r} n={distributed_over} q={sample_rate!r}"

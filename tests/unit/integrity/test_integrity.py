@@ -14,6 +14,7 @@ from fedshard.errors import IntegrityError, RefusalCode
 from fedshard.integrity import (
     HASH_NAME,
     MANIFEST_FORMAT,
+    MAX_NOISE_TERMS,
     Manifest,
     ShardEntry,
     ShardHasher,
@@ -281,6 +282,24 @@ def test_from_bytes_rejects_weight_that_is_not_positive_and_finite(weight: float
 def test_from_bytes_rejects_garbage(data: bytes) -> None:
     with pytest.raises(IntegrityError):
         Manifest.from_bytes(data)
+
+
+def test_noise_terms_travel_under_the_signature_and_only_where_set() -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    plain = _manifest()
+    assert "noise" not in json.loads(plain.signing_payload())  # manifests without shared noise: as before
+    terms = "record dpsgd sigma=1.0 clip=1.0 n=3 q=1.0 lr=0.1"
+    signed = _manifest(noise=terms).signed(key)
+    again = Manifest.from_bytes(signed.to_bytes())
+    assert again.noise == terms and again == signed
+    again.verify_signature(key.public_key())
+    forged = Manifest.from_bytes(_edited(signed, noise=terms.replace("sigma=1.0", "sigma=2.0")))
+    with pytest.raises(IntegrityError, match="signature does not verify"):
+        forged.verify_signature(key.public_key())
+    with pytest.raises(IntegrityError, match=f"noise terms of {MAX_NOISE_TERMS + 1} characters"):
+        Manifest.from_bytes(_edited(signed, noise="x" * (MAX_NOISE_TERMS + 1)))
 
 
 def test_manifest_names_its_hash_under_the_signature() -> None:

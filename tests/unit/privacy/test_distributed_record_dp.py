@@ -148,3 +148,16 @@ def test_a_full_batch_is_one_step_whatever_a_sites_record_count() -> None:
     with pytest.raises(PrivacyError, match="this round plans 3"):
         RecordPrivacy(planned_record_event(1260, 512, 1, SIGMA), CLIP, noise_share(5), distributed=True)
     assert local_batch(FULL_BATCH, 1260) == 1260 and local_batch(64, 1260) == 64
+
+
+def test_sites_under_the_same_terms_name_the_same_noise_terms_whatever_their_records_or_weight() -> None:
+    events = [planned_record_event(RECORDS, 64, 1, SIGMA)]
+    plan = _plan(record_n=3, update=False)
+    small = RoundDP.of(plan, events, RECORDS, weight=RECORDS, largest_weight=100.0)
+    large = RoundDP.of(plan, events, 100, weight=100.0, largest_weight=100.0)
+    terms = small.noise_terms(LR)
+    assert terms == large.noise_terms(LR) == f"record dpsgd sigma={SIGMA!r} clip={CLIP!r} n=3 q=1.0 lr={LR!r}"
+    # another σ, rate or learning rate is other terms; noise not shared names none
+    louder = RoundDP.of(plan, [planned_record_event(RECORDS, 64, 1, 2 * SIGMA)], RECORDS, RECORDS, 100.0)
+    assert louder.noise_terms(LR) != terms and small.noise_terms(LR / 2) != terms
+    assert RoundDP.of(_plan(update=False), events, RECORDS, RECORDS, 100.0).noise_terms(LR) == ""
