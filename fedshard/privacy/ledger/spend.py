@@ -8,7 +8,8 @@ ledger has already recorded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fedshard.errors import PrivacyError
@@ -68,44 +69,63 @@ def project(
 ) -> int:
     """Largest k <= :data:`MAX_PROJECTED_ROUNDS` such that k more rounds of ``next_round`` fit.
 
-    ε grows with k, so a galloping search from ``hint`` (a guess: the last answer, one
-    round on; 1 without one) then a bisection find k in O(log |k − hint|) compositions:
-    two when the guess is right. Every candidate is composed: a wrong hint costs time,
-    never a wrong answer.
+    ε grows with k. The search keeps a bracket (k that fits, k that does not) and probes
+    where ε² of the composition, close to linear in the steps for Gaussian mechanisms,
+    says ε reaches the budget (:func:`_aim`); where three such probes in a row do not
+    halve the bracket a bisection follows, so a poor model costs O(log k) compositions.
+    It starts at ``hint`` (a guess: the last answer, one round on), then its neighbour:
+    two compositions when the guess is right. Without one it starts at 1: a fresh
+    ledger's 1,362 rounds (RDP, σ 1, q 0.01) take 7 compositions where doubling then
+    bisecting took 22, and one with 23 rounds left (σ 0.9, q 0.05) 4 where it took 10.
+    Every candidate is composed: a wrong hint or model costs time, never a wrong answer.
     """
+    guarantees = sorted({event.guarantee for event in next_round})
+    if not guarantees:
+        return MAX_PROJECTED_ROUNDS
+    budget = snapshot.budget.epsilon
+    known: dict[int, float] = {}  # k -> the largest ε over the guarantees, were k more rounds added
 
-    def fits(k: int) -> bool:
-        # k rounds of the same events compose like one round with k times the steps.
-        scaled = [replace(event, steps=event.steps * k) for event in next_round]
-        return all(eps <= snapshot.budget.epsilon for eps in cost(snapshot, scaled, accountant).values())
+    def eps(k: int) -> float:
+        if k not in known:
+            if k == 0:  # what is spent already (no composition for a fresh ledger)
+                known[k] = max(epsilon_of(snapshot, g, [], accountant) for g in guarantees)
+            else:  # k rounds of the same events compose like one round with k times the steps
+                scaled = [replace(event, steps=event.steps * k) for event in next_round]
+                known[k] = max(cost(snapshot, scaled, accountant).values())
+        return known[k]
 
-    start = min(max(hint or 1, 1), MAX_PROJECTED_ROUNDS)
-    step = 1
-    if fits(start):  # gallop up: low fits
-        low = start
-        while True:
-            high = low + step
-            if high > MAX_PROJECTED_ROUNDS:
-                if fits(MAX_PROJECTED_ROUNDS):
-                    return MAX_PROJECTED_ROUNDS
-                high = MAX_PROJECTED_ROUNDS
-                break
-            if not fits(high):
-                break
-            low, step = high, step * 2
-    else:  # gallop down: high does not fit
-        high = start
-        while True:
-            low = high - step
-            if low < 1:
-                if not fits(1):
-                    return 0
-                low = 1
-                break
-            if fits(low):
-                break
-            high, step = low, step * 2
-    while high - low > 1:  # invariant: fits(low), not fits(high)
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    cap = MAX_PROJECTED_ROUNDS
+    lo, hi = 0, cap + 1  # invariant: lo rounds fit (0 always does), hi do not (cap + 1 is never composed)
+    probe = min(max(hint or 1, 1), cap)
+    guessed, aimed, slow = bool(hint), False, 0
+    while True:
+        width = hi - lo
+        if eps(probe) <= budget:
+            lo = probe
+        else:
+            hi = probe
+        if hi - lo <= 1:
+            return lo
+        slow = slow + 1 if aimed and 2 * (hi - lo) > width else 0
+        if guessed:  # a guess: its neighbour settles it when it was right
+            probe, guessed = (lo + 1 if lo == probe else hi - 1), False
+        elif slow >= 3 and hi <= cap:  # three of the model's probes in a row did not halve the bracket
+            probe, aimed, slow = (lo + hi) // 2, False, 0
+        else:
+            probe, aimed = min(max(_aim(known, lo, hi, budget, eps), lo + 1), hi - 1), True
+
+
+def _aim(known: dict[int, float], lo: int, hi: int, budget: float, eps: Callable[[int], float]) -> int:
+    """The largest k whose ε fits ``budget`` where ε² is linear in k through two points: the
+    bracket's ends where its upper end was composed, else the two largest composed points
+    that fit (0, what is spent, if only one); twice the larger point where ε does not grow."""
+    if hi in known:
+        a, b = lo, hi
+    else:
+        fit = sorted(k for k in known if k <= lo)
+        a, b = (fit[-2], fit[-1]) if len(fit) >= 2 else (0, lo)
+    ea, eb = eps(a) ** 2, eps(b) ** 2
+    if not eb > ea:
+        return 2 * b
+    aim = a + (budget**2 - ea) * (b - a) / (eb - ea)
+    return int(aim) if math.isfinite(aim) and aim < 2**62 else 2**62

@@ -246,6 +246,39 @@ def test_a_projection_hint_changes_the_work_never_the_answer(
         assert len(calls) == 2  # the right guess: one composition that fits, one that does not
 
 
+@pytest.mark.parametrize(
+    ("budget", "next_round", "spent"),
+    [
+        (4.0, [SGD], ()),
+        (50.0, [DPEvent(RECORD, 1.0, 0.25, 4)], ()),
+        (8.0, [SGD, NOISY_UPDATE], (DPEvent(RECORD, 1.3, 0.05, 20),)),
+        (1.0, [DPEvent(UPDATE, 50.0, 1.0, 1)], ()),  # ε nearly linear in k: the model is poor, bisection steps in
+        (0.5, [DPEvent(UPDATE, 1.0, 1.0, 1)], ()),  # not even one round
+    ],
+)
+def test_a_projection_is_the_last_round_that_fits_and_takes_few_compositions(
+    budget: float, next_round: list[DPEvent], spent: tuple[DPEvent, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedshard.privacy.ledger import spend
+    from fedshard.privacy.ledger.records import LedgerEntry
+
+    rdp = AccountantKind.RDP
+    entries = tuple(LedgerEntry(1, 0, e, epsilon([e], 1e-5, rdp), 1e-5, True, 0.0) for e in spent)
+    snapshot = spend.Snapshot(Budget(budget, 1e-5), entries)
+
+    def fits(k: int) -> bool:
+        scaled = [DPEvent(e.guarantee, e.noise_multiplier, e.sample_rate, e.steps * k) for e in next_round]
+        return all(v <= budget for v in spend.cost(snapshot, scaled, rdp).values())
+
+    calls: list[int] = []
+    real_cost = spend.cost
+    monkeypatch.setattr(spend, "cost", lambda *a: calls.append(1) or real_cost(*a))
+    k = spend.project(snapshot, next_round, rdp)
+    assert len(calls) <= max(6, k.bit_length())  # doubling from 1, then bisecting, took about 2·log2(k)
+    monkeypatch.setattr(spend, "cost", real_cost)
+    assert (k == 0 or fits(k)) and not fits(k + 1)
+
+
 def test_projection_is_capped(ledger: PrivacyLedger) -> None:
     assert ledger.status([DPEvent(UPDATE, 500.0, 0.001, 1)]).projected_rounds_left == MAX_PROJECTED_ROUNDS
 
