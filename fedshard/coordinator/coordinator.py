@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from fedshard import faults
+from fedshard._heap import release_free_memory
 from fedshard.config import FederationConfig
 from fedshard.config.changes import fixed_digests
 from fedshard.coordinator._discovery import agreeing_sites
@@ -357,6 +358,8 @@ class Coordinator:
                 log.info("federation stopped: %s", exc)
                 result.stopped_reason = str(exc)
                 break
+            finally:  # what the round's sites and sums freed (the in-process sites train in this process)
+                release_free_memory()
         self._evaluate_carried(result)
         return result
 

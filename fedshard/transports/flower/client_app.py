@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedshard._heap import release_free_memory
+
 if TYPE_CHECKING:
     from fedshard.config import FederationConfig
     from fedshard.site.site import Site
@@ -73,7 +75,10 @@ def _handle(kind_value: str, msg: Message, context: Context, defaults: Mapping[s
 
     site = _site(context, defaults)
     kind = MessageKind(kind_value)
-    reply = site.handle(kind, unpack(msg, REQUESTS[kind]))
+    try:
+        reply = site.handle(kind, unpack(msg, REQUESTS[kind]))
+    finally:  # a warm worker answers message after message: give back what training freed
+        release_free_memory()
     return Message(content=pack(reply), reply_to=msg)
 
 
