@@ -59,7 +59,7 @@ class Manifest:
     ``noise`` names the terms its DP noise share was made under where the noise is shared
     over several sites (:meth:`fedshard.site.privacy.RoundDP.noise_terms`; "" where it is
     not): written by the site under its signature, at most :data:`MAX_NOISE_TERMS`
-    characters; a zone publishes no aggregate whose contributors name different terms. The
+    characters; a zone puts only shares of the same terms in one aggregate. The
     field is in the signed body only when set, so manifests without shared noise read and
     verify as before.
     """

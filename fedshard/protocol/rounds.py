@@ -177,10 +177,10 @@ class PartialSum:
     token: str
     entries: tuple[PartialEntry, ...] = ()
     noise: str = ""
-    """The noise terms every share in the sums was made under (the one
-    :attr:`~fedshard.integrity.Manifest.noise` of their sites' manifests; "": no shared noise).
-    The forwarding zone sends none of its sums where they differ; the reducing zone holds them
-    with its own shares' terms and publishes no aggregate whose terms differ. At most
+    """The noise terms every encrypted share in the sums was made under (the
+    :attr:`~fedshard.integrity.Manifest.noise` most of the forwarding zone's sites named; the
+    other sites' shares are not forwarded; "": no shared noise). The reducing zone counts the
+    sites into its lane of these terms (:meth:`~fedshard.zone._state.OpenRound.settle`). At most
     :data:`~fedshard.integrity.MAX_NOISE_TERMS` characters (checked by the reducing zone)."""
 
     def to_bytes(self) -> bytes:

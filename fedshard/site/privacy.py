@@ -87,9 +87,9 @@ class RoundDP:
     def noise_terms(self, learning_rate: float) -> str:
         """What the round's shared noise was made under, as the site's manifests name it ("":
         no noise shared): every shared mechanism's terms, the record level's with the round's
-        ``learning_rate`` (its noise goes in before the SGD step). A zone publishes no
-        aggregate whose shares name different terms: a site sent other terms than the
-        others would account a σ their shares do not add up to."""
+        ``learning_rate`` (its noise goes in before the SGD step). A zone puts only shares of
+        the same terms in one aggregate: a site sent other terms than the others would
+        account a σ their shares do not add up to."""
         return "; ".join(
             f"{terms} lr={learning_rate!r}" if guarantee is Guarantee.RECORD else terms
             for guarantee, terms in self.shared

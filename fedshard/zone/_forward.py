@@ -42,6 +42,7 @@ __all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums", "
 
 def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, ShardPayload]]:
     """The header and values this zone forwards for ``state``'s ``global`` shards (none: empty)."""
+    noise = state.settle(GLOBAL_GROUP)[0]  # the encrypted sums sent are the lane of these terms
     acc = state.groups.get(GLOBAL_GROUP) or state.accumulator()
     enc = state.encrypted.get(GLOBAL_GROUP)
     contributors = state.contributors.get(GLOBAL_GROUP, {})
@@ -58,7 +59,6 @@ def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, Sha
             data = payload[sid] = enc.serialize(sid)
             who = tuple(sorted(contributors[sid]))
             entries.append(PartialEntry(sid, ciphertext_digest(data), len(data), 1.0, who, encrypted=True))
-    noise = state.noise_terms(GLOBAL_GROUP) if entries else ""  # ZoneError (privacy) where shares' terms differ
     return PartialSum(zone, state.spec.round, state.spec.token, tuple(entries), noise), payload
 
 
@@ -177,7 +177,7 @@ def _check_contributors(state: OpenRound, entry: PartialEntry, weights: dict[str
             f"shard {sid}: the partial sum names site {stranger!r}, which was not selected for this round",
             RefusalCode.SITE,
         )
-    counted = state.contributors.get(GLOBAL_GROUP, {}).get(sid, set()) & set(entry.contributors)
+    counted = state.holders(GLOBAL_GROUP, sid) & set(entry.contributors)
     if counted:
         raise PushRejectedError(
             f"shard {sid}: site {min(counted)} is already counted in this shard's sum", RefusalCode.DUPLICATE

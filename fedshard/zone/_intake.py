@@ -123,9 +123,7 @@ class PushIntake:
                 state.fold(group, shard_id, site).add(shard_id, values, weight, scale)
             for shard_id, parsed in ciphertexts.items():  # the weight is inside the ciphertext (see fedshard.crypto.he)
                 group = groups.get(shard_id, DEFAULT_GROUP)
-                state.fold_encrypted(group, shard_id, site, self.z.he_context).add(shard_id, parsed)
-            for group in {groups.get(shard_id, DEFAULT_GROUP) for shard_id in [*staged, *ciphertexts]}:
-                state.note_noise(group, manifest.noise, site)
+                state.fold_encrypted(group, shard_id, site, self.z.he_context, manifest.noise).add(shard_id, parsed)
             state.pushing.discard(manifest.site_id)
             state.counted[manifest.site_id] = None
             if norm is not None:

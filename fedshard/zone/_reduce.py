@@ -21,7 +21,7 @@ from fedshard.protocol.rounds import GLOBAL_GROUP, PartialSum, ShardPayload
 from fedshard.zone._calls import Call
 from fedshard.zone._forward import ForwardSession, check_partial, send_partial_sums
 from fedshard.zone._rounds import ZoneRounds
-from fedshard.zone._state import OpenRound
+from fedshard.zone._state import OpenRound, record_left_out
 from fedshard.zone.frames import shard_chunks
 
 if TYPE_CHECKING:
@@ -88,13 +88,11 @@ class Reduction:
             for entry in partial.entries:
                 sid = entry.shard_id
                 if entry.encrypted:
-                    state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.z.he_context).add(
-                        sid, ciphertexts[sid]
-                    )
+                    lane = state.fold_encrypted(GLOBAL_GROUP, sid, entry.contributors, self.z.he_context, partial.noise)
+                    lane.add(sid, ciphertexts[sid])
                 else:
                     acc = state.fold(GLOBAL_GROUP, sid, entry.contributors)
                     acc.add_sum(sid, sums[sid], entry.weight, state.plan.shard(sid).dtype)
-            state.note_noise(GLOBAL_GROUP, partial.noise, {c for e in partial.entries for c in e.contributors})
             state.forwarded_from.add(partial.zone)
             self.z.stats.partials_received += len(partial.entries)
         faults.point("zone.forward.received")
@@ -132,13 +130,12 @@ class Reduction:
         reducing zone's ``(name, endpoint)`` from this zone's own config (nothing to send:
         nothing done); counted and audited."""
         try:
-            partial = send_partial_sums(state, self.z.name, self._connect, forward_to)
-        except ZoneError as exc:
-            if exc.code is not RefusalCode.PRIVACY:
-                raise
-            # shares made under different noise terms: forwarded to no one
+            _, left_out = state.settle(GLOBAL_GROUP)
+        except ZoneError as exc:  # as many sites under each of two noise terms: forwarded to no one
             self.z.record(Decision.REFUSED, round=state.spec.round, group=GLOBAL_GROUP, reason="different noise terms")
             raise ZoneError(f"zone {self.z.name}: {exc}; not forwarding them", exc.code) from None
+        record_left_out(self.z.record, state.spec.round, GLOBAL_GROUP, left_out)
+        partial = send_partial_sums(state, self.z.name, self._connect, forward_to)
         if partial is None or forward_to is None:
             return
         faults.point("zone.forward.sent")

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -25,6 +26,7 @@ from fedshard.integrity import build_manifest
 from fedshard.protocol.rounds import PartialEntry, PartialSum, RoundSpec
 from fedshard.store import LocalShardStore
 from fedshard.transports.inprocess import InProcessSiteGateway
+from fedshard.zone._state import LEFT_OUT
 from fedshard.zone.aggregator import ZoneAggregator
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
@@ -517,13 +519,14 @@ def test_distributed_record_dp_with_several_steps_a_round_is_refused_before_any_
     assert any("one DP-SGD step per round" in reason for reason in [*refusals, result.stopped_reason])
 
 
-def test_a_coordinator_that_asks_one_site_for_other_noise_gets_no_aggregate_published(
+def test_a_coordinator_that_asks_one_site_for_other_noise_gets_its_share_left_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A breached coordinator asks us-a for σ = 2 (a tightening, so us-a runs it) and the others
     for σ = 1: us-a would account σ = 2 for shares that add up to 1. The zones see it in the
-    signed manifests: us-east forwards us-a's terms with its sums, and the reducing zone
-    publishes nothing of the round."""
+    signed manifests: us-east forwards us-a's terms with its sums, and the reducing zone leaves
+    us-a's share out of every aggregate (here a shard is then left with too few shares, so the
+    round is not published at all)."""
     from fedshard.coordinator.coordinator import Coordinator as Breached
 
     honest = Breached._privacy_plan
@@ -536,46 +539,74 @@ def test_a_coordinator_that_asks_one_site_for_other_noise_gets_no_aggregate_publ
 
     monkeypatch.setattr(Breached, "_privacy_plan", plan)
     config = _record_config(tmp_path, batch_size=64)
-    result, _, _ = _run_federation(config, tmp_path / "run")
-    reasons = [a["reason"] for a in result.aborted] + [result.stopped_reason]
-    assert any("different noise terms" in r and "us-a: record dpsgd sigma=2.0" in r for r in reasons), reasons
-    assert not list((tmp_path / "run" / "zones").glob("*/aggregates/*"))  # nothing published anywhere
+    _run_federation(config, tmp_path / "run")
     audit = _audit(tmp_path / "run", "eu-central")
-    assert any(r["decision"] == "refused" and r.get("reason") == "different noise terms" for r in audit)
+    left_out = [r for r in audit if r.get("reason") == LEFT_OUT]
+    assert [(r["group"], r["sites"]) for r in left_out] == [("global", ["us-a"])]
+    assert "sigma=2.0" in left_out[0]["noise"]
+    published = [r for r in audit if r["decision"] == "published"]
+    assert not any("us-a" in r["sites"] for r in published)  # no aggregate holds its share with the others'
 
 
-def test_zones_publish_no_group_whose_shares_name_different_noise_terms(zones) -> None:
-    _, routing, made = zones
-    eu = made["eu-central"]
-    terms = {
-        "eu-a": "record dpsgd sigma=1.0 clip=1.0 n=2 q=1.0 lr=0.1",
-        "eu-b": "record dpsgd sigma=1.5 clip=1.0 n=2 q=1.0 lr=0.1",
-    }
+def _encrypted_zone(tmp_path: Path) -> tuple[ZoneAggregator, FederationRouting, str, Any]:
+    """eu-central (the reducing zone) of a federation whose shards are all HE-encrypted, with
+    round 1 open; a global shard eu-a and eu-b push there and us-a to us-east; a codec."""
+    from fedshard.crypto.he import SECRET_CONTEXT_FILE, HeCodec, load_context
+
+    config = _record_config(tmp_path, batch_size=64)
+    routing = FederationRouting(config)
+    zone = make_zone(config.zones[0], tmp_path / "z", routing=routing)
+    zone.open_round(RoundSpec(1, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS))
+    routes = {site: routing.site(site).routes for site in ("eu-a", "eu-b", "us-a")}
+    sid = next(
+        sid
+        for sid, d in routes["eu-a"].items()
+        if d.group == "global" and routes["eu-b"][sid].zone == "eu-central" and routes["us-a"][sid].zone == "us-east"
+    )
+    return zone, routing, sid, HeCodec(load_context(tmp_path / "keys" / SECRET_CONTEXT_FILE, secret=True))
+
+
+def test_a_zone_publishes_the_shares_most_sites_made_under_one_set_of_noise_terms(tmp_path: Path) -> None:
+    zone, routing, sid, codec = _encrypted_zone(tmp_path)
+    honest, other = (
+        "record dpsgd sigma=1.0 clip=1.0 n=2 q=1.0 lr=0.1",
+        "record dpsgd sigma=1.5 clip=1.0 n=2 q=1.0 lr=0.1",
+    )
+    blob = codec.encrypt(np.zeros(routing.plan.shard(sid).size), 1.0)[0]
     for site in ("eu-a", "eu-b"):
-        shards = _update(routing, [sid for sid, d in routing.site(site).routes.items() if d.zone == "eu-central"])
-        eu.push(_manifest(routing, site, "eu-central", shards, noise=terms[site]), TOKEN, shards)
-    with pytest.raises(
-        ZoneError, match=r"different noise terms \(eu-a: record dpsgd sigma=1\.0 .*eu-b: .*sigma=1\.5"
-    ) as info:
-        eu.close_round(1, forward_to=None)
-    assert info.value.code is RefusalCode.PRIVACY and "\n" not in str(info.value)
-    for group in ("regional/EU", "global"):  # no group published: every one is checked first
-        with pytest.raises(ZoneError, match=r"aggregate for round 1 \(not closed yet"):
-            eu.fetch(1, group, jurisdiction="EU")
-    # a forwarded partial sum names its sites' terms, bounded, and joins the reducing zone's own
-    sid = next(sid for sid, d in routing.site("us-a").routes.items() if d.group == "global")
-    total = np.zeros(routing.plan.shard(sid).shape, dtype=np.float64)
-    from fedshard.integrity import MAX_NOISE_TERMS, shard_digest
+        manifest = _manifest(routing, site, "eu-central", {sid: blob}, encrypted=frozenset({sid}), noise=honest)
+        zone.push(manifest, TOKEN, {sid: blob})
+    from fedshard.integrity import MAX_NOISE_TERMS, ciphertext_digest
 
-    entry = PartialEntry(sid, shard_digest(total), int(total.nbytes), 10.0, ("us-a",))
+    entry = PartialEntry(sid, ciphertext_digest(blob), len(blob), 1.0, ("us-a",), encrypted=True)
     long = PartialSum("us-east", 1, TOKEN, (entry,), "x" * (MAX_NOISE_TERMS + 1))
     assert PartialSum.from_bytes(long.to_bytes()) == long
-    made["eu-central"].open_round(
-        RoundSpec(2, TOKEN, routing.plan.to_json(), "v0", tuple(s for s, _ in SITES), weights=WEIGHTS)
-    )
     with pytest.raises(PushRejectedError, match="noise terms of 513 characters") as refused:
-        eu.receive_partial(replace(long, round=2), {sid: total})
+        zone.receive_partial(long, {sid: blob})
     assert refused.value.code == "malformed"
+    zone.receive_partial(replace(long, noise=other), {sid: blob})  # us-a's share, made under other terms
+    (summary,) = zone.close_round(1)
+    assert summary.group == "global" and summary.sites == ("eu-a", "eu-b")  # us-a's share left out
+    (left,) = [r for r in _audit_of(zone) if r.get("reason") == LEFT_OUT]
+    assert (left["sites"], left["noise"]) == (["us-a"], other)
+    zone.close()
+
+
+def test_a_zone_publishes_nothing_when_as_many_sites_name_each_of_two_noise_terms(tmp_path: Path) -> None:
+    zone, routing, sid, codec = _encrypted_zone(tmp_path)
+    blob = codec.encrypt(np.zeros(routing.plan.shard(sid).size), 1.0)[0]
+    for site, sigma in (("eu-a", "1.0"), ("eu-b", "1.5")):
+        terms = f"record dpsgd sigma={sigma} clip=1.0 n=2 q=1.0 lr=0.1"
+        manifest = _manifest(routing, site, "eu-central", {sid: blob}, encrypted=frozenset({sid}), noise=terms)
+        zone.push(manifest, TOKEN, {sid: blob})
+    with pytest.raises(
+        ZoneError, match=r"as many sites under each \(eu-a: record dpsgd sigma=1\.0 .*eu-b: .*sigma=1\.5"
+    ) as info:
+        zone.close_round(1)
+    assert info.value.code is RefusalCode.PRIVACY and "\n" not in str(info.value)
+    with pytest.raises(ZoneError, match=r"aggregate for round 1 \(not closed yet"):
+        zone.fetch(1, "global", jurisdiction="EU")
+    zone.close()
 
 
 def test_distributed_noise_refuses_an_aggregate_that_can_never_hold_enough_shares(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ it, once it subtracts its own share, still carries σ, the noise every ledger ac
 That holds only if every share was made under the same terms: a site sent a larger σ (or a
 smaller clip, another rate or learning rate) than the others accounts a σ their shares do
 not add up to. Each site names its terms in its signed manifests (:func:`shared_terms`), and
-a zone publishes no aggregate whose shares name different terms (:mod:`fedshard.zone`).
+a zone puts only shares of one set of terms in an aggregate, the set most of its sites named
+(:meth:`fedshard.zone._state.OpenRound.settle`).
 """
 
 from __future__ import annotations
