@@ -571,8 +571,15 @@ def publish_private(args: argparse.Namespace, bench: Bench, private: Pairs, tuni
         "budget_respected": spent <= 1.0,
     }
     verdicts = [
-        f"at ε = {eps:g} the federation is {pp(*g)} pp against the floor, "
-        f"{'within' if g[0] >= -g[1] else 'not within'} one standard error of it"
+        f"at ε = {eps:g} the federation is {pp(*g)} pp against the floor: "
+        + (
+            "ahead of it"
+            if g[0] > 0
+            else "below it by less than one standard error"
+            if g[0] >= -g[1]
+            else "below it by more than one standard error"
+        )
+        + " (the goal: no lower than one standard error below it)"
         for eps, g in gaps.items()
     ]
     c.publish(
@@ -589,7 +596,7 @@ def publish_private(args: argparse.Namespace, bench: Bench, private: Pairs, tuni
         headers=["recipe", "test accuracy %", "vs central DP-SGD pp (mean ± SE)", "kept at (mean)", "wall s per run"],
         rows=_dp_rows(private),
         interpretation=(
-            f"Over {args.dp_seeds} paired seeds, {'; '.join(verdicts)} (the goal). The non-private comparison "
+            f"Over {args.dp_seeds} paired seeds, {'; '.join(verdicts)}. The non-private comparison "
             "is section `hf_finetune`. Wall times include whatever else ran on the machine."
         ),
         headline=headline,

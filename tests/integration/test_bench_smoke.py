@@ -259,7 +259,7 @@ def _hf_finetune_dp_shown(h: dict[str, Any], section: str) -> None:
     shared = _row(section, "DP ε=8: noise shared under HE, a full-batch step a round, server Adam lr 0.01")
     assert _cells(shared)[2] == f"{h['dp_vs_central_dp_pp']['8']:+.2f} ± 0.00"
     assert _cells(_row(section, "DP ε=8: central DP-SGD (pooled)"))[2] == "0"
-    assert "within one standard error" in section
+    assert "(the goal: no lower than one standard error below it)" in section
 
 
 def _dp_tables(h: dict[str, Any]) -> None:
