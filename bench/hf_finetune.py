@@ -13,11 +13,11 @@ with LoRA, federated against central, each at convergence: issue 37's accuracy g
    pick on the same seeds and is reported against the same central runs.
 3. **DP** (``--epsilons``): the DP federation and central DP-SGD on the pooled data (the floor),
    paired on the test seeds ``0 … --dp-seeds − 1``. The federation (``--dp-noise``) shares its
-   noise under HE by default: a round is one DP-SGD step over every record of every site, the
-   server's Adam at a rate chosen on validation among ``--dp-server-lrs`` (see
-   :func:`_hf_runs.shared_dp_variant`); ``--dp-sample-rate Q`` makes each round one step over a
-   Poisson sample of every record at rate Q instead, 1/Q rounds an epoch, scored after each epoch
-   (``privacy.record_level.sample_rate``); ``--dp-noise site``: each site adds all of its own noise
+   noise under HE by default: a round is one DP-SGD step over a Poisson sample of every site's
+   records at rate ``--dp-sample-rate`` (default 0.25; 1/rate rounds an epoch, scored after each
+   epoch; ``privacy.record_level.sample_rate``; 1: every record, the smoke run's), the server's
+   Adam at a rate chosen on validation among ``--dp-server-lrs`` (see
+   :func:`_hf_runs.shared_dp_variant`); ``--dp-noise site``: each site adds all of its own noise
    to an epoch of Adam, each averaged update applied ×k, k chosen among ``--dp-server-steps``
    (:func:`_hf_runs.dp_variant`). The floor's rate is chosen on validation among ``--dp-lrs``.
 
@@ -242,9 +242,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dp-sample-rate",
         type=float,
-        default=1.0,
+        default=None,
         help="shared noise: each round one step over a Poisson sample of every record at this rate, 1/rate rounds "
-        "an epoch (default 1: every record, one round an epoch)",
+        "an epoch (default 0.25, the rate measured best; --smoke 1: every record, one round an epoch)",
     )
     parser.add_argument("--dp-batch", type=int, default=16, help="the DP runs' batch size (default 16, as the others)")
     parser.add_argument("--dp-seeds", type=int, default=None, help="test seeds of the DP runs (default: --seeds)")
@@ -275,6 +275,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.patience = args.patience or (1 if args.smoke else 2)
     args.dp_patience = args.dp_patience or (1 if args.smoke else 4)
     args.max_steps = args.max_steps or (2 if args.smoke else 20)
+    args.dp_sample_rate = args.dp_sample_rate or (1.0 if args.smoke else 0.25)
     fed_lrs = args.fed_lrs or ("5e-3" if quick else "5e-3,1e-2")
     args.fed_lrs = [float(x) for x in fed_lrs.split(",")]
     central_lrs = args.central_lrs or ("2e-3,5e-3" if args.smoke else "2e-3" if quick else "2e-3,5e-3,1e-2")
