@@ -8,7 +8,14 @@ from fedshard.integrity.digest import (
     ciphertext_hasher,
     shard_digest,
 )
-from fedshard.integrity.manifest import MANIFEST_FORMAT, MAX_NOISE_TERMS, Manifest, ShardEntry, build_manifest
+from fedshard.integrity.manifest import (
+    MANIFEST_FORMAT,
+    MAX_NOISE_TERMS,
+    Manifest,
+    ShardEntry,
+    build_manifest,
+    noise_terms_ok,
+)
 from fedshard.integrity.merkle import EMPTY_ROOT, InclusionProof, MerkleTree, merkle_root, verify_proof
 from fedshard.integrity.version import genesis_version, next_version
 
@@ -29,6 +36,7 @@ __all__ = [
     "genesis_version",
     "merkle_root",
     "next_version",
+    "noise_terms_ok",
     "shard_digest",
     "verify_proof",
 ]

@@ -29,7 +29,7 @@ from fedshard.integrity.canonical import canonical_json
 from fedshard.integrity.digest import HASH_NAME, ciphertext_digest, shard_digest
 from fedshard.integrity.merkle import merkle_root
 
-__all__ = ["MANIFEST_FORMAT", "MAX_NOISE_TERMS", "Manifest", "ShardEntry", "build_manifest"]
+__all__ = ["MANIFEST_FORMAT", "MAX_NOISE_TERMS", "Manifest", "ShardEntry", "build_manifest", "noise_terms_ok"]
 
 MANIFEST_FORMAT = 3
 """The manifest format this version writes and accepts (3: BLAKE3 digests, named by ``"hash"``)."""
@@ -37,6 +37,13 @@ MANIFEST_FORMAT = 3
 MAX_NOISE_TERMS = 512
 """The most characters of noise terms (:attr:`Manifest.noise`) a manifest or a forwarded
 partial sum may carry; both DP levels' terms fit in under 300."""
+
+
+def noise_terms_ok(terms: str) -> bool:
+    """Whether ``terms`` may be a manifest's or partial sum's noise terms: at most
+    :data:`MAX_NOISE_TERMS` printable ASCII characters (no line breaks: they end up in
+    one-line refusals and audit records)."""
+    return len(terms) <= MAX_NOISE_TERMS and terms.isascii() and terms.isprintable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +163,10 @@ class Manifest:
             raise IntegrityError(f"manifest of site {self.site_id!r} lists a shard twice")
         if not (self.weight > 0 and np.isfinite(self.weight)):
             raise IntegrityError(f"manifest weight must be positive and finite, got {self.weight!r}")
-        if len(self.noise) > MAX_NOISE_TERMS:
+        if not noise_terms_ok(self.noise):
             raise IntegrityError(
-                f"manifest of site {self.site_id!r}: noise terms of {len(self.noise)} characters (at most "
-                f"{MAX_NOISE_TERMS})"
+                f"manifest of site {self.site_id!r}: noise terms must be at most {MAX_NOISE_TERMS} printable ASCII "
+                f"characters (got {len(self.noise)})"
             )
         root = merkle_root({s.shard_id: s.digest for s in self.shards})
         if root != self.merkle_root:

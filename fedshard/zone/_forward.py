@@ -26,7 +26,7 @@ from fedshard.aggregation import error_bound, extremes, fixed_weight_of, within
 from fedshard.aggregation.bounds import SUM_TOLERANCE
 from fedshard.crypto.ciphertexts import load_ciphertexts
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
-from fedshard.integrity import MAX_NOISE_TERMS, ciphertext_digest, shard_digest
+from fedshard.integrity import MAX_NOISE_TERMS, ciphertext_digest, noise_terms_ok, shard_digest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, GLOBAL_GROUP, PartialEntry, PartialSum, ShardPayload
 from fedshard.zone._staging import Loan, StagingPool
 from fedshard.zone.frames import Chunk, Declared, FrameAssembler, Header
@@ -117,9 +117,10 @@ def check_partial(state: OpenRound, partial: PartialSum, *, residency: ZonePolic
     ids = [e.shard_id for e in partial.entries]
     if len(set(ids)) != len(ids):
         raise PushRejectedError("the header lists a shard twice", RefusalCode.MALFORMED)
-    if len(partial.noise) > MAX_NOISE_TERMS:
+    if not noise_terms_ok(partial.noise):
         raise PushRejectedError(
-            f"noise terms of {len(partial.noise)} characters (at most {MAX_NOISE_TERMS})", RefusalCode.MALFORMED
+            f"noise terms must be at most {MAX_NOISE_TERMS} printable ASCII characters (got {len(partial.noise)})",
+            RefusalCode.MALFORMED,
         )
     weights = dict(state.spec.weights)
     for entry in partial.entries:
