@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 __all__ = ["ForwardSession", "ForwardTarget", "check_partial", "partial_sums", "send_partial_sums"]
 
 
-def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, ShardPayload]]:
-    """The header and values this zone forwards for ``state``'s ``global`` shards (none: empty)."""
-    noise = state.settle(GLOBAL_GROUP)[0]  # the encrypted sums sent are the lane of these terms
+def partial_sums(state: OpenRound, zone: str, noise: str) -> tuple[PartialSum, dict[str, ShardPayload]]:
+    """The header and values this zone forwards for ``state``'s ``global`` shards (none: empty),
+    once settled (:meth:`~fedshard.zone._state.OpenRound.settle`): ``noise`` is the terms of the
+    lane kept, whose encrypted sums are sent."""
     acc = state.groups.get(GLOBAL_GROUP) or state.accumulator()
     enc = state.encrypted.get(GLOBAL_GROUP)
     contributors = state.contributors.get(GLOBAL_GROUP, {})
@@ -63,12 +64,12 @@ def partial_sums(state: OpenRound, zone: str) -> tuple[PartialSum, dict[str, Sha
 
 
 def send_partial_sums(
-    state: OpenRound, zone: str, connect: ZoneConnector | None, forward_to: tuple[str, str] | None
+    state: OpenRound, zone: str, connect: ZoneConnector | None, forward_to: tuple[str, str] | None, noise: str
 ) -> PartialSum | None:
     """Forward ``state``'s ``global`` partial sums to ``forward_to`` = the reducing zone's
     ``(name, endpoint)`` from the zone's own config, through ``connect`` (under mutual
     TLS it checks the peer's certificate names that zone); what was sent (None: nothing
-    to send).
+    to send). ``noise``: the terms of the encrypted lane kept (see :func:`partial_sums`).
 
     Raises
     ------
@@ -78,7 +79,7 @@ def send_partial_sums(
     PeerIdentityError
         The server at the reducing zone's endpoint is not that zone; nothing was sent.
     """
-    partial, sums = partial_sums(state, zone)
+    partial, sums = partial_sums(state, zone, noise)
     if not partial.entries:
         return None
     if forward_to is None or connect is None:

@@ -21,7 +21,7 @@ from fedshard.protocol.rounds import GLOBAL_GROUP, PartialSum, ShardPayload
 from fedshard.zone._calls import Call
 from fedshard.zone._forward import ForwardSession, check_partial, send_partial_sums
 from fedshard.zone._rounds import ZoneRounds
-from fedshard.zone._state import OpenRound, record_left_out
+from fedshard.zone._state import OpenRound, settle_audited
 from fedshard.zone.frames import shard_chunks
 
 if TYPE_CHECKING:
@@ -129,13 +129,8 @@ class Reduction:
         """Forward ``state``'s partial sums of ``global`` shards to ``forward_to``, the
         reducing zone's ``(name, endpoint)`` from this zone's own config (nothing to send:
         nothing done); counted and audited."""
-        try:
-            _, left_out = state.settle(GLOBAL_GROUP)
-        except ZoneError as exc:  # as many sites under each of two noise terms: forwarded to no one
-            self.z.record(Decision.REFUSED, round=state.spec.round, group=GLOBAL_GROUP, reason="different noise terms")
-            raise ZoneError(f"zone {self.z.name}: {exc}; not forwarding them", exc.code) from None
-        record_left_out(self.z.record, state.spec.round, GLOBAL_GROUP, left_out)
-        partial = send_partial_sums(state, self.z.name, self._connect, forward_to)
+        noise = settle_audited(state, GLOBAL_GROUP, self.z.record, self.z.name, "forwarding")
+        partial = send_partial_sums(state, self.z.name, self._connect, forward_to, noise)
         if partial is None or forward_to is None:
             return
         faults.point("zone.forward.sent")

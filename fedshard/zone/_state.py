@@ -16,7 +16,7 @@ from fedshard.integrity import Manifest
 from fedshard.protocol.rounds import DEFAULT_WEIGHT, RoundSpec
 from fedshard.sharding import ShardPlan
 
-__all__ = ["LEFT_OUT", "OpenRound", "manifest_digest", "record_left_out"]
+__all__ = ["LEFT_OUT", "OpenRound", "manifest_digest", "settle_audited"]
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +140,29 @@ LEFT_OUT = "noise terms differ from the round's other shares"
 """The audit reason for sites whose encrypted shares :meth:`OpenRound.settle` left out."""
 
 
-def record_left_out(record: Callable[..., None], round: int, group: str, left_out: dict[str, set[str]]) -> None:
-    """Audit (through ``record``, the zone's) the sites :meth:`OpenRound.settle` left out of
-    ``group``, with the noise terms each lane named, and log them."""
+def settle_audited(state: OpenRound, group: str, record: Callable[..., None], zone: str, doing: str) -> str:
+    """:meth:`OpenRound.settle` ``group`` at ``zone`` (which is about to ``doing`` its sums:
+    "publishing", "forwarding"), auditing through ``record`` (the zone's) the sites left
+    out, with the noise terms each lane named, and logging them; the terms kept.
+
+    Raises
+    ------
+    ZoneError
+        Code ``privacy``: the lanes tie (audited as ``different noise terms``); the line
+        names the zone and says nothing was sent on.
+    """
+    try:
+        chosen, left_out = state.settle(group)
+    except ZoneError as exc:
+        record(Decision.REFUSED, round=state.spec.round, group=group, reason="different noise terms")
+        raise ZoneError(f"zone {zone}: {exc}; not {doing} it", exc.code) from None
     for terms, sites in sorted(left_out.items()):
-        record(Decision.REFUSED, round=round, group=group, sites=sorted(sites), noise=terms, reason=LEFT_OUT)
+        record(Decision.REFUSED, round=state.spec.round, group=group, sites=sorted(sites), noise=terms, reason=LEFT_OUT)
         log.warning(
             "round %d: group %s: left out %s, whose encrypted shares name other noise terms (%s) than most sites'",
-            round,
+            state.spec.round,
             group,
             ", ".join(sorted(sites)),
             terms or "no shared noise",
         )
+    return chosen

@@ -78,7 +78,7 @@ from fedshard.zone._push import PushSession, check_round_weights
 from fedshard.zone._reduce import Reduction
 from fedshard.zone._rounds import ZoneRounds
 from fedshard.zone._staging import ByteBudget, StagingPool
-from fedshard.zone._state import OpenRound, record_left_out
+from fedshard.zone._state import OpenRound, settle_audited
 from fedshard.zone._stats import ZoneStats
 from fedshard.zone.frames import shard_chunks
 from fedshard.zone.policy import ZonePolicy
@@ -385,12 +385,7 @@ class ZoneAggregator:
         """Settle ``group``'s encrypted sums (the lane of the noise terms most of its sites named;
         the others' sites left out and audited), then refuse to publish an encrypted shard that
         holds fewer sites' noise shares than accounted, or a group whose lanes tie."""
-        try:
-            _, left_out = state.settle(group)
-        except ZoneError as exc:
-            self._record(Decision.REFUSED, round=state.spec.round, group=group, reason="different noise terms")
-            raise ZoneError(f"zone {self.name}: {exc}; not publishing it", exc.code) from None
-        record_left_out(self._record, state.spec.round, group, left_out)
+        settle_audited(state, group, self._record, self.name, "publishing")
         needed = self.residency.min_contributors if self.residency is not None else 1
         short = missing_noise_shares(state, group, needed)
         if short is not None:
