@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from fedshard.errors import ConfigError, PrivacyError
+from fedshard.privacy._opacus_internals import memoise_one_step_rdp
 from fedshard.privacy.accountants import ACCOUNTANTS, Merged, accountant
 from fedshard.privacy.accountants.composition import quiet
 from fedshard.privacy.events import DPEvent, Guarantee
@@ -190,6 +191,7 @@ def _compose(merged: Merged, delta: float, kind: str) -> float:
 
 
 def _run(merged: Merged, delta: float, kind: str) -> float:
+    memoise_one_step_rdp()
     try:
         with quiet():
             value = accountant(kind).epsilon(merged, delta)
@@ -242,6 +244,7 @@ def calibrate_noise(
     # The guarantee does not change the maths; the probe event only checks q and steps.
     probe = DPEvent(Guarantee.RECORD, 1.0, sample_rate, steps)
     opacus_name = accountant(kind.value).opacus_name
+    memoise_one_step_rdp()
     try:
         if opacus_name is not None:
             from opacus.accountants.utils import get_noise_multiplier  # type: ignore[import-untyped]

@@ -168,3 +168,20 @@ def test_a_new_accountant_is_one_class_and_one_registration(tmp_path) -> None:  
         ACCOUNTANTS.remove("zcdp")
     with pytest.raises(ConfigError, match=r"accountant 'zcdp': no such accountant \(prv, rdp\)"):
         epsilon([_event(4.0, 0.1, 8)], 1e-5, "zcdp")
+
+
+def test_one_step_rdp_is_remembered_and_changes_no_epsilon() -> None:
+    from opacus.accountants.analysis import rdp as analysis  # type: ignore[import-untyped]
+
+    from fedshard.privacy._opacus_internals import memoise_one_step_rdp
+
+    history = [(1.3, 0.37, 40), (0.9, 0.11, 7)]
+    value = epsilon([_event(*h) for h in history], 1e-5, PRV)  # installs the memo
+    assert memoise_one_step_rdp() and hasattr(analysis._compute_rdp, "cache_info")
+    original = analysis._compute_rdp.__wrapped__
+    for order in (1.5, 2.0, 7.3, 64.0):  # the memo returns what Opacus computes
+        assert analysis._compute_rdp(0.37, 1.3, order) == original(0.37, 1.3, order)
+    assert value == pytest.approx(_opacus(PRVAccountant(), history), rel=1e-12)
+    hits = analysis._compute_rdp.cache_info().hits
+    epsilon([_event(1.3, 0.37, 41), _event(0.9, 0.11, 7)], 1e-5, PRV)  # one step more: a new composition
+    assert analysis._compute_rdp.cache_info().hits > hits  # its grid sized from the remembered curves
