@@ -264,7 +264,8 @@ def _hf_finetune_dp_shown(h: dict[str, Any], section: str) -> None:
 
 def _dp_tables(h: dict[str, Any]) -> None:
     # --smoke: the smallest table (137 records), one fold, ε = 3, 2 rounds
-    assert h["tables"] == 1 and h["folds"] == 1 and set(h["defaults_vs_floor_pp"]) == {"veterans_lung_cancer"}
+    assert h["tables"] == 1 and h["folds"] == h["per_site_folds"] == 1
+    assert set(h["defaults_vs_floor_pp"]) == {"veterans_lung_cancer"}
     assert -100 < h["worst_defaults_vs_floor_pp"] < 100 and h["budget_respected"] is True
     assert h["within_goal"] == (h["worst_defaults_vs_floor_pp"] >= -0.5)
     assert h["ahead_of_per_site"] == (h["defaults_vs_central_mean_pp"] > h["per_site_vs_central_mean_pp"])
@@ -625,6 +626,7 @@ EXPECT: dict[str, Expect] = {
             "ahead_of_per_site",
             "budget_respected",
             "folds",
+            "per_site_folds",
             "tables",
         },
         _dp_tables,
