@@ -10,6 +10,7 @@ faster and gives a stable key, under which the process remembers every ε it com
 
 from __future__ import annotations
 
+import decimal
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -211,8 +212,11 @@ def calibrate_noise(
     """Noise multiplier σ such that ``steps`` steps at ``sample_rate`` spend at most ``target_epsilon``.
 
     Opacus's bisection finds σ within 0.01 of the target (or 1 % of it, whichever is
-    tighter); σ is then raised in 1 % steps until :func:`epsilon` confirms the spend is
-    within the target, so the ledger is never charged more than was planned.
+    tighter); σ is then rounded up to :data:`SIGMA_DIGITS` significant digits and raised in
+    1 % steps (rounded up again) until :func:`epsilon` confirms the spend is within the
+    target, so the ledger is never charged more than was planned. The rounding makes sites on
+    different machines, whose accountants may differ in a float's last bits, calibrate the
+    same σ: sites that share their noise must name the same σ (their manifests' noise terms).
 
     Parameters
     ----------
@@ -267,12 +271,27 @@ def calibrate_noise(
             f"no noise multiplier reaches ε={target_epsilon} at δ={delta} with q={sample_rate}, "
             f"{steps} steps ({exc}): raise the budget or take fewer steps"
         ) from exc
+    sigma = on_grid(sigma)
     for _ in range(_MAX_NUDGES):
         event = DPEvent(Guarantee.RECORD, sigma, probe.sample_rate, probe.steps)
         if epsilon([event], delta, kind) <= target_epsilon:
             return sigma
-        sigma *= 1.01
+        sigma = on_grid(sigma * 1.01)
     raise PrivacyError(f"could not confirm σ for ε={target_epsilon} at δ={delta}: raise the budget or take fewer steps")
+
+
+SIGMA_DIGITS = 4
+"""Significant digits of a calibrated σ (rounded up: more noise, never less)."""
+
+
+def on_grid(sigma: float) -> float:
+    """``sigma`` rounded up to :data:`SIGMA_DIGITS` significant digits (6.25031… → 6.251): the
+    same value on every machine for any σ its accountant computes within a part in 10⁴."""
+    if not (math.isfinite(sigma) and sigma > 0):
+        return sigma
+    exact = decimal.Decimal(repr(sigma))  # the shortest decimal that is this float
+    step = decimal.Decimal(1).scaleb(exact.adjusted() - SIGMA_DIGITS + 1)
+    return float(exact.quantize(step, rounding=decimal.ROUND_CEILING))
 
 
 def _bisect(target_epsilon: float, delta: float, probe: DPEvent, kind: AccountantKind) -> float:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from fedshard import faults
 from fedshard.errors import ConfigError, PrivacyError, StoreError
-from fedshard.privacy.accountant import AccountantKind, calibrate_noise
+from fedshard.privacy.accountant import SIGMA_DIGITS, AccountantKind, calibrate_noise
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, LedgerHead, PrivacyLedger
 from fedshard.privacy.ledger.chain import LedgerKey
@@ -389,7 +389,8 @@ class SitePrivacy:
         budget = ledger.budget
         one = mechanism(plan.record.mechanism, Guarantee.RECORD).event(shape, 1.0)
         steps = one.steps * plan.record.planned_rounds
-        key = f"{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
+        # σ on its grid (calibrate_noise); entries from before the grid are not taken
+        key = f"grid{SIGMA_DIGITS}|{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
         path = self.state_dir / _CALIBRATION_FILE
         try:
             cache: dict[str, float] = json.loads(path.read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from opacus.accountants import PRVAccountant, RDPAccountant  # type: ignore[import-untyped]
 
 from fedshard.errors import PrivacyError
-from fedshard.privacy.accountant import AccountantKind, calibrate_noise, epsilon, merge_events
+from fedshard.privacy.accountant import AccountantKind, calibrate_noise, epsilon, merge_events, on_grid
 from fedshard.privacy.events import DPEvent, Guarantee
 from tests.toy_parts import ZeroConcentrated
 
@@ -122,6 +123,18 @@ def test_calibrate_noise_with_prv() -> None:
     spent = epsilon([_event(sigma, 0.1, 20)], 1e-5, PRV)
 
     assert 0.95 * 2.0 <= spent <= 2.0
+    assert on_grid(sigma) == sigma and len(Decimal(repr(sigma)).normalize().as_tuple().digits) <= 4
+
+
+@given(st.floats(min_value=1e-4, max_value=1e6))
+@settings(max_examples=300, deadline=None)
+def test_sigma_on_its_grid_is_never_less_and_stays_there(sigma: float) -> None:
+    # sites whose accountants differ in the last bits calibrate the same σ: a part in 10^4 apart
+    # land on one grid point, never below the σ computed, and a grid point is its own rounding
+    rounded = on_grid(sigma)
+    assert sigma <= rounded <= sigma * (1 + 1.0001e-3)
+    assert on_grid(rounded) == rounded
+    assert on_grid(float(f"{sigma:.4g}")) == float(f"{sigma:.4g}")
 
 
 @pytest.mark.parametrize(
