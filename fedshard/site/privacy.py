@@ -390,7 +390,8 @@ class SitePrivacy:
         one = mechanism(plan.record.mechanism, Guarantee.RECORD).event(shape, 1.0)
         steps = one.steps * plan.record.planned_rounds
         # σ on its grid (calibrate_noise); entries from before the grid are not taken
-        key = f"grid{SIGMA_DIGITS}|{plan.accountant.value}|{budget.epsilon!r}|{budget.delta!r}|{one.sample_rate!r}|{steps}"
+        terms = (plan.accountant.value, repr(budget.epsilon), repr(budget.delta), repr(one.sample_rate), str(steps))
+        key = "|".join((f"grid{SIGMA_DIGITS}", *terms))
         path = self.state_dir / _CALIBRATION_FILE
         try:
             cache: dict[str, float] = json.loads(path.read_text())
