@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -112,16 +112,33 @@ def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[Job, runs.
             flush=True,
         )
 
+    failed: list[str] = []
+
+    def failure(job: Job, exc: BaseException) -> None:
+        failed.append(f"{' '.join(map(str, job))}: {type(exc).__name__}: {exc}")
+        print(f"  failed: {failed[-1]}", flush=True)
+
     if args.processes > 1:
         with ProcessPoolExecutor(args.processes) as pool:
             futures = {
-                job: pool.submit(_execute, job, paths[job[1]], args.folds, args.rounds, args.defaults) for job in todo
+                pool.submit(_execute, job, paths[job[1]], args.folds, args.rounds, args.defaults): job for job in todo
             }
-            for job, future in futures.items():
-                record(job, future.result())
+            for future in as_completed(futures):  # each run cached as it finishes, whatever the others do
+                try:
+                    record(futures[future], future.result())
+                except Exception as exc:
+                    failure(futures[future], exc)
     else:
         for job in todo:
-            record(job, _execute(job, paths[job[1]], args.folds, args.rounds, args.defaults))
+            try:
+                record(job, _execute(job, paths[job[1]], args.folds, args.rounds, args.defaults))
+            except Exception as exc:
+                failure(job, exc)
+    if failed:
+        raise SystemExit(
+            f"{len(failed)} of {len(todo)} runs failed (the others are in the cache; the same command runs only "
+            f"what is missing): {failed[0]}"
+        )
     return {job: runs.Outcome(**cache[_key(job, digest)]) for job in jobs}
 
 
