@@ -281,8 +281,8 @@ def publish(
         "DP across public medical tables: fedshard's private defaults against the central DP floor",
         f"{args.repeats * args.fold_count} test fold(s) per table and ε, paired"
         + (
-            f" (per-site DP-SGD: the first {few})"
-            if (few := args.per_site_repeats * args.fold_count) < args.repeats * args.fold_count
+            f" (per-site DP-SGD: the first {headline['per_site_folds']})"
+            if headline["per_site_folds"] < headline["folds"]
             else ""
         )
         + f"; {len(outcomes)} runs, "
