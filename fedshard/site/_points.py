@@ -7,12 +7,13 @@ their occurrences; ``tests/integration/test_site_crashes.py`` kills a site at 11
 load      ``site.load.begin``, ``store.read.shard`` (each shard), ``site.load.end``
 apply     per missed round: ``site.apply.fetch``, ``site.apply.fetched``, ``site.apply.decrypted``,
           ``site.apply.applied``
-save      ``site.save.begin``, ``store.write.blob`` (each shard), ``store.file.written`` and
-          ``store.file.renamed`` (each file, around its rename), ``store.commit.sync``,
-          ``store.commit.keys``, ``store.commit.catalog`` (the commit), ``store.commit.garbage``,
-          ``site.save.end``
-ledger    ``site.ledger.open``, ``site.ledger.anchor`` (after each ledger write, before the
-          store commit that anchors it), ``site.ledger.reserve``, ``site.ledger.reserved``
+ledger    ``site.ledger.open``, ``site.ledger.reserve``, ``site.ledger.anchor`` (after each
+          ledger write, before the store commit that anchors it), ``site.ledger.reserved``
+save      the caught-up model, in the store commit that anchors the reservation (without DP,
+          or refused: right after ``ledger``): ``site.save.begin``, ``store.write.blob`` (each
+          shard), ``store.file.written`` and ``store.file.renamed`` (each file, around its
+          rename), ``store.commit.keys``, ``store.commit.sync``, ``store.commit.catalog`` (the
+          commit), ``store.commit.garbage``, ``site.save.end``; then ``site.ledger.reserved``
 train     ``site.train.begin``, ``site.train.dp`` (DP-SGD's steps checked), ``site.train.sealed``
 push      per zone: ``site.push.manifest``, ``site.push.shard`` (each shard streamed),
           ``site.push.done``

@@ -19,8 +19,9 @@ from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.privacy.ledger.records import Reservation
 from fedshard.protocol.messages import PrivacyPlan, PrivacyReport, PrivacyStatus, TrainInstruction, TrainReport
 from fedshard.site.privacy import RoundDP, SitePrivacy
+from fedshard.site.routes import SiteRouting
 
-__all__ = ["Refusal", "ReservedRound", "refused", "reserve_round"]
+__all__ = ["Admitted", "Refusal", "ReservedRound", "refused", "reserve_round"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ class Refusal:
 
     error: FedshardError
     privacy: PrivacyReport | None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A site's decision on a train message before it trains: ``refusal`` (the report to send), or
+    the round's ``routing`` and, with DP on, its ``reserved`` cost."""
+
+    routing: SiteRouting | None = None
+    reserved: ReservedRound | None = None
+    refusal: TrainReport | None = None
 
 
 @dataclass

@@ -21,7 +21,7 @@ from fedshard.site._apply import ModelState
 from fedshard.site.ledger_anchor import Anchor, AnchorStore
 from fedshard.site.model_store import ModelStore
 
-__all__ = ["RESIDENT_COPY_BYTES", "HeldState", "OwnWrites"]
+__all__ = ["RESIDENT_COPY_BYTES", "HeldState", "OwnWrites", "PendingSave"]
 
 RESIDENT_COPY_BYTES = 64 << 20
 """Models up to this size are copied to be put back after a task used them; larger ones are
@@ -73,12 +73,51 @@ class HeldState:
             self.hold(record[1])
 
 
-class OwnWrites:
-    """A site's ledger anchor, written into its own store's catalog through :meth:`HeldState.around`."""
+class PendingSave:
+    """A model a train message caught up to, not saved yet: the site's next ledger anchor write
+    saves it in the same store commit (:class:`OwnWrites`), or :meth:`flush` does.
 
-    def __init__(self, inner: AnchorStore, held: HeldState) -> None:
+    A private round used to commit its store twice before it trained: the caught-up model, then
+    the anchor of the round's reservation. Saving the model with the anchor makes it one commit;
+    the model is still durable before anything derived from it is released, and a crash before
+    that commit leaves the store at the model before (caught up again by the next message) and
+    the ledger ahead of its anchor (allowed: nothing was released). The price: a commit that fails
+    (a disk error) now fails after the reservation, whose cost then stays spent, as for any
+    reservation that released nothing.
+
+    ``save(state, anchor)`` saves the held model at ``state``, recording ``anchor`` too when given.
+    """
+
+    def __init__(self, save: Callable[[ModelState, Anchor | None], None]) -> None:
+        self._save = save
+        self._state: ModelState | None = None
+
+    def put(self, state: ModelState) -> None:
+        """The held model is at ``state``, ahead of the store: save it with the next anchor, or at :meth:`flush`."""
+        self._state = state
+
+    def drop(self) -> None:
+        """Forget the pending model unsaved (the held model's record is released, so the next message
+        reads the store again)."""
+        self._state = None
+
+    def flush(self, anchor: Anchor | None = None) -> bool:
+        """Save the pending model (with ``anchor``); False if none was pending (then nothing is written)."""
+        state, self._state = self._state, None
+        if state is None:
+            return False
+        self._save(state, anchor)
+        return True
+
+
+class OwnWrites:
+    """A site's ledger anchor, written into its own store's catalog through :meth:`HeldState.around`,
+    or with the model of a :class:`PendingSave` when one is pending."""
+
+    def __init__(self, inner: AnchorStore, held: HeldState, pending: PendingSave) -> None:
         self._inner = inner
         self._held = held
+        self._pending = pending
 
     def read(self) -> Anchor | None:
         """See :class:`~fedshard.site.ledger_anchor.AnchorStore`."""
@@ -86,7 +125,17 @@ class OwnWrites:
 
     def write(self, anchor: Anchor) -> None:
         """See :class:`~fedshard.site.ledger_anchor.AnchorStore`."""
+        if not self._pending.flush(anchor):
+            self.write_alone(anchor)
+
+    def write_alone(self, anchor: Anchor) -> None:
+        """Write ``anchor`` in a commit of its own."""
         self._held.around(lambda: self._inner.write(anchor))
+
+    @property
+    def inner(self) -> AnchorStore:
+        """Where the anchor is kept."""
+        return self._inner
 
 
 def _copy_state(state: ModelState) -> ModelState:

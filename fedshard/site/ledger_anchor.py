@@ -145,7 +145,9 @@ class CatalogAnchor:
     """The anchor in the catalog metadata of the site's sealed store at ``root``.
 
     The catalog is authenticated under the store key, so the anchor cannot be edited or
-    removed without it; it survives model saves (they set other metadata keys).
+    removed without it; it survives model saves (they set other metadata keys). A site's
+    reservation is anchored in the commit that saves the model the train message caught up
+    to (:class:`~fedshard.site._resident.PendingSave`): one store commit per private round.
     """
 
     def __init__(self, root: str | Path, kek: Kek) -> None:
@@ -164,6 +166,15 @@ class CatalogAnchor:
             doc = store.get_meta(ANCHOR_META)
         return None if doc is None else Anchor.from_dict(doc)
 
+    def joins(self, root: str | Path) -> bool:
+        """Whether the anchor lives in the catalog of the store at ``root`` (so a commit there can carry it)."""
+        return str(self.root) == str(root)
+
+    @staticmethod
+    def entry(anchor: Anchor) -> dict[str, Any]:
+        """The catalog metadata that records ``anchor``, for a commit that carries it with other changes."""
+        return {ANCHOR_META: anchor.to_dict()}
+
     def write(self, anchor: Anchor) -> None:
         """Set the anchor in one catalog commit.
 
@@ -175,7 +186,8 @@ class CatalogAnchor:
         from fedshard.store.sealed_store import SealedShardStore
 
         with SealedShardStore.open(self.root, self.kek) as store:
-            store.set_meta(ANCHOR_META, anchor.to_dict())
+            for key, value in self.entry(anchor).items():
+                store.set_meta(key, value)
 
 
 class FileAnchor:

@@ -261,12 +261,16 @@ class SealedModelStore:
         shards: Mapping[str, np.ndarray],
         extras: Mapping[str, np.ndarray],
         meta: Mapping[str, Any],
+        *,
+        also: Mapping[str, Any] | None = None,
     ) -> None:
         """Write every shard, the extra arrays and the metadata in one commit; drop arrays no longer saved.
 
         Shards are sealed one at a time (a view of the module is copied only if it is
         not contiguous). The commit also records the plan, the model version and the
-        Merkle root of the parameter shards, which ``fedshard verify --store`` checks.
+        Merkle root of the parameter shards, which ``fedshard verify --store`` checks, and
+        ``also``: other catalog metadata by key, set in the same commit (the site's ledger
+        anchor, :class:`~fedshard.site.ledger_anchor.CatalogAnchor`'s key).
         """
         from fedshard.store.model_io import record_model
         from fedshard.store.sealed_store import SealedShardStore
@@ -279,6 +283,8 @@ class SealedModelStore:
                 if sid not in plan and sid not in extras:
                     store.delete(sid)
             store.set_meta(_META, dict(meta))
+            for key, value in (also or {}).items():
+                store.set_meta(key, value)
             record_model(store, plan, str(meta["version"]))
         faults.point("site.save.end")
 

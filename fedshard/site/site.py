@@ -22,6 +22,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,10 +49,11 @@ from fedshard.protocol.messages import (
 from fedshard.protocol.timings import Phase, Stopwatch
 from fedshard.site._apply import ModelState, apply_rounds, check_chain, decrypt_aggregate, fetch_view, optimizer_for
 from fedshard.site._model import HeldModel
-from fedshard.site._private_round import Refusal, refused, reserve_round
+from fedshard.site._private_round import Admitted, Refusal, refused, reserve_round
 from fedshard.site._release import he_packs, push_update, sealed, update_over
-from fedshard.site._resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, Record
-from fedshard.site.model_store import ModelStore, SnapshotModelStore
+from fedshard.site._resident import RESIDENT_COPY_BYTES, HeldState, OwnWrites, PendingSave, Record
+from fedshard.site.ledger_anchor import Anchor, CatalogAnchor
+from fedshard.site.model_store import ModelStore, SealedModelStore, SnapshotModelStore
 from fedshard.site.privacy import RoundDP, SitePrivacy
 from fedshard.site.routes import RouteSource, SiteRouting, single_zone_routing
 from fedshard.task import Partition, Task, TaskData, TrainSettings, build_initial_model
@@ -153,8 +155,10 @@ class Site:
         self._he: HeCodec | None = None
         self._plan_json = ""
         self._held = HeldState(lambda: self.store)  # whether the held model is the store's (skip the refill)
+        self._pending = PendingSave(self._save)  # a caught-up model saved with the round's ledger anchor
+        self._anchor: OwnWrites | None = None
         if self.privacy.anchor is not None:  # its anchor writes change the store's catalog, not the shards
-            self.privacy.anchor = OwnWrites(self.privacy.anchor, self._held)
+            self._anchor = self.privacy.anchor = OwnWrites(self.privacy.anchor, self._held, self._pending)
         self._lock = threading.Lock()  # one message at a time: they share the model
 
     # dispatch ---------------------------------------------------------------------------
@@ -266,11 +270,26 @@ class Site:
         meta, extras = self.store.load_into(model.plan, model.tensors())
         return ModelState.from_store(meta, extras)
 
-    def _save(self, state: ModelState) -> None:
+    def _save(self, state: ModelState, anchor: Anchor | None = None) -> None:
+        """Save the held model at ``state``; with ``anchor`` (the site's ledger anchor), record it in
+        the same store commit where the store keeps it (its sealed catalog), else right after."""
         model = self.model
         self._held.release()
-        self.store.save(model.plan, model.shards(), state.extras(), state.meta(self._plan_text(), self.site_id))
+        meta = state.meta(self._plan_text(), self.site_id)
+        store, kept = self.store, self._anchor.inner if self._anchor is not None else None
+        if (
+            anchor is not None
+            and isinstance(store, SealedModelStore)
+            and isinstance(kept, CatalogAnchor)
+            and kept.joins(store.root)
+        ):
+            store.save(model.plan, model.shards(), state.extras(), meta, also=CatalogAnchor.entry(anchor))
+            anchor = None  # recorded in the same commit
+        else:
+            store.save(model.plan, model.shards(), state.extras(), meta)
         self._held.hold(state)
+        if anchor is not None and self._anchor is not None:
+            self._anchor.write_alone(anchor)
 
     def _kept_copy(self) -> dict[str, np.ndarray] | None:
         """A copy of the held shards to put back after a task used them, when the model is the
@@ -295,10 +314,19 @@ class Site:
         return str(meta["plan"]), ModelState.from_store(meta, {})
 
     def _catch_up(
-        self, missed: Sequence[AppliedRound], zones: dict[str, str], rule: ApplyRule, head: str, watch: Stopwatch
+        self,
+        missed: Sequence[AppliedRound],
+        zones: dict[str, str],
+        rule: ApplyRule,
+        head: str,
+        watch: Stopwatch,
+        *,
+        defer: bool = False,
     ) -> ModelState:
         """Load the model and bring it to ``head``: apply the rounds of ``missed`` it has not
-        applied, in order, with the federation's server-side optimiser; save once.
+        applied, in order, with the federation's server-side optimiser; save once (``defer``: leave
+        the save to the site's :class:`~fedshard.site._resident.PendingSave`; a failure still saves
+        the rounds applied whole at once).
 
         Before anything is fetched, the site checks that its own version, extended by the
         roots announced for those rounds, reaches ``head``: a site that was not sent a
@@ -341,7 +369,10 @@ class Site:
                 if state.applied_round > start:  # keep the rounds that were applied whole
                     self._save(state)
                 raise
-            self._save(state)
+            if defer:
+                self._pending.put(state)
+            else:
+                self._save(state)
         return state
 
     # messages ------------------------------------------------------------------------------
@@ -398,18 +429,29 @@ class Site:
         """
         watch = Stopwatch()
         try:
-            state = self._catch_up(message.missed, message.zones, message.apply, message.base_version, watch)
+            state = self._catch_up(
+                message.missed, message.zones, message.apply, message.base_version, watch, defer=True
+            )
         except FedshardError as exc:
             return refused(self.site_id, message.round, exc, None, None)
-        evaluation = None if message.evaluate is None else self._evaluated(message.evaluate, state)
-        report = self._train_from(message, state, watch)
+        try:
+            admitted = self._admit(message, state)  # a reservation's anchor write saves the caught-up model
+            self._pending.flush()  # else it is saved now (a refusal, a round without DP)
+        except FedshardError as exc:  # the caught-up model could not be saved: nothing was reserved
+            return refused(self.site_id, message.round, exc, None, None)
+        finally:
+            self._pending.drop()  # never carried into another message (the store is read again instead)
+        with admitted.reserved if admitted.reserved is not None else nullcontext():
+            evaluation = None if message.evaluate is None else self._evaluated(message.evaluate, state)
+            report = admitted.refusal or self._train_admitted(message, state, admitted, watch)
         return report if evaluation is None else report.model_copy(update={"evaluation": evaluation})
 
-    def _train_from(self, message: TrainInstruction, state: ModelState, watch: Stopwatch) -> TrainReport:
-        """:meth:`train` once the model is at ``message.base_version`` (``state``)."""
+    def _admit(self, message: TrainInstruction, state: ModelState) -> Admitted:
+        """Decide whether the site trains this round, once the model is at ``message.base_version``
+        (``state``): its routes, its own privacy terms, and its ledger's reservation of the cost."""
 
-        def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
-            return refused(self.site_id, message.round, error, privacy, state.applied_round)
+        def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> Admitted:
+            return Admitted(refusal=refused(self.site_id, message.round, error, privacy, state.applied_round))
 
         try:
             routing = self._routes(message.zones)  # a shard no zone may hold: refuse before anything is spent
@@ -420,19 +462,31 @@ class Site:
         except PrivacyError as exc:
             return refuse(exc, self.privacy.refusal_report(message.privacy, str(exc)))
         if plan is None:
-            try:
-                return self._train_and_push(message, state, routing, None, watch)
-            except RoundError as exc:
-                return refuse(exc)
+            return Admitted(routing=routing)
         reserved = reserve_round(self.privacy, message, plan, self.data.num_train)  # the ledger decides first
         if isinstance(reserved, Refusal):
             return refuse(reserved.error, reserved.privacy)
-        with reserved:
-            try:
-                report = self._train_and_push(message, state, routing, reserved.dp, watch)
-            except (PrivacyError, RoundError) as exc:
-                return refuse(exc, reserved.refusal())
-            return reserved.commit(report)
+        return Admitted(routing=routing, reserved=reserved)
+
+    def _train_admitted(
+        self, message: TrainInstruction, state: ModelState, admitted: Admitted, watch: Stopwatch
+    ) -> TrainReport:
+        """Train and push a round :meth:`_admit` admitted; with DP, commit its reservation."""
+        reserved, routing = admitted.reserved, admitted.routing
+        assert routing is not None  # admitted, not refused
+
+        def refuse(error: FedshardError, privacy: PrivacyReport | None = None) -> TrainReport:
+            return refused(self.site_id, message.round, error, privacy, state.applied_round)
+
+        try:
+            report = self._train_and_push(message, state, routing, reserved.dp if reserved else None, watch)
+        except RoundError as exc:
+            return refuse(exc, reserved.refusal() if reserved else None)
+        except PrivacyError as exc:
+            if reserved is None:
+                raise
+            return refuse(exc, reserved.refusal())
+        return reserved.commit(report) if reserved is not None else report
 
     def _train_and_push(
         self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None, watch: Stopwatch

@@ -4,16 +4,17 @@
 (refusing a store whose key rotation to this KEK was interrupted). A
 :class:`Committer` groups a store's writes into batches: it writes the batch's blobs
 (removed if the batch fails) and remembers those it supersedes (removed once it
-commits), and commits by making the batch's blobs durable, writing ``keys/<g+1>`` and
-then replacing ``catalog`` — that replacement is the commit
+commits), and commits by writing ``keys/<g+1>``, making it and the batch's blobs durable, and then
+replacing ``catalog`` — that replacement is the commit
 (:mod:`fedshard.store.catalog`). A crash at any point leaves the previous generation
 readable.
 
 Durability costs one barrier per batch, not one per blob: on a backend that
 :class:`~fedshard.store._backend.DefersSync`, a batch's blobs are written as
-:class:`~fedshard.store._backend.DeferredWrites` and synced together before the key
-table is written; the key table and the catalog are written with ``Backend.write``,
-each durable on its own. So the catalog never names a blob that a power loss can take.
+:class:`~fedshard.store._backend.DeferredWrites`, the key table with them, and synced
+together before the catalog is written with ``Backend.write`` (durable on its own); a
+batch without blobs (metadata only) writes its key table with ``Backend.write`` too. So
+the catalog never names a blob or a key table that a power loss can take.
 """
 
 from __future__ import annotations
@@ -142,18 +143,20 @@ class Committer:
             pending.close()
 
     def commit(self) -> None:
-        """Make the batch's blobs durable, write the next generation's key table, then its catalog
-        (the commit); then drop the garbage."""
-        if self._pending is not None:
-            faults.point("store.commit.sync")
-            self._pending.sync()  # every blob on disk before anything names it
+        """Write the next generation's key table, make it and the batch's blobs durable, then write
+        its catalog (the commit); then drop the garbage."""
         cat = self.catalog
         cat.generation += 1
         table = keys_name(cat.generation)
         try:
             catalog, keys = cat.seal(self.kek)
             faults.point("store.commit.keys")
-            self.backend.write(table, keys)
+            if self._pending is not None:  # the key table joins the batch's blobs: one barrier for all of them
+                self._pending.write(table, keys)
+                faults.point("store.commit.sync")
+                self._pending.sync()  # every blob and the key table on disk before the catalog names them
+            else:
+                self.backend.write(table, keys)
             faults.point("store.commit.catalog")
             self.backend.write(CATALOG, catalog)  # the commit
         except BaseException:

@@ -15,8 +15,10 @@ from fedshard.config import FederationConfig
 from fedshard.errors import ConfigError
 from fedshard.privacy.ledger import PrivacyLedger
 from fedshard.simulate.run import simulate
+from fedshard.site.ledger_anchor import ANCHOR_META, CatalogAnchor
 from fedshard.site.model_store import site_kek
 from fedshard.site.privacy import LEDGER_FILE, ledger_key
+from fedshard.store._commit import Committer
 from tests.toy_parts import PerTensorNoise  # a mechanism of a task's own (fixture per_tensor: conftest)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +79,35 @@ def test_small_budget_site_is_exhausted_partway_while_others_carry_on(tmp_path: 
     # the progress record carries ε per site per round
     rounds = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert all("small" in r["privacy"] for r in rounds if r["event"] == "round")
+
+
+def test_a_private_round_commits_its_site_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model a train message caught up to is saved in the store commit that anchors the round's
+    reservation: one commit before training, not two (the model, then the anchor)."""
+    commits: list[tuple[int | None, int | None]] = []  # (applied round, anchored ledger length) after each
+    commit = Committer.commit
+
+    def counted(self: Committer) -> None:
+        commit(self)
+        if "big-a" in str(self.backend.location):
+            meta = self.catalog.meta
+            anchored = meta.get(ANCHOR_META, {}).get("head", {}).get("length")
+            commits.append((meta.get("site", {}).get("applied_round"), anchored))
+
+    monkeypatch.setattr(Committer, "commit", counted)
+    config = _config()
+    config = config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 3})})
+    summary = simulate(config, tmp_path)
+    assert summary["rounds"] == 3 and _sites(summary)["big-a"]["rounds_participated"] == 3
+    # store created, genesis, the new ledger's anchor, round 1's reservation (nothing to catch up), then
+    # rounds 2 and 3: each caught up and reserved in one commit; last, round 3 applied for its evaluation
+    assert [applied for applied, _ in commits] == [None, 0, 0, 0, 1, 2, 3], commits
+    lengths = [length or 0 for _, length in commits]
+    assert lengths[4] > lengths[3] and lengths[5] > lengths[4]  # each carries its round's reservation
+    kek = site_kek(tmp_path / STORE_KEYS_DIR / "big-a.kek", create=False)
+    anchor = CatalogAnchor(tmp_path / "sites" / "big-a" / "shards", kek).read()
+    with _ledger(tmp_path, "big-a") as ledger:
+        assert anchor is not None and ledger.contains(anchor.head) and anchor.head.length == lengths[-1]
 
 
 def test_federation_stops_when_too_few_sites_can_afford_a_round(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""A batch's blobs are made durable with one barrier, before the key table and the catalog.
+"""A batch's blobs and its key table are made durable with one barrier, before the catalog.
 
 Counted on the local folder (syncfs and fsync calls, patched to count and then do the
 real call), and checked in order on a fake backend that models a power loss: only what
@@ -19,7 +19,7 @@ import pytest
 import fedshard.store.local_dir as local_dir
 from fedshard._fs import syncfs_supported
 from fedshard.crypto.at_rest import Kek
-from fedshard.errors import ShardIntegrityError, StoreError
+from fedshard.errors import StoreError
 from fedshard.store import LocalDirBackend, SealedShardStore
 from fedshard.store._backend import TMP_PREFIX, Backend, DeferredWrites, DefersSync, ObjectStat
 from fedshard.store._shard_io import BLOBS, blob_name
@@ -73,9 +73,9 @@ def test_a_batch_costs_one_syncfs_not_an_fsync_per_blob(tmp_path: Path, monkeypa
     store, kek = _store(tmp_path)
     calls = Calls(monkeypatch)
     store.put_many(_shards(1.0))
-    assert calls.syncfs == 1
-    assert calls.files == 2  # the key table and the catalog, each on its own
-    assert calls.dirs == 2  # keys/ and the root, for those two: syncfs wrote back the blob folders' entries
+    assert calls.syncfs == 1  # the blobs and the key table
+    assert calls.files == 1  # the catalog (the commit), on its own after them
+    assert calls.dirs == 1  # the root, for the catalog: syncfs wrote back the other folders' entries
     reopened = SealedShardStore.open(tmp_path / "store", kek)
     np.testing.assert_array_equal(reopened.get(IDS[3]), np.full((16, 16), 4.0, np.float32))
 
@@ -223,7 +223,7 @@ def test_the_fake_is_a_backend_that_defers() -> None:
     assert isinstance(backend.deferred_writes(), DeferredWrites)
 
 
-def test_every_blob_is_synced_before_the_key_table_and_the_catalog() -> None:
+def test_every_blob_and_the_key_table_are_synced_before_the_catalog() -> None:
     kek = Kek.generate()
     backend = PowerLossBackend()
     store = SealedShardStore.create(backend, kek)
@@ -232,10 +232,11 @@ def test_every_blob_is_synced_before_the_key_table_and_the_catalog() -> None:
     store.put_many(_shards(1.0, 5))
     ops = [op for op, _ in backend.log]
     blobs = [name for op, name in backend.log if op == "deferred"]
-    assert len(blobs) == 5 and all(name.startswith(BLOBS) for name in blobs)
-    assert ops[:8] == ["open", *["deferred"] * 5, "sync", "write"]
-    assert backend.log[6] == ("sync", ",".join(blobs))  # one barrier, every blob of the batch
-    assert backend.log[7][1].startswith(KEYS_PREFIX) and backend.log[8] == ("write", CATALOG)
+    assert len(blobs) == 6 and all(name.startswith(BLOBS) for name in blobs[:5])
+    assert blobs[5].startswith(KEYS_PREFIX)  # the key table joins the batch
+    assert ops[:9] == ["open", *["deferred"] * 6, "sync", "write"]
+    assert backend.log[7] == ("sync", ",".join(blobs))  # one barrier, every blob of the batch and its key table
+    assert backend.log[8] == ("write", CATALOG)  # then the commit
     assert ops[9:] == [*["delete"] * 6, "close"]  # the superseded blobs and key table, after the commit
     assert not [name for op, name in backend.log if op == "write" and name.startswith(BLOBS)]
 
@@ -257,7 +258,7 @@ def test_a_power_loss_at_any_point_leaves_the_old_or_the_new_generation() -> Non
 
 
 def test_the_test_sees_a_catalog_written_before_its_blobs_are_synced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The power-loss check can fail: sync after the catalog, and a survivor names a lost blob."""
+    """The power-loss check can fail: sync after the catalog, and a survivor names a lost key table or blob."""
     kek = Kek.generate()
     backend = PowerLossBackend()
     store = SealedShardStore.create(backend, kek)
@@ -267,7 +268,7 @@ def test_the_test_sees_a_catalog_written_before_its_blobs_are_synced(monkeypatch
     monkeypatch.setattr(_Deferred, "sync", lambda self: None)
     monkeypatch.setattr(_Deferred, "close", lambda self: late_sync(self))  # syncs after the commit
     store.put_many(_shards(1.0, 5))
-    with pytest.raises(ShardIntegrityError):
+    with pytest.raises(StoreError, match=r"key table .* is missing"):
         for disk in backend.snapshots:
             SealedShardStore.open(PowerLossBackend(disk), kek).get(IDS[0])
 
