@@ -11,6 +11,7 @@ and the file in :mod:`~fedshard.privacy.ledger._schema`. The guarantees are desc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -92,6 +93,7 @@ class PrivacyLedger:
         self._on_grow = on_grow
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._checked: tuple[tuple[int, int], rows.Chain] | None = None  # the last chain checked, and when
         if not self.path.exists():
             if budget is None:
                 raise StoreError(f"no privacy ledger at {self.path}: the site has not taken part in a DP round yet")
@@ -99,7 +101,7 @@ class PrivacyLedger:
         self._conn = open_checked(self.path)
         try:
             with self._read() as conn:
-                chain = rows.load(conn, self.path, self._key)
+                chain = self._load(conn)
             self.ledger_id = chain.ledger_id
             self.accountant = AccountantKind(accountant or chain.meta["accountant"])
             found = chain.meta.get("recovered_from") or ""
@@ -208,7 +210,7 @@ class PrivacyLedger:
     def head(self) -> LedgerHead:
         """Where the ledger's MAC chain ends now (what the site anchors outside the file)."""
         with self._read() as conn:
-            return rows.load(conn, self.path, self._key).head
+            return self._load(conn).head
 
     def contains(self, head: LedgerHead) -> bool:
         """Whether ``head`` is a point of this ledger's history (or of the one it replaced).
@@ -218,7 +220,7 @@ class PrivacyLedger:
         past what was carried forward.
         """
         with self._read() as conn:
-            chain = rows.load(conn, self.path, self._key)
+            chain = self._load(conn)
         if head.ledger_id == chain.ledger_id:
             return head.length < len(chain.macs) and chain.macs[head.length].hex() == head.mac
         old = self.recovered_from
@@ -323,7 +325,7 @@ class PrivacyLedger:
         if not new:
             raise PrivacyError(f"round {round}: a reservation needs at least one DP event")
         with self._write() as conn:
-            chain = rows.load(conn, self.path, self._key)
+            chain = self._load(conn)
             snapshot = _snapshot_of(chain)
             if any(entry.round == round for entry in snapshot.entries):
                 raise PrivacyError(f"round {round} already has a reservation; a round is charged once")
@@ -356,7 +358,7 @@ class PrivacyLedger:
         # with the next durable write): a commit row lost in a crash leaves the reservation,
         # which counts as spent anyway; and not anchored (see ``on_grow``).
         with self._write(durable=False) as conn:
-            chain = rows.load(conn, self.path, self._key)
+            chain = self._load(conn)
             stored = {entry.seq: entry.round for entry in chain.entries if entry.seq in set(seqs)}
             if not seqs or len(stored) != len(seqs) or any(r != reservation.round for r in stored.values()):
                 raise PrivacyError(f"{self.path} holds no reservation of round {reservation.round} with events {seqs}")
@@ -384,7 +386,7 @@ class PrivacyLedger:
         if budget.epsilon >= current.epsilon and budget.delta >= current.delta:
             return current  # nothing to lower: no write transaction at all
         with self._write() as conn:
-            chain = rows.load(conn, self.path, self._key)
+            chain = self._load(conn)
             now = _snapshot_of(chain).budget
             lowered = Budget(min(now.epsilon, budget.epsilon), min(now.delta, budget.delta))
             rows.insert_budget(conn, chain, self._key, lowered, self._clock())
@@ -392,6 +394,16 @@ class PrivacyLedger:
         return lowered
 
     # -- internals -------------------------------------------------------------------
+
+    def _load(self, conn: sqlite3.Connection) -> rows.Chain:
+        """The ledger's rows, checked against the MAC chain: read and checked again only when the file
+        changed since the last check (a commit by another connection, which SQLite's
+        ``data_version`` counts, or a change by this one). A copy: writers extend it."""
+        stamp = (conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes)
+        if self._checked is None or self._checked[0] != stamp:
+            self._checked = (stamp, rows.load(conn, self.path, self._key))
+        chain = self._checked[1]
+        return dataclasses.replace(chain, meta=dict(chain.meta), macs=list(chain.macs))
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -433,7 +445,7 @@ class PrivacyLedger:
 
     def _snapshot(self) -> Snapshot:
         with self._read() as conn:
-            return _snapshot_of(rows.load(conn, self.path, self._key))
+            return _snapshot_of(self._load(conn))
 
     def _grown(self, chain: rows.Chain) -> None:
         if self._on_grow is not None:

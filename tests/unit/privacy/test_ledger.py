@@ -342,6 +342,37 @@ def test_the_file_itself_refuses_raising_the_budget_or_rewriting_history(ledger:
     assert len(ledger.entries()) == 1
 
 
+def test_an_open_ledger_checks_its_chain_again_only_when_the_file_changed(
+    ledger: PrivacyLedger, path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedshard.privacy.ledger import _rows
+
+    loads: list[int] = []
+    load = _rows.load
+    monkeypatch.setattr(_rows, "load", lambda *a: loads.append(1) or load(*a))
+    ledger.commit(ledger.reserve(0, [SGD]))
+    assert len(ledger.entries()) == 1  # checked again after the write
+    loads.clear()
+    for _ in range(3):  # reads of an unchanged file: the chain checked last time stands
+        assert ledger.budget == BUDGET and len(ledger.entries()) == 1 and ledger.contains(ledger.head())
+    assert not loads
+    ledger.reserve(1, [SGD])  # this connection's own write: checked once after it
+    assert len(ledger.entries()) == 2 and len(ledger.entries()) == 2
+    assert len(loads) == 1
+    raw = sqlite3.connect(path)  # another connection appends a row it cannot MAC
+    try:
+        raw.execute(
+            "INSERT INTO events (seq, round, mechanism, guarantee, noise_multiplier, sample_rate, steps, delta,"
+            " epsilon_after, created_at, pos, mac) VALUES (9, 9, 'gaussian', 'record', 1.0, 1.0, 1, 1e-5, 0.1, 0, 99,"
+            " x'00')"
+        )
+        raw.commit()
+    finally:
+        raw.close()
+    with pytest.raises(StoreError, match=r"rows were removed or inserted|does not match its MAC"):
+        ledger.entries()
+
+
 # -- files that are not a healthy ledger -----------------------------------------------
 
 
