@@ -420,12 +420,12 @@ class Site:
         """Catch up, check the privacy budget, train, push the update's shards, report.
 
         When the message asks (``evaluate``: the round before, whose evaluate message this one
-        carries), the site first evaluates the model it caught up to, as an evaluate message
-        would have, and reports it with the round whether or not it then trains.
+        carries), the site evaluates the model it caught up to, as an evaluate message would
+        have, once it has decided whether it trains, and reports it with the round either way.
 
-        With DP on, the round's cost is reserved in the ledger before training and
-        committed after the push; a reservation that is never committed (crash, push
-        refused) stays counted as spent.
+        With DP on, the round's cost is reserved in the ledger before training (its anchor and
+        the caught-up model in one store commit) and committed after the push; a reservation
+        that is never committed (crash, push refused) stays counted as spent.
         """
         watch = Stopwatch()
         try:
