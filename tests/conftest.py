@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.time_budget import BUDGET_S, GROUPS, SLOW_ALLOWED, SPREAD
+from tests.process_clock import ProcessTreeClock
+from tests.time_budget import BUDGET_S, GROUPS, SLOW_ALLOWED, SPREAD, WALL_CAP_S
 from tests.toy_parts import PerTensorGaussian, PerTensorNoise
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -56,19 +57,70 @@ def _allowed(item: pytest.Item, when: str) -> bool:
     return when == "setup" and any(f"fixture:{name}" in SLOW_ALLOWED for name in getattr(item, "fixturenames", ()))
 
 
+_CPU_S = pytest.StashKey[dict[str, float]]()
+"""On a test item: its phase → the CPU seconds its process tree spent in it."""
+
+
+def _timed(item: pytest.Item, when: str) -> Generator[None, Any, None]:
+    """Run one phase of ``item``, noting on it the CPU seconds its process tree spent."""
+    clock = ProcessTreeClock()
+    clock.start()
+    try:
+        yield
+    finally:
+        item.stash.setdefault(_CPU_S, {})[when] = clock.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, None]:
+    """Time a test's setup in CPU seconds (:func:`_timed`)."""
+    yield from _timed(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
+    """Time a test's body in CPU seconds (:func:`_timed`)."""
+    yield from _timed(item, "call")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, None]:
-    """Fail a test whose setup or body took over :data:`BUDGET_S` seconds, unless it is listed."""
+    """Fail a test whose setup or body spent over :data:`BUDGET_S` seconds of a core, or lasted
+    over :data:`WALL_CAP_S`, unless it is listed."""
     outcome = yield
     report = outcome.get_result()
-    if not BUDGET_S or report.when not in ("setup", "call") or not report.passed:
+    if report.when not in ("setup", "call"):
         return
-    if report.duration > BUDGET_S and not _allowed(item, report.when):
+    cpu = item.stash.get(_CPU_S, {}).get(report.when, 0.0)
+    report.user_properties.append(("cpu_s", cpu))
+    if not BUDGET_S or not report.passed or _allowed(item, report.when):
+        return
+    if cpu > BUDGET_S or report.duration > WALL_CAP_S:
         report.outcome = "failed"
         report.longrepr = (
-            f"{_node_id(item)}: its {report.when} took {report.duration:.1f} s, over the suite's {BUDGET_S:g} s "
-            "budget; make it faster, or list it in tests/time_budget.py with the reason it cannot be"
+            f"{_node_id(item)}: its {report.when} spent {cpu:.1f} s of CPU in {report.duration:.1f} s, over the "
+            f"suite's budget of {BUDGET_S:g} s of CPU and {WALL_CAP_S:g} s; make it faster, or list it in "
+            "tests/time_budget.py with the reason it cannot be"
         )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """List the phases that spent the most CPU time (beside pytest's slowest wall times)."""
+    spent = [
+        (value, f"{report.when:<8} {report.nodeid}")
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if isinstance(report, pytest.TestReport)
+        for name, value in report.user_properties
+        if name == "cpu_s" and value >= 1.0
+    ]
+    if not spent:
+        return
+    terminalreporter.write_sep(
+        "=", "most CPU time (the budget's measure: seconds of a core, processes started included)"
+    )
+    for value, what in sorted(spent, reverse=True)[:25]:
+        terminalreporter.write_line(f"{value:7.1f}s {what}")
 
 
 @pytest.fixture

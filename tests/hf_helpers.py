@@ -64,7 +64,9 @@ def hf_config(folder: Path, rounds: int = 2, **sections: Any) -> FederationConfi
     """The HF task over :data:`SITES` and two zones (EU adapters stay in the EU)."""
     return FederationConfig.model_validate(
         {
-            "federation": {"name": "hf", "seed": 7, "rounds": rounds, "min_sites": len(SITES)},
+            # the first message starts each site: on Flower's engine a Ray worker that imports torch,
+            # transformers and peft and seals the BERT, minutes on a loaded 2-core machine (CI: over 300 s)
+            "federation": {"name": "hf", "seed": 7, "rounds": rounds, "min_sites": len(SITES), "round_timeout_s": 1200},
             "task": {"target": "fedshard.tasks.hf:sequence_classification", "options": hf_options(folder)},
             "training": {"local_epochs": 1, "batch_size": 16, "learning_rate": 0.005},
             "sharding": {"tile": [64, 64]},

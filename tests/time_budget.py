@@ -1,25 +1,32 @@
-"""The suite's time budget: no test's setup or body takes over :data:`BUDGET_S` seconds unless
-it is listed in :data:`SLOW_ALLOWED` with its reason.
+"""The suite's time budget: no test's setup or body spends over :data:`BUDGET_S` seconds of a
+core, nor lasts over :data:`WALL_CAP_S` seconds, unless it is listed in :data:`SLOW_ALLOWED`
+with its reason.
+
+The budget is kept in CPU time, the seconds of a core the test's process and every process it
+starts spend (:mod:`tests.process_clock`): on a shared machine a test's wall time measures the
+machine as much as the test (the same suite took 17 minutes one day and 38 the next, three
+pytest-xdist workers and a deployment's dozen processes sharing two cores), its CPU time does not.
+The wall-time cap, much looser, holds a test that waits rather than computes.
 
 A listed entry is a test's node id (``tests/…/test_x.py::test_name``, parameters included) or,
 for a fixture shared by several tests (a deployed federation set up once), ``fixture:NAME``:
 the setup of any test that uses that fixture may then take longer. Keep the list short: an
 entry is a property that cannot be shown faster, not a test nobody made faster.
 
-``FEDSHARD_TEST_BUDGET_S`` changes the budget for one run (``0``: no budget), for a machine
-much slower than the 2-core one the suite is sized for. Under ``pytest -n N`` with N workers
-on fewer cores, the budget grows by N / cores.
+``FEDSHARD_TEST_BUDGET_S`` changes the budget for one run (``0``: no budget).
 """
 
 from __future__ import annotations
 
 import os
 
-BUDGET_S = float(os.environ.get("FEDSHARD_TEST_BUDGET_S", "90")) * max(
-    1.0, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) / (os.cpu_count() or 1)
-)
-"""90 s of a core: scaled up when pytest-xdist runs more workers than the machine has cores
-(3 workers on 2 cores: 135 s), since each test then has only its share of a core."""
+BUDGET_S = float(os.environ.get("FEDSHARD_TEST_BUDGET_S", "90"))
+"""90 s of a core, spent by the test and the processes it starts."""
+
+WALL_CAP_S = 3 * BUDGET_S * max(1.0, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) / (os.cpu_count() or 1))
+"""A test's wall time: three times the budget, times the workers per core under pytest-xdist
+(405 s for 3 workers on 2 cores), for a test that waits (on a timeout, a heartbeat) rather than
+computes; the factor three is a shared machine's slow day."""
 
 _SMOKE = "tests/integration/test_bench_smoke.py::test_benchmark_runs_in_smoke_mode_and_prints_its_headline"
 
@@ -47,7 +54,8 @@ SLOW_ALLOWED: dict[str, str] = {
     ),
     "tests/integration/test_hf_task.py::test_the_flower_engine_runs_it_over_a_sealed_streamed_base": (
         "a Ray runtime whose workers each import torch, transformers and peft and seal a BERT int8: 19 s alone, "
-        "198 s once inside the whole suite on 2 cores (CI, 3 workers)"
+        "226 s inside the whole suite on 2 cores (3 workers), over 300 s on CI; Ray's workers end unwaited-for, "
+        "so their CPU time escapes the clock"
     ),
     f"{_SMOKE}[deploy_overhead]": (
         "a deployment whose stock SuperNodes start a Python + torch process per message (what it measures), "
