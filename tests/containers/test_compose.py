@@ -42,7 +42,8 @@ Compose = Callable[..., CompletedProcess[str]]
 @pytest.fixture(scope="module")
 def compose() -> Iterator[Compose]:
     """``docker-compose`` on the test project, the image built from this checkout; everything it
-    started (containers, network, volumes) is removed after, and the daemon stopped if started here."""
+    started (containers, network, volumes) is removed after, and the daemon stopped if started here.
+    The logs stay in :data:`WORK`: ``compose.log``, and each site's SuperNode log (``SITE.log``)."""
     with docker_daemon():
         env = {**os.environ, "FEDSHARD_IMAGE": build_image(), "FEDSHARD_ROUNDS": str(ROUNDS)}
         WORK.mkdir(parents=True, exist_ok=True)
@@ -59,6 +60,10 @@ def compose() -> Iterator[Compose]:
         finally:
             WORK.mkdir(parents=True, exist_ok=True)
             (WORK / "compose.log").write_text(dc("logs", "--no-color", check=False).stdout)
+            for site in SITES:  # each site's SuperNode log (its ClientApps' errors), kept from its volume
+                container = dc("ps", "-q", site, check=False).stdout.strip()
+                if container:
+                    run("docker", "cp", f"{container}:/state/supernode.log", str(WORK / f"{site}.log"), check=False)
             dc("down", "-v", "--remove-orphans", check=False, timeout=120)
 
 
