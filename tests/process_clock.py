@@ -28,7 +28,7 @@ _Key = tuple[int, float]
 
 def _spent(times: psutil._common.pcputimes) -> float:
     """A process's user and system seconds, its waited-for children's included."""
-    return float(times.user + times.system + getattr(times, "children_user", 0.0) + times.children_system)
+    return float(times.user + times.system + times.children_user + times.children_system)
 
 
 def _tree(root: psutil.Process) -> dict[_Key, float]:
