@@ -21,12 +21,16 @@ Full mode: 6 tables × ε 1, 3, 8 × 20 folds (4 shuffles × 5 folds): about 1,2
 2 cores (``--processes``, and ``--cache``, default ``runs/dp-tables/cache.json``: a rerun runs
 only what is missing). ``--per-site-repeats N`` runs ``per-site`` on the first N shuffles only
 (it is far behind, and the slowest: the gap that decides the goal, defaults − floor, gets every
-fold). ``--quick``: ε = 3, 5 folds. ``--smoke`` (the test suite's): the smallest table,
+fold). ``--target-se PP`` adds ``--repeats`` shuffles at a time to every table whose gap's
+standard error is still above PP, up to ``--max-repeats`` (default 60): a table's DP noise is
+never seeded, so a noisy table needs more folds than a quiet one to say where its gap lies.
+``--quick``: ε = 3, 5 folds. ``--smoke`` (the test suite's): the smallest table,
 one fold, 2 rounds per federation and 2 epochs centrally.
 
 ``--json`` prints ``defaults_vs_floor_pp`` and ``per_site_vs_floor_pp`` (per table, at ε = 3),
 ``worst_defaults_vs_floor_pp``, ``defaults_vs_central_mean_pp``, ``per_site_vs_central_mean_pp``,
-``within_goal``, ``ahead_of_per_site``, ``budget_respected``, ``folds``, ``per_site_folds`` and ``tables``.
+``within_goal``, ``ahead_of_per_site``, ``budget_respected``, ``folds`` (the fewest any table got),
+``folds_per_table``, ``per_site_folds`` and ``tables``.
 """
 
 from __future__ import annotations
@@ -80,11 +84,11 @@ def _execute(job: Job, data: Path, folds: int, rounds: int | None, defaults: Pat
     return runs.run_federated(method, fold, epsilon, rounds, defaults)
 
 
-def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[Job, runs.Outcome]:
-    """Every job's outcome (cached ones read back), printing progress."""
+def jobs_for(args: argparse.Namespace, repeats: dict[str, int]) -> list[Job]:
+    """Every run of ``repeats[table]`` shuffles of each table (per-site DP-SGD on the first ones only)."""
     jobs: list[Job] = []
     for table in args.tables:
-        for repeat in range(args.repeats):
+        for repeat in range(repeats[table]):
             for fold in range(args.fold_count):
                 jobs.append(("central", table, None, repeat, fold))
                 jobs += [
@@ -93,6 +97,47 @@ def run_all(args: argparse.Namespace, paths: dict[str, Path]) -> dict[Job, runs.
                     for m in runs.METHODS[1:]
                     if m != "per-site" or repeat < args.per_site_repeats
                 ]
+    return jobs
+
+
+def gap_se(outcomes: dict[Job, runs.Outcome], args: argparse.Namespace, table: str, repeats: int) -> float:
+    """The largest standard error, over the ε run, of ``table``'s paired gap defaults − floor (pp)."""
+    worst = 0.0
+    for eps in args.epsilons:
+        pairs = []
+        for r in range(repeats):
+            for f in range(args.fold_count):
+                ours, floor = outcomes[("defaults", table, eps, r, f)], outcomes[("central-dp", table, eps, r, f)]
+                pairs.append(100 * (ours.accuracy - floor.accuracy))
+        worst = max(worst, mean_se(pairs)[1])
+    return worst
+
+
+def run_until_precise(
+    args: argparse.Namespace, paths: dict[str, Path]
+) -> tuple[dict[Job, runs.Outcome], dict[str, int]]:
+    """Every job's outcome and the shuffles each table got: ``--repeats`` each, then, with
+    ``--target-se``, ``--repeats`` more at a time for every table whose gap's standard error is
+    still above it, up to ``--max-repeats``. The rule looks at the spread only, never at the gap,
+    so it does not steer the mean."""
+    repeats = dict.fromkeys(args.tables, args.repeats)
+    outcomes = run_all(args, paths, jobs_for(args, repeats))
+    while args.target_se is not None:
+        wider = {
+            table: min(count + args.repeats, args.max_repeats)
+            for table, count in repeats.items()
+            if count < args.max_repeats and gap_se(outcomes, args, table, count) > args.target_se
+        }
+        if not wider:
+            break
+        print(f"standard error above {args.target_se} pp: more shuffles for {', '.join(wider)}", flush=True)
+        repeats.update(wider)
+        outcomes = run_all(args, paths, jobs_for(args, repeats))
+    return outcomes, repeats
+
+
+def run_all(args: argparse.Namespace, paths: dict[str, Path], jobs: list[Job]) -> dict[Job, runs.Outcome]:
+    """Every job's outcome (cached ones read back), printing progress."""
     cache: dict[str, dict[str, Any]] = (
         json.loads(args.cache.read_text()) if args.cache is not None and args.cache.exists() else {}
     )
@@ -163,6 +208,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=runs.DEMO,
         help="the config whose private settings are fedshard's defaults (default configs/demo-dp-he.yaml)",
     )
+    parser.add_argument(
+        "--target-se",
+        type=float,
+        default=None,
+        help="keep adding --repeats shuffles to a table while its gap's standard error is above this (pp)",
+    )
+    parser.add_argument("--max-repeats", type=int, default=None, help="at most this many shuffles a table (default 60)")
     parser.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--cache", type=Path, default=None, help="finished runs (default runs/dp-tables/cache.json)")
     args = parser.parse_args(argv)
@@ -175,6 +227,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.per_site_repeats = min(args.per_site_repeats or args.repeats, args.repeats)
     if args.per_site_repeats < 1:
         parser.error("--per-site-repeats: at least 1")
+    args.max_repeats = max(args.max_repeats or 60, args.repeats)
+    if args.target_se is not None and args.target_se <= 0:
+        parser.error("--target-se: a standard error in pp, above 0")
     args.fold_count = 1 if args.smoke else args.folds  # --smoke: the first fold only
     args.rounds = 2 if args.smoke else None
     if args.cache is None and not args.quick:
@@ -208,12 +263,14 @@ def largest_budget_share(outcomes: dict[Job, runs.Outcome]) -> float:
 
 
 def summarise(
-    args: argparse.Namespace, tables: Prepared, outcomes: dict[Job, runs.Outcome]
+    args: argparse.Namespace, tables: Prepared, outcomes: dict[Job, runs.Outcome], repeats: dict[str, int]
 ) -> tuple[list[list[str]], dict[str, Any]]:
-    """The published table's rows (per table and ε) and the headline figures (at ε = 3)."""
+    """The published table's rows (per table and ε) and the headline figures (at ε = 3);
+    ``repeats``: the shuffles each table got."""
 
-    def accuracies(method: str, table: str, eps: float | None, repeats: int = args.repeats) -> list[float]:
-        return [outcomes[(method, table, eps, r, f)].accuracy for r in range(repeats) for f in range(args.fold_count)]
+    def accuracies(method: str, table: str, eps: float | None, count: int | None = None) -> list[float]:
+        shuffles = repeats[table] if count is None else count
+        return [outcomes[(method, table, eps, r, f)].accuracy for r in range(shuffles) for f in range(args.fold_count)]
 
     few = args.per_site_repeats * args.fold_count  # the folds per-site runs on: the first ones
 
@@ -228,7 +285,8 @@ def summarise(
             per_site = accuracies("per-site", table, eps, args.per_site_repeats)
             rows.append(
                 [
-                    f"{table} ({tables.sizes[table]:,} records), ε = {eps:g}",
+                    f"{table} ({tables.sizes[table]:,} records), ε = {eps:g}"
+                    + ("" if repeats[table] == args.repeats else f", {repeats[table] * args.fold_count} folds"),
                     f"{100 * tables.majority[table]:.1f}",
                     f"{100 * statistics.fmean(central):.2f}",
                     f"{100 * statistics.fmean(floor):.2f}",
@@ -257,7 +315,8 @@ def summarise(
         # on the folds both ran on
         "ahead_of_per_site": measured and statistics.fmean(defaults_few.values()) > per_site_mean,
         "budget_respected": spent <= 1.0,
-        "folds": args.repeats * args.fold_count,
+        "folds": min(repeats.values()) * args.fold_count,
+        "folds_per_table": {table: count * args.fold_count for table, count in repeats.items()},
         "per_site_folds": few,
         "tables": len(args.tables),
     }
@@ -280,6 +339,12 @@ def publish(
         SECTION,
         "DP across public medical tables: fedshard's private defaults against the central DP floor",
         f"{args.repeats * args.fold_count} test fold(s) per table and ε, paired"
+        + (
+            f", more where the gap's standard error was above {args.target_se:g} pp (up to "
+            f"{args.max_repeats * args.fold_count}; the rule looks at the spread, not the gap)"
+            if args.target_se is not None
+            else ""
+        )
         + (
             f" (per-site DP-SGD: the first {headline['per_site_folds']})"
             if headline["per_site_folds"] < headline["folds"]
@@ -331,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run every method on every fold of every table, publish the gaps (see the module docstring)."""
     args = parse_args(argv)
     tables = prepare(args)
-    outcomes = run_all(args, tables.paths)
-    rows, headline = summarise(args, tables, outcomes)
+    outcomes, repeats = run_until_precise(args, tables.paths)
+    rows, headline = summarise(args, tables, outcomes, repeats)
     publish(args, outcomes, rows, headline)
     return 0
 

@@ -265,6 +265,7 @@ def _hf_finetune_dp_shown(h: dict[str, Any], section: str) -> None:
 def _dp_tables(h: dict[str, Any]) -> None:
     # --smoke: the smallest table (137 records), one fold, ε = 3, 2 rounds
     assert h["tables"] == 1 and h["folds"] == h["per_site_folds"] == 1
+    assert h["folds_per_table"] == {"veterans_lung_cancer": 1}
     assert set(h["defaults_vs_floor_pp"]) == {"veterans_lung_cancer"}
     assert -100 < h["worst_defaults_vs_floor_pp"] < 100 and h["budget_respected"] is True
     assert h["within_goal"] == (h["worst_defaults_vs_floor_pp"] >= -0.5)
@@ -626,6 +627,7 @@ EXPECT: dict[str, Expect] = {
             "ahead_of_per_site",
             "budget_respected",
             "folds",
+            "folds_per_table",
             "per_site_folds",
             "tables",
         },
