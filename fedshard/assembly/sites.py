@@ -247,7 +247,14 @@ def _sealed_base(config: FederationConfig, state_dir: Path, store: ModelStore) -
     from fedshard.site.model_store import SealedModelStore
 
     assert isinstance(store, SealedModelStore)  # StoreConfig refuses store.base without store.encrypt
-    return SealedBase(state_dir / BASE_DIR, store.kek, config.store.base, config.sharding.tile, config.store.lookahead)
+    return SealedBase(
+        state_dir / BASE_DIR,
+        store.kek,
+        config.store.base,
+        config.sharding.tile,
+        config.store.lookahead,
+        codes=config.store.base_codes,
+    )
 
 
 def _route_source(

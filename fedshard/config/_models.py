@@ -346,6 +346,15 @@ class StoreConfig(_Model):
             "Embedding weights, dequantised a few layers ahead, through every forward and backward"
         ),
     )
+    base_codes: Literal["memory", "store"] = Field(
+        "memory",
+        description=(
+            "with a cold store.base: 'memory' reads the streamed weights' codes once per process, checked, and keeps "
+            "them (int8, fp8: 27 % of the fp32 base; int4: 14 %), dequantising them at each use; 'store' reads, "
+            "decrypts and dequantises them from the store at every forward and backward (a few layers in memory, "
+            "about five times the CPU per step)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _base_needs_sealing(self) -> StoreConfig:

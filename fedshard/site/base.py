@@ -7,8 +7,9 @@ site's process builds its model it seals the model's frozen tensors (see
 and ``Embedding`` weights in the cold format, everything else at full precision
 (:func:`~fedshard.store.streamed.seal_base`). It then attaches the store to the model
 (:class:`~fedshard.store.streamed.StreamedBase`): those weights leave the module, and
-every forward and backward takes them from the store, decrypted and dequantised a few
-layers ahead of the computation. The base store is separate from the model store
+every forward and backward takes them dequantised a few layers ahead of the computation,
+from their cold codes read once and held in memory (``store.base_codes: memory``) or
+read and decrypted from the store each time (``store``). The base store is separate from the model store
 (``<state_dir>/shards``), whose commits replace the federated shards: the base is
 written once and only read after.
 
@@ -61,12 +62,19 @@ class SealedBase:
         The federation's shard tile.
     lookahead:
         Weights the stream fetches ahead of the one in use.
+    codes:
+        Where a fetch takes a weight's codes from: ``memory`` or ``store``
+        (:class:`~fedshard.store.streamed.Codes`).
     """
 
-    def __init__(self, root: str | Path, kek: Kek, fmt: str, tile: tuple[int, int], lookahead: int = 2) -> None:
+    def __init__(
+        self, root: str | Path, kek: Kek, fmt: str, tile: tuple[int, int], lookahead: int = 2, *, codes: str = "memory"
+    ) -> None:
         from fedshard.store.quantize import ColdFormat
+        from fedshard.store.streamed import Codes
 
         self.root = root
+        self.codes = Codes(codes)
         self.kek = kek
         self.format = ColdFormat(fmt)
         self.tile = tile
@@ -104,7 +112,7 @@ class SealedBase:
                 with store.batch():
                     seal_base(module, store, self.format, tile=self.tile)
                     store.set_meta(_DIGESTS, dict(digests))
-            self.streamed = StreamedBase(module, store, lookahead=self.lookahead)
+            self.streamed = StreamedBase(module, store, lookahead=self.lookahead, codes=self.codes)
         except BaseException:
             store.close()
             raise

@@ -31,12 +31,13 @@ if TYPE_CHECKING:
     from fedshard.store.quantize import ColdFormat
     from fedshard.store.rotation import RotationReport, rotate_keys
     from fedshard.store.sealed_store import SealedShardStore
-    from fedshard.store.streamed import StreamedBase, seal_base
+    from fedshard.store.streamed import Codes, StreamedBase, seal_base
     from fedshard.store.tiering import StoreStats, TierReport, parse_age
     from fedshard.store.verify import VerifyReport, check_store
 
 __all__ = [
     "Backend",
+    "Codes",
     "ColdFormat",
     "FsspecBackend",
     "Layer",
@@ -87,6 +88,7 @@ _HOME = {
     "RotationReport": "rotation",
     "rotate_keys": "rotation",
     "SealedShardStore": "sealed_store",
+    "Codes": "streamed",
     "StreamedBase": "streamed",
     "seal_base": "streamed",
     "StoreStats": "tiering",

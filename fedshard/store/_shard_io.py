@@ -24,9 +24,9 @@ from fedshard.integrity.digest import shard_digest
 from fedshard.store._backend import Backend
 from fedshard.store._shard_blob import FULL, BlobHeader, decode_payload, open_blob, seal_blob
 from fedshard.store.catalog import CatalogEntry
-from fedshard.store.quantize import ColdFormat, decode, encode
+from fedshard.store.quantize import ColdFormat, decode, decode_into, encode
 
-__all__ = ["BLOBS", "SealedShard", "blob_name", "normalise", "read_shard", "seal_shard"]
+__all__ = ["BLOBS", "ColdCodes", "SealedShard", "blob_name", "normalise", "read_codes", "read_shard", "seal_shard"]
 
 BLOBS = "blobs/"
 """Prefix of every shard blob's name on the backend."""
@@ -165,3 +165,43 @@ def read_shard(
     if check_digest and shard_digest(values) != entry.digest:
         raise ShardIntegrityError(shard_id, f"shard {shard_id}: its values do not match the catalog's digest")
     return values
+
+
+@dataclass(frozen=True, slots=True)
+class ColdCodes:
+    """A cold shard's authenticated plaintext, kept to be dequantised again and again: its format,
+    its shape and the encoded payload (scales and codes, about a quarter of float32 for int8)."""
+
+    format: ColdFormat
+    shape: tuple[int, ...]
+    payload: np.ndarray
+
+    def decode_into(self, out: np.ndarray) -> None:
+        """Dequantise into ``out`` (float32 of :attr:`shape`, a strided view allowed)."""
+        decode_into(self.payload, self.format, out)
+
+
+def read_codes(backend: Backend, store_id: str, shard_id: str, entry: CatalogEntry, data_key: bytes) -> ColdCodes:
+    """The cold shard ``shard_id`` as :class:`ColdCodes`, after every check of :func:`read_shard`
+    (its values are decoded once, for the BLAKE3 digest).
+
+    Raises
+    ------
+    ShardIntegrityError
+        As :func:`read_shard`; or the shard is not cold (``full`` or not float32).
+    """
+    name = blob_name(shard_id, entry.version)
+    raw = backend.read(name)
+    if raw is None:
+        raise ShardIntegrityError(shard_id, f"shard {shard_id}: its stored file {name} is missing")
+    header, plain = open_blob(raw, data_key, store_id=store_id, shard_id=shard_id, version=entry.version, name=name)
+    if header.encoding != entry.encoding:
+        raise ShardIntegrityError(
+            shard_id, f"shard {shard_id}: stored as {header.encoding}, the catalog says {entry.encoding}"
+        )
+    values = decode_payload(header, plain)
+    if shard_digest(values) != entry.digest:
+        raise ShardIntegrityError(shard_id, f"shard {shard_id}: its values do not match the catalog's digest")
+    if header.encoding == FULL or values.dtype != np.float32:
+        raise ShardIntegrityError(shard_id, f"shard {shard_id} is stored {header.encoding} {header.dtype}, not cold")
+    return ColdCodes(ColdFormat(header.encoding), tuple(header.shape), plain)

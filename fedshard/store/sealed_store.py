@@ -42,7 +42,7 @@ from fedshard.integrity.digest import shard_digest
 from fedshard.store._backend import Backend
 from fedshard.store._commit import Committer, read_catalog
 from fedshard.store._protocol import ShardStat, ShardStore, Tier
-from fedshard.store._shard_io import BLOBS, blob_name, normalise, read_shard, seal_shard
+from fedshard.store._shard_io import BLOBS, ColdCodes, blob_name, normalise, read_codes, read_shard, seal_shard
 from fedshard.store.access import AccessLog, Clock, system_clock
 from fedshard.store.catalog import CATALOG, KEYS_PREFIX, Catalog, CatalogEntry, keys_name
 from fedshard.store.location import backend_for
@@ -239,6 +239,21 @@ class SealedShardStore:
         values = read_shard(self.backend, self.store_id, shard_id, entry, self._cat.keys[shard_id], check_digest=first)
         self._digested.add(blob)
         return values
+
+    def cold_codes(self, shard_id: str) -> ColdCodes:
+        """The cold shard ``shard_id``'s codes, decrypted and checked as :meth:`get` checks a read,
+        for a caller that keeps them in memory and dequantises them at each use (a base held
+        as codes: :class:`~fedshard.store.streamed.StreamedBase`). Not recorded as an access.
+
+        Raises
+        ------
+        ShardNotFoundError
+            The store holds no such shard.
+        ShardIntegrityError
+            A read check fails, or the shard is not stored cold.
+        """
+        entry = self._entry(shard_id)
+        return read_codes(self.backend, self.store_id, shard_id, entry, self._cat.keys[shard_id])
 
     def get_many(self, shard_ids: Iterable[str]) -> dict[str, np.ndarray]:
         """``{shard_id: values}`` for each id (see :meth:`get`)."""

@@ -16,10 +16,22 @@ Two halves:
   of the previous pass, at most ``lookahead + 1`` weights resident) and drops it after
   use. ``StreamedLinear`` runs through an autograd function that saves no weight: its
   backward takes the weight again and returns the gradient for the input only (a frozen
-  weight gets none). Every fetch is a store read: decrypt (the AES-GCM tag authenticates
-  the blob), dequantise, and on a shard's first read the BLAKE3 digest check, so a
-  tampered blob raises :class:`~fedshard.errors.ShardIntegrityError` in the forward or
-  backward that needs it.
+  weight gets none).
+
+Where a fetch takes a weight from (:class:`Codes`):
+
+* ``memory`` (the default): each streamed weight's shards are read once, when the store is
+  attached, with every check of a store read (the AES-GCM tag, the BLAKE3 digest), and
+  their cold codes are kept in memory (int8 and fp8: 1 + 1/16 bytes a value, 26.6 % of
+  fp32; int4 14 %) as a :class:`~fedshard.store.held_codes.HeldWeight`, which the layer
+  computes with a band of rows at a time, dequantised in the computing thread (no
+  full-precision weight, no prefetch thread). A tampered blob raises
+  :class:`~fedshard.errors.ShardIntegrityError` at attach.
+* ``store``: nothing is kept; every fetch of a whole weight, through the
+  :class:`~fedshard.store.weight_stream.WeightStream`, is a store read (decrypt, dequantise, and on a
+  shard's first read the BLAKE3 digest check), so a blob tampered with later raises in
+  the forward or backward that needs it. The least memory (a few layers), at about five
+  times a fetch's cost.
 
 Adapters: ``peft`` LoRA works both ways round. Injected *before* streaming, the
 ``lora.Linear``'s ``base_layer`` is replaced; injected *after*, peft wraps the
@@ -41,7 +53,8 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -49,6 +62,7 @@ from torch import nn
 
 from fedshard.errors import ShardError, StoreError
 from fedshard.sharding.plan import DEFAULT_TILE, ShardPlan, TensorSpec
+from fedshard.store.held_codes import BAND_VALUES, BandBuffer, HeldStats, HeldWeight
 from fedshard.store.model_io import plan_of
 from fedshard.store.quantize import ColdFormat
 from fedshard.store.sealed_store import SealedShardStore
@@ -57,6 +71,7 @@ from fedshard.store.weight_stream import StreamStats, WeightStream
 __all__ = [
     "BASE_META",
     "AbsentWeight",
+    "Codes",
     "StreamedBase",
     "StreamedEmbedding",
     "StreamedLinear",
@@ -67,6 +82,13 @@ __all__ = [
 BASE_META = "frozen_base"
 _META_VERSION = 1
 _WRAPPER = "base_layer"  # peft's attribute for the wrapped module
+
+
+class Codes(StrEnum):
+    """Where a streamed weight's cold codes are read from at each use (see the module docstring)."""
+
+    MEMORY = "memory"
+    STORE = "store"
 
 
 def base_name(name: str) -> str:
@@ -202,21 +224,57 @@ class AbsentWeight(torch.Tensor):
         return f"AbsentWeight({getattr(self, 'streamed_name', '?')})"
 
 
+class WeightSource(Protocol):
+    """Where a streamed layer's frozen weight comes from when it computes: the
+    :class:`~fedshard.store.weight_stream.WeightStream` (:class:`_Fetched`, whole weights from
+    the store) or codes held in memory (:class:`~fedshard.store.held_codes.HeldWeight`)."""
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, mode: str) -> torch.Tensor:
+        """``x @ Wᵀ + bias``; ``mode``: ``train`` or ``eval`` (the stream keeps a schedule per mode)."""
+        ...
+
+    def input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """``grad @ W``: the gradient of ``x @ Wᵀ`` for ``x``."""
+        ...
+
+    def embed(self, ids: torch.Tensor, padding_idx: int | None, mode: str) -> torch.Tensor:
+        """The rows ``ids`` of the table."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """A weight taken whole from the stream each time it is needed, and dropped after."""
+
+    name: str
+    stream: WeightStream
+
+    def _take(self, mode: str, phase: str) -> torch.Tensor:
+        return torch.from_numpy(self.stream.take((mode, phase, self.name)))
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, mode: str) -> torch.Tensor:
+        return nn.functional.linear(x, self._take(mode, "fwd"), bias)
+
+    def input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad @ self._take("train", "bwd")
+
+    def embed(self, ids: torch.Tensor, padding_idx: int | None, mode: str) -> torch.Tensor:
+        return nn.functional.embedding(ids, self._take(mode, "fwd"), padding_idx)
+
+
 class _FrozenLinear(torch.autograd.Function):
-    """``x @ Wᵀ + b`` with ``W`` taken from the stream in forward and again in backward; saves no weight."""
+    """``x @ Wᵀ + b`` with ``W`` taken from the layer's source in forward and again in backward; saves no weight."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, layer: StreamedLinear, mode: str) -> torch.Tensor:
         ctx.layer = layer
-        weight = layer._take(mode, "fwd")
-        return nn.functional.linear(x, weight, bias)
+        return layer.source.linear(x, bias, mode)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
-        weight = ctx.layer._take("train", "bwd")
-        return grad @ weight, None, None, None
+        return ctx.layer.source.input_grad(grad), None, None, None
 
 
 class StreamedLinear(nn.Linear):
@@ -226,21 +284,18 @@ class StreamedLinear(nn.Linear):
     frozen. Made by :class:`StreamedBase`.
     """
 
-    def __init__(self, linear: nn.Linear, name: str, stream: WeightStream) -> None:
+    def __init__(self, linear: nn.Linear, name: str, source: WeightSource) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: that would allocate a weight
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.name = name
-        self._stream = stream
+        self.source = source
         self.bias = linear.bias  # resident, frozen (loaded from the store before the swap)
 
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
         """An :class:`AbsentWeight`: shape ``(out, in)``, float32, CPU; no values."""
         return AbsentWeight.make((self.out_features, self.in_features), self.name)
-
-    def _take(self, mode: str, phase: str) -> torch.Tensor:
-        return torch.from_numpy(self._stream.take((mode, phase, self.name)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ Wᵀ + b`` (gradient for ``x`` only)."""
@@ -261,7 +316,7 @@ class StreamedEmbedding(nn.Module):
     Token ids need no gradient and the table gets none, so backward never fetches it.
     """
 
-    def __init__(self, embedding: nn.Embedding, name: str, stream: WeightStream) -> None:
+    def __init__(self, embedding: nn.Embedding, name: str, source: WeightSource) -> None:
         super().__init__()
         self.num_embeddings = embedding.num_embeddings
         self.embedding_dim = embedding.embedding_dim
@@ -270,7 +325,7 @@ class StreamedEmbedding(nn.Module):
         if self.max_norm is not None:
             raise StoreError(f"embedding {name!r} has max_norm, which renormalises its (frozen) table in place")
         self.name = name
-        self._stream = stream
+        self.source = source
 
     @property
     def weight(self) -> torch.Tensor:
@@ -280,8 +335,7 @@ class StreamedEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the table for ``ids``."""
         mode = "train" if torch.is_grad_enabled() else "eval"
-        table = torch.from_numpy(self._stream.take((mode, "fwd", self.name)))
-        return nn.functional.embedding(ids, table, self.padding_idx)
+        return self.source.embed(ids, self.padding_idx, mode)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, streamed={self.name!r}"
@@ -350,6 +404,12 @@ class StreamedBase:
     niceness:
         Lower the prefetch thread's priority by this much (see
         :class:`~fedshard.store.weight_stream.WeightStream`).
+    codes:
+        :attr:`Codes.MEMORY`: read every streamed weight's codes once, now, and keep them;
+        :attr:`Codes.STORE`: read them from the store at every use.
+    band_values:
+        With codes in memory, the most values of a band of rows dequantised at once (one tile
+        row at least; :data:`~fedshard.store.held_codes.BAND_VALUES`, 4 MiB of float32).
 
     Raises
     ------
@@ -359,7 +419,8 @@ class StreamedBase:
         The module's tensors do not match the recorded base (name, shape), or a streamed
         weight requires grad.
     ShardIntegrityError
-        A resident tensor fails its read checks (streamed ones raise when fetched).
+        A resident tensor fails its read checks (streamed ones too with
+        :attr:`Codes.MEMORY`; with :attr:`Codes.STORE` they raise when fetched).
     """
 
     def __init__(
@@ -370,6 +431,8 @@ class StreamedBase:
         lookahead: int = 2,
         spare_bytes: int = 32 << 20,
         niceness: int = 0,
+        codes: Codes = Codes.MEMORY,
+        band_values: int = BAND_VALUES,
     ) -> None:
         doc = store.get_meta(BASE_META)
         if not isinstance(doc, dict) or doc.get("version") != _META_VERSION:
@@ -379,6 +442,9 @@ class StreamedBase:
         self.format = ColdFormat(doc["format"])
         self._specs = {t.name: t for t in self.plan.tensors}
         self.streamed: tuple[str, ...] = tuple(doc["streamed"])
+        self.codes = Codes(codes)
+        self._held: dict[str, HeldWeight] = {}
+        self._band = BandBuffer(band_values)
         self._buffers = _Buffers(spare_bytes)
         self.stream = WeightStream(self._fetch, lookahead, niceness=niceness)
         slots = dict(_slots(module))
@@ -401,6 +467,12 @@ class StreamedBase:
                     slot.owner._parameters[slot.attr] = nn.Parameter(values, requires_grad=False)
                 else:
                     slot.owner._buffers[slot.attr] = values
+        if self.codes is Codes.MEMORY:
+            for name in self.streamed:
+                spec = self._specs[name]
+                shards = ShardPlan([spec], self.plan.tile).shards
+                tiles = [(s.rows, s.cols, store.cold_codes(s.shard_id)) for s in shards]
+                self._held[name] = HeldWeight(name, spec.view2d, tiles, self._band)
         for name in self.streamed:
             self._replace(module, slots[name], name)
         left = [n for n, s in _slots(module) if s.tensor.is_meta]
@@ -408,6 +480,8 @@ class StreamedBase:
             raise ShardError(f"tensor {left[0]!r} is on the meta device and not in the stored base ({len(left)} such)")
         self.resident_bytes = sum(s.nbytes for s in self.plan.shards if s.tensor not in streamed)
         self.streamed_bytes = sum(s.nbytes for s in self.plan.shards if s.tensor in streamed)
+        self.held_bytes = sum(held.nbytes for held in self._held.values())
+        """Bytes of cold codes held in memory (0 with :attr:`Codes.STORE`)."""
 
     def _fetch(self, name: str) -> np.ndarray:
         """One tensor of the base, assembled from its verified (dequantised) shards."""
@@ -420,11 +494,12 @@ class StreamedBase:
 
     def _replace(self, module: nn.Module, slot: _Slot, name: str) -> None:
         owner = slot.owner
+        source: WeightSource = self._held.get(name) or _Fetched(name, self.stream)
         new: nn.Module
         if isinstance(owner, nn.Linear):
-            new = StreamedLinear(owner, name, self.stream)
+            new = StreamedLinear(owner, name, source)
         elif isinstance(owner, nn.Embedding):
-            new = StreamedEmbedding(owner, name, self.stream)
+            new = StreamedEmbedding(owner, name, source)
         else:  # pragma: no cover - seal_base streams only these two
             raise ShardError(f"cannot stream {name!r}: {type(owner).__name__} is not a Linear or an Embedding")
         for parent in module.modules():
@@ -434,8 +509,18 @@ class StreamedBase:
 
     @property
     def stats(self) -> StreamStats:
-        """The stream's counters (fetches, misses, wait and fetch time)."""
+        """The stream's counters (fetches, misses, wait and fetch time); with codes in memory
+        the stream is not used (:attr:`held_stats`)."""
         return self.stream.stats
+
+    @property
+    def held_stats(self) -> HeldStats:
+        """What the held codes' bands dequantised (:attr:`Codes.MEMORY`); reassignable, to count anew."""
+        return self._band.stats
+
+    @held_stats.setter
+    def held_stats(self, stats: HeldStats) -> None:
+        self._band.stats = stats
 
     @property
     def peak_resident(self) -> int:
@@ -446,3 +531,4 @@ class StreamedBase:
         """Stop the prefetch thread and free the spare buffers (a later forward restarts it)."""
         self.stream.close()
         self._buffers.clear()
+        self._band.release()

@@ -300,14 +300,16 @@ def _llm_stream(h: dict[str, Any]) -> None:
     # --quick: the small model, whose base (11.6 MB) is dwarfed by torch's own memory: the
     # fractions are noise there; the step ratios too under load (no timing is asserted)
     # ratios of step times: measured and positive (a bound would be a timing goal, noisy on a shared machine)
-    assert all(0 < h[key] < math.inf for key in ("streamed_step_ratio", "fp8_step_ratio"))
-    assert h["base_fp32_bytes"] > 1e6 and h["fetch_ns_per_value"] > 0
+    assert all(0 < h[key] < math.inf for key in ("streamed_step_ratio", "fp8_step_ratio", "store_step_ratio"))
+    assert h["base_fp32_bytes"] > 1e6 and h["fetch_ns_per_value"] > 0 and h["store_fetch_ns_per_value"] > 0
     assert h["step_ratio_floor_2_cores"] > 1 and h["base_memory_fraction"] > 0
 
 
 def _llm_stream_shown(h: dict[str, Any], section: str) -> None:
-    int8 = _cells(_row(section, "streamed from sealed int8 |"))
+    int8 = _cells(_row(section, "streamed from held int8 codes |"))
     assert int8[2] == f"{h['streamed_step_ratio']:.2f}" and int8[5] == f"{100 * h['base_memory_fraction']:.1f} %"
+    store = _cells(_row(section, "streamed from the sealed int8 store |"))
+    assert store[2] == f"{h['store_step_ratio']:.2f}" and store[5] == f"{100 * h['store_base_memory_fraction']:.1f} %"
 
 
 def _llm_finetune(h: dict[str, Any]) -> None:
@@ -525,11 +527,15 @@ EXPECT: dict[str, Expect] = {
             "base_memory_fraction",
             "fp8_step_ratio",
             "fp8_base_memory_fraction",
+            "store_step_ratio",
+            "store_base_memory_fraction",
             "resident_step_s",
             "int8_step_s",
             "fp8_step_s",
+            "store_step_s",
             "base_fp32_bytes",
             "fetch_ns_per_value",
+            "store_fetch_ns_per_value",
             "step_ratio_floor_2_cores",
         },
         _llm_stream,

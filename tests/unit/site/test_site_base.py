@@ -32,8 +32,8 @@ def _build(base_seed: int = 0) -> nn.Module:
     return add_lora(model, rank=4, alpha=8, scheme=AdapterScheme.FFA)
 
 
-def _held(root: Path, kek: Kek, fmt: str = "int8", base_seed: int = 0) -> HeldModel:
-    return HeldModel(lambda: _build(base_seed), TILE, SealedBase(root, kek, fmt, TILE))
+def _held(root: Path, kek: Kek, fmt: str = "int8", base_seed: int = 0, codes: str = "memory") -> HeldModel:
+    return HeldModel(lambda: _build(base_seed), TILE, SealedBase(root, kek, fmt, TILE, codes=codes))
 
 
 def _logits(model: nn.Module) -> torch.Tensor:
@@ -100,19 +100,27 @@ def test_a_new_format_reseals_the_base(tmp_path: Path) -> None:
     held.close()
 
 
-def test_a_tampered_base_blob_fails_the_forward_that_needs_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("codes", ["memory", "store"])
+def test_a_tampered_base_blob_stops_the_site_before_it_computes_with_it(tmp_path: Path, codes: str) -> None:
+    """Held codes are checked when the process attaches the base; codes read from the store, in the
+    forward that needs them. Either way no logit comes from the tampered weight."""
     kek = Kek.generate()
     _held(tmp_path / "base", kek).module()
     with SealedShardStore.open(tmp_path / "base", kek) as store:
-        victim = next(sid for sid in store.list() if "ff1" in sid)
+        victim = next(sid for sid in store.list() if "ff1.weight" in sid)  # streamed, not resident
         path = Path(store.location) / blob_name(victim, store.stat(victim).version)
     blob = bytearray(path.read_bytes())
     blob[-5] ^= 1
     path.write_bytes(bytes(blob))
 
-    held = _held(tmp_path / "base", kek)
-    with pytest.raises(ShardIntegrityError):
-        _logits(held.module())
+    held = _held(tmp_path / "base", kek, codes=codes)
+    if codes == "store":
+        model = held.module()  # attaches: the weights are read later
+        with pytest.raises(ShardIntegrityError):
+            _logits(model)
+    else:
+        with pytest.raises(ShardIntegrityError):
+            held.module()
     held.close()
 
 

@@ -21,7 +21,15 @@ from fedshard.errors import ShardIntegrityError, StoreError
 from fedshard.store._shard_io import blob_name
 from fedshard.store.quantize import ColdFormat
 from fedshard.store.sealed_store import SealedShardStore
-from fedshard.store.streamed import AbsentWeight, StreamedBase, StreamedEmbedding, StreamedLinear, base_name, seal_base
+from fedshard.store.streamed import (
+    AbsentWeight,
+    Codes,
+    StreamedBase,
+    StreamedEmbedding,
+    StreamedLinear,
+    base_name,
+    seal_base,
+)
 from fedshard.store.weight_stream import WeightStream
 
 CFG = SIZES["tiny"]
@@ -72,11 +80,12 @@ def step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, tor
     return out.detach(), grads
 
 
-def test_outputs_and_lora_grads_equal_the_dequantised_resident_base(sealed) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("codes", list(Codes))
+def test_outputs_and_lora_grads_equal_the_dequantised_resident_base(sealed, codes: Codes) -> None:  # type: ignore[no-untyped-def]
     model, store, plan = sealed
     ref = dequantised(model, store, plan)
     streamed = copy.deepcopy(model)
-    base = StreamedBase(streamed, store, lookahead=2)
+    base = StreamedBase(streamed, store, lookahead=2, codes=codes)
     for seed in (1, 2, 3):  # the first step records the schedule, the next ones prefetch
         x = tokens(seed)
         out_ref, g_ref = step(ref, x)
@@ -85,7 +94,10 @@ def test_outputs_and_lora_grads_equal_the_dequantised_resident_base(sealed) -> N
         assert g.keys() == g_ref.keys() and len(g) == 4 * 2 * CFG.layers
         for name in g_ref:
             torch.testing.assert_close(g[name], g_ref[name], rtol=1e-4, atol=1e-6)
-    assert base.stats.misses == 0 and base.stats.fetches > 0
+    if codes is Codes.STORE:
+        assert base.stats.misses == 0 and base.stats.fetches > 0 and base.held_stats.bands == 0
+    else:  # every weight computed from its held codes, a band at a time; the stream never used
+        assert base.held_stats.bands > 0 and base.stats.fetches == 0 and base.held_bytes > 0
     # the cold base is not the fp32 one: the comparison is with what the store returns
     assert not torch.equal(ref.blocks[0].ff1.base_layer.weight, model.blocks[0].ff1.base_layer.weight)
 
@@ -128,7 +140,7 @@ def test_no_fp32_base_weight_stays_on_the_module(sealed) -> None:  # type: ignor
 @pytest.mark.parametrize("lookahead", [0, 1, 3])
 def test_at_most_lookahead_plus_one_weights_are_resident(sealed, lookahead: int) -> None:  # type: ignore[no-untyped-def]
     model, store, _ = sealed
-    base = StreamedBase(model, store, lookahead=lookahead)
+    base = StreamedBase(model, store, lookahead=lookahead, codes=Codes.STORE)
     for seed in range(4):
         step(model, tokens(seed))
         with torch.no_grad():
@@ -141,23 +153,54 @@ def test_at_most_lookahead_plus_one_weights_are_resident(sealed, lookahead: int)
     assert base.stream.resident == 0
 
 
-def test_a_tampered_blob_raises_the_integrity_error_in_forward(sealed) -> None:  # type: ignore[no-untyped-def]
-    model, store, _ = sealed
-    StreamedBase(model, store, lookahead=2)
-    step(model, tokens())  # the schedule is learned: the bad shard comes from the prefetch thread
-    shard = "blocks.1.ff1.weight#r0c0"
+def _tamper(store: SealedShardStore, shard: str) -> None:
     path = Path(store.location) / blob_name(shard, store.stat(shard).version)
     raw = bytearray(path.read_bytes())
     raw[-40] ^= 0x01
     path.write_bytes(bytes(raw))
+
+
+def test_a_tampered_blob_raises_the_integrity_error_in_forward(sealed) -> None:  # type: ignore[no-untyped-def]
+    model, store, _ = sealed
+    StreamedBase(model, store, lookahead=2, codes=Codes.STORE)
+    step(model, tokens())  # the schedule is learned: the bad shard comes from the prefetch thread
+    _tamper(store, "blocks.1.ff1.weight#r0c0")
     with pytest.raises(ShardIntegrityError, match=r"blocks\.1\.ff1\.weight"):
         model(tokens())
 
 
-def test_eval_under_no_grad_and_back_to_training(sealed) -> None:  # type: ignore[no-untyped-def]
+def test_held_codes_are_checked_when_the_store_is_attached(sealed) -> None:  # type: ignore[no-untyped-def]
+    model, store, _ = sealed
+    _tamper(store, "blocks.1.ff1.weight#r0c0")
+    with pytest.raises(ShardIntegrityError, match=r"blocks\.1\.ff1\.weight"):
+        StreamedBase(model, store)
+
+
+@pytest.mark.parametrize("fmt", list(ColdFormat))
+def test_held_codes_and_store_reads_give_the_same_bits(tmp_path: Path, fmt: ColdFormat) -> None:
+    """Held codes dequantised band by band by torch (int8, fp8) or NumPy (int4) give the bits a
+    store read gives, through a forward and a backward."""
+    runs = []
+    for codes in Codes:
+        torch.manual_seed(0)
+        model = lora_model()
+        store = SealedShardStore.create(tmp_path / codes.value, Kek.generate())
+        seal_base(model, store, fmt, tile=(64, 128))  # rows of whole blocks: one multiplication a tile
+        base = StreamedBase(model, store, codes=codes)
+        assert (base.held_bytes > 0) == (codes is Codes.MEMORY)
+        out, grads = step(model, tokens(3))
+        runs.append((out.detach(), {k: g.clone() for k, g in grads.items()}))
+        base.close()
+    (out_m, grads_m), (out_s, grads_s) = runs
+    assert torch.equal(out_m, out_s)
+    assert grads_m.keys() == grads_s.keys() and all(torch.equal(grads_m[k], grads_s[k]) for k in grads_m)
+
+
+@pytest.mark.parametrize("codes", list(Codes))
+def test_eval_under_no_grad_and_back_to_training(sealed, codes: Codes) -> None:  # type: ignore[no-untyped-def]
     model, store, plan = sealed
     ref = dequantised(model, store, plan)
-    base = StreamedBase(model, store)
+    base = StreamedBase(model, store, codes=codes)
     model.eval()
     ref.eval()
     with torch.no_grad():
@@ -167,8 +210,9 @@ def test_eval_under_no_grad_and_back_to_training(sealed) -> None:  # type: ignor
     ref.train()
     out, _ = step(model, tokens(7))
     torch.testing.assert_close(out, ref(tokens(7)).detach(), rtol=1e-5, atol=1e-6)
-    assert base.stream.schedule("eval") and base.stream.schedule("train")
-    assert all(phase == "fwd" for _, phase, _ in base.stream.schedule("eval"))
+    if codes is Codes.STORE:
+        assert base.stream.schedule("eval") and base.stream.schedule("train")
+        assert all(phase == "fwd" for _, phase, _ in base.stream.schedule("eval"))
 
 
 def test_a_meta_skeleton_attaches_and_takes_adapters_after(sealed) -> None:  # type: ignore[no-untyped-def]
@@ -281,3 +325,36 @@ def test_reread_checks_a_shard_s_digest_on_its_first_read_only(tmp_path: Path) -
     assert np.array_equal(store.reread("b"), np.arange(6))  # later ones: the GCM tag alone
     with pytest.raises(ShardIntegrityError, match="digest"):
         store.get("b")  # a plain read checks it every time
+
+
+def test_held_codes_compute_in_bands_and_look_up_only_the_rows_asked_for(tmp_path: Path) -> None:
+    """With codes in memory no full-precision weight is made: a layer computes band by band
+    (here bands of 32 rows, so every weight spans several), and a lookup dequantises only the
+    bands holding its ids."""
+    from fedshard.store.held_codes import HeldStats
+
+    torch.manual_seed(0)
+    model = lora_model()
+    ref = copy.deepcopy(model)
+    store = SealedShardStore.create(tmp_path / "base", Kek.generate())
+    plan = seal_base(model, store, ColdFormat.INT8, tile=(32, 64))
+    ref = dequantised(ref, store, plan)
+    base = StreamedBase(model, store, band_values=32 * 64)
+    x = tokens(4)
+    out, grads = step(model, x)
+    out_ref, grads_ref = step(ref, x)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-4, atol=1e-6)
+    widest = max(t.shape[1] for t in plan.tensors if t.name in base.streamed)
+    largest = max(int(np.prod(t.shape)) for t in plan.tensors if t.name in base.streamed)
+    assert base._band._array is not None and base._band._array.numel() == 32 * widest < largest
+
+    embedding = next(m for m in model.modules() if isinstance(m, StreamedEmbedding))
+    base.held_stats = HeldStats()
+    ids = torch.tensor([[0, 1, 2], [31, 5, 0]])  # all in the first band of 32 rows
+    with torch.no_grad():
+        rows = embedding(ids)
+    assert base.held_stats.bands == 1 and rows.shape == (2, 3, embedding.embedding_dim)
+    with pytest.raises(IndexError, match="out of range"):
+        embedding(torch.tensor([embedding.num_embeddings]))
