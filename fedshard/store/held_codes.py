@@ -13,10 +13,11 @@ dequantise it a band at a time into one reused buffer and use the band at once:
 
 So the full-precision weight never exists: besides the codes (about a quarter of float32
 for int8), a band's buffer is all (4 MiB). Dequantising happens in the computing thread,
-with torch's own threads (an int8 or fp8 tile whose rows hold whole blocks: one
-multiplication by the blocks' scales, the same float32 product as
-:func:`~fedshard.store.quantize.decode`, bit for bit; other tiles through NumPy), with no
-prefetch thread to compete with torch's for the cores. The bands of one
+with torch's own threads: a band of int8 or fp8 codes is repacked at attach into one
+array of codes and one of its blocks' scales, so one multiplication dequantises it (the
+same float32 products as :func:`~fedshard.store.quantize.decode`, bit for bit); int4 and
+tiles whose rows do not hold whole blocks go through NumPy, tile by tile. No prefetch
+thread competes with torch's for the cores. The bands of one
 :class:`BandBuffer` are used one at a time: it is one training thread's.
 """
 
@@ -62,8 +63,9 @@ class BandBuffer:
 
     values: int
     stats: HeldStats = field(default_factory=HeldStats)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a band is in use: one band at a time, whichever thread computes."""
     _array: torch.Tensor | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def band(self, rows: int, cols: int) -> torch.Tensor:
         """A ``(rows, cols)`` float32 view of the buffer (allocated on first use, at :attr:`values`
@@ -80,56 +82,82 @@ class BandBuffer:
 
 
 @dataclass(frozen=True, slots=True)
-class _Tile:
-    """One shard's codes where its band puts them, ready to dequantise."""
+class _Packed:
+    """A band's int8 or fp8 codes repacked at attach into one array, with its blocks' scales:
+    one multiplication dequantises the whole band."""
 
-    rows: slice  # within the band
-    cols: slice
-    codes: ColdCodes
-    codes_t: torch.Tensor | None  # (rows, blocks a row, BLOCK), int8 or float8; None: NumPy's decode
-    scales_t: torch.Tensor | None  # (rows, blocks a row, 1) float32
+    codes: torch.Tensor  # (rows, blocks a row, BLOCK): int8, or fp8's bytes as float8_e4m3fn
+    scales: torch.Tensor  # (rows, blocks a row, 1) float32
     clip: bool  # a product may pass float32's largest value (decode clips it back)
 
     def decode_into(self, band: torch.Tensor) -> None:
         import torch
 
-        out = band[self.rows, self.cols]
-        if self.codes_t is None or self.scales_t is None:
-            self.codes.decode_into(out.numpy())
-            return
-        codes = self.codes_t if self.codes_t.dtype == torch.int8 else self.codes_t.to(torch.float32)
-        blocked = out.view(out.shape[0], out.shape[1] // BLOCK, BLOCK)  # splits a row: no copy
-        torch.mul(codes, self.scales_t, out=blocked)
+        blocked = band.view(self.codes.shape)
+        if self.codes.dtype == torch.int8:
+            torch.mul(self.codes, self.scales, out=blocked)  # a code widens exactly: one float32 product
+        else:
+            blocked.copy_(self.codes)  # float8 → float32 is exact
+            blocked.mul_(self.scales)
         if self.clip:
             limit = float(np.finfo(np.float32).max)
             blocked.clamp_(-limit, limit)
 
 
-def _tile(rows: slice, cols: slice, codes: ColdCodes) -> _Tile:
-    """``codes`` as torch views of its payload where one multiplication decodes it."""
-    import torch
-
-    height, width = rows.stop - rows.start, cols.stop - cols.start
-    if codes.format is ColdFormat.INT4 or width % BLOCK or not height:
-        return _Tile(rows, cols, codes, None, None, False)
-    payload = torch.from_numpy(codes.payload)
-    blocks = height * width // BLOCK
-    scales = payload[: 4 * blocks].view(torch.float32)
-    raw = payload[4 * blocks :]
-    dtype = torch.int8 if codes.format is ColdFormat.INT8 else torch.float8_e4m3fn
-    clip = float(scales.abs().max()) * largest_code(codes.format) > float(np.finfo(np.float32).max)
-    shape = (height, width // BLOCK)
-    return _Tile(rows, cols, codes, raw.view(dtype).view(*shape, BLOCK), scales.view(*shape, 1), clip)
-
-
 @dataclass(frozen=True, slots=True)
 class _Band:
     rows: slice
-    tiles: tuple[_Tile, ...]
+    tiles: tuple[tuple[slice, slice, ColdCodes], ...]  # (rows within the band, columns, codes); () when packed
+    packed: _Packed | None
 
     @property
     def height(self) -> int:
         return int(self.rows.stop) - int(self.rows.start)
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.codes.nbytes + self.packed.scales.nbytes
+        return sum(codes.payload.nbytes for _, _, codes in self.tiles)
+
+    def decode_into(self, out: torch.Tensor) -> None:
+        if self.packed is not None:
+            self.packed.decode_into(out)
+            return
+        for rows, cols, codes in self.tiles:
+            codes.decode_into(out[rows, cols].numpy())
+
+
+def _band(start: int, width: int, tiles: list[tuple[slice, slice, ColdCodes]]) -> _Band:
+    """The band of ``tiles`` (whole tile rows from row ``start``), packed where every tile's rows hold
+    whole blocks of an int8 or fp8 code."""
+    import torch
+
+    stop = max(rows.stop for rows, _, _ in tiles)
+    local = [(slice(r.start - start, r.stop - start), c, codes) for r, c, codes in tiles]
+    fmt = tiles[0][2].format
+    packable = fmt is not ColdFormat.INT4 and all(
+        codes.format is fmt and (c.stop - c.start) % BLOCK == 0 and c.start % BLOCK == 0 for _, c, codes in local
+    )
+    if not packable or width % BLOCK:
+        return _Band(slice(start, stop), tuple(local), None)
+    height = stop - start
+    raw = np.empty((height, width), dtype=np.uint8)
+    scales = np.empty((height, width // BLOCK), dtype=np.float32)
+    for rows, cols, codes in local:
+        h, w = rows.stop - rows.start, cols.stop - cols.start
+        blocks = h * w // BLOCK
+        scales[rows, cols.start // BLOCK : cols.stop // BLOCK] = (
+            codes.payload[: 4 * blocks].view(np.float32).reshape(h, w // BLOCK)
+        )
+        raw[rows, cols] = codes.payload[4 * blocks :].reshape(h, w)
+    clip = float(np.abs(scales).max(initial=0.0)) * largest_code(fmt) > float(np.finfo(np.float32).max)
+    dtype = torch.int8 if fmt is ColdFormat.INT8 else torch.float8_e4m3fn
+    shape = (height, width // BLOCK)
+    packed = _Packed(
+        torch.from_numpy(raw).view(dtype).view(*shape, BLOCK), torch.from_numpy(scales).view(*shape, 1), clip
+    )
+    return _Band(slice(start, stop), (), packed)
 
 
 class HeldWeight:
@@ -165,25 +193,24 @@ class HeldWeight:
         for r0 in sorted(by_row):
             height = by_row[r0][0][0].stop - r0
             if group and (r0 + height - start) * shape[1] > buffer.values:
-                bands.append(_band(start, group))
+                bands.append(_band(start, shape[1], group))
                 start, group = r0, []
             group += by_row[r0]
         if group:
-            bands.append(_band(start, group))
+            bands.append(_band(start, shape[1], group))
         self._bands = tuple(bands)
-        self.nbytes = sum(codes.payload.nbytes for _, _, codes in tiles)
-        """Bytes of codes held."""
+        self.nbytes = sum(band.nbytes for band in self._bands)
+        """Bytes of codes held (and their scales)."""
 
     def _dequantised(self, wanted: Sequence[_Band] | None = None) -> Iterator[tuple[_Band, torch.Tensor]]:
         """Each band (or each of ``wanted``) dequantised into the shared buffer, in turn: the
         array is valid until the next one is asked for."""
         stats = self._buffer.stats
-        with self._buffer._lock:
+        with self._buffer.lock:
             for band in self._bands if wanted is None else wanted:
                 t0 = time.perf_counter()
                 out = self._buffer.band(band.height, self.shape[1])
-                for tile in band.tiles:
-                    tile.decode_into(out)
+                band.decode_into(out)
                 stats.bands += 1
                 stats.values += out.numel()
                 stats.seconds += time.perf_counter() - t0
@@ -225,9 +252,3 @@ class HeldWeight:
             picked = (which == i).nonzero().reshape(-1)
             out[picked] = values[flat[picked] - band.rows.start]
         return out.reshape(*ids.shape, self.shape[1])
-
-
-def _band(start: int, tiles: list[tuple[slice, slice, ColdCodes]]) -> _Band:
-    stop = max(rows.stop for rows, _, _ in tiles)
-    local = tuple(_tile(slice(r.start - start, r.stop - start), c, codes) for r, c, codes in tiles)
-    return _Band(slice(start, stop), local)
