@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedshard.errors import StoreError
 from fedshard.store._shard_io import ColdCodes
 from fedshard.store.quantize import BLOCK, ColdFormat, largest_code
 
@@ -128,29 +129,36 @@ class _Band:
             codes.decode_into(out[rows, cols].numpy())
 
 
-def _band(start: int, width: int, tiles: list[tuple[slice, slice, ColdCodes]]) -> _Band:
-    """The band of ``tiles`` (whole tile rows from row ``start``), packed where every tile's rows hold
-    whole blocks of an int8 or fp8 code."""
+Layout = tuple[slice, slice, str]
+"""Where one shard of a weight lies: its rows, its columns and its id."""
+
+
+def _band(start: int, width: int, fmt: ColdFormat, tiles: list[Layout], read: Callable[[str], ColdCodes]) -> _Band:
+    """The band of ``tiles`` (whole tile rows from row ``start``): packed where every tile's rows hold
+    whole blocks of an int8 or fp8 code, each tile's codes copied in as it is read and dropped (so
+    attaching holds at most one tile twice); else the tiles' codes as read."""
     import torch
 
     stop = max(rows.stop for rows, _, _ in tiles)
-    local = [(slice(r.start - start, r.stop - start), c, codes) for r, c, codes in tiles]
-    fmt = tiles[0][2].format
-    packable = fmt is not ColdFormat.INT4 and all(
-        codes.format is fmt and (c.stop - c.start) % BLOCK == 0 and c.start % BLOCK == 0 for _, c, codes in local
-    )
-    if not packable or width % BLOCK:
-        return _Band(slice(start, stop), tuple(local), None)
+    local = [(slice(r.start - start, r.stop - start), c, shard) for r, c, shard in tiles]
+    packable = fmt is not ColdFormat.INT4 and not width % BLOCK
+    packable = packable and all((c.stop - c.start) % BLOCK == 0 and c.start % BLOCK == 0 for _, c, _ in local)
+    if not packable:
+        return _Band(slice(start, stop), tuple((r, c, read(shard)) for r, c, shard in local), None)
     height = stop - start
     raw = np.empty((height, width), dtype=np.uint8)
     scales = np.empty((height, width // BLOCK), dtype=np.float32)
-    for rows, cols, codes in local:
+    for rows, cols, shard in local:
+        codes = read(shard)
+        if codes.format is not fmt:
+            raise StoreError(f"shard {shard} is stored {codes.format.value}, the base records {fmt.value}")
         h, w = rows.stop - rows.start, cols.stop - cols.start
         blocks = h * w // BLOCK
         scales[rows, cols.start // BLOCK : cols.stop // BLOCK] = (
             codes.payload[: 4 * blocks].view(np.float32).reshape(h, w // BLOCK)
         )
         raw[rows, cols] = codes.payload[4 * blocks :].reshape(h, w)
+        del codes
     clip = float(np.abs(scales).max(initial=0.0)) * largest_code(fmt) > float(np.finfo(np.float32).max)
     dtype = torch.int8 if fmt is ColdFormat.INT8 else torch.float8_e4m3fn
     shape = (height, width // BLOCK)
@@ -169,35 +177,48 @@ class HeldWeight:
         The weight's base name (for messages).
     shape:
         Its 2-D shape ``(rows, columns)``: ``(out, in)`` of a ``Linear``, ``(vocab, dim)`` of an ``Embedding``.
+    fmt:
+        The cold format its shards are stored in.
     tiles:
-        ``(rows, columns, codes)`` of each of its shards, covering the shape.
+        ``(rows, columns, shard id)`` of each of its shards, covering the shape.
+    read:
+        Reads one shard's codes, checked (:meth:`~fedshard.store.sealed_store.SealedShardStore.cold_codes`).
     buffer:
         The base's shared band buffer.
+
+    Raises
+    ------
+    ShardIntegrityError
+        A shard fails its read checks (from ``read``).
+    StoreError
+        A shard is stored in another format than ``fmt``.
     """
 
     def __init__(
         self,
         name: str,
         shape: tuple[int, int],
-        tiles: Sequence[tuple[slice, slice, ColdCodes]],
+        fmt: ColdFormat,
+        tiles: Sequence[Layout],
+        read: Callable[[str], ColdCodes],
         buffer: BandBuffer,
     ) -> None:
         self.name = name
         self.shape = shape
         self._buffer = buffer
-        by_row: dict[int, list[tuple[slice, slice, ColdCodes]]] = {}
-        for rows, cols, codes in tiles:
-            by_row.setdefault(rows.start, []).append((rows, cols, codes))
+        by_row: dict[int, list[Layout]] = {}
+        for rows, cols, shard in tiles:
+            by_row.setdefault(rows.start, []).append((rows, cols, shard))
         bands: list[_Band] = []
-        start, group = 0, list[tuple[slice, slice, ColdCodes]]()
+        start, group = 0, list[Layout]()
         for r0 in sorted(by_row):
             height = by_row[r0][0][0].stop - r0
             if group and (r0 + height - start) * shape[1] > buffer.values:
-                bands.append(_band(start, shape[1], group))
+                bands.append(_band(start, shape[1], fmt, group, read))
                 start, group = r0, []
             group += by_row[r0]
         if group:
-            bands.append(_band(start, shape[1], group))
+            bands.append(_band(start, shape[1], fmt, group, read))
         self._bands = tuple(bands)
         self.nbytes = sum(band.nbytes for band in self._bands)
         """Bytes of codes held (and their scales)."""

@@ -470,9 +470,8 @@ class StreamedBase:
         if self.codes is Codes.MEMORY:
             for name in self.streamed:
                 spec = self._specs[name]
-                shards = ShardPlan([spec], self.plan.tile).shards
-                tiles = [(s.rows, s.cols, store.cold_codes(s.shard_id)) for s in shards]
-                self._held[name] = HeldWeight(name, spec.view2d, tiles, self._band)
+                tiles = [(s.rows, s.cols, s.shard_id) for s in ShardPlan([spec], self.plan.tile).shards]
+                self._held[name] = HeldWeight(name, spec.view2d, self.format, tiles, store.cold_codes, self._band)
         for name in self.streamed:
             self._replace(module, slots[name], name)
         left = [n for n, s in _slots(module) if s.tensor.is_meta]
