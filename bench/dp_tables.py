@@ -361,10 +361,10 @@ def publish(
             "- `central`: non-private, pooled data, SGD lr 0.1, momentum 0.9, batch 32, 100 epochs. `central-dp`: the "
             f"defaults' schedule by one curator of the pooled data ({runs.describe(args.defaults)}), "
             f"σ calibrated to ε. `defaults`: `{args.defaults.name}` with the table swapped in (five EU sites, label "
-            "skew Dirichlet 1.0, noise shared under CKKS). `per-site`: MLP 64-32, batch 64, SGD lr 0.05, clip 1, 20 "
-            f"rounds, FedAvg, each site adding all of its noise. δ = {runs.DELTA:g}; every model is scored on the "
-            f"whole test fold. Largest share of its budget any site spent: {spent:.3f}. Rounds aborted by the zones' "
-            f"norm bound (a site of a few records, its first round): "
+            "skew Dirichlet 1.0, noise shared under HE, BFV by default). `per-site`: MLP 64-32, batch 64, SGD lr "
+            f"0.05, clip 1, 20 rounds, FedAvg, each site adding all of its noise. δ = {runs.DELTA:g}; every model is "
+            f"scored on the whole test fold. Largest share of its budget any site spent: {spent:.3f}. Rounds aborted "
+            f"by the zones' norm bound (a site of a few records, its first round): "
             f"{sum(o.aborted for o in outcomes.values())} in {len(outcomes)} runs.",
         ],
         headers=[
