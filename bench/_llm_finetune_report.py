@@ -123,8 +123,8 @@ def notes(
         f"evaluate {share.evaluate_s:.2f} s (every site, one after the other), the rest "
         f"{share.round_s - share.train_s - share.evaluate_s:.2f} s is fedshard's (and the machine's other load). "
         f"Over all {len(share.rounds_s)} round(s) ({sum(share.rounds_s):.2f} s), inside the task's calls, the "
-        f"training thread waited {share.wait_s:.2f} s for streamed weights (fetching took {share.fetch_s:.2f} s, "
-        f"mostly in the background): counted as fedshard's too, that is {100 * share.wait_share:.1f} % more. "
+        f"training thread waited {share.wait_s:.2f} s for streamed weights (fetching or dequantising them "
+        f"took {share.fetch_s:.2f} s): counted as fedshard's too, that is {100 * share.wait_share:.1f} % more. "
         f"Rounds: {', '.join(f'{s:.1f} s' for s in share.rounds_s)}; "
         f"shares {', '.join(f'{100 * x:.1f} %' for x in share.shares)}",
         f"- released per site per round: {runs[0].adapter_bytes:,} adapter bytes at `{args.size}`, "

@@ -267,8 +267,9 @@ def share_run(args: argparse.Namespace) -> tuple[Run, Share]:
         round_s=end - start,
         train_s=clock.inside(start, end, "train"),
         evaluate_s=clock.inside(start, end, "evaluate"),
-        wait_s=sum(b.stats.wait_s for b in bases),
-        fetch_s=sum(b.stats.fetch_s for b in bases),
+        # held codes are dequantised in the training thread: all of it is waiting
+        wait_s=sum(b.held_stats.seconds if b.held_bytes else b.stats.wait_s for b in bases),
+        fetch_s=sum(b.held_stats.seconds if b.held_bytes else b.stats.fetch_s for b in bases),
         rounds_s=[b - a for a, b in windows],
         shares=shares,
     )
@@ -281,7 +282,7 @@ def stream_figures(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     size = "small" if args.quick else "large"
     m = llm_stream.measure(stream_args, size)
     runs = m["runs"]
-    figs = {v: llm_stream.derive(runs["resident"], runs[v]) for v in ("int8", "fp8")}
+    figs = {v: llm_stream.derive(runs["resident"], runs[v]) for v in llm_stream.STREAMED}
     return llm_stream._headline(runs, figs, m["fetch_ns"]), size
 
 
