@@ -152,6 +152,14 @@ def read_shard(
         If its blob is missing, truncated, swapped, rolled back or altered, or its values
         do not match the catalog's digest.
     """
+    return _read(backend, store_id, shard_id, entry, data_key, check_digest)[2]
+
+
+def _read(
+    backend: Backend, store_id: str, shard_id: str, entry: CatalogEntry, data_key: bytes, check_digest: bool
+) -> tuple[BlobHeader, np.ndarray, np.ndarray]:
+    """(header, authenticated plaintext, values) of the version ``entry`` names, every check of
+    :func:`read_shard` made (the digest's only if ``check_digest``)."""
     name = blob_name(shard_id, entry.version)
     raw = backend.read(name)
     if raw is None:
@@ -164,7 +172,7 @@ def read_shard(
     values = decode_payload(header, plain)
     if check_digest and shard_digest(values) != entry.digest:
         raise ShardIntegrityError(shard_id, f"shard {shard_id}: its values do not match the catalog's digest")
-    return values
+    return header, plain, values
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,18 +198,7 @@ def read_codes(backend: Backend, store_id: str, shard_id: str, entry: CatalogEnt
     ShardIntegrityError
         As :func:`read_shard`; or the shard is not cold (``full`` or not float32).
     """
-    name = blob_name(shard_id, entry.version)
-    raw = backend.read(name)
-    if raw is None:
-        raise ShardIntegrityError(shard_id, f"shard {shard_id}: its stored file {name} is missing")
-    header, plain = open_blob(raw, data_key, store_id=store_id, shard_id=shard_id, version=entry.version, name=name)
-    if header.encoding != entry.encoding:
-        raise ShardIntegrityError(
-            shard_id, f"shard {shard_id}: stored as {header.encoding}, the catalog says {entry.encoding}"
-        )
-    values = decode_payload(header, plain)
-    if shard_digest(values) != entry.digest:
-        raise ShardIntegrityError(shard_id, f"shard {shard_id}: its values do not match the catalog's digest")
+    header, plain, values = _read(backend, store_id, shard_id, entry, data_key, True)
     if header.encoding == FULL or values.dtype != np.float32:
         raise ShardIntegrityError(shard_id, f"shard {shard_id} is stored {header.encoding} {header.dtype}, not cold")
     return ColdCodes(ColdFormat(header.encoding), tuple(header.shape), plain)
