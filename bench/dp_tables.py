@@ -54,7 +54,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import _common as c
 import _dp_table_runs as runs
-from _dp_runs import mean_se, memoise_calibration, pp
+from _dp_runs import mean_se, memoise_calibration, paired_gap, pp
 from _tables import TABLES, write_table
 
 SECTION = "dp_tables"
@@ -102,15 +102,11 @@ def jobs_for(args: argparse.Namespace, repeats: dict[str, int]) -> list[Job]:
 
 def gap_se(outcomes: dict[Job, runs.Outcome], args: argparse.Namespace, table: str, repeats: int) -> float:
     """The largest standard error, over the ε run, of ``table``'s paired gap defaults − floor (pp)."""
-    worst = 0.0
-    for eps in args.epsilons:
-        pairs = []
-        for r in range(repeats):
-            for f in range(args.fold_count):
-                ours, floor = outcomes[("defaults", table, eps, r, f)], outcomes[("central-dp", table, eps, r, f)]
-                pairs.append(100 * (ours.accuracy - floor.accuracy))
-        worst = max(worst, mean_se(pairs)[1])
-    return worst
+
+    def folds(method: str, eps: float) -> dict[tuple[int, int], Any]:
+        return {(r, f): outcomes[(method, table, eps, r, f)] for r in range(repeats) for f in range(args.fold_count)}
+
+    return max(paired_gap(folds("defaults", eps), folds("central-dp", eps))[1] for eps in args.epsilons)
 
 
 def run_until_precise(

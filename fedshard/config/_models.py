@@ -351,8 +351,8 @@ class StoreConfig(_Model):
         description=(
             "with a cold store.base: 'memory' reads the streamed weights' codes once per process, checked, and keeps "
             "them (int8, fp8: 27 % of the fp32 base; int4: 14 %), dequantising them at each use; 'store' reads, "
-            "decrypts and dequantises them from the store at every forward and backward (a few layers in memory, "
-            "about five times the CPU per step)"
+            "decrypts and dequantises them from the store at every forward and backward (a few layers in memory; "
+            "a store read costs some 20 times a dequantisation: bench/llm_stream.py)"
         ),
     )
 

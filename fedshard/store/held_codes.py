@@ -220,6 +220,7 @@ class HeldWeight:
         if group:
             bands.append(_band(start, shape[1], fmt, group, read))
         self._bands = tuple(bands)
+        self._starts: torch.Tensor | None = None  # each band's first row, for lookups (made on the first)
         self.nbytes = sum(band.nbytes for band in self._bands)
         """Bytes of codes held (and their scales)."""
 
@@ -266,8 +267,9 @@ class HeldWeight:
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.shape[0]):
             raise IndexError(f"index out of range in self ({self.name}: {self.shape[0]} rows)")
         out = torch.empty((flat.numel(), self.shape[1]))
-        starts = torch.tensor([band.rows.start for band in self._bands])
-        which = torch.bucketize(flat, starts, right=True) - 1  # each id's band
+        if self._starts is None:
+            self._starts = torch.tensor([band.rows.start for band in self._bands])
+        which = torch.bucketize(flat, self._starts, right=True) - 1  # each id's band
         needed = torch.unique(which).tolist()
         for i, (band, values) in zip(needed, self._dequantised([self._bands[i] for i in needed]), strict=True):
             picked = (which == i).nonzero().reshape(-1)

@@ -210,39 +210,8 @@ def error_bound(values: np.ndarray, fmt: ColdFormat) -> np.ndarray:
 
 
 def decode_into(payload: bytes | memoryview | np.ndarray, fmt: ColdFormat, out: np.ndarray) -> None:
-    """Decode a payload of :func:`encode` into ``out`` (float32, the shard's shape), in place.
-
-    The same values as :func:`decode`, bit for bit. ``out`` may be a strided view (a tile of a
-    larger tensor): where each of its rows holds whole blocks (a row length that is a multiple
-    of :data:`BLOCK`), an int8 or fp8 payload is dequantised straight into it, with no float32
-    copy of the codes and no assembling copy after; otherwise the values are decoded and
-    copied in.
-    """
+    """Decode a payload of :func:`encode` into ``out`` (float32, the shard's shape, a strided view
+    allowed: a tile of a larger tensor), in place: :func:`decode`'s values, copied in."""
     if out.dtype != np.float32:
         raise StoreError(f"decode_into needs a float32 destination, got {out.dtype}")
-    count = out.size
-    blocked = _block_view(out) if fmt is not ColdFormat.INT4 and out.ndim and out.shape[-1] % BLOCK == 0 else None
-    if blocked is None or not count:
-        out[...] = decode(payload, fmt, count).reshape(out.shape)
-        return
-    blocks = _blocks(count)
-    if len(payload) != encoded_nbytes(count, fmt):
-        raise StoreError(f"{fmt.value} payload of {len(payload)} bytes cannot hold {count} values")
-    scales = np.frombuffer(payload, dtype=np.float32, count=blocks).reshape(*blocked.shape[:-1], 1)
-    raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * blocks).reshape(blocked.shape)
-    q = _fp8_values32()[raw] if fmt is ColdFormat.FP8 else raw.view(np.int8)
-    with np.errstate(over="ignore"):  # a code widens to float32 exactly: one float32 product, as in decode
-        np.multiply(q, scales, out=blocked, dtype=np.float32)
-    limit = np.float32(np.finfo(np.float32).max)
-    if float(np.abs(scales).max()) * _QMAX[fmt] > float(limit):
-        np.clip(blocked, -limit, limit, out=blocked)
-
-
-def _block_view(out: np.ndarray) -> np.ndarray | None:
-    """``out`` seen as ``(..., blocks per row, BLOCK)`` without a copy, or ``None`` if that needs one."""
-    view = out.view()
-    try:
-        view.shape = (*out.shape[:-1], out.shape[-1] // BLOCK, BLOCK)
-    except AttributeError:  # numpy: this shape would need a copy
-        return None
-    return view
+    out[...] = decode(payload, fmt, out.size).reshape(out.shape)

@@ -30,8 +30,8 @@ Where a fetch takes a weight from (:class:`Codes`):
 * ``store``: nothing is kept; every fetch of a whole weight, through the
   :class:`~fedshard.store.weight_stream.WeightStream`, is a store read (decrypt, dequantise, and on a
   shard's first read the BLAKE3 digest check), so a blob tampered with later raises in
-  the forward or backward that needs it. The least memory (a few layers), at about five
-  times a fetch's cost.
+  the forward or backward that needs it. The least memory (a few layers); a read costs some
+  20 times a dequantisation (``bench/llm_stream.py``).
 
 Adapters: ``peft`` LoRA works both ways round. Injected *before* streaming, the
 ``lora.Linear``'s ``base_layer`` is replaced; injected *after*, peft wraps the

@@ -50,8 +50,8 @@ def test_decode_matches_the_float64_reference_bit_for_bit(fmt: ColdFormat) -> No
 @pytest.mark.parametrize("fmt", list(ColdFormat))
 @pytest.mark.parametrize("shape", [(256, 256), (100, 64), (7, 100), (256, 192), (64,), (3,), (0, 64)])
 def test_decode_into_a_tile_of_a_larger_tensor_gives_decodes_bits(fmt: ColdFormat, shape: tuple[int, ...]) -> None:
-    """Dequantised in place into a strided tile (one pass where rows hold whole blocks, decode
-    and copy otherwise): the same bits as :func:`decode`, and nothing outside the tile written."""
+    """Dequantised in place into a strided tile: the same bits as :func:`decode`, and nothing
+    outside the tile written."""
     rng = np.random.default_rng(3)
     values = (rng.normal(size=shape) * rng.choice([1e-3, 1.0, 1e3], size=shape)).astype(np.float32)
     payload = encode(values, fmt)
