@@ -31,9 +31,11 @@ def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return None
 
 
-def release_free_memory() -> None:
+def release_free_memory() -> bool:
     """Return the free pages of every heap arena to the operating system (glibc's
-    ``malloc_trim(0)``); nothing on other platforms. Safe from any thread."""
+    ``malloc_trim(0)``); False, and nothing done, on other platforms. Safe from any thread."""
     trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -15,7 +15,6 @@ residency policy and audit.
 ``_journal``    the round records on disk (open, published, aborted, lost)
 ``recovery``    a zone restarted on its store: lost rounds, torn and half-written files
 ``policy``      what a zone enforces: residency, signatures, serving
-``_heap``       returning freed staging memory to the OS
 ``rpc/``        the gRPC data plane: proto, service, client, conversions, refusal statuses
 """
 

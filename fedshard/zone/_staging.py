@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from fedshard.zone._heap import trim_heap
+from fedshard._heap import release_free_memory
 
 __all__ = ["ByteBudget", "Loan", "StagingPool"]
 
@@ -144,7 +144,7 @@ class ByteBudget:
     released count as *retained* (glibc keeps freed memory in the arena of the thread
     that allocated it, where a push received by another worker thread may not reuse it),
     and when the bytes in use plus those retained would exceed the capacity, an acquire
-    first hands free heap memory back to the system (:func:`~fedshard.zone._heap.trim_heap`).
+    first hands free heap memory back to the system (:func:`~fedshard._heap.release_free_memory`).
     So staging holds at most about the capacity, and pushes that follow each other reuse
     the pages of the previous ones instead of faulting in fresh pages after a trim per push.
     Bytes staged in reused buffers (:class:`~fedshard.zone._staging.StagingPool`) are not
@@ -167,7 +167,7 @@ class ByteBudget:
             if trim:
                 self._retained = 0
         if trim:
-            trim_heap()
+            release_free_memory()
         return ok
 
     def _take(self, n: int) -> bool:

@@ -36,3 +36,11 @@ def test_memory_a_worker_thread_freed_is_given_back() -> None:
     before, after = map(int, out.split())
     assert before > 150 << 20  # the freed 198 MB were still held
     assert after < before - (120 << 20)  # and are given back
+
+
+def test_trimming_is_reported_where_glibc_is_the_allocator() -> None:
+    import platform
+
+    from fedshard._heap import release_free_memory
+
+    assert release_free_memory() is (platform.libc_ver()[0] == "glibc")

@@ -660,7 +660,7 @@ def test_budget_release_wakes_a_waiter() -> None:
 
 def test_budget_trims_the_heap_only_when_freed_staging_memory_could_exceed_it(monkeypatch: pytest.MonkeyPatch) -> None:
     trims: list[int] = []
-    monkeypatch.setattr("fedshard.zone._staging.trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr("fedshard.zone._staging.release_free_memory", lambda: trims.append(1) or True)
     budget = ByteBudget(100)
 
     for _ in range(2):  # 40 in use, then 40 retained + 40 in use: within the capacity
@@ -684,14 +684,6 @@ def test_zone_busy_when_staging_budget_is_full() -> None:
     zone.push(manifest_for("site-b", b), TOKEN, b)
     zone.push(manifest_for("site-a", a), TOKEN, a)
     assert zone.close_round(1)[0].sites == ("site-a", "site-b")
-
-
-def test_trim_heap_works_where_glibc_is_the_allocator() -> None:
-    import platform
-
-    from fedshard.zone._heap import trim_heap
-
-    assert trim_heap() is (platform.libc_ver()[0] == "glibc")
 
 
 def test_a_zone_counts_what_left_it_in_partial_sums_by_class_and_origin_and_keeps_it(tmp_path: Path) -> None:

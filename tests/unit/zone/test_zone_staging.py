@@ -203,7 +203,7 @@ def test_the_sums_do_not_share_memory_with_the_staging_buffers() -> None:
 
 def test_bytes_kept_in_the_pool_do_not_count_towards_a_heap_trim(monkeypatch: pytest.MonkeyPatch) -> None:
     trims: list[int] = []
-    monkeypatch.setattr("fedshard.zone._staging.trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr("fedshard.zone._staging.release_free_memory", lambda: trims.append(1) or True)
     budget = ByteBudget(100)
 
     for _ in range(5):  # 40 in use each time, none of it freed
