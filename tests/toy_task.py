@@ -85,6 +85,50 @@ class ToyTask:
 task = ToyTask
 
 
+class SilentTask:
+    """Records whose gradients are all exactly zero (zero inputs, zero targets, a linear map
+    without bias): whatever DP-SGD releases is its noise alone, so a round's aggregate is the
+    sites' summed noise and nothing else."""
+
+    def __init__(self, examples: int = 30, width: int = 16) -> None:
+        self.examples = examples
+        self.width = width
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(self.width, self.width, bias=False))
+
+    def load_data(self, partition: Partition) -> TaskData:
+        zeros = torch.zeros(self.examples, self.width)
+        return TaskData(train=(zeros, zeros), test=(zeros[:2], zeros[:2]), num_train=self.examples, num_test=2)
+
+    def train(self, model: nn.Module, data: TaskData, settings: TrainSettings) -> Metrics:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        x, y = data.train
+        loader: Any = DataLoader(TensorDataset(x, y), batch_size=settings.batch_size)
+        opt: Any = torch.optim.SGD(model.parameters(), lr=settings.learning_rate)
+        net: nn.Module = model
+        if settings.privacy is not None:
+            net, opt, loader = settings.privacy.make_private(model, opt, loader)
+        loss = torch.tensor(0.0)
+        for _ in range(settings.epochs):
+            for xb, yb in loader:
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(net(xb), yb)
+                loss.backward()
+                opt.step()
+        return Metrics(num_examples=len(x), loss=loss.item())
+
+    def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:
+        x, y = data.test
+        with torch.no_grad():
+            loss = nn.functional.mse_loss(model(x), y).item()
+        return Metrics(num_examples=len(x), loss=loss)
+
+
+silent = SilentTask
+
+
 def not_a_task() -> object:
     """A factory that returns something without the Task methods."""
     return object()
