@@ -409,7 +409,7 @@ class StreamedBase:
         :attr:`Codes.STORE`: read them from the store at every use.
     band_values:
         With codes in memory, the most values of a band of rows dequantised at once (one tile
-        row at least; :data:`~fedshard.store.held_codes.BAND_VALUES`, 4 MiB of float32).
+        row at least; :data:`~fedshard.store.held_codes.BAND_VALUES`, 1 MiB of float32).
 
     Raises
     ------
