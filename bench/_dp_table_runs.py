@@ -179,13 +179,20 @@ def majority_rate(data: Path) -> float:
     return float(np.bincount(labels).max() / len(labels))
 
 
+RUN_FREE_SECTIONS = ("store", "deployment")
+"""Sections of a config that no run of this bench reads: how a site's store keeps shards at rest
+and its base (a tabular model has none to stream), and where deployed parts run."""
+
+
 def settings_digest(defaults: Path) -> str:
     """What identifies the config ``defaults`` in the cache: a digest of its loaded settings (its
-    comments and layout do not count)."""
+    comments and layout do not count), less :data:`RUN_FREE_SECTIONS`, so that a new field there
+    (a store option) does not make every cached run look new."""
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(_loaded(defaults), sort_keys=True).encode()).hexdigest()[:12]
+    settings = {k: v for k, v in _loaded(defaults).items() if k not in RUN_FREE_SECTIONS}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def describe(defaults: Path) -> str:

@@ -13,6 +13,18 @@ from torch import nn
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 
 
+def _fit(net: nn.Module, opt: Any, loader: Any, epochs: int, loss_of: Any) -> float:
+    """``epochs`` passes of ``loader`` minimising ``loss_of(x, y)``; the last batch's loss."""
+    loss = torch.tensor(0.0)
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = loss_of(xb, yb)
+            loss.backward()
+            opt.step()
+    return float(loss.item())
+
+
 class ToyTask:
     """Linear regression with a hidden layer; fast enough for many rounds in tests."""
 
@@ -64,14 +76,8 @@ class ToyTask:
             net, opt, loader = settings.privacy.make_private(model, opt, loader)
         if self.crash_partition is not None and self._partition == self.crash_partition:
             os.kill(os.getpid(), signal.SIGKILL)  # a site process dying mid-round
-        loss = torch.tensor(0.0)
-        for _ in range(settings.epochs):
-            for xb, yb in loader:
-                opt.zero_grad()
-                loss = nn.functional.mse_loss(net(xb).squeeze(1), yb)
-                loss.backward()
-                opt.step()
-        return Metrics(num_examples=len(y), loss=loss.item())
+        loss = _fit(net, opt, loader, settings.epochs, lambda xb, yb: nn.functional.mse_loss(net(xb).squeeze(1), yb))
+        return Metrics(num_examples=len(y), loss=loss)
 
     def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:
         x, y = data.test
@@ -110,14 +116,8 @@ class SilentTask:
         net: nn.Module = model
         if settings.privacy is not None:
             net, opt, loader = settings.privacy.make_private(model, opt, loader)
-        loss = torch.tensor(0.0)
-        for _ in range(settings.epochs):
-            for xb, yb in loader:
-                opt.zero_grad()
-                loss = nn.functional.mse_loss(net(xb), yb)
-                loss.backward()
-                opt.step()
-        return Metrics(num_examples=len(x), loss=loss.item())
+        loss = _fit(net, opt, loader, settings.epochs, lambda xb, yb: nn.functional.mse_loss(net(xb), yb))
+        return Metrics(num_examples=len(x), loss=loss)
 
     def evaluate(self, model: nn.Module, data: TaskData) -> Metrics:
         x, y = data.test
