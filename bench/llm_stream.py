@@ -22,7 +22,7 @@ Step time: one process builds the four variants and runs their steps interleaved
 machine hits them alike; median of the timed steps after the warm-up steps (the first step
 of a streamed run records the access order). Memory: each variant alone in its own
 process, its peak RSS, the median of ``--memory-runs`` processes (default 3; glibc's
-allocator keeps freed blocks by its own rules, which moves a process's peak by ±20 MB
+allocator keeps freed blocks by its own rules, which moves a process's peak by ±25 MB
 from run to run, a twentieth of the base). Base memory of a streamed run = its peak RSS −
 (the resident run's peak RSS − the fp32 base's bytes): everything but the base is the
 same in both (torch, peft, activations, adapters, Adam). Goals: step ratio ≤ 1.15,

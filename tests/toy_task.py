@@ -1,19 +1,21 @@
-"""A tiny regression task for runtime tests: y = x·w* + noise, partitioned by index."""
+"""Tiny tasks for runtime tests: ``task``, a regression y = x·w* + noise partitioned by index, and
+``silent``, records whose gradients are exactly zero (what DP-SGD releases is its noise alone)."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from fedshard.task import Metrics, Partition, TaskData, TrainSettings
 
 
-def _fit(net: nn.Module, opt: Any, loader: Any, epochs: int, loss_of: Any) -> float:
+def _fit(net: nn.Module, opt: Any, loader: Any, epochs: int, loss_of: Callable[[Tensor, Tensor], Tensor]) -> float:
     """``epochs`` passes of ``loader`` minimising ``loss_of(x, y)``; the last batch's loss."""
     loss = torch.tensor(0.0)
     for _ in range(epochs):
