@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +140,19 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 class ProcessSiteGateway:
-    """A SiteGateway over site processes, one message at a time (records what each measured)."""
+    """A SiteGateway over site processes (records what each measured).
 
-    def __init__(self, sites: Mapping[str, SiteProcess]) -> None:
+    Before a round's train messages it marks the ``clock``. ``at_once(round)`` says whether a
+    round's messages go to every site at once (a thread per site, as a deployment's SuperNodes
+    receive them) or to one site after the other.
+    """
+
+    def __init__(
+        self, sites: Mapping[str, SiteProcess], clock: RoundClock, at_once: Callable[[int], bool] = lambda rnd: False
+    ) -> None:
         self.sites = dict(sites)
+        self.clock = clock
+        self.at_once = at_once
         self.records: list[dict[str, Any]] = []
 
     def nodes(self) -> list[str]:
@@ -150,22 +160,31 @@ class ProcessSiteGateway:
         return list(self.sites)
 
     def send(self, kind: Any, messages: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-        """Each message to its site, in turn."""
+        """Each message to its site: all at once or in turn (``at_once``)."""
         from fedshard.protocol.messages import SiteFailure, decode, encode
         from fedshard.transports.flower.records import REPLIES
 
-        out: dict[str, Any] = {}
-        for node, message in messages.items():
+        def one(node: str, message: Any) -> tuple[str, Any, dict[str, Any]]:
             measured = self.sites[node].call(kind.value, encode(message))
-            reply = decode(REPLIES[kind], measured.pop("reply"))
+            return node, decode(REPLIES[kind], measured.pop("reply")), measured
+
+        rounds = {int(getattr(m, "round", 0)) for m in messages.values()}
+        if kind.value == "train":
+            for rnd in rounds:
+                self.clock.mark(rnd)
+        if len(messages) > 1 and any(self.at_once(r) for r in rounds):
+            with ThreadPoolExecutor(max_workers=len(messages)) as pool:
+                answered = list(pool.map(lambda item: one(*item), messages.items()))
+        else:
+            answered = [one(node, message) for node, message in messages.items()]
+        out: dict[str, Any] = {}
+        for node, reply, measured in answered:
             if getattr(reply, "ok", True) is False:
                 out[node] = SiteFailure(reason=str(reply.reason))
                 continue
             pushed = sum(p.nbytes for p in getattr(reply, "pushes", []))
-            self.records.append(
-                {"kind": kind.value, "round": getattr(message, "round", 0), "site": node, "pushed_bytes": pushed}
-                | measured
-            )
+            rnd = int(getattr(messages[node], "round", 0))
+            self.records.append({"kind": kind.value, "round": rnd, "site": node, "pushed_bytes": pushed} | measured)
             out[node] = reply
         return out
 
@@ -211,25 +230,31 @@ class ZoneProcess:
 
 # one federation run ---------------------------------------------------------------------------------
 class RoundClock:
-    """A RoundObserver: the wall time of each round, and each zone's phases in it."""
+    """Where each round starts: the moment its train messages are sent (marked by the gateway).
+
+    A round is then everything up to the next round's train messages: its messages (which
+    catch each site up to the round before, train and push), the zones' close, and the
+    coordinator's work between; the zones' phases over the same span are read at the
+    next mark.
+    """
 
     def __init__(self, zones: Mapping[str, ZoneProcess]) -> None:
         self.zones = zones
-        self.rounds: list[dict[str, Any]] = []
-        self._t = 0.0
+        self._marks: dict[int, tuple[float, dict[str, float]]] = {}
 
-    def on_start(self, sites: Any, rounds: int, genesis_version: str) -> None:
-        """The clock starts when discovery ends."""
-        for z in self.zones.values():
-            z.phases()
-        self._t = time.perf_counter()
-
-    def on_round(self, result: Any) -> None:
-        """Record the round that just ended."""
-        now = time.perf_counter()
+    def mark(self, rnd: int) -> None:
+        """Round ``rnd``'s train messages are about to be sent."""
         zone: dict[str, float] = defaultdict(float)
         for z in self.zones.values():
             for phase, s in z.phases().items():
                 zone[phase] += s
-        self.rounds.append({"round": result.round, "seconds": now - self._t, "zone": dict(zone)})
-        self._t = time.perf_counter()
+        self._marks[rnd] = (time.perf_counter(), dict(zone))
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        """Every round followed by another: its wall seconds and its zones' phases."""
+        return [
+            {"round": r, "seconds": self._marks[r + 1][0] - t, "zone": self._marks[r + 1][1]}
+            for r, (t, _) in sorted(self._marks.items())
+            if r + 1 in self._marks
+        ]

@@ -353,7 +353,10 @@ def _llm_lr_sweep_shown(h: dict[str, Any], section: str) -> None:
 def _large_round(h: dict[str, Any]) -> None:
     # --quick: the 2.7 M-parameter transformer (10.6 MB) in plaintext; CKKS bytes of its plan
     assert 5 < h["model_mb"] < 20
-    assert h["data_plane_s"] > h["copy_floor_s"] > 0
+    assert h["data_plane_s"] > h["copy_floor_s"] > 0 and h["one_at_a_time_data_plane_s"] > h["copy_floor_s"]
+    # the components are phases of real calls; the goal's ratio is the federation round's data plane over them
+    assert h["components_s"] > 0
+    assert h["data_plane_over_components"] == pytest.approx(h["data_plane_s"] / h["components_s"])
     # every process holds Python and gRPC besides the model; the site also torch and the model
     assert h["zone_peak_rss_mb"] > 0 and h["site_peak_rss_mb"] > h["model_mb"]
     assert 0 < h["site_base_rss_mb"] < h["site_peak_rss_mb"]  # a message adds the model and its copies
@@ -362,7 +365,10 @@ def _large_round(h: dict[str, Any]) -> None:
 
 def _large_round_shown(h: dict[str, Any], section: str) -> None:
     plane = _cells(_row(section, "data plane (round − training) |"))
-    assert plane[1] == f"{h['data_plane_s']:,.3f}"
+    # columns: one site at a time (s, GB/s), all sites at once (s), CKKS (s, GB/s)
+    assert plane[1] == f"{h['one_at_a_time_data_plane_s']:,.3f}" and plane[3] == f"{h['data_plane_s']:,.3f}"
+    assert _cells(_row(section, "components' sum"))[1] == f"{h['components_s']:,.3f}"
+    assert f"= {h['data_plane_over_components']:.2f}× the components' sum" in section
     floor = _cells(_row(section, "copy floor"))
     assert floor[1] == f"{h['copy_floor_s']:,.3f}"
     assert f"({h['model_mb']:.1f} MB)" in section
@@ -666,6 +672,9 @@ EXPECT: dict[str, Expect] = {
     "large_round": Expect(
         {
             "data_plane_s",
+            "components_s",
+            "data_plane_over_components",
+            "one_at_a_time_data_plane_s",
             "copy_floor_s",
             "zone_peak_rss_mb",
             "site_peak_rss_mb",
