@@ -123,7 +123,7 @@ class AggregateSummary:
         return AggregateKey(self.zone, self.group)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Aggregate:
     """A published aggregate as a zone serves it: its summary, the weighted means of its
     clear shards, and the encrypted sums of the others (sites divide after decrypting).

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -236,6 +237,10 @@ class Publications:
         self._latest_round = -1
         self._summaries: dict[tuple[int, str], AggregateSummary] = {}
         self._lock = threading.Lock()
+        # aggregates read back from the store while some fetch still holds them, and one lock per
+        # aggregate being read, so that fetches at the same time share one read
+        self._in_use: dict[tuple[int, str], tuple[weakref.ref[Aggregate], Contributors]] = {}
+        self._reading: dict[tuple[int, str], threading.Lock] = {}
 
     def publish(self, aggregate: Aggregate, contributors: Contributors) -> None:
         """Keep ``aggregate`` (stored first, when there is a store) and its summary."""
@@ -280,7 +285,8 @@ class Publications:
     def load(self, round: int, group: str) -> tuple[Aggregate, Contributors]:
         """Aggregate ``group`` of ``round`` and its contributors: the latest round from
         memory (while the next round is open too, unless spilled: :meth:`spill`), others (and any after a
-        restart) from the store, checked.
+        restart) from the store, checked. Fetches at the same time share one read of the store:
+        what was read is kept while a fetch still holds it, never longer.
 
         Raises
         ------
@@ -289,16 +295,42 @@ class Publications:
         IntegrityError
             What is stored fails its Merkle root (code :attr:`~RefusalCode.CORRUPT`).
         """
+        key = (round, group)
         with self._lock:
             if round == self._latest_round and group in self._latest:
                 return self._latest[group]
-            known = (round, group) in self._summaries
-        loaded = self._store.load(self.zone, round, group) if self._store is not None else None
+            known = key in self._summaries
+            reading = self._reading.setdefault(key, threading.Lock())
+        try:
+            with reading:
+                loaded = self._held(key)
+                if loaded is None and self._store is not None:
+                    loaded = self._store.load(self.zone, round, group)
+                    if loaded is not None:
+                        with self._lock:
+                            self._in_use[key] = (weakref.ref(loaded[0]), loaded[1])
+        finally:
+            with self._lock:
+                self._forget_unheld()
         if loaded is None:
             raise AggregateNotFoundError(
                 f"zone {self.zone}: no {group} aggregate for round {round} "
                 + ("(this zone keeps only the latest without a store)" if known else "(not closed yet, or unknown)")
             )
         with self._lock:
-            self._summaries.setdefault((round, group), loaded[0].summary)
+            self._summaries.setdefault(key, loaded[0].summary)
         return loaded
+
+    def _held(self, key: tuple[int, str]) -> tuple[Aggregate, Contributors] | None:
+        """The aggregate ``key`` read for a fetch that still holds it, if one does."""
+        with self._lock:
+            entry = self._in_use.get(key)
+        aggregate = entry[0]() if entry is not None else None
+        return None if aggregate is None or entry is None else (aggregate, entry[1])
+
+    def _forget_unheld(self) -> None:
+        """Drop what no fetch holds any more, and the read locks no fetch waits on (lock held)."""
+        for key in [k for k, (ref, _) in self._in_use.items() if ref() is None]:
+            del self._in_use[key]
+        for key in [k for k, lock in self._reading.items() if k not in self._in_use and not lock.locked()]:
+            del self._reading[key]

@@ -21,15 +21,16 @@ import pytest
 from fedshard.crypto.he import ENCRYPTED_DTYPE, HeCodec, he_init, load_context
 from fedshard.errors import FrameError, IntegrityError, PushRejectedError, RefusalCode, ZoneError
 from fedshard.integrity import ShardEntry, build_manifest, merkle_root, shard_digest
-from fedshard.protocol.rounds import DEFAULT_GROUP, GLOBAL_GROUP, AggregateSummary, PartialSum, RoundSpec
+from fedshard.protocol.rounds import DEFAULT_GROUP, GLOBAL_GROUP, Aggregate, AggregateSummary, PartialSum, RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.zone.aggregator import ZoneAggregator
+from fedshard.zone.rpc import service as service_module
 from fedshard.zone.rpc import zone_pb2 as pb
 from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc._status import GRPC_STATUS, REFUSAL_CODE_KEY
 from fedshard.zone.rpc.client import GrpcZoneClient
 from fedshard.zone.rpc.convert import chunks, summary_to_header
-from fedshard.zone.rpc.service import serve
+from fedshard.zone.rpc.service import ZoneService, serve
 from tests.zone_helpers import BASE, FORWARD_WEIGHTS, TOKEN, Shards, manifest_for, partial_from, reducing_policy
 
 SITES = ("site-a", "site-b")
@@ -304,6 +305,26 @@ def test_a_good_aggregate_stream_is_fetched(served: tuple[_Served, str]) -> None
     assert fetched == summary and fetched.group == DEFAULT_GROUP
     for sid, v in shards.items():
         np.testing.assert_array_equal(values[sid], v)
+
+
+def test_a_zone_writes_aggregate_frames_as_protobuf_would_and_keeps_only_small_ones_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    summary, shards, _ = aggregate_stream()
+    want = [pb.AggregateFrame(header=summary_to_header(summary)), *(pb.AggregateFrame(chunk=c) for c in chunks(shards))]
+    service = ZoneService(ZoneAggregator("eu-1", "EU"))
+    aggregate = Aggregate(summary, shards)
+
+    built = service._frames(aggregate)
+    assert [pb.AggregateFrame.FromString(f) for f in built] == want
+    assert service._frames(aggregate) is built  # every site of the round is served the same bytes
+
+    monkeypatch.setattr(service_module, "SERVED_FRAMES_BYTES", aggregate.nbytes - 1)  # now too large to keep
+    large = Aggregate(summary, shards)
+    streamed = service._frames(large)
+    assert not isinstance(streamed, list)  # written as the stream takes them
+    assert [pb.AggregateFrame.FromString(f) for f in streamed] == want
+    assert all(kept is not large for kept, _ in service._served.values())
 
 
 FETCH_CASES = [

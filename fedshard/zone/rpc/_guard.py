@@ -43,7 +43,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -91,6 +91,8 @@ class _Frame(Protocol):
 
 
 M = TypeVar("M", bound=_Frame)
+R = TypeVar("R", bound=_Frame | bytes)
+"""A frame the zone sends: a message, or one already serialised."""
 
 
 class StreamEndedError(ZoneError):
@@ -214,10 +216,10 @@ class Stream:
             f"zone {self._guard.zone}: the {self.call} call ended before its request message", RefusalCode.PROTOCOL
         )
 
-    def replies(self, frames: Iterator[M]) -> Iterator[M]:
-        """Yield the zone's frames, charging the time until the peer has taken each."""
+    def replies(self, frames: Iterable[R]) -> Iterator[R]:
+        """Yield the zone's frames (messages, or serialised ones), charging the time until the peer has taken each."""
         for frame in frames:
-            self.moved += frame.ByteSize()
+            self.moved += len(frame) if isinstance(frame, bytes) else frame.ByteSize()
             self._wait()
             try:
                 yield frame

@@ -104,15 +104,33 @@ def push_frames(
     protobuf would write, so a zone parses them as any other ``PushFrame``.
     """
     yield pb.PushFrame(header=header).SerializeToString()
+    yield from _chunk_frames(shards, chunk_bytes, encrypted)
+
+
+def aggregate_frames(
+    header: pb.AggregateHeader,
+    shards: Mapping[str, ShardPayload],
+    chunk_bytes: int = CHUNK_BYTES,
+    encrypted: Collection[str] = (),
+) -> Iterator[bytes]:
+    """An aggregate's stream as a zone serves it, as serialised :class:`AggregateFrame` s: the
+    header, then the shards cut as by :func:`chunks`, each chunk frame written as
+    :func:`push_frames` writes it (``AggregateFrame.chunk`` is field 2, as ``PushFrame.chunk``),
+    one at a time as the stream takes them."""
+    yield pb.AggregateFrame(header=header).SerializeToString()
+    yield from _chunk_frames(shards, chunk_bytes, encrypted)
+
+
+def _chunk_frames(shards: Mapping[str, ShardPayload], chunk_bytes: int, encrypted: Collection[str]) -> Iterator[bytes]:
     for shard_id, values in shards.items():
         for c in shard_chunks(shard_id, values, chunk_bytes, encrypted=shard_id in encrypted):
             yield encode_chunk_frame(c)
 
 
 def encode_chunk_frame(c: Chunk) -> bytes:
-    """``PushFrame(chunk=ShardChunk(...)).SerializeToString()`` of ``c``, with the data copied
-    once, from its buffer into the result (protobuf's field order and proto3 defaults:
-    empty and zero fields are left out)."""
+    """``PushFrame(chunk=ShardChunk(...)).SerializeToString()`` of ``c`` (the same bytes as an
+    ``AggregateFrame``'s), with the data copied once, from its buffer into the result
+    (protobuf's field order and proto3 defaults: empty and zero fields are left out)."""
     data = memoryview(c.data)
     head = bytearray()
     if c.shard_id:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -44,12 +45,12 @@ from fedshard.zone.rpc import zone_pb2_grpc as pb_grpc
 from fedshard.zone.rpc._authority import Authority, Members, caller_name
 from fedshard.zone.rpc._guard import Stream, StreamEndedError, StreamGuard, pool_size
 from fedshard.zone.rpc._status import abort_with
-from fedshard.zone.rpc.convert import chunk_of, chunks, server_options, summary_to_header
+from fedshard.zone.rpc.convert import aggregate_frames, chunk_of, server_options, summary_to_header
 
 if TYPE_CHECKING:
     from fedshard.zone.policy import ZonePolicy
 
-__all__ = ["MEMBERSHIP_DIGEST_CHARS", "Reload", "SERVED_FRAMES_MEMO", "SERVICE", "ZoneService", "serve"]
+__all__ = ["MEMBERSHIP_DIGEST_CHARS", "Reload", "SERVED_FRAMES_BYTES", "SERVICE", "ZoneService", "serve"]
 
 MEMBERSHIP_DIGEST_CHARS = 64
 """A ``Reconfigure`` request's membership digest: hex SHA-256, exactly this long."""
@@ -59,8 +60,10 @@ Reload = Callable[[str, str], "ZonePolicy"]
 started (its config file and key folder), check it matches the digest, give it to the
 zone; the zone's new policy (:class:`fedshard.membership.zone_reload.ZoneReload`)."""
 
-SERVED_FRAMES_MEMO = 8
-"""Published aggregates whose reply frames a zone keeps built (forgotten all at once beyond)."""
+SERVED_FRAMES_BYTES = 64 << 20
+"""A zone keeps the serialised reply frames of published aggregates up to this many bytes in all
+(forgotten all at once beyond), as every site of a round fetches the same one; a larger aggregate's
+frames are written as the stream takes them, so serving it holds one frame at a time."""
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +125,8 @@ class ZoneService(pb_grpc.ZoneServicer):
             members = Members.of(residency.jurisdictions, (z.name for z in residency.router.zones))
         reducing = residency is None or residency.is_reducer
         self.authority = Authority(zone.name, ca_pem, members, reducing=reducing)
-        self._served: dict[tuple[int, str], tuple[Aggregate, list[pb.AggregateFrame]]] = {}
+        self._served: dict[tuple[int, str], tuple[Aggregate, list[bytes]]] = {}
+        self._served_lock = threading.Lock()
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The service's methods as the server runs them, each admitted before its request is read.
@@ -141,9 +145,9 @@ class ZoneService(pb_grpc.ZoneServicer):
             out[name] = grpc.stream_unary_rpc_method_handler(
                 self._streaming(call, getattr(self, name)), request.FromString, reply.SerializeToString
             )
-        for name, call, request, reply in _STREAMING_OUT:
+        for name, call, request, _ in _STREAMING_OUT:  # the bodies yield frames serialised already
             out[name] = grpc.stream_stream_rpc_method_handler(
-                self._replying(call, getattr(self, name)), request.FromString, reply.SerializeToString
+                self._replying(call, getattr(self, name)), request.FromString, _serialised
             )
         return out
 
@@ -182,9 +186,9 @@ class ZoneService(pb_grpc.ZoneServicer):
         return run
 
     def _replying(
-        self, call: Call, body: _Body[Iterator[_Message]]
-    ) -> Callable[[Iterator[_Message], grpc.ServicerContext], Iterator[_Message]]:
-        def run(requests: Iterator[_Message], context: grpc.ServicerContext) -> Iterator[_Message]:
+        self, call: Call, body: _Body[Iterable[bytes]]
+    ) -> Callable[[Iterator[_Message], grpc.ServicerContext], Iterator[bytes]]:
+        def run(requests: Iterator[_Message], context: grpc.ServicerContext) -> Iterator[bytes]:
             with self._admit(call, context) as stream:
                 yield from stream.replies(body(self._request(stream, requests, context), context))
 
@@ -313,7 +317,7 @@ class ZoneService(pb_grpc.ZoneServicer):
 
     def FetchAggregate(  # noqa: N802
         self, request: pb.FetchAggregateRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.AggregateFrame]:
+    ) -> Iterable[bytes]:
         identity = self._authorize(context, Call.FETCH)
         try:
             residency = self.zone.residency
@@ -327,20 +331,29 @@ class ZoneService(pb_grpc.ZoneServicer):
             aggregate = self.zone.fetch(request.round, group, jurisdiction=jurisdiction, by=by)
         except FedshardError as exc:
             self._fail(context, exc)
-        yield from self._frames(aggregate)
+        return self._frames(aggregate)
 
-    def _frames(self, aggregate: Aggregate) -> list[pb.AggregateFrame]:
-        """The frames that serve ``aggregate``: built once per published aggregate, as every
-        site of a round fetches the same one (the memo holds the very object it was built for)."""
+    def _frames(self, aggregate: Aggregate) -> Iterable[bytes]:
+        """The serialised frames that serve ``aggregate``: kept once built while the kept ones
+        weigh at most :data:`SERVED_FRAMES_BYTES` (the memo holds the very object it was built
+        for); a larger aggregate's are written as they are sent."""
+        frames = aggregate_frames(
+            summary_to_header(aggregate.summary), aggregate.payload(), encrypted=aggregate.ciphertexts
+        )
+        if aggregate.nbytes > SERVED_FRAMES_BYTES:
+            return frames
         key = (aggregate.summary.round, aggregate.summary.group)
-        memo = self._served.get(key)
-        if memo is None or memo[0] is not aggregate:
-            frames = [pb.AggregateFrame(header=summary_to_header(aggregate.summary))]
-            frames += [pb.AggregateFrame(chunk=c) for c in chunks(aggregate.payload(), encrypted=aggregate.ciphertexts)]
-            if len(self._served) >= SERVED_FRAMES_MEMO:
+        with self._served_lock:
+            memo = self._served.get(key)
+            if memo is not None and memo[0] is aggregate:
+                return memo[1]
+        built = list(frames)
+        with self._served_lock:
+            kept = sum(len(f) for _, fs in self._served.values() for f in fs)
+            if kept + sum(len(f) for f in built) > SERVED_FRAMES_BYTES:
                 self._served.clear()
-            memo = self._served[key] = (aggregate, frames)
-        return memo[1]
+            self._served[key] = (aggregate, built)
+        return built
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoReply:  # noqa: N802
         self._authorize(context, Call.INFO)
@@ -384,6 +397,11 @@ class ZoneService(pb_grpc.ZoneServicer):
         if need > self._pool._max_workers:  # read at every submit: new workers start as calls come
             log.info("zone %s: %d workers for %d parties", self.zone.name, need, parties)
             self._pool._max_workers = need
+
+
+def _serialised(frame: bytes | Any) -> bytes:
+    """A reply frame as bytes on the wire (frames built by :func:`aggregate_frames` are already)."""
+    return frame if isinstance(frame, bytes) else bytes(frame.SerializeToString())
 
 
 def _peer(context: grpc.ServicerContext) -> str:

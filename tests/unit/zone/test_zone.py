@@ -178,6 +178,30 @@ def test_a_new_round_takes_the_memory_of_a_large_models_stored_aggregates(
         np.testing.assert_array_equal(after[sid], held[sid])
 
 
+def test_fetches_of_a_spilled_aggregate_at_the_same_time_share_one_read_and_nothing_is_kept_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publish, "KEEP_IN_MEMORY", 0)  # every aggregate is large: read back from the store
+    zone = open_zone(store_dir=tmp_path)
+    a = make_update(1)
+    zone.push(manifest_for("site-a", a), TOKEN, a)
+    zone.close_round(1)
+    zone.open_round(RoundSpec(2, "t2", PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
+    store = zone._published._store
+    assert store is not None
+    reads: list[int] = []
+    load = store.load
+    monkeypatch.setattr(store, "load", lambda *args: reads.append(1) or load(*args))
+
+    first = zone.fetch(1)  # a fetch still streaming it
+    second = zone.fetch(1)  # another site's, meanwhile
+    assert second is first and len(reads) == 1
+    del first, second
+    third = zone.fetch(1)  # no fetch holds it now: it was not kept, so it is read again
+    assert len(reads) == 2
+    np.testing.assert_array_equal(third.means[next(iter(a))], zone.fetch(1).means[next(iter(a))])
+
+
 @pytest.mark.parametrize("fmt", [None, 2])
 def test_a_stored_aggregate_of_the_sha256_era_is_refused_with_one_line(tmp_path: Path, fmt: int | None) -> None:
     # Formats 1 (no "format" key) and 2: written before BLAKE3, their roots are over SHA-256 digests.
