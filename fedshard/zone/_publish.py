@@ -213,9 +213,9 @@ class AggregateStore:
 
 
 KEEP_IN_MEMORY = 64 << 20
-"""Latest aggregates up to this many bytes stay in memory while the next round is open: every
-site fetches them with that round's train message (it carries their evaluation), and reading
-them back from the store for each fetch costs more than they weigh. Larger ones are spilled."""
+"""Latest aggregates stay in memory while the next round is open, as every site fetches them with
+that round's train message (it carries their evaluation); larger ones than this many bytes are
+spilled when that round closes, before its sums become its aggregates (:meth:`Publications.spill`)."""
 
 
 class Publications:
@@ -267,10 +267,12 @@ class Publications:
 
     def spill(self) -> None:
         """Stop holding the latest aggregates in memory when they are stored and larger than
-        :data:`KEEP_IN_MEMORY`: a new round's sums need that memory (a zone then holds one
-        model's worth, not two), and fetches of the latest round read it from the store,
-        checked against its Merkle root. Without a store the latest aggregates are their
-        only copy and stay."""
+        :data:`KEEP_IN_MEMORY`. A zone calls it when the next round closes: the sites fetched
+        them during that round (from memory: no store read per fetch, and the zone held them
+        beside that round's sums either way, since sites fetch and push in turn), and the
+        published aggregates it is about to build may then take their memory. Later fetches
+        read them from the store, checked against their Merkle root. Without a store the
+        latest aggregates are their only copy and stay."""
         if self._store is None:
             return
         with self._lock:
@@ -284,8 +286,8 @@ class Publications:
 
     def load(self, round: int, group: str) -> tuple[Aggregate, Contributors]:
         """Aggregate ``group`` of ``round`` and its contributors: the latest round from
-        memory (while the next round is open too, unless spilled: :meth:`spill`), others (and any after a
-        restart) from the store, checked. Fetches at the same time share one read of the store:
+        memory (until the next round closes, when a large one is spilled: :meth:`spill`), others (and any
+        after a restart) from the store, checked. Fetches at the same time share one read of the store:
         what was read is kept while a fetch still holds it, never longer.
 
         Raises

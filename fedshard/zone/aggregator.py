@@ -238,7 +238,6 @@ class ZoneAggregator:
         except FedshardError as exc:
             self.refused_call(Call.OPEN, by, refusal_code(exc), str(exc), round=spec.round)
             raise
-        self._published.spill()  # a large model's stored aggregates give the new sums their memory
         self._record(Call.OPEN, by=by, round=spec.round, sites=len(spec.sites))
 
     def refused_call(self, call: str, caller: str, code: RefusalCode, reason: str, **fields: Any) -> None:
@@ -349,6 +348,7 @@ class ZoneAggregator:
         published = [g for g in state.group_names() if g != GLOBAL_GROUP or reducer]
         for group in published:  # every group checked before any is published
             self._check_noise_shares(state, group)
+        self._published.spill()  # the sites fetched the round before during this one: its memory goes now
         summaries = []
         for group in published:
             aggregate, contributors = build_aggregate(self.name, state, group)
@@ -415,7 +415,7 @@ class ZoneAggregator:
 
         With residency on, ``jurisdiction`` (the requesting site's, from its
         certificate or the config) must be one the policy lets receive every shard of
-        it. The latest round is served from memory (a large model's only until the next round opens); the
+        it. The latest round is served from memory (a large model's only until the next round closes); the
         others (and any after a restart) are read from the store and checked against
         their Merkle root.
 

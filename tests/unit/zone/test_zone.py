@@ -27,6 +27,7 @@ from fedshard.protocol.rounds import RoundSpec
 from fedshard.sharding import ShardPlan
 from fedshard.store import LocalShardStore
 from fedshard.zone import _publish as publish
+from fedshard.zone import aggregator as aggregator_module
 from fedshard.zone._push import PushSession
 from fedshard.zone._staging import ByteBudget
 from fedshard.zone.aggregator import ZoneAggregator
@@ -156,37 +157,58 @@ def test_aggregate_survives_a_new_zone_on_the_same_store(tmp_path: Path) -> None
         restarted.fetch(2)
 
 
+def _publish_round(zone: ZoneAggregator, rnd: int, seed: int) -> Shards:
+    """Open round ``rnd`` (unless open), have site-a push, close it; site-a's update."""
+    token = TOKEN if rnd == 1 else f"t{rnd}"
+    if rnd not in zone._z.open:
+        zone.open_round(RoundSpec(rnd, token, PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
+    update = make_update(seed)
+    zone.push(manifest_for("site-a", update, round=rnd), token, update)
+    zone.close_round(rnd)
+    return update
+
+
 @pytest.mark.parametrize(("stored", "large"), [(True, True), (True, False), (False, True)])
-def test_a_new_round_takes_the_memory_of_a_large_models_stored_aggregates(
+def test_the_latest_aggregates_are_served_from_memory_until_the_next_round_closes(
     tmp_path: Path, stored: bool, large: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if large:  # every aggregate counts as large: none stays in memory once stored
+    if large:  # every aggregate counts as large
         monkeypatch.setattr(publish, "KEEP_IN_MEMORY", 0)
     zone = open_zone(store_dir=tmp_path if stored else None)
-    a = make_update(1)
-    zone.push(manifest_for("site-a", a), TOKEN, a)
-    zone.close_round(1)
+    _publish_round(zone, 1, 1)
     held = zone.fetch(1).means
-
     zone.open_round(RoundSpec(2, "t2", PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
-    after = zone.fetch(1).means
+    # every site fetches round 1 with its round-2 train message: from memory, no store read
+    assert all(zone.fetch(1).means[sid] is held[sid] for sid in held)
+    still_held: list[bool] = []
+    build = aggregator_module.build_aggregate
 
-    # stored and large: round 1 is read back from the store (a new copy); a small one stays in memory
-    # while round 2 is open (every site fetches it then); without a store memory is its only copy
-    assert all((after[sid] is held[sid]) is not (stored and large) for sid in held)
-    for sid in held:
-        np.testing.assert_array_equal(after[sid], held[sid])
+    def watched(*args: object, **kwargs: object) -> object:
+        still_held.append(any(aggregate.means is held for aggregate, _ in zone._published._latest.values()))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(aggregator_module, "build_aggregate", watched)
+    _publish_round(zone, 2, 2)
+
+    # stored and large: round 1 left memory before round 2's sums became its aggregates (a zone holds one
+    # model's worth then, not two); a small one, or one without a store (its only copy), stayed until replaced
+    assert still_held == [not (stored and large)]
+    if stored:
+        after = zone.fetch(1).means  # read back from the store, checked
+        for sid in held:
+            assert after[sid] is not held[sid]
+            np.testing.assert_array_equal(after[sid], held[sid])
+    else:
+        with pytest.raises(AggregateNotFoundError, match="keeps only the latest without a store"):
+            zone.fetch(1)
 
 
-def test_fetches_of_a_spilled_aggregate_at_the_same_time_share_one_read_and_nothing_is_kept_after(
+def test_fetches_of_a_stored_aggregate_at_the_same_time_share_one_read_and_nothing_is_kept_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(publish, "KEEP_IN_MEMORY", 0)  # every aggregate is large: read back from the store
     zone = open_zone(store_dir=tmp_path)
-    a = make_update(1)
-    zone.push(manifest_for("site-a", a), TOKEN, a)
-    zone.close_round(1)
-    zone.open_round(RoundSpec(2, "t2", PLAN.to_json(), BASE, SITES, weights=tuple(WEIGHTS.items())))
+    a = _publish_round(zone, 1, 1)
+    _publish_round(zone, 2, 2)  # round 1 is no longer the latest: read back from the store
     store = zone._published._store
     assert store is not None
     reads: list[int] = []
