@@ -31,7 +31,7 @@ _BYTE_PHASES = {
     "site: encrypt": ("model", "model"),
     "site: decrypt": ("model", "model"),
 }
-"""Which bytes a phase's GB/s is taken over: (plaintext, CKKS), each ``model`` (every site's
+"""Which bytes a phase's GB/s is taken over: (plaintext, encrypted), each ``model`` (every site's
 model), ``pushed`` or ``fetched``."""
 
 GOAL = 1.2
@@ -40,16 +40,16 @@ GOAL = 1.2
 _MB = 1e6
 
 
-def _rows(plain: dict[str, Any], ckks: dict[str, Any]) -> list[list[str]]:
+def _rows(plain: dict[str, Any], he: dict[str, Any]) -> list[list[str]]:
     """The table: one row per phase, then the components' sum, the round, the data plane and the copy floor."""
 
     def nbytes(run: dict[str, Any], what: str) -> float:
         return run["sites"] * run["model_bytes"] if what == "model" else run[what]
 
-    alone, together, ckks_alone = plain["one_at_a_time"], plain["at_once"], ckks["one_at_a_time"]
+    alone, together, he_alone = plain["one_at_a_time"], plain["at_once"], he["one_at_a_time"]
     rows = []
     for phase in alone["phases"]:
-        p, t, k = alone["phases"][phase], together["phases"].get(phase, 0.0), ckks_alone["phases"].get(phase, 0.0)
+        p, t, k = alone["phases"][phase], together["phases"].get(phase, 0.0), he_alone["phases"].get(phase, 0.0)
         which = _BYTE_PHASES.get(phase)
         rows.append(
             [
@@ -58,7 +58,7 @@ def _rows(plain: dict[str, Any], ckks: dict[str, Any]) -> list[list[str]]:
                 _gb_s(nbytes(plain, which[0]), p) if which else "–",
                 c.fmt(t, 3),
                 c.fmt(k, 3),
-                _gb_s(nbytes(ckks, which[1]), k) if which else "–",
+                _gb_s(nbytes(he, which[1]), k) if which else "–",
             ]
         )
 
@@ -67,7 +67,7 @@ def _rows(plain: dict[str, Any], ckks: dict[str, Any]) -> list[list[str]]:
         for run, part, show_gb in (
             (plain, "one_at_a_time", True),
             (plain, "at_once", False),
-            (ckks, "one_at_a_time", True),
+            (he, "one_at_a_time", True),
         ):
             cells.append(c.fmt(run[part][key], 3))
             if show_gb:
@@ -83,8 +83,8 @@ def _rows(plain: dict[str, Any], ckks: dict[str, Any]) -> list[list[str]]:
             c.fmt(plain["copy_floor_s"], 3),
             f"{plain['copy_gb_s']:.2f}",
             "–",
-            c.fmt(ckks["copy_floor_s"], 3),
-            f"{ckks['copy_gb_s']:.2f}",
+            c.fmt(he["copy_floor_s"], 3),
+            f"{he['copy_gb_s']:.2f}",
         ]
     )
     return rows
@@ -95,17 +95,17 @@ def ratio(run: dict[str, Any]) -> float:
     return float(run["at_once"]["data_plane_s"] / run["one_at_a_time"]["components_s"])
 
 
-def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], quick: bool) -> list[str]:
-    """The section's notes: models, set-up, rounds, bytes, memory, CKKS bytes."""
+def _notes(plain: dict[str, Any], he: dict[str, Any], plan_bytes: tuple[int, int], quick: bool) -> list[str]:
+    """The section's notes: models, set-up, rounds, bytes, memory, HE bytes."""
     mb = _MB
     model_mb = plain["model_bytes"] / mb
-    ckks_measured = ckks["pushed"] / (ckks["sites"] * 4 * ckks["values"])
+    he_measured = he["pushed"] / (he["sites"] * 4 * he["values"])
     tile = plain["tile"]
-    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
+    he_plan = plan_bytes[0] / (4 * plan_bytes[1])
     plain_model = f"{plain['values'] / 1e6:.1f} M-parameter transformer ({model_mb:.1f} MB)"
-    ckks_model = f"{ckks['values'] / 1e6:.1f} M-parameter transformer ({ckks['model_bytes'] / mb:.1f} MB)"
+    he_model = f"{he['values'] / 1e6:.1f} M-parameter transformer ({he['model_bytes'] / mb:.1f} MB)"
     notes = [
-        f"- Plaintext: the {plain_model}; every shard CKKS-encrypted: the {ckks_model}"
+        f"- Plaintext: the {plain_model}; every shard encrypted with {he['scheme']}: the {he_model}"
         + (
             " (--quick: small models, a smoke test of the path)."
             if quick
@@ -122,13 +122,13 @@ def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, i
         "which the coordinator runs zone after zone) are the components' sum. Federation rounds (odd, from 3) send "
         "every site its message at once, as a deployment does. "
         f"Plaintext: {plain['one_at_a_time']['rounds']} component and {plain['at_once']['rounds']} federation "
-        f"rounds of {plain['rounds']}, medians; CKKS: component round 2 of {ckks['rounds']}. Round 1 (model "
-        f"build, genesis save, CKKS pool start: {plain['first_round_s']:.2f} s / {ckks['first_round_s']:.2f} s) "
+        f"rounds of {plain['rounds']}, medians; {he['scheme']}: component round 2 of {he['rounds']}. Round 1 "
+        f"(model build, genesis save, HE pool start: {plain['first_round_s']:.2f} s / {he['first_round_s']:.2f} s) "
         "and the last (an evaluate message besides) "
         "are left out. Phase seconds are summed over the 4 sites (zone phases over both zones); a phase is a "
         "wrapped library call, so `push` includes the zone's work on the frames.",
         f"- Bytes moved per round: pushed {plain['pushed'] / mb:,.1f} MB + fetched {plain['fetched'] / mb:,.1f} MB "
-        f"(plaintext); CKKS {ckks['pushed'] / mb:,.1f} MB + {ckks['fetched'] / mb:,.1f} MB. The copy floor is "
+        f"(plaintext); {he['scheme']} {he['pushed'] / mb:,.1f} MB + {he['fetched'] / mb:,.1f} MB. The copy floor is "
         f"`np.copyto` of that many bytes at {plain['copy_gb_s']:.2f} GB/s, measured in the same run; zone-to-zone "
         "forwarding of partial sums is not counted in it.",
         f"- Data plane of a federation round: {plain['at_once']['data_plane_s']:.2f} s = {ratio(plain):.2f}× the "
@@ -144,12 +144,12 @@ def _notes(plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, i
         "(the median over rounds of the round's largest message peak; both include the processes' Python, gRPC and "
         f"torch); the site's RSS once assembled, before any message, {plain['site_base_rss'] / mb:,.0f} MB, so a "
         f"message adds {_site_added(plain):.2f}× the model.",
-        f"- CKKS bytes per float32 byte: {ckks_measured:.2f}× pushed in the measured round; "
-        f"{ckks_plan:.2f}× for the {plan_bytes[1] / 1e6:.1f} M values of the "
+        f"- {he['scheme']} bytes per float32 byte: {he_measured:.2f}× pushed in the measured round; "
+        f"{he_plan:.2f}× for the {plan_bytes[1] / 1e6:.1f} M values of the "
         f"{'quick' if quick else '118 M'} model's plan (packed as sites pack it, bytes exact).",
     ]
-    if plain["missing"] or ckks["missing"]:
-        notes.append(f"- Not timed (the library no longer has them): {', '.join(plain['missing'] + ckks['missing'])}.")
+    if plain["missing"] or he["missing"]:
+        notes.append(f"- Not timed (the library no longer has them): {', '.join(plain['missing'] + he['missing'])}.")
     notes.append(
         "- Zone memory with 20 sites is not run here (20 site processes of the 118 M model do not fit this machine): "
         "`bench/zone_memory.py` pushes 20 synthetic updates into one zone."
@@ -162,7 +162,7 @@ def _site_added(plain: dict[str, Any]) -> float:
     return float((plain["site_peak_rss"] - plain["site_base_rss"]) / plain["model_bytes"])
 
 
-def _interpretation(plain: dict[str, Any], ckks_plan: float) -> str:
+def _interpretation(plain: dict[str, Any], he_plan: float, scheme: str) -> str:
     """The goals in words, and where the data plane's time goes."""
     mb = _MB
     together = plain["at_once"]["data_plane_s"]
@@ -183,25 +183,25 @@ def _interpretation(plain: dict[str, Any], ckks_plan: float) -> str:
         f"({(plain['zone_peak_rss'] - plain['zone_base_rss']) / mb:,.0f} MB over its RSS at start) against "
         f"{(1.5 * plain['model_bytes'] + plain['staging_bytes']) / mb:,.0f} MB; site peak RSS during a message "
         f"≤ 2.5 × model: {plain['site_peak_rss'] / plain['model_bytes']:.2f}× ({_site_added(plain):.2f}× over the "
-        "site's RSS before its first message); CKKS bytes ≤ 3× float32: "
-        f"{ckks_plan:.2f}×."
+        f"site's RSS before its first message); {scheme} bytes ≤ 3× float32: "
+        f"{he_plan:.2f}×."
     )
 
 
 def report(
-    plain: dict[str, Any], ckks: dict[str, Any], plan_bytes: tuple[int, int], args: argparse.Namespace
+    plain: dict[str, Any], he: dict[str, Any], plan_bytes: tuple[int, int], args: argparse.Namespace
 ) -> dict[str, Any]:
     """Print the table, write the section, print the headline JSON."""
-    ckks_plan = plan_bytes[0] / (4 * plan_bytes[1])
+    he_plan = plan_bytes[0] / (4 * plan_bytes[1])
     headers = [
         "phase (4 sites, summed)",
         "plaintext s, one at a time",
         "GB/s",
         "plaintext s, at once",
-        "CKKS s, one at a time",
-        "CKKS GB/s",
+        f"{he['scheme']} s, one at a time",
+        f"{he['scheme']} GB/s",
     ]
-    rows = _rows(plain, ckks)
+    rows = _rows(plain, he)
     headline = {
         "data_plane_s": plain["at_once"]["data_plane_s"],
         "components_s": plain["one_at_a_time"]["components_s"],
@@ -212,14 +212,15 @@ def report(
         "site_peak_rss_mb": plain["site_peak_rss"] / _MB,
         "site_base_rss_mb": plain["site_base_rss"] / _MB,
         "model_mb": plain["model_bytes"] / _MB,
-        "ckks_bytes_per_f32": ckks_plan,
+        "he_scheme": he["scheme"],
+        "he_bytes_per_f32": he_plan,
     }
     c.print_table("a large full-parameter round, 4 sites, 2 zones", headers, rows)
-    notes = _notes(plain, ckks, plan_bytes, args.quick)
+    notes = _notes(plain, he, plan_bytes, args.quick)
     runs = (
-        f"{plain['rounds']} plaintext rounds, {ckks['rounds']} CKKS rounds (medians of the component rounds and of "
-        "the federation rounds)"
+        f"{plain['rounds']} plaintext rounds, {he['rounds']} {he['scheme']} rounds (medians of the component "
+        "rounds and of the federation rounds)"
     )
     c.publish(args, SECTION, "A large full-parameter round", runs, None, notes, headers, rows,
-              _interpretation(plain, ckks_plan), headline=headline)  # fmt: skip
+              _interpretation(plain, he_plan, he['scheme']), headline=headline)  # fmt: skip
     return headline

@@ -10,7 +10,7 @@ transformer of ``clients/tasks/large_transformer.py`` through the real data plan
   federation's residency policy and the sites' signing keys, ``serve``), each in its
   own process so that its peak RSS is its own;
 * each site is a real :class:`~fedshard.site.site.Site` (``make_site``: sealed store,
-  signing key, shared routing, CKKS codec when encrypting) in its own process; the
+  signing key, shared routing, HE codec when encrypting) in its own process; the
   coordinator reaches it through a pipe with each message JSON-encoded, as Flower
   would;
 * training is replaced by a synthetic update (every parameter scaled by 1 + 10⁻³, in
@@ -19,7 +19,7 @@ transformer of ``clients/tasks/large_transformer.py`` through the real data plan
 A round's train message first catches the site up to the round before: load (the held
 model, or the sealed store → model) → fetch (gRPC) → verify (digests and Merkle root) →
 [decrypt] → apply (server optimiser, in place) → save (sealed store); then split (the
-pre-training copy) → synthetic training → update (trained − base) → [CKKS encryption] →
+pre-training copy) → synthetic training → update (trained − base) → [HE encryption] →
 digest (the manifest) → sign → push (gRPC; the zone validates and folds as the frames
 arrive); then the coordinator closes the zones (they fold up, forward partial sums to the
 reducing zone, publish). The last round's aggregate is fetched by an evaluate message of
@@ -52,14 +52,17 @@ advises for a large model: fewer shards mean fewer store files, digests and fram
 and 5; at least 4).
 
 ``--quick``: the 2.7 M-parameter transformer (2 blocks, d_model 256) in plaintext and a
-0.3 M-parameter one (1 block, d_model 128) with every shard CKKS-encrypted (3 rounds:
-its phases come from component round 2); the same processes and phases, so a smoke test of the whole path, but its
+0.3 M-parameter one (1 block, d_model 128) with every shard encrypted (3 rounds: its
+phases come from component round 2); the same processes and phases, so a smoke test of the whole path, but its
 figures say little (the processes' fixed allocations dwarf the model, the copy floor
-runs in cache); the CKKS bytes are the 2.7 M model's, from its plan. Full mode: the
-118 M model in plaintext; with every shard CKKS-encrypted real rounds of a
+runs in cache); the encrypted bytes are the 2.7 M model's, from its plan. Full mode: the
+118 M model in plaintext; with every shard encrypted real rounds of a
 17 M-parameter subset of it (one block, vocab 4,096; 3 rounds), and the exact
 ciphertext bytes of the 118 M model from its shard plan (ciphertext size depends only
 on a shard's value count).
+
+``--scheme``: the HE scheme of the encrypted variant (default: fedshard's default,
+``he.scheme: bfv``; ``ckks`` as before).
 """
 
 from __future__ import annotations
@@ -87,8 +90,8 @@ from _large_round_procs import Phases, ProcessSiteGateway, RoundClock, SiteProce
 from _large_round_report import report
 
 QUICK_TRANSFORMER = {"vocab": 4096, "d_model": 256, "heads": 4, "layers": 2, "ffn": 1024, "max_len": 128}
-QUICK_CKKS = {"vocab": 1024, "d_model": 128, "heads": 4, "layers": 1, "ffn": 512, "max_len": 64}
-CKKS_SUBSET = {"vocab": 4096, "layers": 1}
+QUICK_HE = {"vocab": 1024, "d_model": 128, "heads": 4, "layers": 1, "ffn": 512, "max_len": 64}
+HE_SUBSET = {"vocab": 4096, "layers": 1}
 SITES = (("site-eu-1", "EU"), ("site-eu-2", "EU"), ("site-us-1", "US"), ("site-us-2", "US"))
 ZONES = (("eu-central", "EU"), ("us-east", "US"))
 REDUCER = "eu-central"
@@ -96,6 +99,7 @@ CLOSE = "zone: close (forward out, publish)"
 """The one zone phase outside every site's calls (the coordinator closes the zones one after the other)."""
 TILE = (1024, 1024)  # the shard tile (--tile): 4 MiB shards, as for a large model (README, "Sizing tiles")
 SCALE = 1e-3  # the synthetic update: every parameter p becomes p · (1 + SCALE)
+SCHEME = "bfv"  # the encrypted variant's HE scheme (--scheme; default fedshard's, he.DEFAULT_SCHEME)
 
 # (module, attribute path, phase): the library calls timed in a site process
 SITE_PHASES = (
@@ -183,7 +187,7 @@ def _config(transformer: dict[str, int] | None, rounds: int, encrypt: bool, keys
         "sites": [{"id": s, "jurisdiction": j} for s, j in SITES],
     }
     if keys is not None:
-        data["he"] = {"scheme": "ckks", "keys": str(keys)}  # the scheme this section was measured with
+        data["he"] = {"scheme": SCHEME, "keys": str(keys)}
     return data
 
 
@@ -288,7 +292,7 @@ def _federation(transformer: dict[str, int] | None, rounds: int, encrypt: bool) 
         if encrypt:
             from fedshard.crypto.he import he_init
 
-            he_init(root / "keys", scheme="ckks")
+            he_init(root / "keys", scheme=SCHEME)
             keys = (root / "keys").resolve()
         config_path = root / "federation.yaml"
         config_path.write_text(yaml.safe_dump(_config(transformer, rounds, encrypt, keys), sort_keys=False))
@@ -411,7 +415,7 @@ def measure(transformer: dict[str, int] | None, rounds: int, encrypt: bool) -> d
     }
 
 
-def ckks_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
+def he_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
     """(ciphertext bytes, values) of one site's fully encrypted update of ``transformer``'s model.
 
     Packed as a site packs it when every shard goes to one zone, group and class (this
@@ -425,16 +429,22 @@ def ckks_bytes_of_plan(transformer: dict[str, int] | None) -> tuple[int, int]:
     plan = shard_plan(TransformerConfig(**(transformer or {})), TILE)
     sizes = [(sid, int(plan.shard(sid).size), "all") for sid in plan.shard_ids]
     packs = pack_layout(sizes)
-    return encrypted_nbytes([p.count for p in packs], "ckks"), sum(n for _, n, _ in sizes)
+    return encrypted_nbytes([p.count for p in packs], SCHEME), sum(n for _, n, _ in sizes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the plaintext and the CKKS variant, print, publish, and print the headline JSON."""
+    """Run the plaintext and the encrypted variant, print, publish, and print the headline JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
     parser.add_argument("--rounds", type=int, default=None, help="plaintext rounds (default: 6; --quick 4; at least 4)")
     parser.add_argument(
         "--tile", default="1024x1024", help="the shard tile, ROWSxCOLS (default 1024x1024: 4 MiB shards)"
+    )
+    parser.add_argument(
+        "--scheme",
+        choices=("bfv", "ckks"),
+        default=None,
+        help="the encrypted variant's HE scheme (default: fedshard's)",
     )
     parser.add_argument("--site-child", help=argparse.SUPPRESS)
     parser.add_argument("--zone-child", help=argparse.SUPPRESS)
@@ -442,9 +452,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-root", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--site-keys", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    global TILE
+    global TILE, SCHEME
     rows, _, cols = args.tile.partition("x")
     TILE = (int(rows), int(cols))
+    if args.scheme is None:
+        from fedshard.crypto.he import DEFAULT_SCHEME
+
+        args.scheme = DEFAULT_SCHEME
+    SCHEME = args.scheme
     if args.site_child:
         site_child(args.site_child, args.config, args.state_root)
         return 0
@@ -452,12 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         zone_child(args.zone_child, args.config, args.state_root, args.site_keys)
         return 0
     plain_model = QUICK_TRANSFORMER if args.quick else None
-    ckks_model = QUICK_CKKS if args.quick else CKKS_SUBSET
+    he_model = QUICK_HE if args.quick else HE_SUBSET
     rounds = max(4, args.rounds or (4 if args.quick else 6))
     plain = measure(plain_model, rounds, encrypt=False)
-    ckks = measure(ckks_model, 3, encrypt=True)  # its phases, from component round 2
-    plan_bytes = ckks_bytes_of_plan(plain_model)
-    report(plain, ckks, plan_bytes, args)
+    he = measure(he_model, 3, encrypt=True) | {"scheme": SCHEME.upper()}  # its phases: component round 2
+    plan_bytes = he_bytes_of_plan(plain_model)
+    report(plain, he, plan_bytes, args)
     return 0
 
 

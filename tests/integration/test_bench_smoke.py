@@ -360,7 +360,7 @@ def _large_round(h: dict[str, Any]) -> None:
     # every process holds Python and gRPC besides the model; the site also torch and the model
     assert h["zone_peak_rss_mb"] > 0 and h["site_peak_rss_mb"] > h["model_mb"]
     assert 0 < h["site_base_rss_mb"] < h["site_peak_rss_mb"]  # a message adds the model and its copies
-    assert 1 < h["ckks_bytes_per_f32"] < 20
+    assert h["he_scheme"] == "BFV" and 1 < h["he_bytes_per_f32"] < 20  # fedshard's default scheme
 
 
 def _large_round_shown(h: dict[str, Any], section: str) -> None:
@@ -373,7 +373,7 @@ def _large_round_shown(h: dict[str, Any], section: str) -> None:
     assert floor[1] == f"{h['copy_floor_s']:,.3f}"
     assert f"({h['model_mb']:.1f} MB)" in section
     assert f"zone {h['zone_peak_rss_mb']:,.0f} MB" in section and f"message {h['site_peak_rss_mb']:,.0f} MB" in section
-    assert f"{h['ckks_bytes_per_f32']:.2f}× for the" in section
+    assert f"{h['he_bytes_per_f32']:.2f}× for the" in section and "BFV s, one at a time" in section
 
 
 def _deploy_overhead(h: dict[str, Any]) -> None:
@@ -680,7 +680,8 @@ EXPECT: dict[str, Expect] = {
             "site_peak_rss_mb",
             "site_base_rss_mb",
             "model_mb",
-            "ckks_bytes_per_f32",
+            "he_scheme",
+            "he_bytes_per_f32",
         },
         _large_round,
         _large_round_shown,
