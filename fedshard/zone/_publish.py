@@ -237,10 +237,10 @@ class Publications:
         self._latest_round = -1
         self._summaries: dict[tuple[int, str], AggregateSummary] = {}
         self._lock = threading.Lock()
-        # aggregates read back from the store while some fetch still holds them, and one lock per
-        # aggregate being read, so that fetches at the same time share one read
+        # aggregates read back from the store while some fetch still holds them; reads one at a time,
+        # so that fetches at the same time share one read
         self._in_use: dict[tuple[int, str], tuple[weakref.ref[Aggregate], Contributors]] = {}
-        self._reading: dict[tuple[int, str], threading.Lock] = {}
+        self._reading = threading.Lock()
 
     def publish(self, aggregate: Aggregate, contributors: Contributors) -> None:
         """Keep ``aggregate`` (stored first, when there is a store) and its summary."""
@@ -302,18 +302,16 @@ class Publications:
             if round == self._latest_round and group in self._latest:
                 return self._latest[group]
             known = key in self._summaries
-            reading = self._reading.setdefault(key, threading.Lock())
-        try:
-            with reading:
-                loaded = self._held(key)
-                if loaded is None and self._store is not None:
-                    loaded = self._store.load(self.zone, round, group)
-                    if loaded is not None:
-                        with self._lock:
-                            self._in_use[key] = (weakref.ref(loaded[0]), loaded[1])
-        finally:
-            with self._lock:
-                self._forget_unheld()
+        with self._reading:
+            entry = self._in_use.get(key)
+            held = entry[0]() if entry is not None else None
+            loaded = (held, entry[1]) if held is not None and entry is not None else None
+            if loaded is None and self._store is not None:
+                loaded = self._store.load(self.zone, round, group)
+                if loaded is not None:
+                    self._in_use[key] = (weakref.ref(loaded[0]), loaded[1])
+            for gone in [k for k, (ref, _) in self._in_use.items() if ref() is None]:  # no fetch holds them
+                del self._in_use[gone]
         if loaded is None:
             raise AggregateNotFoundError(
                 f"zone {self.zone}: no {group} aggregate for round {round} "
@@ -322,17 +320,3 @@ class Publications:
         with self._lock:
             self._summaries.setdefault(key, loaded[0].summary)
         return loaded
-
-    def _held(self, key: tuple[int, str]) -> tuple[Aggregate, Contributors] | None:
-        """The aggregate ``key`` read for a fetch that still holds it, if one does."""
-        with self._lock:
-            entry = self._in_use.get(key)
-        aggregate = entry[0]() if entry is not None else None
-        return None if aggregate is None or entry is None else (aggregate, entry[1])
-
-    def _forget_unheld(self) -> None:
-        """Drop what no fetch holds any more, and the read locks no fetch waits on (lock held)."""
-        for key in [k for k, (ref, _) in self._in_use.items() if ref() is None]:
-            del self._in_use[key]
-        for key in [k for k, lock in self._reading.items() if k not in self._in_use and not lock.locked()]:
-            del self._reading[key]

@@ -145,9 +145,9 @@ class ZoneService(pb_grpc.ZoneServicer):
             out[name] = grpc.stream_unary_rpc_method_handler(
                 self._streaming(call, getattr(self, name)), request.FromString, reply.SerializeToString
             )
-        for name, call, request, _ in _STREAMING_OUT:  # the bodies yield frames serialised already
+        for name, call, request, _ in _STREAMING_OUT:  # the bodies yield frames serialised already: sent as they are
             out[name] = grpc.stream_stream_rpc_method_handler(
-                self._replying(call, getattr(self, name)), request.FromString, _serialised
+                self._replying(call, getattr(self, name)), request.FromString, None
             )
         return out
 
@@ -337,17 +337,17 @@ class ZoneService(pb_grpc.ZoneServicer):
         """The serialised frames that serve ``aggregate``: kept once built while the kept ones
         weigh at most :data:`SERVED_FRAMES_BYTES` (the memo holds the very object it was built
         for); a larger aggregate's are written as they are sent."""
-        frames = aggregate_frames(
+        written = aggregate_frames(
             summary_to_header(aggregate.summary), aggregate.payload(), encrypted=aggregate.ciphertexts
-        )
+        )  # a generator: nothing is written until it is iterated
         if aggregate.nbytes > SERVED_FRAMES_BYTES:
-            return frames
+            return written
         key = (aggregate.summary.round, aggregate.summary.group)
         with self._served_lock:
             memo = self._served.get(key)
             if memo is not None and memo[0] is aggregate:
                 return memo[1]
-        built = list(frames)
+        built = list(written)
         with self._served_lock:
             kept = sum(len(f) for _, fs in self._served.values() for f in fs)
             if kept + sum(len(f) for f in built) > SERVED_FRAMES_BYTES:
@@ -397,11 +397,6 @@ class ZoneService(pb_grpc.ZoneServicer):
         if need > self._pool._max_workers:  # read at every submit: new workers start as calls come
             log.info("zone %s: %d workers for %d parties", self.zone.name, need, parties)
             self._pool._max_workers = need
-
-
-def _serialised(frame: bytes | Any) -> bytes:
-    """A reply frame as bytes on the wire (frames built by :func:`aggregate_frames` are already)."""
-    return frame if isinstance(frame, bytes) else bytes(frame.SerializeToString())
 
 
 def _peer(context: grpc.ServicerContext) -> str:
