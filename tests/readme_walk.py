@@ -45,6 +45,7 @@ PLAN: dict[str, tuple[How, str]] = {
     "What the demo does #1": (How.SLOW, "the Flower engine starts Ray: about a minute"),
     "See a run: report and metrics #1": (How.SUITE, ""),
     "Privacy budgets #1": (How.SUITE, ""),
+    "Tuning privately #1": (How.SUITE, ""),
     "Thousands of sites, and growing a running federation #1": (How.SUITE, ""),
     "Homomorphic encryption #1": (How.SUITE, ""),
     "Fine-tune a large model (LoRA over a frozen base) #1": (How.SLOW, "pretrains its base first: about 3 minutes"),

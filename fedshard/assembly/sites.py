@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from fedshard.config.loader import DeployedSite
     from fedshard.crypto.he import HeCodec
     from fedshard.crypto.tls import TlsFiles
+    from fedshard.privacy.events import DPEvent
     from fedshard.privacy.ledger import LedgerKey
     from fedshard.site.base import SealedBase
     from fedshard.site.ledger_anchor import AnchorStore
@@ -39,6 +40,7 @@ __all__ = [
     "load_site_keys",
     "make_deployed_site",
     "make_site",
+    "site_ledger_events",
     "site_model",
 ]
 
@@ -346,3 +348,21 @@ def site_model(config: FederationConfig, state_dir: Path, kek_file: Path) -> tup
 
     module, meta = stored_module(build, config.sharding.tile, store)
     return module, str(meta.get("version", ""))
+
+
+def site_ledger_events(config: FederationConfig, state_dir: Path, kek_file: Path) -> list[DPEvent]:
+    """Every DP event a simulated site's ledger records, oldest first: read under the site's own
+    ledger key (from its store key ``kek_file``), each row checked by its MAC chain.
+
+    Raises
+    ------
+    StoreError
+        The folder holds no ledger, or the ledger fails its checks (one line).
+    """
+    from fedshard.privacy.ledger import PrivacyLedger
+    from fedshard.site.privacy import LEDGER_FILE
+
+    store = _model_store(config, state_dir, kek_file, create_key=False)
+    key, _ = _ledger_guard(store, kek_file, kek_file.with_suffix(".ledger-anchor"), create_key=False)
+    with PrivacyLedger(state_dir / LEDGER_FILE, None, key=key) as ledger:
+        return [entry.event for entry in ledger.entries()]

@@ -26,6 +26,7 @@ from fedshard.cli._metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
 from fedshard.cli._route import route_app
 from fedshard.cli._security import audit_app, pki_app
 from fedshard.cli._store import store_app, verify_store
+from fedshard.cli._tune import tune_command
 from fedshard.cli._zone import zone_app
 from fedshard.errors import ConfigError, FedshardError
 from fedshard.observability.server import DEFAULT_METRICS_HOST
@@ -74,6 +75,7 @@ app.add_typer(site_app, name="site")
 app.add_typer(store_app, name="store")
 app.add_typer(export_app, name="export")
 app.command("verify")(verify_store)
+app.command("tune")(tune_command)
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)

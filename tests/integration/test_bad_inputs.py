@@ -96,6 +96,10 @@ def site_config(site_id: str = "charite-berlin", jurisdiction: str = "EU", **dep
     return yaml.safe_dump(data, sort_keys=False)
 
 
+_TUNE = "candidates:\n  - {name: a, set: {}}\n  - {name: b, set: {training.learning_rate: 0.1}}\n"
+"""A candidates file for ``fedshard tune`` (its first ``{}``: the first candidate's settings)."""
+
+
 def loose_bundle(work: Path) -> None:
     """A deployed site whose bundle was copied (or mounted) with its signing key readable by all."""
     files({"fed.yaml": federation(**DEPLOYED), "site.yaml": site_config()})(work)
@@ -794,6 +798,25 @@ CASES = [
                 ),
             }
         ),
+    ),
+    # private tuning
+    case(
+        "tune-candidate-changes-residency",
+        "tune --config fed.yaml --candidates tune.yaml --out t",
+        "tune.yaml: candidates.0.set: Value error, residency.encrypt may not differ between candidates",
+        files({"fed.yaml": federation(), "tune.yaml": _TUNE.replace("{}", "{residency.encrypt: none}", 1)}),
+    ),
+    case(
+        "tune-without-dp",
+        "tune --config fed.yaml --candidates tune.yaml --out t",
+        "fedshard tune spends each site's privacy budget on record-level DP-SGD",
+        files({"fed.yaml": federation(), "tune.yaml": _TUNE}),
+    ),
+    case(
+        "tune-into-a-used-folder",
+        "tune --config fed.yaml --candidates tune.yaml --out t",
+        "t is not empty: fedshard tune writes a new folder (nothing is overwritten)",
+        files({"fed.yaml": federation(), "tune.yaml": _TUNE, "t/kept": "x"}),
     ),
     # the run report, the run listing and metrics
     case("runs-no-folder", "runs elsewhere", "elsewhere is not a folder; no runs there"),
