@@ -82,6 +82,7 @@ bench: $(STAMP)
 # then the large-model task's DP gap with its rate chosen on validation data (about 30 minutes)
 bench-dp: $(STAMP)
 	$(BIN)/python bench/dp_tables.py --processes 2
+	$(BIN)/python bench/dp_clips.py
 	$(BIN)/python bench/dp_accuracy.py --jobs 2
 	$(BIN)/python bench/llm_dp.py
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedshard.assembly import check_privacy
 from fedshard.config import FederationConfig
 from fedshard.config.tuning import TuningConfig
 from fedshard.errors import ConfigError, StoreError
@@ -59,12 +60,15 @@ def tune(
     Raises
     ------
     ConfigError
-        ``out`` is not empty (nothing is overwritten), or a candidate's config is invalid.
+        ``out`` is not empty (nothing is overwritten), or a candidate's config is invalid (δ
+        above 1/records at a site included).
     """
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: fedshard tune writes a new folder (nothing is overwritten)")
     runs = candidate_runs(base, tuning)
+    for run in runs:  # what a candidate's run would refuse at its start, before anything is written
+        check_privacy(run.config)
     out.mkdir(parents=True, exist_ok=True)
     ledgers = TuningLedgers(out / "ledgers", base, tuning.selection_share, len(runs))
     results: list[CandidateResult] = []

@@ -280,6 +280,25 @@ def _dp_tables_shown(h: dict[str, Any], section: str) -> None:
     )
 
 
+def _dp_clips(h: dict[str, Any]) -> None:
+    # --smoke: the smallest table, one fold, clips 1 and 2 (the defaults'), 2 rounds
+    assert h["tables"] == 1 and h["folds"] == 1 and h["clips"] == [1.0, 2.0] and h["defaults_clip"] == 2.0
+    assert set(h["floor_pct"]["veterans_lung_cancer"]) == {"1", "2"}
+    assert all(0 <= a <= 100 for a in h["floor_pct"]["veterans_lung_cancer"].values())
+    assert h["best_clip"]["veterans_lung_cancer"] in (1.0, 2.0)
+    floor = h["floor_pct"]["veterans_lung_cancer"]
+    best = floor[f"{h['best_clip']['veterans_lung_cancer']:g}"]
+    assert h["best_clip_gain_pp"]["veterans_lung_cancer"] == pytest.approx(best - floor["2"]) and best >= floor["2"]
+    gain = h["best_clip_gain_pp"]["veterans_lung_cancer"]
+    assert h["mean_best_clip_gain_pp"] == h["largest_best_clip_gain_pp"] == gain
+
+
+def _dp_clips_shown(h: dict[str, Any], section: str) -> None:
+    row = _cells(_row(section, "veterans_lung_cancer |"))
+    assert row[3] == f"{h['best_clip']['veterans_lung_cancer']:g}"
+    assert row[4].startswith(f"{h['best_clip_gain_pp']['veterans_lung_cancer']:+.2f} ± ")
+
+
 def _site_overhead(h: dict[str, Any]) -> None:
     assert h["mode"] == "quick"
     assert h["demo_message_s"] > 0 and h["transformer_message_s"] > 0 and h["transformer_params"] > 1e6
@@ -645,6 +664,21 @@ EXPECT: dict[str, Expect] = {
         },
         _dp_tables,
         _dp_tables_shown,
+    ),
+    "dp_clips": Expect(
+        {
+            "defaults_clip",
+            "clips",
+            "floor_pct",
+            "best_clip",
+            "best_clip_gain_pp",
+            "mean_best_clip_gain_pp",
+            "largest_best_clip_gain_pp",
+            "folds",
+            "tables",
+        },
+        _dp_clips,
+        _dp_clips_shown,
     ),
     "deploy_overhead": Expect(
         {
