@@ -53,7 +53,7 @@ def tune_command(
         console.print(
             f"[bold]fedshard tune[/] [cyan]{base.federation.name}[/]: {len(tuning.candidates)} candidates, "
             f"{tuning.validation_fraction:.0%} of every site's training records held out, "
-            f"{tuning.selection_share:.0%} of every budget for the scores",
+            f"scores as noisy as {tuning.selection_share:.0%} of every budget alone would make them",
             highlight=False,
         )
         console.print(

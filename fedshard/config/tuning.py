@@ -86,8 +86,9 @@ class TuningConfig(BaseModel):
         0.1,
         gt=0,
         lt=1,
-        description="the share of every site's ε and δ its noisy validation scores spend; the candidates' "
-        "training spends the rest, all candidates together",
+        description="how noisy the validation scores are: as noisy as this share of every site's ε and δ "
+        "would make them alone; the candidates' training, all candidates together, gets the largest ε the "
+        "scores leave (composed with them, a little less than the rest)",
     )
     candidates: list[TunedCandidate] = Field(min_length=2, max_length=16)
 

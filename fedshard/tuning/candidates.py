@@ -2,10 +2,11 @@
 validation split, and every site's training share of its budget spread over all candidates' rounds.
 
 Every candidate calibrates σ as if its rounds were the candidates' rounds together
-(``privacy.record_level.calibration_rounds``), under each site's budget times
-``1 − selection_share``. The candidates share one round shape (:data:`~fedshard.config.tuning.FIXED`),
-so they calibrate the same σ, and their rounds together are that many steps at that σ: they
-spend the training share, all of them together, as one run of that many rounds would.
+(``privacy.record_level.calibration_rounds``), under each site's training budget
+(:mod:`fedshard.tuning.budget`). The candidates share one round shape
+(:data:`~fedshard.config.tuning.FIXED`), so they calibrate the same σ, and their rounds
+together are that many steps at that σ: they spend the training budget, all of them together,
+as one run of that many rounds would.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedshard.config import BudgetConfig, FederationConfig
+from fedshard.config import FederationConfig
 from fedshard.config.tuning import TunedCandidate, TuningConfig
 from fedshard.errors import ConfigError, TaskError
-from fedshard.task import load_task
+from fedshard.privacy.accountant import AccountantKind
+from fedshard.privacy.events import Guarantee
+from fedshard.privacy.mechanisms import RoundShape, mechanism
+from fedshard.task import Partition, load_task
+from fedshard.tuning.budget import BudgetSplit, split_budget
 
-__all__ = ["CandidateRun", "candidate_runs", "check_tunable"]
+__all__ = ["CandidateRun", "TuningPlan", "candidate_runs", "check_tunable"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,14 @@ class CandidateRun:
     name: str
     settings: dict[str, Any]
     config: FederationConfig
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """Every candidate's federation, and every site's budget split (by site id)."""
+
+    runs: list[CandidateRun]
+    splits: dict[str, BudgetSplit]
 
 
 def check_tunable(base: FederationConfig) -> None:
@@ -59,33 +72,63 @@ def check_tunable(base: FederationConfig) -> None:
         raise ConfigError(f"site(s) {', '.join(missing[:3])} have no privacy budget: set privacy.budget")
 
 
-def candidate_runs(base: FederationConfig, tuning: TuningConfig) -> list[CandidateRun]:
-    """Each candidate's federation config (see the module docstring); nothing runs.
+def candidate_runs(base: FederationConfig, tuning: TuningConfig) -> TuningPlan:
+    """Each candidate's federation config and every site's budget split (see the module
+    docstring); nothing runs.
 
     Raises
     ------
     ConfigError
         A candidate's settings make an invalid config, or the task has no validation split
         (one line naming the candidate).
+    PrivacyError
+        A site's budget cannot pay for the candidates' rounds and scores (one line).
     """
     check_tunable(base)
     plain = base.model_dump(mode="json")
     drafts = [(c, _with_settings(plain, c, tuning.validation_fraction)) for c in tuning.candidates]
     rounds = sum(_validated(c.name, d).planned_rounds for c, d in drafts)
-    keep = 1.0 - tuning.selection_share
+    first = _validated(tuning.candidates[0].name, drafts[0][1])
+    _check_task(tuning.candidates[0].name, first)
+    splits = _splits(first, base, tuning, rounds)
     runs = []
     for candidate, draft in drafts:
         draft["privacy"]["record_level"]["calibration_rounds"] = rounds
         for site in draft["sites"]:
-            budget = base.listed_budget(site["id"])
-            assert budget is not None  # check_tunable
-            site["budget"] = _scaled(budget, keep)
+            site["budget"] = splits[site["id"]].training.model_dump()
             site["cap"] = None
-        draft["privacy"]["budget"] = _scaled(base.privacy.budget, keep) if base.privacy.budget else None
+        draft["privacy"]["budget"] = None if base.privacy.budget is None else draft["sites"][0]["budget"]
         config = _validated(candidate.name, draft)
         _check_task(candidate.name, config)
         runs.append(CandidateRun(candidate.name, dict(candidate.set), config))
-    return runs
+    return TuningPlan(runs, splits)
+
+
+def _splits(
+    config: FederationConfig, base: FederationConfig, tuning: TuningConfig, rounds: int
+) -> dict[str, BudgetSplit]:
+    """Every site's :func:`~fedshard.tuning.budget.split_budget`, by the round shape its records give it."""
+    record = config.privacy.record_level
+    accountant = AccountantKind(record.accountant)
+    task = load_task(config.task.target, dict(config.task.options))
+    made: dict[tuple[float, float, float, int], BudgetSplit] = {}
+    splits = {}
+    for site in config.sites:
+        budget = base.listed_budget(site.id)
+        assert budget is not None  # check_tunable
+        partition = Partition(config.partition_of(site.id), config.num_partitions, config.federation.seed)
+        shape = RoundShape(
+            task.load_data(partition).num_train,
+            config.training.sent_batch_size,
+            config.training.local_epochs,
+            record.sample_rate,
+        )
+        event = mechanism(record.mechanism, Guarantee.RECORD).event(shape, 1.0)
+        key = (budget.epsilon, budget.delta, event.sample_rate, event.steps)
+        if key not in made:
+            made[key] = split_budget(budget, tuning.selection_share, len(tuning.candidates), event, rounds, accountant)
+        splits[site.id] = made[key]
+    return splits
 
 
 def _with_settings(plain: dict[str, Any], candidate: TunedCandidate, validation_fraction: float) -> dict[str, Any]:
@@ -125,7 +168,3 @@ def _check_task(name: str, config: FederationConfig) -> None:
             else ""
         )
         raise ConfigError(f"candidate {name}: task.options: {detail}{needs}") from None
-
-
-def _scaled(budget: BudgetConfig, share: float) -> dict[str, float]:
-    return {"epsilon": budget.epsilon * share, "delta": budget.delta * share}

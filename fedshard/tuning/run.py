@@ -66,11 +66,12 @@ def tune(
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: fedshard tune writes a new folder (nothing is overwritten)")
-    runs = candidate_runs(base, tuning)
+    plan = candidate_runs(base, tuning)
+    runs = plan.runs
     for run in runs:  # what a candidate's run would refuse at its start, before anything is written
         check_privacy(run.config)
     out.mkdir(parents=True, exist_ok=True)
-    ledgers = TuningLedgers(out / "ledgers", base, tuning.selection_share, len(runs))
+    ledgers = TuningLedgers(out / "ledgers", base, plan.splits)
     results: list[CandidateResult] = []
     try:
         if on_start is not None:
@@ -104,7 +105,13 @@ def tune(
             for r in results
         ],
         "sites": {
-            site: {"epsilon_spent": eps, "epsilon_budget": budget.epsilon, "delta": budget.delta}
+            site: {
+                "epsilon_spent": eps,
+                "epsilon_budget": budget.epsilon,
+                "delta": budget.delta,
+                "epsilon_training": plan.splits[site].training.epsilon,
+                "score_sigma": plan.splits[site].score_sigma,
+            }
             for site, (eps, budget) in spent.items()
         },
     }

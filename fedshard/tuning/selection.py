@@ -6,14 +6,14 @@ Gaussian noise of standard deviation σ_s drawn from a secure source at the site
 removing one record changes that count by at most 1, so the release is the Gaussian
 mechanism at noise multiplier σ_s: the ledger stores it as an event like any DP-SGD step
 (``poisson_subsampled_gaussian``, sample rate 1, one step, record-level). σ_s is calibrated
-so the scores of all candidates together spend ``selection_share`` of the site's ε and δ.
+so that the scores of all candidates would spend ``selection_share`` of the site's ε and δ on
+their own (:mod:`fedshard.tuning.budget`).
 
 Each site's tuning ledger (``<out>/ledgers/<site>.sqlite``) holds the site's whole budget. It
 is charged every candidate's training (the events the candidate's run recorded in the site's
 own ledger) and, before each score is released, the score's event: a score the budget cannot
-pay for is not released. Composing everything at one δ, the ledger is never charged more than
-the split promises (training at ``(1−s)·ε, (1−s)·δ`` and scores at ``s·ε, s·δ`` compose to at
-most ``ε, δ``, and the accountant's composition is tighter still). A record is either a
+pay for is not released. The split was made so that the candidates' planned steps and the scores,
+composed at the site's δ, fit its ε; the ledger checks the events actually recorded. A record is either a
 training or a validation record; the ledger charges every event to every record, as if it were
 both (parallel composition would allow less): the count it keeps is an upper bound.
 """
@@ -21,6 +21,7 @@ both (parallel composition would allow less): the count it keeps is an upper bou
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +29,17 @@ from pathlib import Path
 from fedshard.assembly.sites import STORE_KEYS_DIR, site_model
 from fedshard.config import FederationConfig
 from fedshard.errors import TaskError
-from fedshard.privacy.accountant import AccountantKind, calibrate_noise
+from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, PrivacyLedger
 from fedshard.privacy.secure_noise import SecureGaussian
 from fedshard.task import Partition, load_task
+from fedshard.tuning.budget import BudgetSplit
 
-__all__ = ["SiteScore", "TuningLedgers", "score_sigma", "validation_count"]
+__all__ = ["SiteScore", "TuningLedgers", "score_std", "validation_count"]
 
 _TRAINING, _SCORE = 0, 1
 """A candidate k's rounds in a tuning ledger: 2k (its training) and 2k + 1 (its score)."""
-
-
-def score_sigma(budget: Budget, share: float, candidates: int, accountant: AccountantKind) -> float:
-    """σ_s of one site's noisy counts: ``candidates`` of them spend ``share`` of ``budget``."""
-    return calibrate_noise(budget.epsilon * share, budget.delta * share, 1.0, candidates, accountant)
 
 
 @dataclass(frozen=True)
@@ -78,25 +75,22 @@ def validation_count(config: FederationConfig, run_dir: Path, site_id: str) -> t
 
 
 class TuningLedgers:
-    """Every site's tuning ledger under ``folder`` (see the module docstring)."""
+    """Every site's tuning ledger under ``folder`` (see the module docstring), its noise σ_s from
+    the site's split (:mod:`fedshard.tuning.budget`)."""
 
-    def __init__(self, folder: Path, base: FederationConfig, share: float, candidates: int) -> None:
+    def __init__(self, folder: Path, base: FederationConfig, splits: Mapping[str, BudgetSplit]) -> None:
         self.folder = folder
         self._accountant = AccountantKind(base.privacy.record_level.accountant)
         self._ledgers: dict[str, PrivacyLedger] = {}
-        self._sigmas: dict[str, float] = {}
+        self._sigmas = {site: split.score_sigma for site, split in splits.items()}
         self._stack = ExitStack()
         folder.mkdir(parents=True, exist_ok=True)
-        calibrated: dict[tuple[float, float], float] = {}
         for site in base.sites:
             listed = base.listed_budget(site.id)
             assert listed is not None  # check_tunable
-            budget = Budget(listed.epsilon, listed.delta)
-            key = (budget.epsilon, budget.delta)
-            if key not in calibrated:
-                calibrated[key] = score_sigma(budget, share, candidates, self._accountant)
-            self._sigmas[site.id] = calibrated[key]
-            ledger = PrivacyLedger(folder / f"{site.id}.sqlite", budget, accountant=self._accountant)
+            ledger = PrivacyLedger(
+                folder / f"{site.id}.sqlite", Budget(listed.epsilon, listed.delta), accountant=self._accountant
+            )
             self._ledgers[site.id] = self._stack.enter_context(ledger)
 
     def close(self) -> None:

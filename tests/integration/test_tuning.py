@@ -73,7 +73,7 @@ def test_tune_runs_each_candidate_and_charges_training_and_scores_to_every_site(
             assert (score.sample_rate, score.steps) == (1.0, 1)
         assert all(e.committed for e in entries)
         assert spent == pytest.approx(summary["sites"][site.id]["epsilon_spent"])
-        assert spent <= 3.0
+        assert 0.9 * 3.0 < spent <= 3.0  # the training had nearly all of it
 
     with pytest.raises(ConfigError, match="is not empty"):
         tune(base, tuning, out)

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from fedshard.config import FederationConfig, load_federation
+from fedshard.config import BudgetConfig, FederationConfig, load_federation
 from fedshard.config.loader import parse_model
 from fedshard.config.tuning import TuningConfig
 from fedshard.errors import ConfigError
-from fedshard.privacy.accountant import AccountantKind, epsilon
+from fedshard.privacy.accountant import AccountantKind, calibrate_noise, epsilon
 from fedshard.privacy.events import DPEvent, Guarantee
-from fedshard.privacy.ledger import Budget
 from fedshard.tuning import candidate_runs
-from fedshard.tuning.selection import score_sigma
+from fedshard.tuning.budget import split_budget
 
 ROOT = Path(__file__).resolve().parents[3]
 DP_HE = ROOT / "configs" / "demo-dp-he.yaml"
@@ -31,20 +30,20 @@ def test_every_candidate_runs_the_same_federation_on_its_share_of_every_budget()
         {"name": "fast", "set": {"training.server_optimizer.learning_rate": 0.1, "federation.rounds": 8}},
         selection_share=0.25,
     )
-    slow, fast = candidate_runs(base, tuning)
+    plan = candidate_runs(base, tuning)
+    slow, fast = plan.runs
     assert (slow.config.federation.rounds, fast.config.federation.rounds) == (12, 8)
     assert slow.config.training.server_optimizer.learning_rate == 0.02
+    (split,) = set(plan.splits.values())  # five sites of one budget and one round shape
+    assert 0.75 * 3.0 < split.training.epsilon < 3.0 and split.training.delta == 1e-5
     for run in (slow, fast):
         config = run.config
-        # σ is calibrated over every candidate's rounds, so the candidates together spend the training share
+        # σ is calibrated over every candidate's rounds, so the candidates together spend the training budget
         assert config.privacy.record_level.calibration_rounds == 20
         assert config.task.options["validation_fraction"] == 0.2
-        for site in config.sites:
-            budget = config.listed_budget(site.id)
-            assert budget is not None
-            assert budget.epsilon == pytest.approx(0.75 * 3.0) and budget.delta == pytest.approx(0.75 * 1e-5)
+        assert all(config.listed_budget(site.id) == split.training for site in config.sites)
         # what is not the candidate's is the federation's
-        assert config.sites == [s.model_copy(update={"budget": config.sites[0].budget}) for s in base.sites]
+        assert config.sites == [s.model_copy(update={"budget": split.training}) for s in base.sites]
         assert config.residency == base.residency and config.zones == base.zones
 
 
@@ -98,9 +97,15 @@ def test_tuning_needs_record_level_dp_with_a_calibrated_sigma() -> None:
         candidate_runs(_record_level(base, noise_multiplier=2.0), two)
 
 
-def test_the_scores_of_every_candidate_spend_at_most_their_share_of_the_budget() -> None:
-    budget = Budget(3.0, 1e-5)
-    sigma = score_sigma(budget, 0.1, 4, AccountantKind.PRV)
-    spent = epsilon([DPEvent(Guarantee.RECORD, sigma, 1.0, 4)], 0.1 * budget.delta, AccountantKind.PRV)
-    assert spent <= 0.1 * budget.epsilon
-    assert spent > 0.09 * budget.epsilon  # calibrated, not merely safe
+def test_the_scores_are_as_precise_as_their_share_says_and_the_training_gets_the_rest() -> None:
+    budget = BudgetConfig(epsilon=3.0, delta=1e-5)
+    one_step = DPEvent(Guarantee.RECORD, 1.0, 1.0, 1)  # a full-batch round
+    split = split_budget(budget, 0.1, 4, one_step, 40, AccountantKind.PRV)
+    # the scores alone would spend the share, at its share of δ
+    scores = DPEvent(Guarantee.RECORD, split.score_sigma, 1.0, 4)
+    assert 0.29 < epsilon([scores], 1e-6, AccountantKind.PRV) <= 0.3
+    # the training calibrates to nearly all of ε, and everything planned composes within it
+    sigma = calibrate_noise(split.training.epsilon, 1e-5, 1.0, 40)
+    planned = epsilon([DPEvent(Guarantee.RECORD, sigma, 1.0, 40), scores], 1e-5, AccountantKind.PRV)
+    assert planned == pytest.approx(split.planned) and planned <= 3.0
+    assert split.training.epsilon > 0.95 * 3.0
