@@ -1,10 +1,12 @@
 """``fedshard runs``: the runs under a folder, one line each: when each started, how far it
 got and how it ended, read from its own records (event log, ``summary.json``; for a run
 without a summary, the caller may say more, e.g. whether a deployed run's aggregator
-still holds its state folder's lock)."""
+still holds its state folder's lock). A ``fedshard tune`` folder is one line too: its
+candidates' runs together, and the candidate it chose (``tune.json``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,7 +65,33 @@ def list_runs(folder: Path, unfinished: Callable[[Path], str | None] | None = No
         last = run.rounds[-1].accuracy if run.rounds else None
         status = _status(run_dir, run.summary, unfinished)
         out.append(RunListing(run_dir, run.name, when, len(run.rounds), planned, last, status))
+    out += [_tuning(tune_dir) for tune_dir in sorted({p.parent for p in folder.glob("*/candidates")})]
     return sorted(out, key=lambda r: (r.started, r.folder.name))
+
+
+_TUNE_FILE = "tune.json"  # fedshard.tuning.TUNE_FILE (that package sits above this one)
+
+
+def _tuning(tune_dir: Path) -> RunListing:
+    """A ``fedshard tune`` folder: its candidate runs' rounds together, started with the first; no
+    accuracy (the candidates' own are on their validation split, not a result); the chosen one."""
+    candidates = list_runs(tune_dir / "candidates")
+    started = min((c.started for c in candidates if c.started), default="")
+    rounds = sum(c.rounds for c in candidates)
+    known = [c.planned for c in candidates]
+    planned = sum(p for p in known if p is not None) if known and None not in known else None
+    federation = candidates[0].federation if candidates else "?"
+    try:
+        found = json.loads((tune_dir / _TUNE_FILE).read_text())
+    except FileNotFoundError:
+        status = f"tuning: {len(candidates)} candidate run(s), no {_TUNE_FILE} (running, or it died)"
+    except (OSError, ValueError) as exc:
+        status = f"unreadable: {_TUNE_FILE}: {exc}"
+    else:
+        chosen = found.get("chosen") if isinstance(found, dict) else None
+        federation = str(found.get("federation", federation)) if isinstance(found, dict) else federation
+        status = f"tuned: chose {chosen}" if chosen else "tuned: no candidate finished"
+    return RunListing(tune_dir, federation, started, rounds, planned, None, status)
 
 
 def _status(run_dir: Path, summary: dict[str, Any], unfinished: Callable[[Path], str | None] | None) -> str:

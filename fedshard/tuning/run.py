@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedshard.assembly import check_privacy
+from fedshard.assembly.sites import STORE_KEYS_DIR, site_ledger_events
 from fedshard.config import FederationConfig
 from fedshard.config.tuning import TuningConfig
 from fedshard.errors import ConfigError, StoreError
@@ -85,7 +86,7 @@ def tune(
     finally:
         ledgers.close()
     scored = [r for r in results if r.score is not None]
-    chosen = max(scored, key=lambda r: r.score or 0.0) if scored else None
+    chosen = max(scored, key=lambda r: r.score if r.score is not None else -math.inf) if scored else None
     summary = {
         "federation": base.federation.name,
         "validation_fraction": tuning.validation_fraction,
@@ -121,8 +122,6 @@ def tune(
 
 def _run_candidate(index: int, run: CandidateRun, run_dir: Path, ledgers: TuningLedgers) -> CandidateResult:
     """Run one candidate, charge its training to every site's tuning ledger, release its scores."""
-    from fedshard.assembly.sites import STORE_KEYS_DIR, site_ledger_events
-
     config = run.config
     summary = simulate(config, run_dir)
     result = CandidateResult(run.name, run.settings, int(summary.get("rounds", 0)))

@@ -284,3 +284,18 @@ def test_runs_are_listed_with_their_date_progress_and_end(tmp_path: Path) -> Non
     assert listed["b-finished"].federation == "fed" and listed["b-finished"].started.endswith("UTC")
     assert listed["a-unfinished"].status == "no summary (running, or it died)"
     assert listed["c-broken"].status.startswith("unreadable: ") and "never assembled" in listed["c-broken"].status
+
+
+def test_a_tune_folder_is_listed_as_one_line_with_the_candidate_it_chose(tmp_path: Path) -> None:
+    from fedshard.report.listing import list_runs
+
+    tune = tmp_path / "tune-a"
+    for name in ("lr-1", "lr-2"):
+        run = _logged_run(tune / "candidates" / name)
+        (run / "summary.json").write_text(json.dumps({"federation": "fed", "stopped_reason": ""}))
+    (listed,) = list_runs(tmp_path)
+    assert listed.folder == tune and listed.rounds == 6 and listed.accuracy is None
+    assert listed.status == "tuning: 2 candidate run(s), no tune.json (running, or it died)"
+    (tune / "tune.json").write_text(json.dumps({"federation": "fed", "chosen": "lr-2"}))
+    (listed,) = list_runs(tmp_path)
+    assert listed.status == "tuned: chose lr-2" and listed.federation == "fed" and listed.started.endswith("UTC")
