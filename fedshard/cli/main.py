@@ -260,7 +260,8 @@ def runs(
         console.print(f"no runs under {folder}", highlight=False)
         return
     table = Table(title=f"Runs under {folder}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("run / federation", overflow="fold")  # stacked: identifiers are never cut
+    # stacked, and as wide as the longest folder name: identifiers are never cut
+    table.add_column("run / federation", overflow="fold", min_width=max(len(r.folder.name) for r in listed))
     table.add_column("started (UTC)", no_wrap=True)
     table.add_column("rounds", justify="right", no_wrap=True)
     table.add_column("accuracy", justify="right", no_wrap=True)
