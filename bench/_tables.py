@@ -10,13 +10,14 @@ follow-up; their follow-up time is left out of the table (it would give the outc
 
 from __future__ import annotations
 
+import argparse
 import csv
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TABLES", "Table", "write_table"]
+__all__ = ["SMOKE_TABLE", "TABLES", "Table", "add_fold_args", "chosen_tables", "write_table"]
 
 OUTCOME = "outcome"
 """The outcome column of every written table (``0`` or ``1``)."""
@@ -99,3 +100,26 @@ def _cell(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+SMOKE_TABLE = "veterans_lung_cancer"
+"""The smallest table (137 records): what a bench's ``--smoke`` runs on."""
+
+
+def add_fold_args(parser: argparse.ArgumentParser) -> None:
+    """``--tables``, ``--repeats`` and ``--folds``: which tables, and how many test folds of each."""
+    names = ",".join(t.name for t in TABLES)
+    parser.add_argument("--tables", default=None, help=f"a subset of {names} (default: all)")
+    parser.add_argument("--repeats", type=int, default=None, help="shuffles of the fold split (default 4; --quick 1)")
+    parser.add_argument("--folds", type=int, default=5, help="folds per shuffle (default 5)")
+
+
+def chosen_tables(parser: argparse.ArgumentParser, asked: str | None, smoke: bool) -> list[str]:
+    """The tables ``--tables`` names (all of them by default, the smallest for ``--smoke``); an
+    unknown name ends the command with one line naming the tables."""
+    names = [t.name for t in TABLES]
+    tables = (asked or (SMOKE_TABLE if smoke else ",".join(names))).split(",")
+    unknown = [t for t in tables if t not in names]
+    if unknown:
+        parser.error(f"--tables: no table {unknown[0]!r}; the tables are {', '.join(names)}")
+    return tables

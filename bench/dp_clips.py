@@ -44,7 +44,7 @@ import _common as c
 import _dp_table_runs as runs
 import yaml
 from _dp_runs import mean_se, memoise_calibration, pp
-from _tables import TABLES, write_table
+from _tables import TABLES, add_fold_args, chosen_tables, write_table
 
 SECTION = "dp_clips"
 EPSILON = 3.0
@@ -143,18 +143,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
-    names = [t.name for t in TABLES]
-    parser.add_argument("--tables", default=None, help=f"a subset of {','.join(names)} (default: all)")
+    add_fold_args(parser)
     parser.add_argument("--clips", default=None, help="the clips to try (default 0.5,1,2,4; --smoke 1,2)")
-    parser.add_argument("--repeats", type=int, default=None, help="shuffles of the fold split (default 4; --quick 1)")
-    parser.add_argument("--folds", type=int, default=5, help="folds per shuffle (default 5)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--cache", type=Path, default=None, help="finished runs (default runs/dp-clips/cache.json)")
     args = parser.parse_args(argv)
-    args.tables = (args.tables or ("veterans_lung_cancer" if args.smoke else ",".join(names))).split(",")
-    unknown = [t for t in args.tables if t not in names]
-    if unknown:
-        parser.error(f"--tables: no table {unknown[0]!r}; the tables are {', '.join(names)}")
+    args.tables = chosen_tables(parser, args.tables, args.smoke)
     args.defaults_clip = float(yaml.safe_load(runs.DEMO.read_text())["privacy"]["record_level"]["max_grad_norm"])
     args.clips = sorted({float(x) for x in (args.clips or ("1,2" if args.smoke else "0.5,1,2,4")).split(",")})
     if args.defaults_clip not in args.clips:

@@ -55,7 +55,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import _common as c
 import _dp_table_runs as runs
 from _dp_runs import mean_se, memoise_calibration, paired_gap, pp
-from _tables import TABLES, write_table
+from _tables import TABLES, add_fold_args, chosen_tables, write_table
 
 SECTION = "dp_tables"
 GOAL_EPSILON = 3.0
@@ -187,11 +187,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_output_args(parser)
-    names = [t.name for t in TABLES]
-    parser.add_argument("--tables", default=None, help=f"a subset of {','.join(names)} (default: all)")
+    add_fold_args(parser)
     parser.add_argument("--epsilons", default=None, help="ε per site (default 1,3,8; --quick 3)")
-    parser.add_argument("--repeats", type=int, default=None, help="shuffles of the fold split (default 4; --quick 1)")
-    parser.add_argument("--folds", type=int, default=5, help="folds per shuffle (default 5)")
     parser.add_argument(
         "--per-site-repeats",
         type=int,
@@ -214,10 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--cache", type=Path, default=None, help="finished runs (default runs/dp-tables/cache.json)")
     args = parser.parse_args(argv)
-    args.tables = (args.tables or ("veterans_lung_cancer" if args.smoke else ",".join(names))).split(",")
-    unknown = [t for t in args.tables if t not in names]
-    if unknown:
-        parser.error(f"--tables: no table {unknown[0]!r}; the tables are {', '.join(names)}")
+    args.tables = chosen_tables(parser, args.tables, args.smoke)
     args.epsilons = [float(e) for e in (args.epsilons or ("3" if args.quick else "1,3,8")).split(",")]
     args.repeats = args.repeats or (1 if args.quick else 4)
     args.per_site_repeats = min(args.per_site_repeats or args.repeats, args.repeats)

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedshard.cli._folders import fresh_run_dir
+
 if TYPE_CHECKING:
     from fedshard.tuning import CandidateResult
 
@@ -35,11 +37,12 @@ def tune_command(
     from fedshard.config import load_federation
     from fedshard.config.loader import load_model
     from fedshard.config.tuning import TuningConfig
-    from fedshard.tuning import TUNE_FILE, tune
+    from fedshard.run_folder.tune_folder import TUNE_FILE
+    from fedshard.tuning import tune
 
     base = load_federation(config)
     tuning = load_model(TuningConfig, candidates)
-    folder = out or _fresh_folder()
+    folder = out or fresh_run_dir("tune-")
 
     def shown(result: CandidateResult) -> None:
         what = (
@@ -76,18 +79,6 @@ def tune_command(
             soft_wrap=True,
         )
     console.print(f"summary: {folder / TUNE_FILE}", highlight=False, soft_wrap=True)
-
-
-def _fresh_folder() -> Path:
-    from datetime import datetime
-
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path("runs") / f"tune-{stamp}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = Path("runs") / f"tune-{stamp}-{n}"
-    return path
 
 
 def _table(summary: dict[str, Any]) -> Table:

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,6 +20,7 @@ from rich.console import Console
 from fedshard.cli._budget import budget_app
 from fedshard.cli._deploy import aggregator_app, site_app
 from fedshard.cli._export import export_app
+from fedshard.cli._folders import fresh_run_dir
 from fedshard.cli._keys import keys_app
 from fedshard.cli._metrics import MetricsHostOpt, MetricsPortOpt, start_metrics
 from fedshard.cli._route import route_app
@@ -79,16 +79,6 @@ app.command("tune")(tune_command)
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
-
-
-def _fresh_run_dir() -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path("runs") / stamp
-    n = 1
-    while path.exists():
-        n += 1
-        path = Path("runs") / f"{stamp}-{n}"
-    return path
 
 
 @app.command()
@@ -194,7 +184,7 @@ def _run_config(
         return cfg, resume
     if config is None:
         raise FedshardError("give --config FILE for a new run, or --resume RUN_DIR to carry on an earlier one")
-    return with_rounds(load_federation(config), rounds), out or _fresh_run_dir()
+    return with_rounds(load_federation(config), rounds), out or fresh_run_dir()
 
 
 def _print_result(summary: dict[str, Any], out_dir: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from fedshard.errors import FedshardError
+from fedshard.run_folder.tune_folder import CANDIDATES_DIR, TUNE_FILE
 
 __all__ = ["RunListing", "list_runs"]
 
@@ -65,28 +66,25 @@ def list_runs(folder: Path, unfinished: Callable[[Path], str | None] | None = No
         last = run.rounds[-1].accuracy if run.rounds else None
         status = _status(run_dir, run.summary, unfinished)
         out.append(RunListing(run_dir, run.name, when, len(run.rounds), planned, last, status))
-    out += [_tuning(tune_dir) for tune_dir in sorted({p.parent for p in folder.glob("*/candidates")})]
+    out += [_tuning(tune_dir) for tune_dir in sorted({p.parent for p in folder.glob(f"*/{CANDIDATES_DIR}")})]
     return sorted(out, key=lambda r: (r.started, r.folder.name))
-
-
-_TUNE_FILE = "tune.json"  # fedshard.tuning.TUNE_FILE (that package sits above this one)
 
 
 def _tuning(tune_dir: Path) -> RunListing:
     """A ``fedshard tune`` folder: its candidate runs' rounds together, started with the first; no
     accuracy (the candidates' own are on their validation split, not a result); the chosen one."""
-    candidates = list_runs(tune_dir / "candidates")
+    candidates = list_runs(tune_dir / CANDIDATES_DIR)
     started = min((c.started for c in candidates if c.started), default="")
     rounds = sum(c.rounds for c in candidates)
     known = [c.planned for c in candidates]
     planned = sum(p for p in known if p is not None) if known and None not in known else None
     federation = candidates[0].federation if candidates else "?"
     try:
-        found = json.loads((tune_dir / _TUNE_FILE).read_text())
+        found = json.loads((tune_dir / TUNE_FILE).read_text())
     except FileNotFoundError:
-        status = f"tuning: {len(candidates)} candidate run(s), no {_TUNE_FILE} (running, or it died)"
+        status = f"tuning: {len(candidates)} candidate run(s), no {TUNE_FILE} (running, or it died)"
     except (OSError, ValueError) as exc:
-        status = f"unreadable: {_TUNE_FILE}: {exc}"
+        status = f"unreadable: {TUNE_FILE}: {exc}"
     else:
         chosen = found.get("chosen") if isinstance(found, dict) else None
         federation = str(found.get("federation", federation)) if isinstance(found, dict) else federation

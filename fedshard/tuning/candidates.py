@@ -12,6 +12,7 @@ as one run of that many rounds would.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from fedshard.errors import ConfigError, TaskError
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import Guarantee
 from fedshard.privacy.mechanisms import RoundShape, mechanism
-from fedshard.task import Partition, load_task
+from fedshard.task import Partition, Task, load_task
 from fedshard.tuning.budget import BudgetSplit, split_budget
 
 __all__ = ["CandidateRun", "TuningPlan", "candidate_runs", "check_tunable"]
@@ -40,10 +41,19 @@ class CandidateRun:
 
 @dataclass(frozen=True)
 class TuningPlan:
-    """Every candidate's federation, and every site's budget split (by site id)."""
+    """Every candidate's federation, every site's budget split (by site id), and how many
+    validation records the sites hold in all (every candidate scores the same ones)."""
 
     runs: list[CandidateRun]
     splits: dict[str, BudgetSplit]
+    validation_records: int
+
+    @property
+    def score_noise(self) -> float:
+        """The standard deviation of a candidate's noisy validation accuracy: the sites' score
+        noise over the validation records of all of them (known before anything runs)."""
+        total = math.sqrt(sum(split.score_sigma**2 for split in self.splits.values()))
+        return total / max(self.validation_records, 1)
 
 
 def check_tunable(base: FederationConfig) -> None:
@@ -87,10 +97,10 @@ def candidate_runs(base: FederationConfig, tuning: TuningConfig) -> TuningPlan:
     check_tunable(base)
     plain = base.model_dump(mode="json")
     drafts = [(c, _with_settings(plain, c, tuning.validation_fraction)) for c in tuning.candidates]
-    rounds = sum(_validated(c.name, d).planned_rounds for c, d in drafts)
-    first = _validated(tuning.candidates[0].name, drafts[0][1])
-    _check_task(tuning.candidates[0].name, first)
-    splits = _splits(first, base, tuning, rounds)
+    # the task as each candidate builds it (its options are final here: only the budgets change below)
+    tasks = [_loaded_task(c.name, _validated(c.name, d)) for c, d in drafts]
+    rounds = sum(task.config.planned_rounds for task in tasks)
+    splits, validation_records = _splits(tasks[0], base, tuning, rounds)
     runs = []
     for candidate, draft in drafts:
         draft["privacy"]["record_level"]["calibration_rounds"] = rounds
@@ -98,37 +108,44 @@ def candidate_runs(base: FederationConfig, tuning: TuningConfig) -> TuningPlan:
             site["budget"] = splits[site["id"]].training.model_dump()
             site["cap"] = None
         draft["privacy"]["budget"] = None if base.privacy.budget is None else draft["sites"][0]["budget"]
-        config = _validated(candidate.name, draft)
-        _check_task(candidate.name, config)
-        runs.append(CandidateRun(candidate.name, dict(candidate.set), config))
-    return TuningPlan(runs, splits)
+        runs.append(CandidateRun(candidate.name, dict(candidate.set), _validated(candidate.name, draft)))
+    return TuningPlan(runs, splits, validation_records)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A candidate's config before its budgets are set, and its task."""
+
+    config: FederationConfig
+    task: Task
 
 
 def _splits(
-    config: FederationConfig, base: FederationConfig, tuning: TuningConfig, rounds: int
-) -> dict[str, BudgetSplit]:
-    """Every site's :func:`~fedshard.tuning.budget.split_budget`, by the round shape its records give it."""
+    built: _Built, base: FederationConfig, tuning: TuningConfig, rounds: int
+) -> tuple[dict[str, BudgetSplit], int]:
+    """Every site's :func:`~fedshard.tuning.budget.split_budget`, by the round shape its records give
+    it, and the validation records of all sites (read from the same data)."""
+    config = built.config
     record = config.privacy.record_level
     accountant = AccountantKind(record.accountant)
-    task = load_task(config.task.target, dict(config.task.options))
     made: dict[tuple[float, float, float, int], BudgetSplit] = {}
     splits = {}
+    validation_records = 0
     for site in config.sites:
         budget = base.listed_budget(site.id)
         assert budget is not None  # check_tunable
         partition = Partition(config.partition_of(site.id), config.num_partitions, config.federation.seed)
+        data = built.task.load_data(partition)
+        validation_records += data.num_test
         shape = RoundShape(
-            task.load_data(partition).num_train,
-            config.training.sent_batch_size,
-            config.training.local_epochs,
-            record.sample_rate,
+            data.num_train, config.training.sent_batch_size, config.training.local_epochs, record.sample_rate
         )
         event = mechanism(record.mechanism, Guarantee.RECORD).event(shape, 1.0)
         key = (budget.epsilon, budget.delta, event.sample_rate, event.steps)
         if key not in made:
             made[key] = split_budget(budget, tuning.selection_share, len(tuning.candidates), event, rounds, accountant)
         splits[site.id] = made[key]
-    return splits
+    return splits, validation_records
 
 
 def _with_settings(plain: dict[str, Any], candidate: TunedCandidate, validation_fraction: float) -> dict[str, Any]:
@@ -157,9 +174,9 @@ def _validated(name: str, draft: dict[str, Any]) -> FederationConfig:
         raise ConfigError(f"candidate {name}: {where}: {error['msg']}") from None
 
 
-def _check_task(name: str, config: FederationConfig) -> None:
+def _loaded_task(name: str, config: FederationConfig) -> _Built:
     try:
-        load_task(config.task.target, dict(config.task.options))
+        return _Built(config, load_task(config.task.target, dict(config.task.options)))
     except (TaskError, TypeError, ValueError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         needs = (

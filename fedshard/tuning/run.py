@@ -15,15 +15,12 @@ from fedshard.assembly.sites import STORE_KEYS_DIR, site_ledger_events
 from fedshard.config import FederationConfig
 from fedshard.config.tuning import TuningConfig
 from fedshard.errors import ConfigError, StoreError
+from fedshard.run_folder.tune_folder import TUNE_FILE, candidate_dir
 from fedshard.simulate.run import simulate
-from fedshard.task import Partition, load_task
 from fedshard.tuning.candidates import CandidateRun, candidate_runs
 from fedshard.tuning.selection import SiteScore, TuningLedgers, score_std, validation_count
 
 __all__ = ["TUNE_FILE", "CandidateResult", "tune"]
-
-TUNE_FILE = "tune.json"
-"""What ``fedshard tune`` found, in its folder."""
 
 
 @dataclass
@@ -72,13 +69,13 @@ def tune(
     for run in runs:  # what a candidate's run would refuse at its start, before anything is written
         check_privacy(run.config)
     out.mkdir(parents=True, exist_ok=True)
-    ledgers = TuningLedgers(out / "ledgers", base, plan.splits)
+    ledgers = TuningLedgers(out, base, plan.splits)
     results: list[CandidateResult] = []
     try:
         if on_start is not None:
-            on_start(_planned_noise(runs[0].config, ledgers))
+            on_start(plan.score_noise)
         for index, run in enumerate(runs):
-            result = _run_candidate(index, run, out / "candidates" / run.name, ledgers)
+            result = _run_candidate(index, run, candidate_dir(out, run.name), ledgers)
             results.append(result)
             if on_candidate is not None:
                 on_candidate(result)
@@ -92,7 +89,7 @@ def tune(
         "validation_fraction": tuning.validation_fraction,
         "selection_share": tuning.selection_share,
         "chosen": chosen.name if chosen is not None else None,
-        "chosen_run": str(out / "candidates" / chosen.name) if chosen is not None else None,
+        "chosen_run": str(candidate_dir(out, chosen.name)) if chosen is not None else None,
         "candidates": [
             {
                 "name": r.name,
@@ -148,14 +145,3 @@ def _run_candidate(index: int, run: CandidateRun, run_dir: Path, ledgers: Tuning
     result.score = sum(s.noisy for s in result.scores) / records
     result.score_std = score_std(result.scores) / records
     return result
-
-
-def _planned_noise(config: FederationConfig, ledgers: TuningLedgers) -> float:
-    """The standard deviation of a candidate's noisy validation accuracy: the sites' noise over
-    the validation records of all of them (known before anything runs: the split is fixed)."""
-    task = load_task(config.task.target, dict(config.task.options))
-    records = 0
-    for site in config.sites:
-        partition = Partition(config.partition_of(site.id), config.num_partitions, config.federation.seed)
-        records += task.load_data(partition).num_test
-    return math.sqrt(sum(ledgers.sigma(s.id) ** 2 for s in config.sites)) / max(records, 1)

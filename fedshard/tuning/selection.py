@@ -9,13 +9,14 @@ mechanism at noise multiplier σ_s: the ledger stores it as an event like any DP
 so that the scores of all candidates would spend ``selection_share`` of the site's ε and δ on
 their own (:mod:`fedshard.tuning.budget`).
 
-Each site's tuning ledger (``<out>/ledgers/<site>.sqlite``) holds the site's whole budget. It
-is charged every candidate's training (the events the candidate's run recorded in the site's
-own ledger) and, before each score is released, the score's event: a score the budget cannot
-pay for is not released. The split was made so that the candidates' planned steps and the scores,
-composed at the site's δ, fit its ε; the ledger checks the events actually recorded. A record is either a
-training or a validation record; the ledger charges every event to every record, as if it were
-both (parallel composition would allow less): the count it keeps is an upper bound.
+Each site's tuning ledger (``<out>/ledgers/<site>.sqlite``, :mod:`fedshard.run_folder.tune_folder`)
+holds the site's whole budget. It is charged every candidate's training (the events the
+candidate's run recorded in the site's own ledger) and, before each score is released, the
+score's event: a score the budget cannot pay for is not released. The split was made so that
+the candidates' planned steps and the scores, composed at the site's δ, fit its ε; the ledger
+checks the events actually recorded. A record is either a training or a validation record; the
+ledger charges every event to every record, as if it were both (parallel composition would allow
+less): the count it keeps is an upper bound.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import DPEvent, Guarantee
 from fedshard.privacy.ledger import Budget, PrivacyLedger
 from fedshard.privacy.secure_noise import SecureGaussian
+from fedshard.run_folder.tune_folder import tuning_ledger
 from fedshard.task import Partition, load_task
 from fedshard.tuning.budget import BudgetSplit
 
@@ -75,31 +77,25 @@ def validation_count(config: FederationConfig, run_dir: Path, site_id: str) -> t
 
 
 class TuningLedgers:
-    """Every site's tuning ledger under ``folder`` (see the module docstring), its noise σ_s from
+    """Every site's tuning ledger in the tune folder ``folder`` (see the module docstring), its noise σ_s from
     the site's split (:mod:`fedshard.tuning.budget`)."""
 
     def __init__(self, folder: Path, base: FederationConfig, splits: Mapping[str, BudgetSplit]) -> None:
-        self.folder = folder
-        self._accountant = AccountantKind(base.privacy.record_level.accountant)
+        accountant = AccountantKind(base.privacy.record_level.accountant)
         self._ledgers: dict[str, PrivacyLedger] = {}
         self._sigmas = {site: split.score_sigma for site, split in splits.items()}
         self._stack = ExitStack()
-        folder.mkdir(parents=True, exist_ok=True)
         for site in base.sites:
             listed = base.listed_budget(site.id)
             assert listed is not None  # check_tunable
-            ledger = PrivacyLedger(
-                folder / f"{site.id}.sqlite", Budget(listed.epsilon, listed.delta), accountant=self._accountant
-            )
+            path = tuning_ledger(folder, site.id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ledger = PrivacyLedger(path, Budget(listed.epsilon, listed.delta), accountant=accountant)
             self._ledgers[site.id] = self._stack.enter_context(ledger)
 
     def close(self) -> None:
         """Close every ledger."""
         self._stack.close()
-
-    def sigma(self, site_id: str) -> float:
-        """σ_s of the site's noisy counts."""
-        return self._sigmas[site_id]
 
     def charge_training(self, site_id: str, candidate: int, events: list[DPEvent]) -> None:
         """Charge candidate ``candidate``'s training: the events its run recorded at the site.
