@@ -1,7 +1,21 @@
-"""Small file-system helpers shared by the packages that write files durably."""
+"""Small file-system helpers shared by the packages that write files durably, and the
+barrier that lets many writers in one process share one flush.
+
+Every fsync a site's store and ledger make goes through :func:`fsync_fd`, :func:`fsync_file`
+or :func:`fsync_dir` (and their ``syncfs`` through :func:`deferring`). Code running under
+:func:`deferred_to` a :class:`Barrier` skips those flushes for files on the barrier's file
+systems: the writes stay as atomic as before (temporary files, renames, SQLite
+transactions), so a killed process loses none of them, and :meth:`Barrier.sync` makes
+them all durable at once. The in-process engine runs its sites' messages so
+(:class:`~fedshard.transports.inprocess.InProcessSiteGateway`): every site of a batch
+writes, one ``syncfs`` per file system, then they release. Whoever defers owns the rule
+that nothing derived from a deferred write leaves before the barrier's ``sync``; a zone
+called from a deferred site runs :func:`immediate` (its writes are its own promises).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -9,14 +23,26 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 
-__all__ = ["fsync_dir", "fsync_file", "syncfs", "syncfs_supported"]
+__all__ = [
+    "Barrier",
+    "deferred_to",
+    "deferring",
+    "fsync_dir",
+    "fsync_fd",
+    "fsync_file",
+    "immediate",
+    "syncfs",
+    "syncfs_supported",
+]
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """Flush a directory entry (after creating or renaming a file in it) to disk."""
-    if os.name != "posix":
+    """Flush a directory entry (after creating or renaming a file in it) to disk (deferred
+    under a :class:`Barrier` covering it)."""
+    if os.name != "posix" or deferring(directory):
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -26,12 +52,108 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
-    """Flush a file's data and metadata to disk (through a new descriptor)."""
+    """Flush a file's data and metadata to disk through a new descriptor (deferred under a
+    :class:`Barrier` covering it)."""
+    if deferring(path):
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_fd(fd: int) -> None:
+    """``os.fsync(fd)``, deferred under a :class:`Barrier` covering the file's file system."""
+    barrier = _barrier.get()
+    if barrier is not None and barrier.covers(os.fstat(fd).st_dev):
+        return
+    os.fsync(fd)
+
+
+class Barrier:
+    """One flush for the writes of many writers of this process on the file systems of ``roots``.
+
+    Made with :meth:`over`; a descriptor on each file system is opened first, so that
+    :meth:`sync` reports any write-back error since (see :func:`syncfs`).
+    """
+
+    def __init__(self, fds: dict[int, int]) -> None:
+        self._fds = fds
+
+    @classmethod
+    def over(cls, roots: Iterable[str | os.PathLike[str]]) -> Barrier | None:
+        """A barrier over the file systems holding ``roots`` (created if missing), or None
+        where ``syncfs`` is not available (then every write is flushed as it is made)."""
+        if not syncfs_supported():
+            return None
+        fds: dict[int, int] = {}
+        try:
+            for root in roots:
+                os.makedirs(root, exist_ok=True)
+                fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+                dev = os.fstat(fd).st_dev
+                if dev in fds:
+                    os.close(fd)
+                else:
+                    fds[dev] = fd
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        return cls(fds)
+
+    def covers(self, device: int) -> bool:
+        """Whether writes on file system ``device`` wait for :meth:`sync`."""
+        return device in self._fds
+
+    def sync(self) -> None:
+        """Make every write so far on the barrier's file systems durable (one ``syncfs`` each).
+
+        Raises
+        ------
+        OSError
+            A file system reported an error, or refused ``syncfs``: the writes may not be durable.
+        """
+        for fd in self._fds.values():
+            if not syncfs(fd):
+                raise OSError(errno.ENOSYS, "syncfs is not available")
+
+    def close(self) -> None:
+        """Close the descriptors (after the last :meth:`sync`)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+_barrier: ContextVar[Barrier | None] = ContextVar("fedshard_fs_barrier", default=None)
+
+
+@contextlib.contextmanager
+def deferred_to(barrier: Barrier | None) -> Iterator[None]:
+    """Within the block (this thread or task), flushes of files on ``barrier``'s file systems wait
+    for its :meth:`~Barrier.sync` (None: flush as usual)."""
+    token = _barrier.set(barrier)
+    try:
+        yield
+    finally:
+        _barrier.reset(token)
+
+
+def immediate() -> contextlib.AbstractContextManager[None]:
+    """Within the block every write is flushed as it is made, whatever the caller deferred."""
+    return deferred_to(None)
+
+
+def deferring(path: str | os.PathLike[str]) -> bool:
+    """Whether a flush of ``path`` (an existing file or folder) waits for a barrier here."""
+    barrier = _barrier.get()
+    if barrier is None:
+        return False
+    try:
+        return barrier.covers(os.stat(path).st_dev)
+    except OSError:
+        return False
 
 
 @functools.cache

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from fedshard._fs import fsync_dir
+from fedshard._fs import fsync_dir, fsync_fd
 from fedshard.errors import PkiError
 
 __all__ = ["CERT_MODE", "KEY_MODE", "loose_key", "refuse_existing", "write_files"]
@@ -57,7 +57,7 @@ def write_files(files: Sequence[tuple[Path, bytes, int]], force: bool) -> None:
                 os.fchmod(fh.fileno(), mode)  # exact mode, whatever the umask
                 fh.write(data)
                 fh.flush()
-                os.fsync(fh.fileno())
+                fsync_fd(fh.fileno())
             if force:
                 os.replace(tmp, path)
             else:

@@ -22,8 +22,10 @@ from typing import Any
 
 import yaml
 
+from fedshard._fs import Barrier
 from fedshard.assembly import SIGNING_KEY_FILE, ServedZones, check_privacy, grpc_connector, make_site, serving_zones
 from fedshard.assembly.coordination import coordinate
+from fedshard.assembly.routing import FederationRouting
 from fedshard.config import FederationConfig
 from fedshard.coordinator.events import EventLog
 from fedshard.coordinator.recovery import RunRecovery
@@ -34,7 +36,7 @@ from fedshard.protocol.channels import ZoneConnector
 from fedshard.run_folder.resume import resumable_run
 from fedshard.run_folder.summary import build_summary
 from fedshard.simulate.baseline import centralized_baseline
-from fedshard.transports.inprocess import InProcessSiteGateway, in_process_connector
+from fedshard.transports.inprocess import InProcessSiteGateway, StagedDurability, in_process_connector
 
 __all__ = ["DataPlane", "Engine", "simulate"]
 
@@ -207,7 +209,9 @@ def _run_inprocess(
     sites = {
         s.id: make_site(config, s.id, out / "sites", routing, connect=reach, endpoints=where) for s in config.sites
     }
-    gateway = InProcessSiteGateway(sites, max_workers=workers)
+    barrier = Barrier.over([out / "sites"])
+    durability = StagedDurability(barrier, _staged_batch(routing)) if barrier is not None else None
+    gateway = InProcessSiteGateway(sites, max_workers=workers, durability=durability)
     endpoints = dict(served.endpoints)
     zones = {z.name: grpc_connector(z.name, endpoints[z.name]) for z in config.zones if not z.drain}
 
@@ -230,3 +234,17 @@ def _run_inprocess(
     finally:
         gateway.close()
         channels.close()
+        if barrier is not None:
+            barrier.close()
+
+
+STAGED_BYTES = 256 << 20
+"""What a batch of sites may hold at their release points together (their sealed updates, counted
+at 4× the model's float32 bytes: HE ciphertexts are up to 4× them): 64 sites of a small model,
+one of a model of 64 MiB or more."""
+
+
+def _staged_batch(routing: FederationRouting) -> int:
+    """Sites per barrier (:class:`~fedshard.transports.inprocess.StagedDurability`): as many as
+    :data:`STAGED_BYTES` allows, at most 64 and at least 1."""
+    return max(1, min(64, STAGED_BYTES // max(1, 4 * routing.plan.nbytes)))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fedshard._fs import fsync_dir
+from fedshard._fs import fsync_dir, fsync_fd
 from fedshard.errors import ConfigError, PrivacyError, StoreError
 from fedshard.integrity.canonical import canonical_text
 from fedshard.privacy.accountant import AccountantKind
@@ -225,7 +225,7 @@ class FileAnchor:
             with open(tmp, "w") as fh:
                 fh.write(text)
                 fh.flush()
-                os.fsync(fh.fileno())
+                fsync_fd(fh.fileno())
             os.replace(tmp, self.path)
             fsync_dir(self.path.parent)
         except OSError as exc:

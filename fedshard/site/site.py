@@ -21,10 +21,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
@@ -67,7 +67,19 @@ if TYPE_CHECKING:
     from fedshard.sharding import ShardPlan
     from fedshard.site.base import SealedBase
 
-__all__ = ["Site"]
+__all__ = ["Site", "finish"]
+
+R = TypeVar("R")
+
+
+def finish(stages: Generator[None, None, R]) -> R:
+    """Run a staged message (:meth:`Site.staged`) to its reply, straight through its release point."""
+    while True:
+        try:
+            next(stages)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +176,19 @@ class Site:
     # dispatch ---------------------------------------------------------------------------
     def handle(self, kind: MessageKind, message: BaseModel) -> BaseModel:
         """Answer one control-plane message."""
+        return finish(self.staged(kind, message))
+
+    def staged(self, kind: MessageKind, message: BaseModel) -> Generator[None, None, BaseModel]:
+        """:meth:`handle` in two stages: a train message yields once, right before the site releases
+        anything (its push), and the caller makes the site's writes so far durable there if it
+        deferred them (:class:`fedshard._fs.Barrier`); the reply is the generator's value. Other
+        messages release nothing but their reply and never yield. The site's lock is held from
+        the first stage to the end, whichever thread runs each."""
         with self._lock:
             if kind is MessageKind.QUERY and isinstance(message, QueryRequest):
                 return self.query(message)
             if kind is MessageKind.TRAIN and isinstance(message, TrainInstruction):
-                return self.train(message)
+                return (yield from self._train(message))
             if kind is MessageKind.EVALUATE and isinstance(message, EvaluateInstruction):
                 return self.evaluate(message)
         raise RoundError(f"site {self.site_id}: cannot handle {kind.value} message {type(message).__name__}")
@@ -417,7 +437,12 @@ class Site:
         return with_proof(info, message.challenge, self._signing_key)  # binds this node to its site id
 
     def train(self, message: TrainInstruction) -> TrainReport:
-        """Catch up, check the privacy budget, train, push the update's shards, report.
+        """Catch up, check the privacy budget, train, push the update's shards, report (see :meth:`_train`)."""
+        return finish(self._train(message))
+
+    def _train(self, message: TrainInstruction) -> Generator[None, None, TrainReport]:
+        """Catch up, check the privacy budget, train, push the update's shards, report; yields once
+        before the push (see :meth:`staged`), never for a round the site refuses.
 
         When the message asks (``evaluate``: the round before, whose evaluate message this one
         carries), the site evaluates the model it caught up to, as an evaluate message would
@@ -443,7 +468,7 @@ class Site:
             self._pending.drop()  # never carried into another message (the store is read again instead)
         with admitted.reserved if admitted.reserved is not None else nullcontext():
             evaluation = None if message.evaluate is None else self._evaluated(message.evaluate, state)
-            report = admitted.refusal or self._train_admitted(message, state, admitted, watch)
+            report = admitted.refusal or (yield from self._train_admitted(message, state, admitted, watch))
         return report if evaluation is None else report.model_copy(update={"evaluation": evaluation})
 
     def _admit(self, message: TrainInstruction, state: ModelState) -> Admitted:
@@ -470,7 +495,7 @@ class Site:
 
     def _train_admitted(
         self, message: TrainInstruction, state: ModelState, admitted: Admitted, watch: Stopwatch
-    ) -> TrainReport:
+    ) -> Generator[None, None, TrainReport]:
         """Train and push a round :meth:`_admit` admitted; with DP, commit its reservation."""
         reserved, routing = admitted.reserved, admitted.routing
         assert routing is not None  # admitted, not refused
@@ -479,7 +504,7 @@ class Site:
             return refused(self.site_id, message.round, error, privacy, state.applied_round)
 
         try:
-            report = self._train_and_push(message, state, routing, reserved.dp if reserved else None, watch)
+            report = yield from self._train_and_push(message, state, routing, reserved.dp if reserved else None, watch)
         except RoundError as exc:
             return refuse(exc, reserved.refusal() if reserved else None)
         except PrivacyError as exc:
@@ -490,8 +515,9 @@ class Site:
 
     def _train_and_push(
         self, message: TrainInstruction, state: ModelState, routing: SiteRouting, dp: RoundDP | None, watch: Stopwatch
-    ) -> TrainReport:
+    ) -> Generator[None, None, TrainReport]:
         """Train locally, apply update-level DP, push the shards; the report has no privacy part yet.
+        Yields once, before the push: everything the site wrote so far must be durable by then.
 
         Raises :class:`RoundError` (push refused, a routed zone not in the round) or
         :class:`PrivacyError` (training did not spend what was reserved): nothing counted.
@@ -520,6 +546,7 @@ class Site:
             payload = sealed(released, message, routing, self._codec, self.site_id)
         del base, update, released  # the values of the encrypted shards go now
         faults.point("site.train.sealed")
+        yield  # the release point: a caller that deferred the site's writes makes them durable here
         with watch.phase(Phase.PUSH):
             pushes = push_update(
                 payload,

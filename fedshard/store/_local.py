@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fedshard._fs import fsync_fd
 from fedshard.errors import StoreError
 
 __all__ = ["LocalShardStore"]
@@ -58,7 +59,7 @@ class LocalShardStore:
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, **arrays)  # type: ignore[arg-type]
                 fh.flush()
-                os.fsync(fh.fileno())
+                fsync_fd(fh.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -24,7 +24,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from fedshard import faults
-from fedshard._fs import fsync_dir, fsync_file, syncfs, syncfs_supported
+from fedshard._fs import deferring, fsync_dir, fsync_fd, fsync_file, syncfs, syncfs_supported
 from fedshard.errors import StoreError
 from fedshard.store._backend import TMP_PREFIX, ObjectStat
 
@@ -124,7 +124,7 @@ class LocalDirBackend:
             try:
                 _write_all(fd, data)
                 if fsync:
-                    os.fsync(fd)
+                    fsync_fd(fd)
             finally:
                 os.close(fd)
             faults.point("store.file.written")
@@ -246,8 +246,9 @@ class _DeferredWrites:
         self._dirs.update(dict.fromkeys(changed))
 
     def sync(self) -> None:
-        """Make the writes so far durable: one syncfs (or the files' fsyncs, then each touched folder once)."""
-        if not self._backend.durable:
+        """Make the writes so far durable: one syncfs (or the files' fsyncs, then each touched folder once);
+        under a barrier that covers the store (:class:`fedshard._fs.Barrier`), its sync does it."""
+        if not self._backend.durable or deferring(self._backend._tmp_dir):
             self._files.clear()
             self._dirs.clear()
             return

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -140,7 +140,15 @@ class LyingSite:
     weights: list[float] = field(default_factory=list)  # what the coordinator fixed for it
 
     def handle(self, kind: MessageKind, message: Any) -> Any:
-        reply = self.inner.handle(kind, message)
+        return self._rewrite(kind, message, self.inner.handle(kind, message))
+
+    def staged(self, kind: MessageKind, message: Any) -> Generator[None, None, Any]:
+        """As the simulation's gateway runs a site (in stages around its durability barrier)."""
+        reply = yield from self.inner.staged(kind, message)
+        return self._rewrite(kind, message, reply)
+
+    def _rewrite(self, kind: MessageKind, message: Any, reply: Any) -> Any:
+        """The lie told for ``message`` instead of the site's true ``reply``."""
         if isinstance(reply, SiteInfo):
             return reply.model_copy(update={"num_examples": CLAIMED})  # over-report (not signed: cannot be checked)
         if kind is MessageKind.EVALUATE:

@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import TracebackType
 
+from fedshard._fs import deferring
 from fedshard.errors import BudgetExhaustedError, ConfigError, PrivacyError, StoreError
 from fedshard.privacy.accountant import AccountantKind
 from fedshard.privacy.events import DPEvent, Guarantee
@@ -434,6 +435,8 @@ class PrivacyLedger:
         # IMMEDIATE takes the write lock before reading, so the budget check and the
         # insert see the same ledger even with several processes on one file.
         with self._lock:
+            # under a barrier (fedshard._fs.Barrier) the caller makes the write durable with its sync
+            durable = durable and not deferring(self.path)
             if not durable:
                 self._connection().execute("PRAGMA synchronous=NORMAL")
             try:
