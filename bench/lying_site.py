@@ -35,7 +35,7 @@ import json
 import logging
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,15 @@ class Watched:
         self._inner, self._examples, self._evaluations = inner, examples, evaluations
 
     def handle(self, kind: MessageKind, message: Any) -> Any:
-        reply = self._inner.handle(kind, message)
+        return self._watched(self._inner.handle(kind, message))
+
+    def staged(self, kind: MessageKind, message: Any) -> Generator[None, None, Any]:
+        """As the simulation's gateway runs a site (in stages around its durability barrier)."""
+        reply = yield from self._inner.staged(kind, message)
+        return self._watched(reply)
+
+    def _watched(self, reply: Any) -> Any:
+        """``reply``, its evaluation noted, its examples rewritten for a liar."""
         if isinstance(reply, SiteInfo) and self._examples is not None:
             return reply.model_copy(update={"num_examples": self._examples})
         evaluation = reply.evaluation if isinstance(reply, TrainReport) else reply  # carried by the next train

@@ -22,8 +22,16 @@ from typing import Any
 
 import yaml
 
-from fedshard._fs import Barrier
-from fedshard.assembly import SIGNING_KEY_FILE, ServedZones, check_privacy, grpc_connector, make_site, serving_zones
+from fedshard._fs import Barrier, deferred_to
+from fedshard.assembly import (
+    SIGNING_KEY_FILE,
+    STORE_KEYS_DIR,
+    ServedZones,
+    check_privacy,
+    grpc_connector,
+    make_site,
+    serving_zones,
+)
 from fedshard.assembly.coordination import coordinate
 from fedshard.assembly.routing import FederationRouting
 from fedshard.config import FederationConfig
@@ -108,17 +116,26 @@ def simulate(
     events = EventLog(out / "events.jsonl")
     started = time.perf_counter()
     _phase(observer, "assembling: zones and sites start; a large task's first run builds or pretrains its base")
-    site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
-    with serving_zones(config, out / "zones", site_keys) as served, _zone_metrics(metrics, served, out):
-        endpoints = served.endpoints
-        if engine is Engine.INPROCESS:
-            connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
-            result = _run_inprocess(config, out, served, observer, events, recovery, connect, workers)
-        else:
-            from fedshard.simulate._flower import run_flower_simulation
+    # in-process, the sites' files (keys, stores, ledgers) are flushed once per batch of them
+    barrier = Barrier.over([out / "sites", out / STORE_KEYS_DIR]) if engine is Engine.INPROCESS else None
+    try:
+        with deferred_to(barrier):
+            site_keys = _signing_keys(config, out / "sites", reuse=recovery is not None)
+        if barrier is not None:
+            barrier.sync()  # before any zone is given the public keys
+        with serving_zones(config, out / "zones", site_keys) as served, _zone_metrics(metrics, served, out):
+            endpoints = served.endpoints
+            if engine is Engine.INPROCESS:
+                connect = in_process_connector(served.zones) if DataPlane(data_plane) is DataPlane.DIRECT else None
+                result = _run_inprocess(config, out, served, observer, events, recovery, connect, workers, barrier)
+            else:
+                from fedshard.simulate._flower import run_flower_simulation
 
-            result = run_flower_simulation(config_path, out, endpoints, events, observer)
-        zones = _zone_details(endpoints)
+                result = run_flower_simulation(config_path, out, endpoints, events, observer)
+            zones = _zone_details(endpoints)
+    finally:
+        if barrier is not None:
+            barrier.close()
     elapsed = time.perf_counter() - started
     _phase(observer, "central baseline: the same model trained on all the data pooled, for comparison")
     baseline = centralized_baseline(config)
@@ -194,10 +211,13 @@ def _run_inprocess(
     recovery: RunRecovery | None,
     connect: ZoneConnector | None,
     workers: int,
+    barrier: Barrier | None,
 ) -> RunResult:
     """The coordinator over sites in this process; they reach the zones through ``connect``
     (None: over gRPC, one shared channel per zone). Changes left in ``out`` are taken
-    between rounds (:mod:`fedshard.membership.in_process`)."""
+    between rounds (:mod:`fedshard.membership.in_process`). With ``barrier``, the sites are
+    made (their store keys) and run their messages with their flushes deferred to it
+    (:class:`~fedshard.transports.inprocess.StagedDurability`)."""
     from fedshard.membership.in_process import RunMembership
     from fedshard.zone.rpc.shared import SharedZoneChannels
 
@@ -206,10 +226,12 @@ def _run_inprocess(
     reach = connect if connect is not None else channels
     # the zones' real endpoints (this host started them on free ports), growing as zones are added
     where = served.endpoints
-    sites = {
-        s.id: make_site(config, s.id, out / "sites", routing, connect=reach, endpoints=where) for s in config.sites
-    }
-    barrier = Barrier.over([out / "sites"])
+    with deferred_to(barrier):
+        sites = {
+            s.id: make_site(config, s.id, out / "sites", routing, connect=reach, endpoints=where) for s in config.sites
+        }
+    if barrier is not None:
+        barrier.sync()
     durability = StagedDurability(barrier, _staged_batch(routing)) if barrier is not None else None
     gateway = InProcessSiteGateway(sites, max_workers=workers, durability=durability)
     endpoints = dict(served.endpoints)
@@ -234,8 +256,6 @@ def _run_inprocess(
     finally:
         gateway.close()
         channels.close()
-        if barrier is not None:
-            barrier.close()
 
 
 STAGED_BYTES = 256 << 20

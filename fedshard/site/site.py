@@ -183,7 +183,8 @@ class Site:
         anything (its push), and the caller makes the site's writes so far durable there if it
         deferred them (:class:`fedshard._fs.Barrier`); the reply is the generator's value. Other
         messages release nothing but their reply and never yield. The site's lock is held from
-        the first stage to the end, whichever thread runs each."""
+        the first stage to the end, whichever thread runs each. The in-process engine calls this,
+        not :meth:`handle`: a wrapper that rewrites a site's replies overrides both."""
         with self._lock:
             if kind is MessageKind.QUERY and isinstance(message, QueryRequest):
                 return self.query(message)

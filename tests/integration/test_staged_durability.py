@@ -7,9 +7,9 @@ in order (:mod:`fedshard.faults`) and the barrier's syncs logged among them; eve
 is recorded with its thread and file. Then:
 
 * between a site's reservation (or model save) and its first push there is always a barrier sync;
-* the sites' own files are never fsync'd one by one from the sites' threads (the zones' are);
-* the barrier syncs twice per message the federation sends, whatever the number of sites (one batch
-  holds every site here).
+* the sites' own files (keys, stores, ledgers) are never fsync'd one by one (the zones' are);
+* the barrier syncs twice per message the federation sends (and once after the sites' keys and
+  once after their stores' keys), whatever the number of sites (one batch holds every site here).
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def test_each_batch_of_sites_is_flushed_once_before_any_of_them_releases(
     reached = [line.split()[0] for line in points.read_text().splitlines()]
     pushes = reached.count("site.push.manifest")
     syncs = reached.count("test.barrier.synced")
-    # two per message sent to the batch (the query, two rounds' train messages, the last evaluate), not per site
-    assert pushes == 6 and syncs == 2 * 4
+    # one after the sites' signing keys, one after their store keys, then two per message sent to the
+    # batch (the query, two rounds' train messages, the last evaluate): not per site
+    assert pushes == 6 and syncs == 2 + 2 * 4
     dirty = False  # a site wrote something no barrier has flushed yet
     for point in reached:
         if point in WRITES:
@@ -92,6 +93,5 @@ def test_each_batch_of_sites_is_flushed_once_before_any_of_them_releases(
             assert not dirty, "a site pushed before its writes were flushed"
 
     sites = str(tmp_path / "run" / "sites")
-    by_sites = [path for thread, path in fsyncs if thread.startswith("site") and path.startswith(sites)]
-    assert by_sites == []
+    assert [path for _, path in fsyncs if path.startswith(sites) or "/store-keys/" in path] == []
     assert any(thread.startswith("site") and "/zones/" in path for thread, path in fsyncs)  # the zones' own
