@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,30 +20,14 @@ from fedshard.site.ledger_anchor import ANCHOR_META, CatalogAnchor
 from fedshard.site.model_store import site_kek
 from fedshard.site.privacy import LEDGER_FILE, ledger_key
 from fedshard.store._commit import Committer
+from tests.toy_federations import dp_toy
 from tests.toy_parts import PerTensorNoise  # a mechanism of a task's own (fixture per_tensor: conftest)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _config(**privacy_overrides: object) -> FederationConfig:
-    data = {
-        "federation": {"name": "dp-toy", "seed": 5, "rounds": 6, "min_sites": 2},
-        "task": {"target": "tests.toy_task:task", "options": {"examples": 50}},
-        "training": {"local_epochs": 1, "batch_size": 10, "learning_rate": 0.05},
-        "sharding": {"tile": [4, 4]},
-        "privacy": {
-            "record_level": {"enabled": True, "noise_multiplier": 1.5, "max_grad_norm": 1.0, "accountant": "rdp"},
-            "budget": {"epsilon": 8.0, "delta": 1e-3},
-        },
-        "zones": [{"name": "z1", "region": "EU"}],
-        "sites": [
-            {"id": "big-a", "jurisdiction": "EU"},
-            {"id": "big-b", "jurisdiction": "US"},
-            {"id": "small", "jurisdiction": "SG", "budget": {"epsilon": 3.0, "delta": 1e-3}},
-        ],
-    }
-    data["privacy"].update(privacy_overrides)  # type: ignore[union-attr]
-    return FederationConfig.model_validate(data)
+def _config(**privacy_overrides: Any) -> FederationConfig:
+    return dp_toy("dp-toy", **privacy_overrides)
 
 
 def _ledger(root: Path, site: str) -> PrivacyLedger:

@@ -2,9 +2,9 @@
 of sites (:class:`fedshard._fs.Barrier`, :class:`~fedshard.transports.inprocess.StagedDurability`),
 and still no site releases an update before what it reserved and saved is durable.
 
-A real DP federation (3 sites, one zone) runs under ``simulate`` with every fault point logged
-in order (:mod:`fedshard.faults`) and the barrier's syncs logged among them; every ``os.fsync``
-is recorded with its thread and file. Then:
+A real DP federation (:func:`tests.toy_federations.dp_toy`: 3 sites, one zone, 2 rounds) runs
+under ``simulate`` with every fault point logged in order (:mod:`fedshard.faults`) and the
+barrier's syncs logged among them; every ``os.fsync`` is recorded with its thread and file. Then:
 
 * between a site's reservation (or model save) and its first push there is always a barrier sync;
 * the sites' own files (keys, stores, ledgers) are never fsync'd one by one (the zones' are);
@@ -23,29 +23,12 @@ import pytest
 import fedshard.simulate.run as simulate_run
 from fedshard import faults
 from fedshard._fs import Barrier, syncfs_supported
-from fedshard.config import FederationConfig
+from tests.toy_federations import dp_toy
 
 pytestmark = pytest.mark.skipif(not syncfs_supported(), reason="the barrier needs syncfs (Linux 5.8+)")
 
 WRITES = ("site.ledger.reserved", "site.save.end")
 """Fault points reached once a site's reservation or its caught-up model is written."""
-
-
-def _config() -> FederationConfig:
-    return FederationConfig.model_validate(
-        {
-            "federation": {"name": "staged", "seed": 3, "rounds": 2, "min_sites": 2},
-            "task": {"target": "tests.toy_task:task", "options": {"examples": 40}},
-            "training": {"local_epochs": 1, "batch_size": 10, "learning_rate": 0.05},
-            "sharding": {"tile": [4, 4]},
-            "privacy": {
-                "record_level": {"enabled": True, "noise_multiplier": 1.5, "max_grad_norm": 1.0, "accountant": "rdp"},
-                "budget": {"epsilon": 8.0, "delta": 1e-3},
-            },
-            "zones": [{"name": "z1", "region": "EU"}],
-            "sites": [{"id": f"s{i}", "jurisdiction": "EU"} for i in range(3)],
-        }
-    )
 
 
 class LoggedBarrier(Barrier):
@@ -71,7 +54,7 @@ def test_each_batch_of_sites_is_flushed_once_before_any_of_them_releases(
     monkeypatch.setattr(os, "fsync", recorded)
     faults.configure("", log=str(points))
     try:
-        summary = simulate_run.simulate(_config(), tmp_path / "run")
+        summary = simulate_run.simulate(dp_toy("staged", rounds=2), tmp_path / "run")
     finally:
         faults.configure("")
     assert summary["rounds"] == 2 and not summary["stopped_reason"]

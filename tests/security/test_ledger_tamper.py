@@ -33,29 +33,13 @@ from fedshard.site.model_store import site_kek
 from fedshard.site.privacy import LEDGER_FILE, ledger_key
 from fedshard.site.site import Site
 from fedshard.transports.inprocess import InProcessSiteGateway
+from tests.toy_federations import dp_toy
 
 SMALL, HONEST = "small", "big-a"
 
 
 def _config() -> FederationConfig:
-    return FederationConfig.model_validate(
-        {
-            "federation": {"name": "dp-tamper", "seed": 5, "rounds": 6, "min_sites": 2},
-            "task": {"target": "tests.toy_task:task", "options": {"examples": 50}},
-            "training": {"local_epochs": 1, "batch_size": 10, "learning_rate": 0.05},
-            "sharding": {"tile": [4, 4]},
-            "privacy": {
-                "record_level": {"enabled": True, "noise_multiplier": 1.5, "max_grad_norm": 1.0, "accountant": "rdp"},
-                "budget": {"epsilon": 8.0, "delta": 1e-3},
-            },
-            "zones": [{"name": "z1", "region": "EU"}],
-            "sites": [
-                {"id": HONEST, "jurisdiction": "EU"},
-                {"id": "big-b", "jurisdiction": "US"},
-                {"id": SMALL, "jurisdiction": "SG", "budget": {"epsilon": 3.0, "delta": 1e-3}},
-            ],
-        }
-    )
+    return dp_toy("dp-tamper")
 
 
 @pytest.fixture(scope="module")
