@@ -15,6 +15,7 @@ with the store's values: what a freshly built model would be, without building o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,7 @@ class ShardViews(MutableMapping[str, np.ndarray]):
 def _view2d(shape: tuple[int, ...]) -> tuple[int, int]:
     if not shape:
         return (1, 1)
-    return (shape[0], int(np.prod(shape[1:], dtype=np.int64)))
+    return (shape[0], math.prod(shape[1:]))  # Python ints: np.prod costs microseconds per call
 
 
 @dataclass
