@@ -177,7 +177,7 @@ def _ledger_guard(
     from fedshard.site.privacy import ledger_key
 
     if isinstance(store, SealedModelStore):
-        return ledger_key(store.kek), CatalogAnchor(store.root, store.kek)
+        return ledger_key(store.kek), CatalogAnchor(store.root, store.kek, store.kept)
     key = ledger_key(site_kek(kek_file, create=create_key))
     return key, FileAnchor(anchor_file, key)
 

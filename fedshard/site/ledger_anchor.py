@@ -37,6 +37,7 @@ from fedshard.privacy.ledger.spend import Snapshot
 
 if TYPE_CHECKING:
     from fedshard.crypto.at_rest import Kek
+    from fedshard.store.kept import KeptStore
 
 __all__ = ["ANCHOR_META", "Anchor", "AnchorStore", "CatalogAnchor", "FileAnchor", "anchor_of"]
 
@@ -150,19 +151,22 @@ class CatalogAnchor:
     to (:class:`~fedshard.site._resident.PendingSave`): one store commit per private round.
     """
 
-    def __init__(self, root: str | Path, kek: Kek) -> None:
+    def __init__(self, root: str | Path, kek: Kek, kept: KeptStore | None = None) -> None:
+        from fedshard.store.kept import KeptStore
+
         self.root = root
         self.kek = kek
+        self.kept = kept if kept is not None else KeptStore(root, kek)
+        """The store, opened once and kept while unchanged (the site's model store passes its own)."""
 
     def read(self) -> Anchor | None:
         """The anchor, or None if the store or its anchor does not exist."""
         from fedshard.store.catalog import CATALOG
         from fedshard.store.location import backend_for
-        from fedshard.store.sealed_store import SealedShardStore
 
-        if backend_for(self.root).read(CATALOG) is None:
+        if not self.kept.is_open() and backend_for(self.root).read(CATALOG) is None:
             return None
-        with SealedShardStore.open(self.root, self.kek) as store:
+        with self.kept.use() as store:
             doc = store.get_meta(ANCHOR_META)
         return None if doc is None else Anchor.from_dict(doc)
 
@@ -183,9 +187,7 @@ class CatalogAnchor:
         StoreError
             If there is no store at ``root`` (the site saves its model there first).
         """
-        from fedshard.store.sealed_store import SealedShardStore
-
-        with SealedShardStore.open(self.root, self.kek) as store:
+        with self.kept.use() as store:
             for key, value in self.entry(anchor).items():
                 store.set_meta(key, value)
 

@@ -214,9 +214,14 @@ class SealedModelStore:
     """
 
     def __init__(self, root: str | Path, kek: Kek, lookahead: int = 2) -> None:
+        from fedshard.store.kept import KeptStore
+
         self.root = root
         self.kek = kek
         self.lookahead = lookahead
+        self.kept = KeptStore(root, kek)
+        """The store, opened once and kept while its files are unchanged (the site's ledger anchor
+        shares it: :class:`~fedshard.site.ledger_anchor.CatalogAnchor`)."""
 
     def exists(self) -> bool:
         """Whether the store holds a saved model.
@@ -234,9 +239,7 @@ class SealedModelStore:
 
     def meta(self) -> dict[str, Any]:
         """The model's metadata (the store's catalog is authenticated; no shard is read)."""
-        from fedshard.store.sealed_store import SealedShardStore
-
-        with SealedShardStore.open(self.root, self.kek) as store:
+        with self.kept.use() as store:
             return dict(store.get_meta(_META) or {})
 
     def load_into(
@@ -244,10 +247,9 @@ class SealedModelStore:
     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Decrypt and verify every shard straight into ``tensors``, layer by layer; ``(meta, extra arrays)``."""
         from fedshard.store.model_io import read_into
-        from fedshard.store.sealed_store import SealedShardStore
 
         faults.point("site.load.begin")
-        with SealedShardStore.open(self.root, self.kek) as store:
+        with self.kept.use() as store:
             meta = dict(store.get_meta(_META) or {})
             _check_plan(meta, plan, self.root)
             read_into(store, plan, tensors, lookahead=self.lookahead)
@@ -273,10 +275,9 @@ class SealedModelStore:
         anchor, :class:`~fedshard.site.ledger_anchor.CatalogAnchor`'s key).
         """
         from fedshard.store.model_io import record_model
-        from fedshard.store.sealed_store import SealedShardStore
 
         faults.point("site.save.begin")
-        with SealedShardStore.open(self.root, self.kek, create=True) as store, store.batch():
+        with self.kept.use(create=True) as store, store.batch():
             store.put_many(shards)
             store.put_many(extras)
             for sid in store.list():
@@ -292,9 +293,8 @@ class SealedModelStore:
         """Metadata and every array, shards by id (for tools and tests)."""
         from fedshard.sharding import ShardPlan
         from fedshard.store.model_io import read_tensors
-        from fedshard.store.sealed_store import SealedShardStore
 
-        with SealedShardStore.open(self.root, self.kek) as store:
+        with self.kept.use() as store:
             meta = dict(store.get_meta(_META) or {})
             plan = ShardPlan.from_json(meta["plan"])
             arrays = plan.split(read_tensors(store, self.lookahead))

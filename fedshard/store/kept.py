@@ -1,0 +1,103 @@
+"""A sealed store kept open between uses while its files are as this process left them.
+
+Opening a :class:`~fedshard.store.sealed_store.SealedShardStore` reads its catalog and key
+table and authenticates both (the key table unwrapped with the KEK): a few hundred
+microseconds, paid by a site several times a message (its ledger's anchor, the model it
+saves, the metadata it reads). :class:`KeptStore` opens the store once and hands the same
+object out again while the catalog and the current key table have the identity and stamps
+(inode, size, modification and change times) they had when this process last opened or
+committed them; any other change (another process's commit, a key rotation, a restored
+backup, an edit) makes the next use open the store afresh, with every check an open makes.
+A use that raised drops the kept store too. A store that is not a local folder is opened
+at every use. (An edit in place that keeps a file's size within one tick of the file
+system's clock, a few milliseconds, after this process's own write is seen at the next
+fresh open: the same rule as the site's held model, :mod:`fedshard.site._resident`.)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedshard.crypto.at_rest import Kek
+    from fedshard.store.sealed_store import SealedShardStore
+
+__all__ = ["KeptStore"]
+
+Stamp = tuple[int, int, int, int, int]
+
+
+class KeptStore:
+    """The sealed store at ``root`` (a folder or an fsspec URL) under ``kek``, opened once and
+    kept while its files are unchanged (see the module docstring). One process's handle: uses
+    from several threads take turns."""
+
+    def __init__(self, root: str | Path, kek: Kek) -> None:
+        self.root = root
+        self.kek = kek
+        self._local = Path(root) if isinstance(root, Path) or "://" not in str(root) else None
+        self._store: SealedShardStore | None = None
+        self._stamp: tuple[Stamp, Stamp] | None = None
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def use(self, *, create: bool = False) -> Iterator[SealedShardStore]:
+        """The open store for the block (``create``: an empty one if there is none); its access
+        times are flushed at the end, as closing it would.
+
+        Raises
+        ------
+        StoreError, StoreKeyError
+            As :meth:`SealedShardStore.open <fedshard.store.sealed_store.SealedShardStore.open>`.
+        """
+        from fedshard.store.sealed_store import SealedShardStore
+
+        with self._lock:
+            store = self._store if self.is_open() else None
+            if store is None:
+                self._store = self._stamp = None
+                store = SealedShardStore.open(self.root, self.kek, create=create)
+            try:
+                yield store
+            except BaseException:
+                self._store = self._stamp = None
+                store.flush()
+                raise
+            store.flush()
+            self._stamp = self._stamps(store)
+            self._store = store if self._stamp is not None else None
+
+    def is_open(self) -> bool:
+        """Whether a use now would hand out the kept store (its files unchanged since)."""
+        with self._lock:
+            return self._store is not None and self._stamp is not None and self._stamp == self._stamps()
+
+    def drop(self) -> None:
+        """Forget the open store: the next use opens it afresh."""
+        with self._lock:
+            self._store = self._stamp = None
+
+    def _stamps(self, store: SealedShardStore | None = None) -> tuple[Stamp, Stamp] | None:
+        """The stamps of the catalog and of the key table it names (``store``'s generation, or
+        the kept one's); None when they cannot be read or the store is not a local folder."""
+        from fedshard.store.catalog import CATALOG, keys_name
+
+        held = store if store is not None else self._store
+        if self._local is None or held is None:
+            return None
+        catalog = _stamp(self._local / CATALOG)
+        keys = _stamp(self._local / keys_name(held.generation))
+        return None if catalog is None or keys is None else (catalog, keys)
+
+
+def _stamp(path: Path) -> Stamp | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev)
