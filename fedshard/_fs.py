@@ -9,8 +9,11 @@ transactions), so a killed process loses none of them, and :meth:`Barrier.sync` 
 them all durable at once. The in-process engine runs its sites' messages so
 (:class:`~fedshard.transports.inprocess.InProcessSiteGateway`): every site of a batch
 writes, one ``syncfs`` per file system, then they release. Whoever defers owns the rule
-that nothing derived from a deferred write leaves before the barrier's ``sync``; a zone
-called from a deferred site runs :func:`immediate` (its writes are its own promises).
+that nothing derived from a deferred write leaves before the barrier's ``sync``. A zone
+called from a deferred site runs :func:`immediate` (its writes are its own promises),
+except for the audit records of that site's push and fetch: their flush waits for the
+same barrier (the receipt goes only to the deferred site, whose reply waits for the
+barrier), and the zone flushes its audit log itself before any sum leaves it.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from fedshard._fs import fsync_fd
 from fedshard.audit._head import (
     HeadFile,
     HeadSignature,
@@ -122,7 +123,10 @@ class AuditLog:
     clock:
         Returns the current time in seconds (for tests); default :func:`time.time`.
     durable:
-        ``fsync`` after every append, so an acknowledged decision survives a crash.
+        ``fsync`` after every append, so an acknowledged decision survives a crash (an
+        appender running under a :class:`fedshard._fs.Barrier` covering the log leaves that
+        flush to the barrier's ``sync``, and owns the rule that nothing derived from the
+        record leaves before it; :meth:`sync` flushes whatever was deferred).
     signer:
         The zone's key: sign the head after every append (:mod:`~fedshard.audit._head`).
         Without one the log is unsigned.
@@ -274,6 +278,25 @@ class AuditLog:
         fixed = {k: v for k, v in body.items() if k not in RESERVED}
         return AuditRecord(body["seq"], body["time"], body["decision"], MappingProxyType(fixed), body["prev"], digest)
 
+    def sync(self) -> None:
+        """Make every record appended so far durable (one ``fsync``), including those whose
+        flush an appender deferred to a barrier (:func:`fedshard._fs.deferred_to`).
+
+        Raises
+        ------
+        StoreError
+            The log is closed or cannot be flushed.
+        """
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"audit log {self.path} is closed")
+            if not self._durable:
+                return
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise StoreError(f"cannot flush audit log {self.path}: {exc.strerror or exc}") from None
+
     def close(self) -> None:
         """Release the file (and its lock); further appends fail."""
         with self._lock:
@@ -316,7 +339,7 @@ class AuditLog:
             while view:
                 view = view[os.write(self._fd, view) :]
             if self._durable:
-                os.fsync(self._fd)
+                fsync_fd(self._fd)
         except OSError as exc:
             # Cut a partial line off again so that the chain stays valid for the next append;
             # if even that fails, stop appending rather than write after half a line.

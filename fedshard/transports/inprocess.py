@@ -42,13 +42,15 @@ class InProcessZoneClient:
 
     def open_round(self, spec: RoundSpec) -> None:
         """See :class:`ZoneClient`."""
-        with immediate():  # the zone's writes are its own promises, whatever its caller deferred
+        with immediate():  # the zone's writes are its own promises, whatever its caller deferred (but see push)
             self.zone.open_round(spec)
 
     def push(self, manifest: Manifest, token: str, shards: Mapping[str, ShardPayload]) -> PushReceipt:
-        """See :class:`ZoneClient`."""
-        with immediate():
-            return self.zone.push(manifest, token, shards)
+        """See :class:`ZoneClient`. Runs in the caller's context: a site whose flushes are deferred
+        to a barrier (:class:`StagedDurability`) defers the zone's audit record of its push to the
+        same barrier, which the gateway syncs before the site's reply goes on; the zone flushes its
+        audit log itself before it forwards or publishes any sum (its close)."""
+        return self.zone.push(manifest, token, shards)
 
     def close_round(self, round: int, forward_to: tuple[str, str] | None = None) -> list[AggregateSummary]:
         """See :class:`ZoneClient`."""
@@ -67,11 +69,11 @@ class InProcessZoneClient:
 
     def fetch(self, round: int, group: str = DEFAULT_GROUP, site_id: str = "") -> Aggregate:
         """See :class:`ZoneClient`. The zone serves ``site_id`` as the jurisdiction its
-        residency config gives that site (a site it does not know is refused)."""
+        residency config gives that site (a site it does not know is refused). Like
+        :meth:`push`, in the caller's context (the audit record of the fetch follows its barrier)."""
         residency = self.zone.residency
         jurisdiction = residency.jurisdictions.get(site_id) if residency is not None else None
-        with immediate():
-            return self.zone.fetch(round, group, jurisdiction=jurisdiction, by=f"site:{site_id}" if site_id else "-")
+        return self.zone.fetch(round, group, jurisdiction=jurisdiction, by=f"site:{site_id}" if site_id else "-")
 
     def close(self) -> None:
         """Nothing to release."""

@@ -336,6 +336,8 @@ class ZoneAggregator:
                     RefusalCode.BOUND,
                 )
         faults.point("zone.close.start")
+        if self.audit is not None:  # pushes audited under a caller's barrier: durable before any sum leaves
+            self.audit.sync()
         if not reducer:
             try:
                 self._reduction.send(state, target)

@@ -7,7 +7,8 @@ under ``simulate`` with every fault point logged in order (:mod:`fedshard.faults
 barrier's syncs logged among them; every ``os.fsync`` is recorded with its thread and file. Then:
 
 * between a site's reservation (or model save) and its first push there is always a barrier sync;
-* the sites' own files (keys, stores, ledgers) are never fsync'd one by one (the zones' are);
+* the sites' own files (keys, stores, ledgers) are never fsync'd one by one, nor the zones' audit
+  records of the sites' pushes and fetches (each zone flushes its log when it closes a round);
 * the barrier syncs twice per message the federation sends (and once after the sites' keys and
   once after their stores' keys), whatever the number of sites (one batch holds every site here).
 """
@@ -23,6 +24,7 @@ import pytest
 import fedshard.simulate.run as simulate_run
 from fedshard import faults
 from fedshard._fs import Barrier, syncfs_supported
+from fedshard.assembly._zones import AUDIT_FILE
 from tests.toy_federations import dp_toy
 
 pytestmark = pytest.mark.skipif(not syncfs_supported(), reason="the barrier needs syncfs (Linux 5.8+)")
@@ -77,4 +79,8 @@ def test_each_batch_of_sites_is_flushed_once_before_any_of_them_releases(
 
     sites = str(tmp_path / "run" / "sites")
     assert [path for _, path in fsyncs if path.startswith(sites) or "/store-keys/" in path] == []
-    assert any(thread.startswith("site") and "/zones/" in path for thread, path in fsyncs)  # the zones' own
+    # the zones' audit records of the sites' pushes and fetches wait for the batch's barrier too; each zone
+    # flushes its log itself when it closes a round, before any sum leaves it
+    audits = [(thread, path) for thread, path in fsyncs if path.endswith("/" + AUDIT_FILE)]
+    assert not [path for thread, path in audits if thread.startswith("site")]
+    assert len({path for _, path in audits}) == len(summary["zones"])

@@ -559,3 +559,38 @@ def test_cli_says_an_unsigned_log_is_unsigned(tmp_path: Path, zone_keys: dict[st
     assert code == 0 and "2 lines, chain intact" in out and "NOT signed (the zone ran without a key)" in out
     code, out = _audit_verify("--log", str(path), "--ca", str(zone_keys["ca"]))
     assert code == 2 and "the log is not signed: no head file" in out
+
+
+def test_an_append_under_a_barrier_waits_for_it_and_sync_flushes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zone called by a site whose flushes are deferred (the in-process engine's batches) leaves the
+    fsync of that site's audit record to the barrier; ``sync`` (a zone's close) flushes whatever waits."""
+    import os
+
+    from fedshard._fs import Barrier, deferred_to, syncfs_supported
+
+    if not syncfs_supported():
+        pytest.skip("no syncfs here: every append is flushed as it is made")
+    flushed: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    log = AuditLog(tmp_path / "audit.jsonl")
+    flushed.clear()
+    barrier = Barrier.over([tmp_path])
+    assert barrier is not None
+    with deferred_to(barrier):
+        log.append("accepted", site="a")
+    assert flushed == []
+    log.append("published", round=1)  # an append outside the barrier is flushed at once
+    assert flushed == [str(tmp_path / "audit.jsonl")]
+    with deferred_to(barrier):
+        log.append("accepted", site="b")
+    log.sync()
+    assert flushed == [str(tmp_path / "audit.jsonl")] * 2
+    barrier.close()
+    log.close()
+    with pytest.raises(StoreError):
+        log.sync()
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert [json.loads(line)["decision"] for line in lines] == ["accepted", "published", "accepted"]
