@@ -19,9 +19,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from fedshard.errors import FedshardError
 
 if TYPE_CHECKING:
     from fedshard.crypto.at_rest import Kek
@@ -66,7 +68,8 @@ class KeptStore:
                 yield store
             except BaseException:
                 self._store = self._stamp = None
-                store.flush()
+                with suppress(OSError, FedshardError):  # the block's own error is the one to report
+                    store.flush()
                 raise
             store.flush()
             self._stamp = self._stamps(store)
