@@ -33,6 +33,7 @@ __all__ = [
     "Barrier",
     "deferred_to",
     "deferring",
+    "file_stamp",
     "fsync_dir",
     "fsync_fd",
     "fsync_file",
@@ -40,6 +41,16 @@ __all__ = [
     "syncfs",
     "syncfs_supported",
 ]
+
+
+def file_stamp(path: str | os.PathLike[str]) -> tuple[int, int, int, int, int] | None:
+    """``path``'s identity and modification stamp (device, inode, size, modification and change
+    times): any replacement or write changes it; None if it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fedshard import faults
+from fedshard._fs import file_stamp
 from fedshard.errors import StoreError
 from fedshard.site._model import HeldModel, ShardViews
 from fedshard.store import LocalShardStore
@@ -85,7 +86,7 @@ class ModelStore(Protocol):
 
 
 def _tree_token(root: Path) -> object | None:
-    """:func:`_stat_token` of every file under ``root`` but the scratch folder and the
+    """:func:`fedshard._fs.file_stamp` of every file under ``root`` but the scratch folder and the
     advisory access times (a read may rewrite those)."""
     from fedshard.store.access import ACCESS
 
@@ -104,15 +105,6 @@ def _tree_token(root: Path) -> object | None:
     except OSError:
         return None
     return frozenset(tokens)
-
-
-def _stat_token(path: Path) -> object | None:
-    """``path``'s identity and modification stamp: any replacement or write changes it."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _check_plan(meta: Mapping[str, Any], plan: ShardPlan, where: object) -> None:
@@ -197,7 +189,7 @@ class SnapshotModelStore:
 
     def fingerprint(self) -> object | None:
         """The snapshot file's identity and stamp (it is replaced by every save)."""
-        return _stat_token(self._path)
+        return file_stamp(self._path)
 
 
 class SealedModelStore:

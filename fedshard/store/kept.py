@@ -16,13 +16,13 @@ fresh open: the same rule as the site's held model, :mod:`fedshard.site._residen
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedshard._fs import file_stamp
 from fedshard.errors import FedshardError
 
 if TYPE_CHECKING:
@@ -93,14 +93,6 @@ class KeptStore:
         held = store if store is not None else self._store
         if self._local is None or held is None:
             return None
-        catalog = _stamp(self._local / CATALOG)
-        keys = _stamp(self._local / keys_name(held.generation))
+        catalog = file_stamp(self._local / CATALOG)
+        keys = file_stamp(self._local / keys_name(held.generation))
         return None if catalog is None or keys is None else (catalog, keys)
-
-
-def _stamp(path: Path) -> Stamp | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev)
