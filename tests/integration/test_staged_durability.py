@@ -79,8 +79,9 @@ def test_each_batch_of_sites_is_flushed_once_before_any_of_them_releases(
 
     sites = str(tmp_path / "run" / "sites")
     assert [path for _, path in fsyncs if path.startswith(sites) or "/store-keys/" in path] == []
-    # the zones' audit records of the sites' pushes and fetches wait for the batch's barrier too; each zone
-    # flushes its log itself when it closes a round, before any sum leaves it
+    # the zones' audit records of the sites' pushes and fetches wait for the batch's barrier too; each zone's
+    # log is flushed by the zone's own calls (opening a round; closing one, before any sum leaves it:
+    # AuditLog.sync, tests/unit/audit/test_audit.py), never from a site's thread
     audits = [(thread, path) for thread, path in fsyncs if path.endswith("/" + AUDIT_FILE)]
     assert not [path for thread, path in audits if thread.startswith("site")]
     assert len({path for _, path in audits}) == len(summary["zones"])
