@@ -294,11 +294,15 @@ class SealedModelStore:
         return meta, arrays
 
     def fingerprint(self) -> object | None:
-        """Identity and stamp of every file of the store (a commit replaces the catalog; an
-        altered blob changes its own stamp); None for a remote store."""
+        """Identity and stamp of every file the store's catalog names (a commit replaces the catalog;
+        an altered blob changes its own stamp), from the kept store (:meth:`KeptStore.files_stamp
+        <fedshard.store.kept.KeptStore.files_stamp>`); of every file under the folder when the store
+        is not kept open (another kind of token: it never equals one taken while kept); None for a
+        remote store."""
         if not isinstance(self.root, Path) and "://" in str(self.root):
             return None
-        return _tree_token(Path(self.root))
+        named = self.kept.files_stamp()
+        return ("named", named) if named is not None else _tree_token(Path(self.root))
 
 
 def site_kek(key_file: Path, *, create: bool) -> Kek:

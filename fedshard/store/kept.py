@@ -80,6 +80,20 @@ class KeptStore:
         with self._lock:
             return self._store is not None and self._stamp is not None and self._stamp == self._stamps()
 
+    def files_stamp(self) -> tuple[Stamp, ...] | None:
+        """The stamps of every file the kept store reads (its catalog, key table and shard blobs), in
+        the catalog's order, while it is kept (its catalog and key table as this process left them);
+        None when it is not, or a file cannot be read. A few ``stat`` calls: what a site checks
+        between messages to know that the model it holds is still the one its store holds."""
+        with self._lock:
+            store, kept = self._store, self._stamp
+            if self._local is None or store is None or kept is None or self._stamps() != kept:
+                return None
+            blobs = [file_stamp(self._local / name) for name in store.named_objects()[1:]]
+            if any(stamp is None for stamp in blobs):
+                return None
+            return (*kept, *(stamp for stamp in blobs if stamp is not None))
+
     def drop(self) -> None:
         """Forget the open store: the next use opens it afresh."""
         with self._lock:

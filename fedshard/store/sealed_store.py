@@ -338,10 +338,14 @@ class SealedShardStore:
         return dict(self._cat.entries)
 
     # housekeeping ---------------------------------------------------------------------------------------
+    def named_objects(self) -> builtins.list[str]:
+        """The backend names of the objects this generation reads: its key table and the blob of every shard
+        (the catalog, :data:`~fedshard.store.catalog.CATALOG`, besides)."""
+        return [keys_name(self._cat.generation), *(blob_name(sid, e.version) for sid, e in self._cat.entries.items())]
+
     def orphans(self) -> builtins.list[str]:
         """Blobs and key tables the catalog does not name (left by crashes between a write and its cleanup)."""
-        named = {blob_name(sid, e.version) for sid, e in self._cat.entries.items()}
-        named.add(keys_name(self._cat.generation))
+        named = set(self.named_objects())
         return [n for n in self.backend.list(BLOBS) + self.backend.list(KEYS_PREFIX) if n not in named]
 
     def vacuum(self) -> int:

@@ -97,3 +97,24 @@ def test_a_remote_store_is_opened_at_every_use(opens: list[str]) -> None:
     with kept.use():
         pass
     assert len(opens) == 2 and not kept.is_open()
+
+
+def test_the_files_stamp_follows_every_file_the_catalog_names(tmp_path: Path) -> None:
+    """What a site compares between messages: unchanged while the store is as it left it, changed by
+    a rewritten blob, and absent (not comparable) once another process committed."""
+    kek = Kek.generate()
+    kept = KeptStore(tmp_path / "store", kek)
+    assert kept.files_stamp() is None  # nothing kept yet
+    with kept.use(create=True) as store:
+        store.put_many({"a": np.zeros(3, dtype=np.float32), "b": np.ones(2, dtype=np.float32)})
+    first = kept.files_stamp()
+    assert first is not None and len(first) == 4  # catalog, key table, two blobs
+    assert kept.files_stamp() == first
+    blob = tmp_path / "store" / store.named_objects()[1]
+    copy = blob.with_name(blob.name + ".copy")
+    copy.write_bytes(blob.read_bytes())
+    copy.replace(blob)  # the same bytes in another file (as a restored backup would be): another stamp
+    assert kept.files_stamp() not in (None, first)
+    with SealedShardStore.open(tmp_path / "store", kek) as other:
+        other.put("a", np.ones(3, dtype=np.float32))
+    assert kept.files_stamp() is None
