@@ -43,6 +43,9 @@ _KEYSTREAM_BYTES = (1 << 32) * 64
 """Bytes one ChaCha20 key and nonce give before its 32-bit block counter would wrap."""
 _SUMMED = 4
 """Normals summed per output (Holohan & Braun's n = 2: 2n draws), then divided by √4 = 2."""
+_CHUNK = 1 << 18
+"""Outputs drawn from one keystream read (a step's noise for a small model, in one call): larger
+draws go by chunks of this many, so their float64 working memory stays a few tens of MiB."""
 
 
 class SecureGaussian:
@@ -82,7 +85,7 @@ class SecureGaussian:
     def standard(self, n: int) -> np.ndarray:
         """``n`` standard normals (Box-Muller on pairs of uniforms), float64."""
         pairs = (n + 1) // 2
-        u1, u2 = self._uniform(pairs), self._uniform(pairs)
+        u1, u2 = self._uniform(2 * pairs).reshape(2, pairs)
         radius = np.sqrt(-2.0 * np.log(u1))
         angle = 2.0 * np.pi * u2
         return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
@@ -91,11 +94,12 @@ class SecureGaussian:
         """``n`` draws of N(0, std²), each the halved sum of four standard normals (see the module docstring)."""
         if std == 0:
             return np.zeros(n)
-        total = self.standard(n)
-        for _ in range(_SUMMED - 1):
-            total += self.standard(n)
-        total *= std / np.sqrt(_SUMMED)
-        return total
+        out = np.empty(n)
+        for start in range(0, n, _CHUNK):  # one keystream read a chunk; memory bounded by the chunk
+            m = min(_CHUNK, n - start)
+            out[start : start + m] = self.standard(_SUMMED * m).reshape(_SUMMED, m).sum(axis=0)
+        out *= std / np.sqrt(_SUMMED)
+        return out
 
 
 def install(optimizer: Any) -> bool:
@@ -116,11 +120,20 @@ def install(optimizer: Any) -> bool:
 
     def add_noise() -> None:
         std = optimizer.noise_multiplier * optimizer.max_grad_norm
-        for p in optimizer.params:
+        params = list(optimizer.params)
+        for p in params:
             check(p.summed_grad)
+        total = sum(p.summed_grad.numel() for p in params)
+        draws = source.normal(std, total) if total <= _CHUNK else None  # small models: one draw a step
+        start = 0
+        for p in params:
             reference = p.summed_grad
-            draws = source.normal(std, reference.numel()).reshape(tuple(reference.shape))
-            noise = torch.from_numpy(draws).to(dtype=reference.dtype, device=reference.device)
+            size = reference.numel()
+            part = draws[start : start + size] if draws is not None else source.normal(std, size)
+            start += size
+            noise = torch.from_numpy(part.reshape(tuple(reference.shape))).to(
+                dtype=reference.dtype, device=reference.device
+            )
             p.grad = (reference + noise).view_as(p)
             mark(p.summed_grad)
 
