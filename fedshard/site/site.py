@@ -264,8 +264,9 @@ class Site:
             self._plan_json = self.model.plan.to_json()
         return self._plan_json
 
-    def _open(self) -> ModelState:
-        """Refill the held model from the store (verifying every shard); on first use, save the genesis model."""
+    def _open(self, *, defer: bool = False) -> ModelState:
+        """Refill the held model from the store (verifying every shard); on first use, save the genesis
+        model (``defer``: leave the save to the site's :class:`~fedshard.site._resident.PendingSave`)."""
         model = self.model
         record = self._held.release()
         held = self._held.current(record) if model.built else None
@@ -284,7 +285,10 @@ class Site:
                 )
             genesis = genesis_version(plan.digest, model.root())
             state = ModelState(genesis, genesis, 0)
-            self._save(state)
+            if defer:
+                self._pending.put(state)
+            else:
+                self._save(state)
             return state
         model.tidy()
         model.initial = False
@@ -326,10 +330,11 @@ class Site:
             shards[sid] = array
         self._held.restore(record)
 
-    def _standing(self) -> tuple[str, ModelState]:
-        """The plan (canonical JSON) and state the store records, without reading shards."""
+    def _standing(self, *, defer: bool = False) -> tuple[str, ModelState]:
+        """The plan (canonical JSON) and state the store records, without reading shards (a new site's
+        genesis model is saved first; ``defer``: by the site's pending save)."""
         if not self.store.exists():
-            state = self._open()
+            state = self._open(defer=defer)
             return self._plan_text(), state
         meta = self.store.meta()
         return str(meta["plan"]), ModelState.from_store(meta, {})
@@ -403,26 +408,16 @@ class Site:
         self.privacy.discard()
 
     def query(self, message: QueryRequest) -> SiteInfo:
-        """Who this site is and which model it starts from (no model is loaded)."""
-        plan_json, state = self._standing()
+        """Who this site is and which model it starts from (no model is loaded). A new site saves its
+        genesis model in the store commit that anchors its new ledger (one commit, as a train
+        message's caught-up model and reservation)."""
+        plan_json, state = self._standing(defer=True)
+        try:
+            report = self._query_privacy(message)
+            self._pending.flush()  # no ledger anchored it: saved alone
+        finally:
+            self._pending.drop()  # never carried into another message
         plan_digest = hashlib.sha256(plan_json.encode()).hexdigest()
-        report = None
-        asked = message.privacy.get(self.site_id)
-        if asked is not None or self.privacy.terms.required:
-            try:
-                plan = self.privacy.admit(asked)
-                assert plan is not None  # a plan was asked for, or its own config requires one
-                expected = message.ledger_heads.get(self.site_id)  # the federation's last view of it
-                ledger, note = self.privacy.open_ledger(plan, self.data.num_train, expected)
-            except (PrivacyError, StoreError) as exc:  # a weaker plan; a ledger deleted, rolled back or edited
-                log.warning("site %s: %s", self.site_id, exc)
-                report = self.privacy.refusal_report(asked, str(exc))
-            else:
-                try:
-                    events = self.privacy.round_events(plan, ledger, self.data.num_train)
-                    report = self.privacy.report(ledger, events, note=note)
-                finally:
-                    self.privacy.put_back(ledger)
         info = SiteInfo(
             site_id=self.site_id,
             jurisdiction=self.jurisdiction,
@@ -436,6 +431,26 @@ class Site:
             applied_round=state.applied_round,
         )
         return with_proof(info, message.challenge, self._signing_key)  # binds this node to its site id
+
+    def _query_privacy(self, message: QueryRequest) -> PrivacyReport | None:
+        """The site's privacy report for a query (its ledger opened, created if new, and checked);
+        None if neither the federation nor its own config asks for DP."""
+        asked = message.privacy.get(self.site_id)
+        if asked is None and not self.privacy.terms.required:
+            return None
+        try:
+            plan = self.privacy.admit(asked)
+            assert plan is not None  # a plan was asked for, or its own config requires one
+            expected = message.ledger_heads.get(self.site_id)  # the federation's last view of it
+            ledger, note = self.privacy.open_ledger(plan, self.data.num_train, expected)
+        except (PrivacyError, StoreError) as exc:  # a weaker plan; a ledger deleted, rolled back or edited
+            log.warning("site %s: %s", self.site_id, exc)
+            return self.privacy.refusal_report(asked, str(exc))
+        try:
+            events = self.privacy.round_events(plan, ledger, self.data.num_train)
+            return self.privacy.report(ledger, events, note=note)
+        finally:
+            self.privacy.put_back(ledger)
 
     def train(self, message: TrainInstruction) -> TrainReport:
         """Catch up, check the privacy budget, train, push the update's shards, report (see :meth:`_train`)."""

@@ -85,7 +85,9 @@ class SealedShardStore:
         Parameters
         ----------
         create:
-            Create an empty store if there is none.
+            An empty store if there is none, written by its first commit (a batch that writes
+            into it creates it with its first objects: one commit, not two); :meth:`create`
+            writes it at once.
 
         Raises
         ------
@@ -100,9 +102,7 @@ class SealedShardStore:
         if catalog is None:
             if not create:
                 raise StoreError(f"no shard store at {backend.location} (no catalog there)")
-            store = cls(backend, Catalog(store_id=uuid.uuid4().hex, kek_id=kek.kek_id), kek, clock)
-            store._tx.commit()
-            return store
+            return cls(backend, Catalog(store_id=uuid.uuid4().hex, kek_id=kek.kek_id), kek, clock)
         return cls(backend, catalog, kek, clock)
 
     @classmethod
@@ -111,7 +111,9 @@ class SealedShardStore:
         backend = backend_for(location)
         if backend.read(CATALOG) is not None:
             raise StoreError(f"a shard store already exists at {backend.location}")
-        return cls.open(backend, kek, clock=clock, create=True)
+        store = cls.open(backend, kek, clock=clock, create=True)
+        store._tx.commit()  # the empty store, on the backend now
+        return store
 
     @property
     def store_id(self) -> str:

@@ -68,7 +68,8 @@ def test_small_budget_site_is_exhausted_partway_while_others_carry_on(tmp_path: 
 
 def test_a_private_round_commits_its_site_store_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model a train message caught up to is saved in the store commit that anchors the round's
-    reservation: one commit before training, not two (the model, then the anchor)."""
+    reservation: one commit before training, not two (the model, then the anchor); so is a new
+    site's genesis model with its new ledger's anchor, in the commit that creates the store."""
     commits: list[tuple[int | None, int | None]] = []  # (applied round, anchored ledger length) after each
     commit = Committer.commit
 
@@ -84,11 +85,12 @@ def test_a_private_round_commits_its_site_store_once(tmp_path: Path, monkeypatch
     config = config.model_copy(update={"federation": config.federation.model_copy(update={"rounds": 3})})
     summary = simulate(config, tmp_path)
     assert summary["rounds"] == 3 and _sites(summary)["big-a"]["rounds_participated"] == 3
-    # store created, genesis, the new ledger's anchor, round 1's reservation (nothing to catch up), then
-    # rounds 2 and 3: each caught up and reserved in one commit; last, round 3 applied for its evaluation
-    assert [applied for applied, _ in commits] == [None, 0, 0, 0, 1, 2, 3], commits
+    # the store created with the genesis model and the new ledger's anchor, round 1's reservation (nothing
+    # to catch up), then rounds 2 and 3: each caught up and reserved in one commit; last, round 3 applied
+    # for its evaluation
+    assert [applied for applied, _ in commits] == [0, 0, 1, 2, 3], commits
     lengths = [length or 0 for _, length in commits]
-    assert lengths[4] > lengths[3] and lengths[5] > lengths[4]  # each carries its round's reservation
+    assert 0 < lengths[0] < lengths[1] < lengths[2] < lengths[3]  # each carries its round's reservation
     kek = site_kek(tmp_path / STORE_KEYS_DIR / "big-a.kek", create=False)
     anchor = CatalogAnchor(tmp_path / "sites" / "big-a" / "shards", kek).read()
     with _ledger(tmp_path, "big-a") as ledger:
