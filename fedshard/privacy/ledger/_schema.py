@@ -106,14 +106,19 @@ def create(path: Path, meta: Mapping[str, Field], fill: Callable[[sqlite3.Connec
             # Nothing is synced while the file is built under its temporary name (SQLite synced
             # each of the schema's statements: 17 syncs a ledger); the file is fsync'd once,
             # complete, before it is linked into place, and opened with synchronous=FULL after.
+            # Nor is a write-ahead log needed while nobody else can see the file (its files cost two
+            # creations and two removals a ledger): the journal stays in memory until the file is
+            # complete, which then switches to WAL (recorded in the file's header) for every later open.
             conn.execute("PRAGMA synchronous=OFF")
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA journal_mode=MEMORY")
             conn.executescript(SCHEMA)
             conn.execute("BEGIN")
             values = {**meta, "format": FORMAT_VERSION}
             conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [(k, values[k]) for k in META_KEYS])
             fill(conn)
             conn.execute("COMMIT")
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise sqlite3.OperationalError("the ledger's journal cannot be switched to WAL")
         finally:
             conn.close()  # checkpoints the WAL into the file and removes it
         with open(tmp, "rb+") as fh:
