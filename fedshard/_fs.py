@@ -18,6 +18,7 @@ barrier), and the zone flushes its audit log itself before any sum leaves it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import errno
@@ -26,6 +27,7 @@ import os
 import platform
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 
@@ -38,6 +40,7 @@ __all__ = [
     "fsync_fd",
     "fsync_file",
     "immediate",
+    "remove_later",
     "syncfs",
     "syncfs_supported",
 ]
@@ -90,10 +93,18 @@ class Barrier:
 
     Made with :meth:`over`; a descriptor on each file system is opened first, so that
     :meth:`sync` reports any write-back error since (see :func:`syncfs`).
+
+    It also removes, on a helper thread, the files its writers no longer need
+    (:func:`remove_later`: a store's superseded blobs); an ``unlink`` waits for the disk
+    without Python's lock, so the writers go on meanwhile. :meth:`sync` waits for the
+    removals handed to it before it flushes.
     """
 
     def __init__(self, fds: dict[int, int]) -> None:
         self._fds = fds
+        self._removing: concurrent.futures.ThreadPoolExecutor | None = None
+        self._removals: list[concurrent.futures.Future[None]] = []
+        self._lock = threading.Lock()
 
     @classmethod
     def over(cls, roots: Iterable[str | os.PathLike[str]]) -> Barrier | None:
@@ -129,15 +140,41 @@ class Barrier:
         OSError
             A file system reported an error, or refused ``syncfs``: the writes may not be durable.
         """
+        self._wait_removals()
         for fd in self._fds.values():
             if not syncfs(fd):
                 raise OSError(errno.ENOSYS, "syncfs is not available")
 
+    def remove(self, paths: Iterable[str]) -> None:
+        """Remove ``paths`` on the barrier's helper thread (errors ignored: files nothing reads any
+        more, which ``vacuum`` would find); :meth:`sync` waits for it."""
+        batch = list(paths)
+        with self._lock:
+            if self._removing is None:
+                self._removing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedshard-remove")
+            self._removals.append(self._removing.submit(_unlink_all, batch))
+
+    def _wait_removals(self) -> None:
+        with self._lock:
+            removals, self._removals = self._removals, []
+        concurrent.futures.wait(removals)
+
     def close(self) -> None:
-        """Close the descriptors (after the last :meth:`sync`)."""
+        """Finish the removals, close the descriptors (after the last :meth:`sync`)."""
+        self._wait_removals()
+        with self._lock:
+            removing, self._removing = self._removing, None
+        if removing is not None:
+            removing.shutdown(wait=True)
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+
+
+def _unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 _barrier: ContextVar[Barrier | None] = ContextVar("fedshard_fs_barrier", default=None)
@@ -152,6 +189,22 @@ def deferred_to(barrier: Barrier | None) -> Iterator[None]:
         yield
     finally:
         _barrier.reset(token)
+
+
+def remove_later(paths: Iterable[str]) -> bool:
+    """Hand the removal of ``paths`` (files nothing will read again, on one file system) to the
+    barrier of this thread or task if it covers them (True); False: remove them yourself."""
+    paths = list(paths)
+    barrier = _barrier.get()
+    if barrier is None or not paths:
+        return False
+    try:
+        covered = barrier.covers(os.stat(os.path.dirname(paths[0]) or ".").st_dev)
+    except OSError:
+        return False
+    if covered:
+        barrier.remove(paths)
+    return covered
 
 
 def immediate() -> contextlib.AbstractContextManager[None]:

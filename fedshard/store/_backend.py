@@ -24,11 +24,12 @@ URL: ``memory://``, ``s3://``, a local path, …). :func:`backend_for` picks one
 from __future__ import annotations
 
 import builtins
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["TMP_PREFIX", "Backend", "DeferredWrites", "DefersSync", "ObjectStat"]
+__all__ = ["TMP_PREFIX", "Backend", "DeferredWrites", "DefersSync", "Discards", "ObjectStat"]
 
 TMP_PREFIX = ".tmp/"  # temporaries of in-progress writes, under the store's root
 
@@ -101,6 +102,16 @@ class DeferredWrites(Protocol):
 
     def close(self) -> None:
         """Release what the writes hold; writes not synced may be lost in a power loss."""
+        ...
+
+
+@runtime_checkable
+class Discards(Protocol):
+    """A backend that removes objects nothing reads any more in bulk, perhaps later (optional)."""
+
+    def discard(self, names: Iterable[str]) -> None:
+        """Remove ``names`` (a commit's superseded objects), errors ignored; they may linger a while,
+        never read (what a crash leaves is found by ``vacuum``)."""
         ...
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 from fedshard import faults
 from fedshard.crypto.at_rest import Kek
 from fedshard.errors import StoreError, StoreKeyError
-from fedshard.store._backend import Backend, DeferredWrites, DefersSync
+from fedshard.store._backend import Backend, DeferredWrites, DefersSync, Discards
 from fedshard.store.catalog import CATALOG, Catalog, catalog_header, keys_header, keys_name
 from fedshard.store.rotation import pending_rotation
 
@@ -173,9 +173,12 @@ class Committer:
                 raise
         faults.point("store.commit.garbage")
         self._garbage.append(keys_name(cat.generation - 1))
-        for name in self._garbage:
-            with suppress(OSError):
-                self.backend.delete(name)
+        if isinstance(self.backend, Discards):  # a local folder: under a barrier, by its helper thread
+            self.backend.discard(self._garbage)
+        else:
+            for name in self._garbage:
+                with suppress(OSError):
+                    self.backend.delete(name)
         self._fresh, self._garbage = [], []
 
     def _landed(self) -> bool:

@@ -306,3 +306,44 @@ def test_temporaries_do_not_linger_after_deferred_writes(tmp_path: Path) -> None
         writes.close()
     assert backend.list() == ["blobs/aa/x.v1", "blobs/ab/y.v1"]
     assert not backend.temporaries() and (tmp_path / "store" / TMP_PREFIX).is_dir()
+
+
+@pytest.mark.skipif(not syncfs_supported(), reason="barriers need syncfs")
+def test_under_a_barrier_a_commit_s_superseded_blobs_go_on_the_barrier_s_helper_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer goes on while the superseded blobs and key table are unlinked; the barrier's sync
+    waits for that, and outside a barrier the commit removes them itself."""
+    import threading
+
+    from fedshard._fs import Barrier, deferred_to
+
+    store, _ = _store(tmp_path)
+    removed_by: dict[str, str] = {}
+    real_unlink = os.unlink
+
+    def unlink(path: str, *args: object, **kwargs: object) -> None:
+        removed_by[os.path.relpath(path, tmp_path / "store")] = threading.current_thread().name
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def superseded() -> set[str]:  # what writing the first four shards again leaves behind
+        return {store.named_objects()[0], *(blob_name(sid, store.stat(sid).version) for sid in IDS[:4])}
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    before = superseded()
+    barrier = Barrier.over([tmp_path])
+    assert barrier is not None
+    try:
+        with deferred_to(barrier):
+            store.put_many(_shards(1.0, 4))
+        barrier.sync()
+    finally:
+        barrier.close()
+    assert set(removed_by) == before
+    assert all(name.startswith("fedshard-remove") for name in removed_by.values())
+    assert store.orphans() == []
+    removed_by.clear()
+    before = superseded()
+    store.put_many(_shards(2.0, 4))  # no barrier: removed by the writer, before the commit returns
+    assert set(removed_by) == before and set(removed_by.values()) == {threading.current_thread().name}
+    assert store.orphans() == []
