@@ -58,9 +58,11 @@ class HeldState:
         return _copy_state(record[1])
 
     def restore(self, record: Record | None) -> None:
-        """The held values were put back as they were at ``record``: record it again if the store
-        still matches it."""
-        if record is not None and record[0] == self._store().fingerprint():
+        """The held values were put back as they were at ``record``: record it again. Its fingerprint
+        is the store's when it was taken, and whoever uses it next compares that with the store's
+        then (:meth:`current`, :meth:`around`), so a store changed meanwhile is still read again;
+        checking here too would only cost a look at every store file."""
+        if record is not None:
             self._record = record
 
     def around(self, write: Callable[[], None]) -> None:
