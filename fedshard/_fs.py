@@ -40,7 +40,7 @@ __all__ = [
     "fsync_fd",
     "fsync_file",
     "immediate",
-    "remove_later",
+    "remove_files",
     "syncfs",
     "syncfs_supported",
 ]
@@ -95,7 +95,7 @@ class Barrier:
     :meth:`sync` reports any write-back error since (see :func:`syncfs`).
 
     It also removes, on a helper thread, the files its writers no longer need
-    (:func:`remove_later`: a store's superseded blobs); an ``unlink`` waits for the disk
+    (:func:`remove_files`: a store's superseded blobs); an ``unlink`` waits for the disk
     without Python's lock, so the writers go on meanwhile. :meth:`sync` waits for the
     removals handed to it before it flushes.
     """
@@ -191,20 +191,20 @@ def deferred_to(barrier: Barrier | None) -> Iterator[None]:
         _barrier.reset(token)
 
 
-def remove_later(paths: Iterable[str]) -> bool:
-    """Hand the removal of ``paths`` (files nothing will read again, on one file system) to the
-    barrier of this thread or task if it covers them (True); False: remove them yourself."""
-    paths = list(paths)
+def remove_files(paths: Iterable[str]) -> None:
+    """Remove ``paths`` (files nothing will read again, on one file system), errors ignored: on the
+    helper thread of this thread's or task's barrier if it covers them, else now."""
+    batch = list(paths)
     barrier = _barrier.get()
-    if barrier is None or not paths:
-        return False
-    try:
-        covered = barrier.covers(os.stat(os.path.dirname(paths[0]) or ".").st_dev)
-    except OSError:
-        return False
-    if covered:
-        barrier.remove(paths)
-    return covered
+    if barrier is not None and batch:
+        try:
+            covered = barrier.covers(os.stat(os.path.dirname(batch[0]) or ".").st_dev)
+        except OSError:
+            covered = False
+        if covered:
+            barrier.remove(batch)
+            return
+    _unlink_all(batch)
 
 
 def immediate() -> contextlib.AbstractContextManager[None]:

@@ -89,10 +89,13 @@ class KeptStore:
             store, kept = self._store, self._stamp
             if self._local is None or store is None or kept is None or self._stamps() != kept:
                 return None
-            blobs = [file_stamp(self._local / name) for name in store.named_objects()[1:]]
-            if any(stamp is None for stamp in blobs):
-                return None
-            return (*kept, *(stamp for stamp in blobs if stamp is not None))
+            blobs: list[Stamp] = []
+            for name in store.blob_names():
+                stamp = file_stamp(self._local / name)
+                if stamp is None:
+                    return None
+                blobs.append(stamp)
+            return (*kept, *blobs)
 
     def drop(self) -> None:
         """Forget the open store: the next use opens it afresh."""

@@ -25,7 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from fedshard import faults
-from fedshard._fs import deferring, fsync_dir, fsync_fd, fsync_file, remove_later, syncfs, syncfs_supported
+from fedshard._fs import deferring, fsync_dir, fsync_fd, fsync_file, remove_files, syncfs, syncfs_supported
 from fedshard.errors import StoreError
 from fedshard.store._backend import TMP_PREFIX, ObjectStat
 
@@ -188,11 +188,7 @@ class LocalDirBackend:
         """Remove objects nothing reads any more (a commit's superseded blobs and key table), errors
         ignored (``vacuum`` finds what is left); under a :class:`fedshard._fs.Barrier` covering the
         folder, its helper thread removes them while the writer goes on."""
-        paths = [self._path(name) for name in names]
-        if not remove_later(paths):
-            for path in paths:
-                with suppress(OSError):
-                    os.unlink(path)
+        remove_files(self._path(name) for name in names)
 
     def list(self, prefix: str = "") -> builtins.list[str]:
         """Names under ``prefix`` (temporaries excluded), sorted."""

@@ -340,10 +340,14 @@ class SealedShardStore:
         return dict(self._cat.entries)
 
     # housekeeping ---------------------------------------------------------------------------------------
+    def blob_names(self) -> builtins.list[str]:
+        """The backend names of the blobs this generation reads, one per shard, in the catalog's order."""
+        return [blob_name(sid, e.version) for sid, e in self._cat.entries.items()]
+
     def named_objects(self) -> builtins.list[str]:
         """The backend names of the objects this generation reads: its key table and the blob of every shard
         (the catalog, :data:`~fedshard.store.catalog.CATALOG`, besides)."""
-        return [keys_name(self._cat.generation), *(blob_name(sid, e.version) for sid, e in self._cat.entries.items())]
+        return [keys_name(self._cat.generation), *self.blob_names()]
 
     def orphans(self) -> builtins.list[str]:
         """Blobs and key tables the catalog does not name (left by crashes between a write and its cleanup)."""

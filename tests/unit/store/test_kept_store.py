@@ -110,7 +110,7 @@ def test_the_files_stamp_follows_every_file_the_catalog_names(tmp_path: Path) ->
     first = kept.files_stamp()
     assert first is not None and len(first) == 4  # catalog, key table, two blobs
     assert kept.files_stamp() == first
-    blob = tmp_path / "store" / store.named_objects()[1]
+    blob = tmp_path / "store" / store.blob_names()[0]
     copy = blob.with_name(blob.name + ".copy")
     copy.write_bytes(blob.read_bytes())
     copy.replace(blob)  # the same bytes in another file (as a restored backup would be): another stamp
